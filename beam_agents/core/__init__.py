@@ -1,0 +1,1 @@
+"""The runtime core: state-schema migration, intent identity and signing."""

@@ -1,0 +1,103 @@
+"""Every error beam_agents raises on purpose, under one root.
+
+Catch `BeamAgentsError` to handle any of them. Each error carries the facts of the failure as
+keyword-only attributes, so handlers and dead-letter records never parse message strings.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "BeamAgentsError",
+    "DuplicateMigrationError",
+    "InvalidMigrationStepError",
+    "MessageDecodeError",
+    "MigrationStepError",
+    "MissingMigrationError",
+    "StateSchemaFromFutureError",
+    "UnversionedMessageError",
+]
+
+
+class BeamAgentsError(Exception):
+    """Raised for any failure beam_agents detects; the root of every error in this module."""
+
+
+class MessageDecodeError(BeamAgentsError):
+    """Raised when bytes are not a serialized beam_agents message of the asked-for type."""
+
+    def __init__(self, message: str, *, type_name: str | None, size: int) -> None:
+        super().__init__(message)
+        #: Full name of the message type tried, or None when no type was given.
+        self.type_name = type_name
+        #: Length of the rejected input in bytes.
+        self.size = size
+
+
+class UnversionedMessageError(BeamAgentsError):
+    """Raised when a message outside the versioned keyed-state set is given to migration."""
+
+    def __init__(self, *, type_name: str) -> None:
+        super().__init__(
+            f"{type_name} carries no state_schema_version migration; only MemoryBlob, "
+            "Continuation and LlmCacheBlob are versioned keyed state"
+        )
+        self.type_name = type_name
+
+
+class StateSchemaFromFutureError(BeamAgentsError):
+    """Raised when a state blob is stamped with a version newer than this binary knows.
+
+    A newer binary already committed this key. Roll that binary forward again; do not
+    dead-letter the element, or every later element of the key would follow it.
+    """
+
+    def __init__(self, *, type_name: str, found_version: int, current_version: int) -> None:
+        super().__init__(
+            f"{type_name} has state_schema_version {found_version}, newer than this binary's "
+            f"{current_version}: roll the newer binary forward, do not roll back"
+        )
+        self.type_name = type_name
+        self.found_version = found_version
+        self.current_version = current_version
+
+
+class MissingMigrationError(BeamAgentsError):
+    """Raised when no migration step is registered for (message type, from_version)."""
+
+    def __init__(self, *, type_name: str, from_version: int) -> None:
+        super().__init__(f"no migration registered for ({type_name}, {from_version})")
+        self.type_name = type_name
+        self.from_version = from_version
+
+
+class DuplicateMigrationError(BeamAgentsError):
+    """Raised when two migration steps are registered for the same (type, from_version)."""
+
+    def __init__(self, *, type_name: str, from_version: int, first: str, second: str) -> None:
+        super().__init__(
+            f"two migrations registered for ({type_name}, {from_version}): {first} and {second}"
+        )
+        self.type_name = type_name
+        self.from_version = from_version
+        self.first = first
+        self.second = second
+
+
+class InvalidMigrationStepError(BeamAgentsError):
+    """Raised when a migration step module is malformed (versions, message type, function)."""
+
+    def __init__(self, reason: str, *, step: str) -> None:
+        super().__init__(f"migration step {step}: {reason}")
+        self.step = step
+        self.reason = reason
+
+
+class MigrationStepError(BeamAgentsError):
+    """Raised when a migration step returns something other than the next version's message."""
+
+    def __init__(self, reason: str, *, type_name: str, from_version: int, step: str) -> None:
+        super().__init__(f"migration step {step} ({type_name}, {from_version}): {reason}")
+        self.type_name = type_name
+        self.from_version = from_version
+        self.step = step
+        self.reason = reason

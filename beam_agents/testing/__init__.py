@@ -1,0 +1,1 @@
+"""Test support for beam_agents and for users' own tests."""

@@ -1,0 +1,1 @@
+"""Registered state-schema migration steps (see beam_agents.core.migration)."""

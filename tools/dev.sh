@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# One entry point for the pip path (no Bazel): sets everything up on a fresh machine that has
+# only Python 3.11, pip and npm, then runs what was asked.
+#
+#   bash tools/dev.sh run ARGS...   set up, then run the beam-agents command with ARGS
+#   bash tools/dev.sh test [ARGS]   set up, then run the whole pytest suite (ARGS go to pytest)
+#   bash tools/dev.sh lint          set up, then ruff, buildifier and buf lint
+#   bash tools/dev.sh setup         set up only
+#
+# Set-up is idempotent and cheap when nothing changed: .venv/ is rebuilt from the hashed
+# requirements_lock.txt only when the lock changes, node_modules/ from package-lock.json likewise.
+set -euo pipefail
+
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root"
+venv="$root/.venv"
+python="${PYTHON:-python3}"
+
+setup_python() {
+  local stamp="$venv/.lock-sha256" want
+  want="$(sha256sum requirements_lock.txt pyproject.toml setup.py | sha256sum | cut -d' ' -f1)"
+  if [[ -f "$stamp" && "$(cat "$stamp")" == "$want" ]]; then
+    return
+  fi
+  if ! "$python" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))'; then
+    echo "tools/dev.sh: needs Python 3.11 (set PYTHON=/path/to/python3.11)" >&2
+    exit 2
+  fi
+  rm -rf "$venv"
+  "$python" -m venv "$venv"
+  "$venv/bin/python" -m pip install --quiet --disable-pip-version-check \
+    --require-hashes -r requirements_lock.txt
+  # The lock already holds setuptools and wheel, so the build backend is hash-checked too.
+  "$venv/bin/python" -m pip install --quiet --disable-pip-version-check \
+    --no-deps --no-build-isolation -e .
+  echo "$want" >"$stamp"
+}
+
+setup_node() {
+  local stamp="node_modules/.lock-sha256" want
+  want="$(sha256sum package-lock.json | cut -d' ' -f1)"
+  if [[ -f "$stamp" && "$(cat "$stamp")" == "$want" ]]; then
+    return
+  fi
+  npm ci --no-audit --no-fund --silent
+  echo "$want" >"$stamp"
+}
+
+lint() {
+  "$venv/bin/ruff" check .
+  "$venv/bin/ruff" format --check .
+  node_modules/.bin/buildifier -mode=check -lint=warn -r .
+  "$venv/bin/buf" lint
+  echo "lint: ruff, buildifier and buf lint are clean"
+}
+
+cmd="${1:-}"
+[[ $# -gt 0 ]] && shift
+case "$cmd" in
+  setup) setup_python; setup_node ;;
+  run) setup_python; exec "$venv/bin/beam-agents" "$@" ;;
+  test) setup_python; setup_node; exec "$venv/bin/python" -m pytest "$@" ;;
+  lint) setup_python; setup_node; lint ;;
+  *)
+    sed -n '2,9p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2
+    exit 2
+    ;;
+esac
