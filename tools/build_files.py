@@ -98,11 +98,9 @@ def _bzl_symbols(path: Path) -> set[str]:
 
 
 def _package_dirs(root: Path) -> list[Path]:
-    ignored = {
-        line.strip()
-        for line in (root / ".bazelignore").read_text().splitlines()
-        if line.strip() and not line.startswith("#")
-    }
+    bazelignore = root / ".bazelignore"
+    lines = bazelignore.read_text().splitlines() if bazelignore.exists() else []
+    ignored = {line.strip() for line in lines if line.strip() and not line.startswith("#")}
     found = []
     for build in sorted(root.rglob("BUILD.bazel")):
         relative = build.parent.relative_to(root)

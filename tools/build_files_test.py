@@ -6,31 +6,22 @@ The fixture workspaces below prove each kind of defect is caught.
 
 from __future__ import annotations
 
-import os
 import textwrap
 from pathlib import Path
 
 import pytest
 
 from tools.build_files import check, load_workspace
-
-
-def _repo_root() -> Path:
-    # Under `bazel test` the runfiles hold symlinks into the source tree (the test is tagged
-    # local, so it is not sandboxed); under pytest this file sits in the tree itself.
-    runfiles = os.environ.get("RUNFILES_DIR")
-    if runfiles:
-        return Path(os.path.realpath(Path(runfiles) / "_main" / "MODULE.bazel")).parent
-    return Path(__file__).resolve().parent.parent
+from tools.workspace import source_root
 
 
 def test_the_repository_bazel_files_have_no_problems():
-    problems = check(load_workspace(_repo_root()))
+    problems = check(load_workspace(source_root()))
     assert problems == [], "\n".join(problems)
 
 
 def test_every_python_package_has_a_build_file():
-    root = _repo_root()
+    root = source_root()
     for init in root.glob("**/__init__.py"):
         if any(part.startswith(".") or part == "node_modules" for part in init.parts):
             continue

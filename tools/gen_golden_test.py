@@ -1,0 +1,59 @@
+"""tools/gen_golden.py: writes only the current corpus, refuses others, and --check catches a
+corpus that differs from its builders."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from tools import gen_golden, golden
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def repo(tmp_path: Path) -> Path:
+    shutil.copytree(REPO / "golden" / "v1", tmp_path / "golden" / "v1")
+    return tmp_path
+
+
+def test_the_committed_corpus_matches_its_builders():
+    assert gen_golden.main(["--check", "--repo", str(REPO)]) == 0
+
+
+def test_check_names_each_file_that_differs(repo, capsys):
+    (repo / "golden" / "v1" / "memory_blob.binpb").write_bytes(b"\x08\x01")
+    (repo / "golden" / "v1" / "continuation.textproto").unlink()
+    assert gen_golden.main(["--check", "--repo", str(repo)]) == 1
+    out = capsys.readouterr().out
+    assert "golden/v1/ stale (fix: bazel run //tools:gen_golden" in out
+    assert ": continuation.textproto" in out and ": memory_blob.binpb" in out
+
+
+def test_writing_restores_the_corpus_and_touches_nothing_else(repo, capsys):
+    folder = repo / "golden" / "v1"
+    (folder / "memory_blob.binpb").write_bytes(b"\x08\x01")
+    (folder / "leftover.binpb").write_bytes(b"")
+    (repo / "golden" / "notes.txt").write_text("not corpus")
+    assert gen_golden.main(["--repo", str(repo)]) == 0
+    out = capsys.readouterr().out
+    assert "golden/v1/: wrote memory_blob.binpb" in out
+    assert "golden/v1/: removed leftover.binpb" in out
+    assert golden.check_current(folder) == []
+    assert (repo / "golden" / "notes.txt").read_text() == "not corpus"
+    for name in ("memory_blob.binpb", "SHA256SUMS"):
+        assert (folder / name).read_bytes() == (REPO / "golden" / "v1" / name).read_bytes()
+
+
+def test_a_version_other_than_the_current_one_is_refused(repo, capsys):
+    assert gen_golden.main(["--version", "2", "--repo", str(repo)]) == 2
+    assert "writes only golden/v1/" in capsys.readouterr().err
+    assert not (repo / "golden" / "v2").exists()
+
+
+def test_a_version_folder_without_builders_is_refused(repo, capsys):
+    (repo / "golden" / "v1" / "builders.py").unlink()
+    assert gen_golden.main(["--repo", str(repo)]) == 2
+    assert "write golden/v1/builders.py first" in capsys.readouterr().err

@@ -1,0 +1,21 @@
+"""Where the source tree is, for tests that read it (BUILD files, the whole workspace)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+__all__ = ["source_root"]
+
+
+def source_root() -> Path:
+    """The workspace's source folder.
+
+    Under `bazel test` the runfiles hold a symlink to the source tree's MODULE.bazel (the test
+    must depend on //:MODULE.bazel and be tagged "local" so no sandbox hides the tree); under
+    pytest this module sits in the tree itself.
+    """
+    runfiles = os.environ.get("RUNFILES_DIR")
+    if runfiles:
+        return Path(os.path.realpath(Path(runfiles) / "_main" / "MODULE.bazel")).parent
+    return Path(__file__).resolve().parent.parent
