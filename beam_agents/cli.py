@@ -1,12 +1,19 @@
 """The `beam-agents` operator command.
 
     beam-agents inspect FILE [--type NAME]
+    beam-agents dry-run DIR
 
 `inspect` decodes one serialized beam_agents message, guessing its type unless --type names
-it, and prints it as protobuf text format.
+it, and prints it as protobuf text. For a state blob or a StateSnapshot it also says what this
+binary's migrate_to_current makes of it, and prints the migrated message when it differs.
+Exit codes: 0 decoded (whatever the migration verdict); 1 input rejected (unreadable, not a
+beam_agents message, or ambiguous without --type); 2 usage error.
 
-Exit codes: 0 success; 1 the input was rejected (unreadable, not a beam_agents message, or
-ambiguous without --type), with the reason on stderr; 2 usage error.
+`dry-run` is the pre-deploy check: it reads every file under DIR as one exported StateSnapshot
+and reports, for the envelope and each blob inside, its version and whether this binary reads
+it (current, or migrating through registered steps) or not (from the future, missing or failing
+step). Exit codes: 0 every file decodes and every blob reads; 1 some file does not decode or
+some blob would not read; 2 usage error (DIR is not a folder or holds no files).
 """
 
 from __future__ import annotations
@@ -20,12 +27,18 @@ from google.protobuf import text_format
 
 from beam_agents.decoding import MESSAGE_TYPES, decode
 from beam_agents.errors import BeamAgentsError
+from beam_agents.preflight import BlobReport, Outcome, dry_run, report
 
 __all__ = ["EXIT_OK", "EXIT_REJECTED", "EXIT_USAGE", "main"]
 
 EXIT_OK = 0
 EXIT_REJECTED = 1
 EXIT_USAGE = 2
+
+
+def _verdict_line(blob: BlobReport) -> str:
+    where = f"{blob.where}: " if blob.where else ""
+    return f"{where}{blob.type_name} state_schema_version {blob.found_version}: {blob.detail}"
 
 
 def _inspect(args: argparse.Namespace) -> int:
@@ -42,15 +55,56 @@ def _inspect(args: argparse.Namespace) -> int:
     message = decoded.message
     how = "guessed" if decoded.guessed else "given"
     print(f"# {message.DESCRIPTOR.full_name} ({how}), {len(data)} bytes")
+    verdicts = report(message)
+    for blob in verdicts:
+        print(f"# {_verdict_line(blob)}")
     sys.stdout.write(text_format.MessageToString(message))
+    if len(verdicts) == 1 and verdicts[0].outcome is Outcome.MIGRATES:
+        print(f"# after migrate_to_current:\n{text_format.MessageToString(verdicts[0].migrated)}")
     return EXIT_OK
+
+
+def _dry_run(args: argparse.Namespace) -> int:
+    directory = Path(args.dir)
+    if not directory.is_dir():
+        print(f"beam-agents dry-run: {directory} is not a folder", file=sys.stderr)
+        return EXIT_USAGE
+    files = dry_run(directory)
+    if not files:
+        print(f"beam-agents dry-run: {directory} holds no files", file=sys.stderr)
+        return EXIT_USAGE
+    for file in files:
+        name = file.path.relative_to(directory)
+        if file.error:
+            print(f"{name}: REJECTED: {file.error}")
+            continue
+        snapshot = file.snapshot
+        print(
+            f"{name}: {'ready' if file.ready else 'NOT READY'}: entity_key "
+            f"{snapshot.entity_key!r}, seq {snapshot.seq}"
+        )
+        for blob in file.blobs:
+            mark = "ok  " if blob.outcome.readable else "FAIL"
+            print(f"  {mark} {_verdict_line(blob)}")
+    blobs = [b for f in files for b in f.blobs]
+    counts = {o: sum(b.outcome is o for b in blobs) for o in Outcome}
+    undecodable = sum(f.error is not None for f in files)
+    ready = sum(f.ready for f in files)
+    print(
+        f"summary: {len(files)} files, {ready} ready, {len(files) - ready} not; "
+        f"{len(blobs)} blobs: {counts[Outcome.CURRENT]} current, {counts[Outcome.MIGRATES]} "
+        f"migrate, {counts[Outcome.FROM_THE_FUTURE]} from the future, "
+        f"{counts[Outcome.MISSING_STEP]} missing a step, {counts[Outcome.STEP_FAILED]} with a "
+        f"failing step; {undecodable} files undecodable"
+    )
+    return EXIT_OK if ready == len(files) else EXIT_REJECTED
 
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="beam-agents",
         description="Operator tools for beam_agents state and wire messages.",
-        epilog="Exit codes: 0 success, 1 input rejected (reason on stderr), 2 usage error.",
+        epilog="Exit codes: 0 success, 1 input rejected or not ready, 2 usage error.",
     )
     commands = parser.add_subparsers(dest="command", required=True)
     inspect = commands.add_parser(
@@ -63,6 +117,11 @@ def _parser() -> argparse.ArgumentParser:
         help="the message type; guessed from the bytes when omitted",
     )
     inspect.set_defaults(run=_inspect)
+    check = commands.add_parser(
+        "dry-run", help="check that this binary reads every exported StateSnapshot under DIR"
+    )
+    check.add_argument("dir", help="a folder of exported StateSnapshot files, one per file")
+    check.set_defaults(run=_dry_run)
     return parser
 
 

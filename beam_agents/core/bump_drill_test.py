@@ -182,6 +182,24 @@ def test_real_steps_and_the_v2_corpus_complete_the_bump(workspace):
     assert check.stdout == "migrated\n", check.stderr
 
 
+def test_after_the_bump_the_operator_commands_show_the_migration(workspace):
+    inspected = _run(workspace, "-m", "beam_agents.cli", "inspect", "golden/v1/memory_blob.binpb")
+    assert inspected.returncode == 0, inspected.stderr
+    assert "# MemoryBlob state_schema_version 1: migrates 1 -> 2 through 1 step(s)" in (
+        inspected.stdout
+    )
+    assert "# after migrate_to_current:\nstate_schema_version: 2" in inspected.stdout
+
+    export = workspace / "export"
+    export.mkdir()
+    for name in ("state_snapshot", "state_snapshot_running"):
+        shutil.copy(workspace / "golden" / "v1" / f"{name}.binpb", export)
+    checked = _run(workspace, "-m", "beam_agents.cli", "dry-run", str(export))
+    assert checked.returncode == 0, checked.stdout
+    assert "memory: MemoryBlob state_schema_version 1: migrates 1 -> 2" in checked.stdout
+    assert "summary: 2 files, 2 ready, 0 not; 7 blobs: 0 current, 7 migrate" in checked.stdout
+
+
 def test_after_the_bump_v1_is_frozen(workspace):
     refused = _run(workspace, "tools/gen_golden.py", "--version", "1")
     assert refused.returncode == 2
