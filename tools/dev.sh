@@ -4,7 +4,7 @@
 #
 #   bash tools/dev.sh run ARGS...   set up, then run the beam-agents command with ARGS
 #   bash tools/dev.sh test [ARGS]   set up, then run the whole pytest suite (ARGS go to pytest)
-#   bash tools/dev.sh lint          set up, then ruff, buildifier and buf lint
+#   bash tools/dev.sh lint          set up, then ruff, buildifier, buf lint, breaking-change gate
 #   bash tools/dev.sh setup         set up only
 #
 # Set-up is idempotent and cheap when nothing changed: .venv/ is rebuilt from the hashed
@@ -51,7 +51,8 @@ lint() {
   "$venv/bin/ruff" format --check .
   node_modules/.bin/buildifier -mode=check -lint=warn -r .
   "$venv/bin/buf" lint
-  echo "lint: ruff, buildifier and buf lint are clean"
+  "$venv/bin/python" tools/check_breaking.py
+  echo "lint: ruff, buildifier, buf lint and the breaking-change gate are clean"
 }
 
 cmd="${1:-}"
