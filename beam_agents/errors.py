@@ -8,8 +8,10 @@ from __future__ import annotations
 
 __all__ = [
     "BeamAgentsError",
+    "CanonicalJsonError",
     "DuplicateMigrationError",
     "InvalidMigrationStepError",
+    "KeyringError",
     "MessageDecodeError",
     "MigrationStepError",
     "MissingMigrationError",
@@ -100,4 +102,24 @@ class MigrationStepError(BeamAgentsError):
         self.type_name = type_name
         self.from_version = from_version
         self.step = step
+        self.reason = reason
+
+
+class CanonicalJsonError(BeamAgentsError):
+    """Raised when tool arguments hold a value canonical JSON cannot carry exactly."""
+
+    def __init__(self, reason: str, *, path: str) -> None:
+        super().__init__(f"{path}: {reason}")
+        #: Where the value sits, as a JSONPath ("$.items[2].price").
+        self.path = path
+        self.reason = reason
+
+
+class KeyringError(BeamAgentsError):
+    """Raised when signing keys cannot be loaded or used (format, length, missing key)."""
+
+    def __init__(self, reason: str, *, source: str) -> None:
+        super().__init__(f"{source}: {reason}")
+        #: Where the keys came from: an environment variable or a file path.
+        self.source = source
         self.reason = reason

@@ -536,3 +536,24 @@ def test_a_snapshot_of_a_running_key_has_no_continuation():
     exported = snapshot()
     exported.ClearField("continuation")
     assert not roundtrip(exported).HasField("continuation")
+
+
+@pytest.mark.parametrize(
+    "cls",
+    [*ALL_MESSAGES, MemoryBlob.MemoryEntry, LlmCacheBlob.LlmCacheEntry, AgentEnvelope.Approval],
+)
+def test_message_classes_pickle_by_a_reference_that_workers_can_import(cls):
+    # Beam pickles ProtoCoder's message class into the pipeline graph.
+    import pickle
+    import subprocess
+    import sys
+
+    assert pickle.loads(pickle.dumps(cls)) is cls
+    code = (
+        "import pickle, sys; cls = pickle.loads(sys.stdin.buffer.read()); "
+        "print(cls.DESCRIPTOR.full_name)"
+    )
+    fresh = subprocess.run(
+        [sys.executable, "-c", code], input=pickle.dumps(cls), capture_output=True, check=True
+    )
+    assert fresh.stdout.decode().strip() == cls.DESCRIPTOR.full_name
