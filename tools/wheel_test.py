@@ -86,6 +86,24 @@ def test_every_message_class_imports_from_the_installed_wheel(installed):
     assert str(REPO) not in result.stdout
 
 
+def test_migration_steps_import_from_the_installed_wheel_by_the_bazel_path(installed):
+    code = (
+        "import beam_agents_migrations\n"
+        "from beam_agents.core.migration import default_registry\n"
+        "assert 'site-packages' in beam_agents_migrations.__file__\n"
+        "assert default_registry().missing_steps() == []\n"
+        "print(beam_agents_migrations.__name__, beam_agents_migrations.STEP_MODULES)\n"
+    )
+    result = subprocess.run(
+        [str(installed), "-I", "-c", code],
+        cwd=installed.parent.parent,
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "beam_agents_migrations ()\n"
+
+
 def test_the_console_script_runs_from_the_installed_wheel(installed, tmp_path):
     from beam_agents._protos import ToolIntent
 
