@@ -100,8 +100,8 @@ def _textproto(version: int, name: str, description: str, message: Message) -> b
 
 
 def render(version: int, builders: dict[str, Callable[[], Message]]) -> dict[str, bytes]:
-    """{file name: bytes} of every fixture the builders define, plus the manifest."""
-    files = {BUILDERS: b""}  # placeholder so the manifest covers the builders too
+    """{file name: bytes} of the .binpb and .textproto of every fixture the builders define."""
+    files = {}
     for name, builder in builders.items():
         message = builder()
         files[f"{name}.binpb"] = message.SerializeToString(deterministic=True)
@@ -128,6 +128,7 @@ def _version_of(version_dir: Path) -> int:
 
 
 def _expected(version_dir: Path) -> dict[str, bytes]:
+    """Every file the manifest covers: the builders themselves and what they render."""
     files = render(_version_of(version_dir), load_builders(version_dir))
     files[BUILDERS] = (version_dir / BUILDERS).read_bytes()
     return files

@@ -60,6 +60,16 @@ def installed(wheel, tmp_path_factory) -> Path:
     return python
 
 
+def _run_isolated(python: Path, code: str) -> subprocess.CompletedProcess:
+    """Runs `code` in the fresh environment, outside the source tree, in isolated mode."""
+    return subprocess.run(
+        [str(python), "-I", "-c", code],
+        cwd=python.parent.parent,
+        capture_output=True,
+        text=True,
+    )
+
+
 def _wheel_files(wheel: Path) -> set[str]:
     with zipfile.ZipFile(wheel) as archive:
         return {n for n in archive.namelist() if ".dist-info/" not in n}
@@ -76,12 +86,7 @@ def test_every_message_class_imports_from_the_installed_wheel(installed):
         "    assert cls.FromString(cls().SerializeToString()) == cls()\n"
         "print(beam_agents.__file__)\n"
     )
-    result = subprocess.run(
-        [str(installed), "-I", "-c", code],
-        cwd=installed.parent.parent,
-        capture_output=True,
-        text=True,
-    )
+    result = _run_isolated(installed, code)
     assert result.returncode == 0, result.stderr
     assert str(REPO) not in result.stdout
 
@@ -94,12 +99,7 @@ def test_migration_steps_import_from_the_installed_wheel_by_the_bazel_path(insta
         "assert default_registry().missing_steps() == []\n"
         "print(beam_agents_migrations.__name__, beam_agents_migrations.STEP_MODULES)\n"
     )
-    result = subprocess.run(
-        [str(installed), "-I", "-c", code],
-        cwd=installed.parent.parent,
-        capture_output=True,
-        text=True,
-    )
+    result = _run_isolated(installed, code)
     assert result.returncode == 0, result.stderr
     assert result.stdout == "beam_agents_migrations ()\n"
 
