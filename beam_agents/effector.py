@@ -1,59 +1,101 @@
-"""The effector: the one place where ToolIntents act on the world.
+"""The effector: the one place where ToolIntents act on the world, each at most once.
 
-Every intent goes through the same gate, in this order:
+Every intent goes through the same gate, and every step before the last decides without a side
+effect:
 
-1. Signature, by `VerifyMode`: OFF checks nothing; PERMISSIVE (for rolling signing out) admits
-   valid and unsigned intents and refuses any other outcome; REQUIRE admits only valid ones. A
-   refused intent becomes a dead letter (ActivationErrorRecord, reason "signature_<outcome>")
-   and gets no ToolResult.
-2. Expiry: expires_at_ms at or before now (from an injectable clock) gives an EXPIRED result
-   without executing. An intent with no expiry (0) is refused the same way: fail closed.
-3. Kind: an APPROVAL intent goes to the approvals output for a human, never executed.
-   TOOL_KIND_UNSPECIFIED reads as TOOL.
-4. Tool: an unknown tool name, or args_json that is not a JSON object, gives REJECTED.
-5. Execution, once per intent_id: the tool's bytes give OK with the payload, an exception gives
-   ERROR with its message. A second arrival of an executed intent is a duplicate: nothing runs.
+1. Decode and signature. Bytes that are no ToolIntent become a dead letter
+   (`undecodable_intent`). The signature is checked by `VerifyMode` (OFF checks nothing;
+   PERMISSIVE, for rolling signing out, admits valid and unsigned intents; REQUIRE admits only
+   valid ones), from the bytes as received, so fields this binary does not know stay covered.
+   A refused intent becomes a dead letter (`signature_<outcome>`) and gets no result; it is not
+   remembered, so a correctly signed copy may still come.
+2. Identity. Executions are remembered by intent_id, with the entity_key and a digest of the
+   intent's content (its signing input without the delivery fields attempt, created_at_ms,
+   expires_at_ms and trace_id, `content_digest`). A copy with the same entity and content is a
+   duplicate: nothing runs and it gets the first decision again (`Route.DUPLICATE`); its expiry
+   extends the record's retention. Another entity or other content under a known id is a dead
+   letter (`intent_id_conflict`): never someone else's result.
+3. Expiry. expires_at_ms at or before now gives EXPIRED; no expiry (0) too: fail closed.
+4. Kind. An APPROVAL intent goes to the approvals output for a human, once. An unknown (newer)
+   kind is REJECTED, never executed. TOOL_KIND_UNSPECIFIED reads as TOOL.
+5. Tool. An unknown tool, or args_json that `parse_args_json` refuses (not an object, numbers
+   beyond I-JSON's range, nesting deeper than MAX_ARGS_DEPTH, duplicate keys), gives REJECTED.
+6. Execution. The record is claimed (RUNNING) in the store before the tool runs and finished
+   with its result after: OK with the tool's bytes, ERROR with its exception.
 
-Every result is an AgentEnvelope carrying the ToolResult, keyed by entity_key, ready to flow
-back into the agent. Two faces share the gate: `Effector`, a plain callable for a service that
-reads intents from a topic (duplicates are remembered until the intent expires, after which
-the gate refuses it anyway), and `ExecuteIntents`, a Beam transform that remembers executions
-in keyed state per intent_id and clears it with an event-time timer at the intent's expiry.
-Signing keys are loaded where the effector runs (`keyring_loader`), never carried in a
-pipeline's serialized graph.
+Every decision of steps 3 to 6 is remembered: an intent_id has one result, whatever arrives
+later. A record is kept for `retention_ms` (default 24 h) after the later of the latest
+expires_at_ms seen for its id and the last time it was decided, then forgotten; only a copy
+arriving after that, still unexpired, could run again.
+
+Two faces share the gate:
+
+* `Effector`, a plain callable for a service reading intents from a topic, keeps its records in
+  an `ExecutionStore`: `SqliteExecutionStore` (standard library sqlite3, WAL, fsync on commit)
+  by default. A claim is committed before the tool runs, so an effector killed mid-call and
+  restarted does not run it again: the next copy finds the claim of a dead instance and gets an
+  ERROR result saying the outcome is unknown (at most once, never twice).
+* `ExecuteIntents`, a Beam transform, re-windows intents into the global window (the same
+  intent in two windows is still one intent) and keeps each record in keyed state under its
+  intent_id, cleared by an event-time timer at the end of retention. Beam commits state with
+  the bundle's outputs, so a worker that dies after a tool ran but before its bundle committed
+  runs the tool again on retry: tools with effects outside the pipeline should pass the
+  intent_id to the system they call as its idempotency key.
+
+Results are AgentEnvelopes carrying the ToolResult, keyed by entity_key. Signing keys are loaded
+where the effector runs (`keyring_loader`), never carried in a pipeline's serialized graph.
 """
 
 from __future__ import annotations
 
+import abc
 import dataclasses
 import enum
-import heapq
-import json
+import hashlib
+import os
+import sqlite3
+import threading
 import time
+import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping
 
 import apache_beam as beam
-from apache_beam.coders import BytesCoder
+from apache_beam.coders.coders import DeterministicProtoCoder
+from apache_beam.transforms import window
 from apache_beam.transforms.timeutil import TimeDomain
 from apache_beam.transforms.userstate import ReadModifyWriteStateSpec, TimerSpec, on_timer
 from apache_beam.typehints import Tuple
-from apache_beam.utils.timestamp import Timestamp
+from apache_beam.utils.timestamp import MIN_TIMESTAMP, Timestamp
 from google.protobuf.message import DecodeError
 
-from beam_agents._protos import ActivationErrorRecord, AgentEnvelope, ToolIntent, ToolResult
-from beam_agents.core.intent import effective_kind
-from beam_agents.core.signing import Keyring, Verification, verify
+from beam_agents._protos import (
+    ActivationErrorRecord,
+    AgentEnvelope,
+    ExecutionRecord,
+    ToolIntent,
+    ToolResult,
+)
+from beam_agents.core.intent import effective_kind, parse_args_json
+from beam_agents.core.signing import Keyring, Verification, strip_fields, verify
+from beam_agents.errors import CanonicalJsonError
 
 __all__ = [
     "APPROVALS",
     "DEAD_LETTERS",
+    "DEFAULT_RETENTION_MS",
+    "DELIVERY_FIELDS",
+    "REASON_CONFLICT",
+    "REASON_UNDECODABLE",
     "RESULTS",
     "Effector",
     "EffectorOutput",
     "ExecuteIntents",
+    "ExecutionStore",
     "Route",
+    "SqliteExecutionStore",
     "Tool",
     "VerifyMode",
+    "content_digest",
     "wall_clock_ms",
 ]
 
@@ -64,9 +106,30 @@ RESULTS = "results"
 APPROVALS = "approvals"
 DEAD_LETTERS = "dead_letters"
 
+#: Dead-letter reasons (besides "signature_<outcome>", one per refused Verification).
+REASON_UNDECODABLE = "undecodable_intent"
+REASON_CONFLICT = "intent_id_conflict"
+
+DEFAULT_RETENTION_MS = 24 * 60 * 60 * 1000
+#: Fields a retry or redelivery of the same intent may change; the content digest omits them.
+DELIVERY_FIELDS = ("attempt", "created_at_ms", "expires_at_ms", "trace_id")
+_CONTENT_EXCLUDED = frozenset(
+    ToolIntent.DESCRIPTOR.fields_by_name[name].number
+    for name in (*DELIVERY_FIELDS, "signature_scheme", "signing_key_id", "signature")
+)
+_INT64_MAX = 2**63 - 1
+#: Longest error_message kept from a failing tool; exception texts can be unbounded.
+_MAX_ERROR_CHARS = 4096
+
 
 def wall_clock_ms() -> int:
     return time.time_ns() // 1_000_000
+
+
+def content_digest(wire: bytes) -> bytes:
+    """SHA-256 of a serialized intent without its signature and delivery fields: what a copy
+    must share with the executed intent to be its duplicate."""
+    return hashlib.sha256(strip_fields(wire, _CONTENT_EXCLUDED)).digest()
 
 
 class VerifyMode(enum.Enum):
@@ -84,226 +147,461 @@ class Route(enum.Enum):
     RESULT = "result"
     APPROVAL = "approval"
     DEAD_LETTER = "dead letter"
-    #: Already executed: nothing ran; `result` is the first execution's envelope.
+    #: Decided before: nothing ran. `result` is the first result (None for an approval, or
+    #: while this effector is still running the first copy).
     DUPLICATE = "duplicate"
 
 
 @dataclasses.dataclass(frozen=True)
 class EffectorOutput:
     route: Route
-    #: The result envelope (RESULT, DUPLICATE).
+    #: The result envelope (RESULT, DUPLICATE of a result).
     result: AgentEnvelope | None = None
     #: The intent to put before a human (APPROVAL).
     approval: ToolIntent | None = None
     #: Why the intent was refused without a result (DEAD_LETTER).
     dead_letter: ActivationErrorRecord | None = None
+    #: True when this call ran the tool.
+    ran_tool: bool = False
+
+
+class ExecutionStore(abc.ABC):
+    """Where the gate remembers decisions, by intent_id. Each method is atomic; `claim` is the
+    one that must be atomic across processes sharing the store."""
+
+    @abc.abstractmethod
+    def get(self, intent_id: str) -> ExecutionRecord | None:
+        """The record of intent_id, or None."""
+
+    @abc.abstractmethod
+    def claim(self, record: ExecutionRecord, keep_until_ms: int) -> ExecutionRecord | None:
+        """Stores `record` unless intent_id has one already; returns that one, or None when
+        `record` was stored. Durable on return."""
+
+    @abc.abstractmethod
+    def put(self, record: ExecutionRecord, keep_until_ms: int) -> None:
+        """Stores `record`, replacing intent_id's record. Durable on return."""
+
+
+class SqliteExecutionStore(ExecutionStore):
+    """An ExecutionStore in one SQLite file (WAL, synchronous=FULL), safe to share between
+    threads and between processes on one machine. Records past their keep-until time are
+    deleted at most once a minute of the effector's clock."""
+
+    _PRUNE_EVERY_MS = 60_000
+
+    def __init__(self, path: str | os.PathLike) -> None:
+        self.path = str(path)
+        self._lock = threading.Lock()
+        # isolation_level=None: transactions are explicit (BEGIN IMMEDIATE in claim).
+        self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=FULL")
+        self._db.execute("PRAGMA busy_timeout=10000")
+        self._db.execute(
+            "CREATE TABLE IF NOT EXISTS executions ("
+            " intent_id TEXT PRIMARY KEY,"
+            " keep_until_ms INTEGER NOT NULL,"
+            " record BLOB NOT NULL"
+            ") WITHOUT ROWID"
+        )
+        self._db.execute(
+            "CREATE INDEX IF NOT EXISTS executions_keep_until ON executions (keep_until_ms)"
+        )
+        self._next_prune_ms: int | None = None
+
+    def get(self, intent_id: str) -> ExecutionRecord | None:
+        with self._lock:
+            row = self._db.execute(
+                "SELECT record FROM executions WHERE intent_id = ?", (intent_id,)
+            ).fetchone()
+        return None if row is None else ExecutionRecord.FromString(row[0])
+
+    def claim(self, record: ExecutionRecord, keep_until_ms: int) -> ExecutionRecord | None:
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                row = self._db.execute(
+                    "SELECT record FROM executions WHERE intent_id = ?", (record.intent_id,)
+                ).fetchone()
+                if row is None:
+                    self._db.execute(
+                        "INSERT INTO executions VALUES (?, ?, ?)",
+                        (record.intent_id, keep_until_ms, _serialize(record)),
+                    )
+                self._db.execute("COMMIT")
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+        return None if row is None else ExecutionRecord.FromString(row[0])
+
+    def put(self, record: ExecutionRecord, keep_until_ms: int) -> None:
+        with self._lock:
+            self._db.execute(
+                "INSERT OR REPLACE INTO executions VALUES (?, ?, ?)",
+                (record.intent_id, keep_until_ms, _serialize(record)),
+            )
+
+    def prune(self, now_ms: int) -> int:
+        """Deletes the records kept until before now_ms (at most once a minute); returns how
+        many."""
+        if self._next_prune_ms is not None and now_ms < self._next_prune_ms:
+            return 0
+        self._next_prune_ms = now_ms + self._PRUNE_EVERY_MS
+        with self._lock:
+            cursor = self._db.execute("DELETE FROM executions WHERE keep_until_ms < ?", (now_ms,))
+        return cursor.rowcount
+
+    def __len__(self) -> int:
+        with self._lock:
+            return self._db.execute("SELECT count(*) FROM executions").fetchone()[0]
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+
+def _serialize(record: ExecutionRecord) -> bytes:
+    return record.SerializeToString(deterministic=True)
+
+
+class _Gate:
+    """Steps 1 to 6 of the module docstring over any ExecutionStore."""
+
+    def __init__(
+        self,
+        tools: Mapping[str, Tool],
+        mode: VerifyMode,
+        keyring: Keyring | None,
+        retention_ms: int,
+    ) -> None:
+        if mode is not VerifyMode.OFF and keyring is None:
+            raise ValueError(f"verify mode {mode.value} needs a keyring")
+        _check_retention(retention_ms)
+        self.tools = dict(tools)
+        self.mode = mode
+        self.keyring = keyring
+        self.retention_ms = retention_ms
+
+    def keep_until(self, record: ExecutionRecord, now: int) -> int:
+        return min(max(record.latest_expires_at_ms, now) + self.retention_ms, _INT64_MAX)
+
+    def decide(
+        self,
+        data: bytes,
+        *,
+        now: Callable[[], int],
+        store: ExecutionStore,
+        owner: str,
+    ) -> EffectorOutput:
+        """The gate's output for one serialized intent; runs its tool at most once."""
+        try:
+            intent = ToolIntent.FromString(data)
+        except DecodeError as e:
+            detail = f"{len(data)} bytes are not a ToolIntent: {e}"
+            return _dead_letter(b"", REASON_UNDECODABLE, detail, now())
+        at = now()
+        if self.mode is not VerifyMode.OFF:
+            outcome = verify(intent, self.keyring, wire=data)
+            if not self.mode.admits(outcome):
+                detail = (
+                    f"intent {intent.intent_id} ({intent.tool_name}) refused in "
+                    f"{self.mode.value} mode: {outcome.value} (key id {intent.signing_key_id!r})"
+                )
+                reason = "signature_" + outcome.name.lower()
+                return _dead_letter(intent.entity_key, reason, detail, at)
+        record = ExecutionRecord(
+            intent_id=intent.intent_id,
+            entity_key=intent.entity_key,
+            content_digest=content_digest(data),
+            latest_expires_at_ms=intent.expires_at_ms,
+        )
+        known = store.get(intent.intent_id)
+        if known is not None:
+            return self._again(known, intent, record, at, store, owner)
+        decided = self._refusal(intent, at)
+        if decided is None:
+            record.outcome = ExecutionRecord.RUNNING
+            record.claimed_by = owner
+        else:
+            record.outcome, result = decided
+            if result is not None:
+                record.result.CopyFrom(result)
+        known = store.claim(record, self.keep_until(record, at))
+        if known is not None:  # another caller decided this intent first
+            return self._again(known, intent, record, at, store, owner)
+        if record.outcome != ExecutionRecord.RUNNING:
+            return _first_output(record, intent)
+        record.result.CopyFrom(self._run(intent, now))
+        record.outcome = ExecutionRecord.RESULT
+        record.ClearField("claimed_by")
+        store.put(record, self.keep_until(record, now()))
+        return dataclasses.replace(_first_output(record, intent), ran_tool=True)
+
+    def _refusal(self, intent: ToolIntent, now: int):
+        """(outcome, result) of steps 3 to 5, or None when the tool is to run."""
+        if intent.expires_at_ms <= now:
+            return _decided(
+                intent, ToolResult.EXPIRED, now, error=f"expired at {intent.expires_at_ms}"
+            )
+        kind = effective_kind(intent)
+        if kind is None:
+            return _decided(
+                intent, ToolResult.REJECTED, now, error=f"unknown intent kind {intent.kind}"
+            )
+        if kind == ToolIntent.APPROVAL:
+            return ExecutionRecord.APPROVAL, None
+        if intent.tool_name not in self.tools:
+            return _decided(
+                intent, ToolResult.REJECTED, now, error=f"unknown tool {intent.tool_name!r}"
+            )
+        try:
+            parse_args_json(intent.args_json)
+        except CanonicalJsonError as e:
+            return _decided(intent, ToolResult.REJECTED, now, error=f"args_json refused: {e}")
+        return None
+
+    def _run(self, intent: ToolIntent, now: Callable[[], int]) -> ToolResult:
+        try:
+            payload = self.tools[intent.tool_name](parse_args_json(intent.args_json), intent)
+            if isinstance(payload, str):
+                payload = payload.encode("utf-8")
+            if not isinstance(payload, bytes):
+                raise TypeError(f"tool returned {type(payload).__name__}, not bytes or str")
+        except Exception as e:  # a tool's failure is its result, never the effector's
+            return _result(intent, ToolResult.ERROR, now(), error=f"{type(e).__name__}: {e}")
+        return _result(intent, ToolResult.OK, now(), payload=payload)
+
+    def _again(
+        self,
+        known: ExecutionRecord,
+        intent: ToolIntent,
+        record: ExecutionRecord,
+        now: int,
+        store: ExecutionStore,
+        owner: str,
+    ) -> EffectorOutput:
+        """The output for an intent_id decided before."""
+        # The digest covers entity_key too; comparing it apart names the conflict.
+        if known.entity_key != record.entity_key or known.content_digest != record.content_digest:
+            what = "another entity" if known.entity_key != record.entity_key else "other content"
+            detail = (
+                f"intent {intent.intent_id} ({intent.tool_name}) reuses the id of an intent of "
+                f"{what}; it is not run and gets no result"
+            )
+            return _dead_letter(intent.entity_key, REASON_CONFLICT, detail, now)
+        if known.outcome == ExecutionRecord.RUNNING and known.claimed_by != owner:
+            # The effector that claimed it stopped mid-call: the tool may or may not have
+            # acted, and running it again could act twice. The unknown outcome is the result.
+            known.result.CopyFrom(
+                _result(
+                    intent,
+                    ToolResult.ERROR,
+                    now,
+                    error=(
+                        f"outcome unknown: effector {known.claimed_by} stopped while running "
+                        "this intent's tool; it is not run again"
+                    ),
+                )
+            )
+            known.outcome = ExecutionRecord.RESULT
+            known.ClearField("claimed_by")
+            known.latest_expires_at_ms = max(known.latest_expires_at_ms, intent.expires_at_ms)
+            store.put(known, self.keep_until(known, now))
+            return _first_output(known, intent)
+        if intent.expires_at_ms > known.latest_expires_at_ms:
+            known.latest_expires_at_ms = intent.expires_at_ms
+            store.put(known, self.keep_until(known, now))
+        result = None
+        if known.outcome == ExecutionRecord.RESULT:
+            result = _envelope(known.result)
+        return EffectorOutput(Route.DUPLICATE, result=result)
+
+
+def _check_retention(retention_ms: int) -> None:
+    if isinstance(retention_ms, bool) or not isinstance(retention_ms, int) or retention_ms < 0:
+        raise ValueError(f"retention_ms must be a non-negative int, not {retention_ms!r}")
+
+
+def _decided(intent: ToolIntent, status, now: int, *, error: str):
+    return ExecutionRecord.RESULT, _result(intent, status, now, error=error)
+
+
+def _result(intent: ToolIntent, status, now: int, *, payload: bytes = b"", error: str = ""):
+    return ToolResult(
+        intent_id=intent.intent_id,
+        entity_key=intent.entity_key,
+        seq=intent.seq,
+        status=status,
+        payload=payload,
+        error_message=_printable(error),
+        completed_at_ms=now,
+    )
+
+
+def _printable(text: str) -> str:
+    # Exception texts may hold lone surrogates, which a proto string cannot carry.
+    text = text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return text if len(text) <= _MAX_ERROR_CHARS else text[:_MAX_ERROR_CHARS] + "..."
+
+
+def _envelope(result: ToolResult) -> AgentEnvelope:
+    return AgentEnvelope(
+        entity_key=result.entity_key, event_time_ms=result.completed_at_ms, tool_result=result
+    )
+
+
+def _first_output(record: ExecutionRecord, intent: ToolIntent) -> EffectorOutput:
+    if record.outcome == ExecutionRecord.APPROVAL:
+        return EffectorOutput(Route.APPROVAL, approval=intent)
+    return EffectorOutput(Route.RESULT, result=_envelope(record.result))
+
+
+def _dead_letter(entity_key: bytes, reason: str, detail: str, now: int) -> EffectorOutput:
+    record = ActivationErrorRecord(
+        entity_key=entity_key, reason=reason, detail=_printable(detail), event_time_ms=now
+    )
+    return EffectorOutput(Route.DEAD_LETTER, dead_letter=record)
 
 
 class Effector:
-    """The gate of the module docstring, as a plain callable: `effector(intent)`."""
+    """The gate of the module docstring as a plain callable: `effector(intent_or_bytes)`.
+
+    `store` is an ExecutionStore, or a path for a SqliteExecutionStore (":memory:" keeps
+    nothing across restarts: tests only).
+    """
 
     def __init__(
         self,
         tools: Mapping[str, Tool],
         *,
         mode: VerifyMode,
+        store: ExecutionStore | str | os.PathLike,
         keyring: Keyring | None = None,
         clock: Callable[[], int] = wall_clock_ms,
+        retention_ms: int = DEFAULT_RETENTION_MS,
     ) -> None:
-        if mode is not VerifyMode.OFF and keyring is None:
-            raise ValueError(f"verify mode {mode.value} needs a keyring")
-        self._tools = dict(tools)
-        self._mode = mode
-        self._keyring = keyring
+        self._gate = _Gate(tools, mode, keyring, retention_ms)
+        if isinstance(store, str | os.PathLike):
+            store = SqliteExecutionStore(store)
+        self.store = store
         self._clock = clock
-        self._executed: dict[str, tuple[int, AgentEnvelope]] = {}
-        self._expiries: list[tuple[int, str]] = []
+        #: Names this instance in the claims it writes.
+        self.instance_id = str(uuid.uuid4())
 
-    @property
-    def remembered(self) -> int:
-        """How many executions are remembered for duplicate suppression."""
-        return len(self._executed)
-
-    def __call__(self, intent: ToolIntent) -> EffectorOutput:
-        now = self._clock()
-        self._forget_expired(now)
-        refused = self.admit(intent, now)
-        if refused is not None:
-            return refused
-        done = self._executed.get(intent.intent_id)
-        if done is not None:
-            return EffectorOutput(Route.DUPLICATE, result=done[1])
-        result = self.execute(intent)
-        self._executed[intent.intent_id] = (intent.expires_at_ms, result)
-        heapq.heappush(self._expiries, (intent.expires_at_ms, intent.intent_id))
-        return EffectorOutput(Route.RESULT, result=result)
-
-    def admit(self, intent: ToolIntent, now: int) -> EffectorOutput | None:
-        """Steps 1 to 4: the output of an intent that must not run, or None to execute it."""
-        if self._mode is not VerifyMode.OFF:
-            outcome = verify(intent, self._keyring)
-            if not self._mode.admits(outcome):
-                reason = "signature_" + outcome.name.lower()
-                detail = (
-                    f"intent {intent.intent_id} ({intent.tool_name}) refused in "
-                    f"{self._mode.value} mode: {outcome.value} (key id {intent.signing_key_id!r})"
-                )
-                return EffectorOutput(
-                    Route.DEAD_LETTER,
-                    dead_letter=ActivationErrorRecord(
-                        entity_key=intent.entity_key,
-                        reason=reason,
-                        detail=detail,
-                        event_time_ms=now,
-                    ),
-                )
-        if intent.expires_at_ms <= now:
-            return self._result(
-                intent, ToolResult.EXPIRED, error=f"expired at {intent.expires_at_ms}", now=now
-            )
-        if effective_kind(intent) == ToolIntent.APPROVAL:
-            return EffectorOutput(Route.APPROVAL, approval=intent)
-        if intent.tool_name not in self._tools:
-            return self._result(
-                intent, ToolResult.REJECTED, error=f"unknown tool {intent.tool_name!r}", now=now
-            )
-        if not isinstance(_args(intent), dict):
-            return self._result(
-                intent, ToolResult.REJECTED, error="args_json is not a JSON object", now=now
-            )
-        return None
-
-    def execute(self, intent: ToolIntent) -> AgentEnvelope:
-        """Step 5: runs the admitted intent's tool and wraps its outcome."""
-        try:
-            payload = self._tools[intent.tool_name](_args(intent), intent)
-            if isinstance(payload, str):
-                payload = payload.encode()
-            if not isinstance(payload, bytes):
-                raise TypeError(f"tool returned {type(payload).__name__}, not bytes or str")
-        except Exception as e:  # a tool's failure is its result, never the effector's
-            return self._result(
-                intent, ToolResult.ERROR, error=f"{type(e).__name__}: {e}", now=self._clock()
-            ).result
-        return self._result(intent, ToolResult.OK, payload=payload, now=self._clock()).result
-
-    @staticmethod
-    def _result(intent: ToolIntent, status, *, now: int, payload=b"", error="") -> EffectorOutput:
-        result = ToolResult(
-            intent_id=intent.intent_id,
-            entity_key=intent.entity_key,
-            seq=intent.seq,
-            status=status,
-            payload=payload,
-            error_message=error,
-            completed_at_ms=now,
-        )
-        envelope = AgentEnvelope(
-            entity_key=intent.entity_key, event_time_ms=now, tool_result=result
-        )
-        return EffectorOutput(Route.RESULT, result=envelope)
-
-    def _forget_expired(self, now: int) -> None:
-        # An expired intent is refused at step 2, so its execution record is no longer needed.
-        while self._expiries and self._expiries[0][0] <= now:
-            _, intent_id = heapq.heappop(self._expiries)
-            self._executed.pop(intent_id, None)
+    def __call__(self, intent: ToolIntent | bytes) -> EffectorOutput:
+        if isinstance(intent, ToolIntent):
+            intent = intent.SerializeToString(deterministic=True)
+        prune = getattr(self.store, "prune", None)
+        if prune is not None:
+            prune(self._clock())
+        return self._gate.decide(intent, now=self._clock, store=self.store, owner=self.instance_id)
 
 
-def _args(intent: ToolIntent) -> object:
-    try:
-        return json.loads(intent.args_json)
-    except json.JSONDecodeError:
-        return None
+# Beam -------------------------------------------------------------------------------------
 
 
-class _KeyByIntentId(beam.DoFn):
-    """Parses serialized intents (or passes messages through), keyed by intent_id; bytes that
-    are no ToolIntent become dead letters."""
+class _Serialize(beam.DoFn):
+    """Intents as bytes keyed by intent_id; message inputs serialized deterministically (what
+    a signer did), bytes kept as received so the signature covers them exactly."""
 
     def __init__(self, clock: Callable[[], int]) -> None:
         self._clock = clock
 
     def process(self, element: bytes | ToolIntent) -> Iterator:
         if isinstance(element, ToolIntent):
-            yield (element.intent_id, element)
+            yield (element.intent_id, element.SerializeToString(deterministic=True))
             return
         try:
-            intent = ToolIntent.FromString(element)
+            intent_id = ToolIntent.FromString(element).intent_id
         except DecodeError as e:
-            yield beam.pvalue.TaggedOutput(
-                DEAD_LETTERS,
-                (
-                    b"",
-                    ActivationErrorRecord(
-                        reason="undecodable_intent",
-                        detail=f"{len(element)} bytes are not a ToolIntent: {e}",
-                        event_time_ms=self._clock(),
-                    ),
-                ),
-            )
+            detail = f"{len(element)} bytes are not a ToolIntent: {e}"
+            letter = _dead_letter(b"", REASON_UNDECODABLE, detail, self._clock()).dead_letter
+            yield beam.pvalue.TaggedOutput(DEAD_LETTERS, (b"", letter))
             return
-        yield (intent.intent_id, intent)
+        yield (intent_id, bytes(element))
+
+
+class _StateStore(ExecutionStore):
+    """One key's ExecutionStore over Beam keyed state; its retention timer follows each put."""
+
+    def __init__(self, state, timer) -> None:
+        self._state = state
+        self._timer = timer
+
+    def get(self, intent_id: str) -> ExecutionRecord | None:
+        return self._state.read()
+
+    def claim(self, record: ExecutionRecord, keep_until_ms: int) -> ExecutionRecord | None:
+        known = self._state.read()
+        if known is None:
+            self.put(record, keep_until_ms)
+        return known
+
+    def put(self, record: ExecutionRecord, keep_until_ms: int) -> None:
+        self._state.write(record)
+        self._timer.set(_timer_timestamp(keep_until_ms))
+
+
+def _timer_timestamp(ms: int) -> Timestamp:
+    # Any int64 of milliseconds, clamped into what a global-window timer can hold.
+    latest = window.GlobalWindow().max_timestamp().micros
+    return Timestamp(micros=max(MIN_TIMESTAMP.micros, min(ms * 1000, latest)))
 
 
 class _ExecuteOnce(beam.DoFn):
-    """The gate, with executions remembered in state keyed by intent_id."""
+    """The gate, with each intent_id's record in keyed state."""
 
     # Frozen: renaming a spec or changing its coder breaks state restore on --update.
-    EXECUTED = ReadModifyWriteStateSpec("executed", BytesCoder())
-    EXPIRY = TimerSpec("expiry", TimeDomain.WATERMARK)
+    RECORD = ReadModifyWriteStateSpec("execution", DeterministicProtoCoder(ExecutionRecord))
+    RETENTION = TimerSpec("retention", TimeDomain.WATERMARK)
 
-    def __init__(self, tools, mode, keyring_loader, clock) -> None:
+    def __init__(self, tools, mode, keyring_loader, clock, retention_ms) -> None:
         self._tools = tools
         self._mode = mode
         self._keyring_loader = keyring_loader
         self._clock = clock
-        self._effector: Effector | None = None
+        self._retention_ms = retention_ms
+        self._gate: _Gate | None = None
         self._duplicates = beam.metrics.Metrics.counter("beam_agents.effector", "duplicates")
         self._executions = beam.metrics.Metrics.counter("beam_agents.effector", "executions")
 
     def setup(self) -> None:
         keyring = None if self._mode is VerifyMode.OFF else self._keyring_loader()
-        self._effector = Effector(self._tools, mode=self._mode, keyring=keyring, clock=self._clock)
+        self._gate = _Gate(self._tools, self._mode, keyring, self._retention_ms)
 
     def process(
         self,
-        element: tuple[str, ToolIntent],
-        executed=beam.DoFn.StateParam(EXECUTED),
-        expiry=beam.DoFn.TimerParam(EXPIRY),
+        element: tuple[str, bytes],
+        record=beam.DoFn.StateParam(RECORD),
+        retention=beam.DoFn.TimerParam(RETENTION),
     ) -> Iterable:
-        _, intent = element
-        refused = self._effector.admit(intent, self._clock())
-        if refused is not None:
-            yield from _emit(refused, intent)
-            return
-        if executed.read() is not None:
+        _, data = element
+        store = _StateStore(record, retention)
+        output = self._gate.decide(data, now=self._clock, store=store, owner="")
+        if output.route is Route.DUPLICATE:
             self._duplicates.inc()
             return
-        result = self._effector.execute(intent)
-        self._executions.inc()
-        executed.write(result.tool_result.SerializeToString(deterministic=True))
-        expiry.set(Timestamp.of(intent.expires_at_ms / 1000))
-        yield (intent.entity_key, result)
+        if output.ran_tool:
+            self._executions.inc()
+        if output.route is Route.RESULT:
+            result = output.result
+            yield (result.entity_key, result)
+        elif output.route is Route.APPROVAL:
+            yield beam.pvalue.TaggedOutput(APPROVALS, (output.approval.entity_key, output.approval))
+        else:
+            letter = output.dead_letter
+            yield beam.pvalue.TaggedOutput(DEAD_LETTERS, (letter.entity_key, letter))
 
-    @on_timer(EXPIRY)
-    def expire(self, executed=beam.DoFn.StateParam(EXECUTED)) -> None:
-        executed.clear()
-
-
-def _emit(output: EffectorOutput, intent: ToolIntent) -> Iterator:
-    if output.route is Route.RESULT:
-        yield (intent.entity_key, output.result)
-    elif output.route is Route.APPROVAL:
-        yield beam.pvalue.TaggedOutput(APPROVALS, (intent.entity_key, output.approval))
-    else:
-        yield beam.pvalue.TaggedOutput(DEAD_LETTERS, (intent.entity_key, output.dead_letter))
+    @on_timer(RETENTION)
+    def forget(self, record=beam.DoFn.StateParam(RECORD)) -> None:
+        record.clear()
 
 
 class ExecuteIntents(beam.PTransform):
-    """ToolIntents (messages or serialized bytes) in; a dict of three keyed PCollections out:
-    RESULTS (entity_key, AgentEnvelope), APPROVALS (entity_key, ToolIntent) and DEAD_LETTERS
-    (entity_key, ActivationErrorRecord)."""
+    """ToolIntents (messages or serialized bytes, in any windowing) in; a dict of three keyed
+    PCollections out, in the global window: RESULTS (entity_key, AgentEnvelope), APPROVALS
+    (entity_key, ToolIntent) and DEAD_LETTERS (entity_key, ActivationErrorRecord)."""
 
     def __init__(
         self,
@@ -312,20 +610,27 @@ class ExecuteIntents(beam.PTransform):
         mode: VerifyMode,
         keyring_loader: Callable[[], Keyring] = Keyring.from_environment,
         clock: Callable[[], int] = wall_clock_ms,
+        retention_ms: int = DEFAULT_RETENTION_MS,
     ) -> None:
         super().__init__()
+        _check_retention(retention_ms)
         self._tools = dict(tools)
         self._mode = mode
         self._keyring_loader = keyring_loader
         self._clock = clock
+        self._retention_ms = retention_ms
 
     def expand(self, intents):
-        keyed = intents | "KeyByIntentId" >> beam.ParDo(_KeyByIntentId(self._clock)).with_outputs(
+        # Keyed state is per window: without this, one intent in two windows would run twice.
+        global_window = intents | "GlobalWindow" >> beam.WindowInto(window.GlobalWindows())
+        keyed = global_window | "KeyByIntentId" >> beam.ParDo(_Serialize(self._clock)).with_outputs(
             DEAD_LETTERS, main="intents"
         )
-        by_intent_id = _typed(keyed.intents, Tuple[str, ToolIntent])
+        by_intent_id = _typed(keyed.intents, Tuple[str, bytes])
         gated = by_intent_id | "ExecuteOnce" >> beam.ParDo(
-            _ExecuteOnce(self._tools, self._mode, self._keyring_loader, self._clock)
+            _ExecuteOnce(
+                self._tools, self._mode, self._keyring_loader, self._clock, self._retention_ms
+            )
         ).with_outputs(APPROVALS, DEAD_LETTERS, main=RESULTS)
         _typed(keyed[DEAD_LETTERS], Tuple[bytes, ActivationErrorRecord])
         _typed(gated[DEAD_LETTERS], Tuple[bytes, ActivationErrorRecord])

@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+import base64
 import functools
+import json
+import os
+import signal
+import subprocess
+import sys
 
 import apache_beam as beam
 import pytest
@@ -11,12 +17,15 @@ from apache_beam.options.pipeline_options import PipelineOptions, StandardOption
 from apache_beam.testing.test_pipeline import TestPipeline as BeamPipeline
 from apache_beam.testing.test_stream import TestStream as EventStream
 from apache_beam.testing.util import assert_that, equal_to
+from apache_beam.transforms import window
 
 from beam_agents._protos import ToolIntent, ToolResult
-from beam_agents.core.signing import Keyring, sign
+from beam_agents.core.signing import KEYS_ENV, Keyring, sign
 from beam_agents.effector import (
     APPROVALS,
     DEAD_LETTERS,
+    REASON_CONFLICT,
+    REASON_UNDECODABLE,
     RESULTS,
     Effector,
     ExecuteIntents,
@@ -52,9 +61,13 @@ def signed(**overrides) -> ToolIntent:
     return sign(intent(**overrides), RING)
 
 
-def effector(mode=VerifyMode.REQUIRE, **tools) -> Effector:
+def effector(mode=VerifyMode.REQUIRE, *, store=":memory:", clock=None, **tools) -> Effector:
     return Effector(
-        tools or {"crm.lookup": lookup}, mode=mode, keyring=RING, clock=ManualClock(NOW)
+        tools or {"crm.lookup": lookup},
+        mode=mode,
+        store=store,
+        keyring=RING,
+        clock=clock or ManualClock(NOW),
     )
 
 
@@ -147,13 +160,14 @@ def test_an_intent_without_kind_runs_as_a_tool_call():
     ("overrides", "message"),
     [
         ({"tool_name": "crm.delete"}, "unknown tool 'crm.delete'"),
-        ({"args_json": "[1,2]"}, "args_json is not a JSON object"),
-        ({"args_json": "{broken"}, "args_json is not a JSON object"),
+        ({"args_json": "[1,2]"}, "args_json refused: $: tool arguments must be a JSON object"),
+        ({"args_json": "{broken"}, "args_json refused: $: not JSON"),
     ],
 )
 def test_intents_that_cannot_run_are_rejected(overrides, message):
     result = effector()(signed(**overrides)).result.tool_result
-    assert (result.status, result.error_message) == (ToolResult.REJECTED, message)
+    assert result.status == ToolResult.REJECTED
+    assert result.error_message.startswith(message)
 
 
 def test_a_tool_runs_once_per_intent_id():
@@ -167,16 +181,234 @@ def test_a_tool_runs_once_per_intent_id():
     assert len(tool.calls) == 2
 
 
-def test_an_execution_record_is_forgotten_once_the_intent_has_expired():
-    tool = Recording()
-    clock = ManualClock(NOW)
-    gate = Effector({"crm.lookup": tool}, mode=VerifyMode.REQUIRE, keyring=RING, clock=clock)
-    gate(signed())
-    assert gate.remembered == 1
-    clock.now_ms = intent().expires_at_ms
-    assert gate(signed()).result.tool_result.status == ToolResult.EXPIRED
-    assert gate.remembered == 0
+def test_a_late_redelivery_gets_the_first_result_not_expired():
+    tool, clock = Recording(), ManualClock(NOW)
+    gate = effector(clock=clock, **{"crm.lookup": tool})
+    first = gate(signed())
+    clock.now_ms = intent().expires_at_ms + 1
+    late = gate(signed())
+    assert late.route is Route.DUPLICATE and late.result == first.result
+    assert late.result.tool_result.status == ToolResult.OK
     assert tool.calls == [intent().intent_id]
+
+
+def test_a_retry_with_a_later_expiry_after_the_first_expiry_does_not_run_again():
+    tool, clock = Recording(), ManualClock(NOW)
+    gate = effector(clock=clock, **{"crm.lookup": tool})
+    first = gate(signed())
+    clock.now_ms = intent().expires_at_ms + 10_000
+    retry = gate(signed(attempt=3, expires_at_ms=clock.now_ms + 60_000))
+    assert retry.route is Route.DUPLICATE and retry.result == first.result
+    assert tool.calls == [intent().intent_id]
+
+
+def test_a_redelivery_after_the_tool_is_gone_still_gets_the_first_result(tmp_path):
+    store = tmp_path / "executions.sqlite"
+    first = effector(store=store)(signed())
+    without_tool = Effector(
+        {}, mode=VerifyMode.REQUIRE, store=store, keyring=RING, clock=ManualClock(NOW)
+    )
+    again = without_tool(signed())
+    assert again.route is Route.DUPLICATE and again.result == first.result
+
+
+def test_the_signature_is_checked_over_the_bytes_as_received():
+    # Protobuf does not fix field order; a signer that emits trace_id (11) before the other
+    # fields signs those bytes, and re-serializing in number order would not reproduce them.
+    trace_id_first = (
+        ToolIntent(trace_id=intent().trace_id).SerializeToString()
+        + intent(trace_id=b"").SerializeToString()
+    )
+    envelope = ToolIntent(
+        signature_scheme=ToolIntent.HMAC_SHA256,
+        signing_key_id="k1",
+        signature=RING.mac("k1", trace_id_first),
+    )
+    output = effector()(trace_id_first + envelope.SerializeToString())
+    assert output.route is Route.RESULT and output.result.tool_result.status == ToolResult.OK
+
+
+def test_the_signature_is_checked_before_the_duplicate_check():
+    gate = effector()
+    gate(signed())
+    assert gate(_tampered()).route is Route.DEAD_LETTER
+
+
+@pytest.mark.parametrize(
+    "conflicting",
+    [
+        {"entity_key": b"customer-43"},
+        {"args_json": '{"id":666}'},
+        {"tool_name": "crm.lookup_all"},
+        {"seq": 8},
+        {"kind": ToolIntent.APPROVAL},
+    ],
+    ids=lambda o: next(iter(o)),
+)
+def test_another_intent_under_a_known_id_is_a_conflict_never_the_first_result(conflicting):
+    tool = Recording()
+    gate = effector(**{"crm.lookup": tool, "crm.lookup_all": tool})
+    gate(signed())
+    output = gate(signed(**conflicting))
+    assert output.route is Route.DEAD_LETTER and output.result is None
+    assert output.dead_letter.reason == REASON_CONFLICT
+    assert output.dead_letter.entity_key == conflicting.get("entity_key", b"customer-42")
+    what = "another entity" if "entity_key" in conflicting else "other content"
+    assert f"reuses the id of an intent of {what}" in output.dead_letter.detail
+    assert tool.calls == [intent().intent_id]
+
+
+@pytest.mark.parametrize(
+    "delivery",
+    [
+        {"attempt": 9},
+        {"created_at_ms": NOW - 5},
+        {"expires_at_ms": NOW + 1},
+        {"trace_id": b"t" * 16},
+    ],
+    ids=lambda o: next(iter(o)),
+)
+def test_a_copy_differing_only_in_delivery_fields_is_a_duplicate(delivery):
+    gate = effector()
+    first = gate(signed())
+    again = gate(signed(**delivery))
+    assert again.route is Route.DUPLICATE and again.result == first.result
+
+
+def test_an_expired_result_is_the_one_result_even_for_a_fresher_retry():
+    tool, clock = Recording(), ManualClock(NOW)
+    gate = effector(clock=clock, **{"crm.lookup": tool})
+    expired = gate(signed(expires_at_ms=NOW - 1))
+    retry = gate(signed(expires_at_ms=NOW + 60_000, attempt=3))
+    assert expired.result.tool_result.status == ToolResult.EXPIRED
+    assert retry.route is Route.DUPLICATE and retry.result == expired.result
+    assert tool.calls == []
+
+
+def test_a_duplicate_approval_reaches_a_human_once():
+    gate = effector()
+    first = gate(signed(kind=ToolIntent.APPROVAL))
+    again = gate(signed(kind=ToolIntent.APPROVAL, attempt=5))
+    assert first.route is Route.APPROVAL
+    assert again.route is Route.DUPLICATE and again.approval is None and again.result is None
+
+
+@pytest.mark.parametrize("kind", [3, 99])
+def test_an_unknown_future_kind_fails_closed(kind):
+    tool = Recording()
+    output = effector(**{"crm.lookup": tool})(signed(kind=kind))
+    assert output.result.tool_result.status == ToolResult.REJECTED
+    assert f"unknown intent kind {kind}" in output.result.tool_result.error_message
+    assert tool.calls == []
+
+
+INT64_MAX = 2**63 - 1
+
+
+@pytest.mark.parametrize("expires_at_ms", [INT64_MAX, NOW + 1])
+def test_any_future_expiry_up_to_int64_max_runs(expires_at_ms, tmp_path):
+    gate = effector(store=tmp_path / "s.sqlite")
+    assert gate(signed(expires_at_ms=expires_at_ms)).result.tool_result.status == ToolResult.OK
+    assert gate(signed(expires_at_ms=expires_at_ms)).route is Route.DUPLICATE
+
+
+@pytest.mark.parametrize("expires_at_ms", [-(2**63), -1])
+def test_a_negative_expiry_is_expired(expires_at_ms):
+    output = effector()(signed(expires_at_ms=expires_at_ms))
+    assert output.result.tool_result.status == ToolResult.EXPIRED
+
+
+HOSTILE_ARGS = {
+    "5,000-digit integer": '{"id":' + "9" * 5000 + "}",
+    "5,000-digit float": '{"id":' + "9" * 5000 + ".5}",
+    "100,000-deep nesting": '{"id":' + "[" * 100_000 + "]" * 100_000 + "}",
+    "beyond 2^53": '{"id":9007199254740993}',
+    "NaN": '{"id":NaN}',
+    "lone surrogate": '{"id":"\\ud800"}',
+    "duplicate key": '{"id":1,"id":2}',
+    "not an object": "[1,2]",
+    "not JSON": "{broken",
+}
+
+
+@pytest.mark.parametrize("args_json", HOSTILE_ARGS.values(), ids=HOSTILE_ARGS)
+def test_hostile_arguments_are_rejected_before_the_tool_runs(args_json):
+    tool = Recording()
+    output = effector(**{"crm.lookup": tool})(signed(args_json=args_json))
+    result = output.result.tool_result
+    assert result.status == ToolResult.REJECTED
+    assert result.error_message.startswith("args_json refused: ")
+    assert tool.calls == []
+
+
+def test_invalid_utf8_in_a_string_field_is_an_undecodable_dead_letter():
+    data = bytearray(signed(args_json='{"id":"xx"}').SerializeToString())
+    data[data.index(b"xx") : data.index(b"xx") + 2] = b"\xff\xfe"
+    output = effector()(bytes(data))
+    assert output.route is Route.DEAD_LETTER
+    assert output.dead_letter.reason == REASON_UNDECODABLE
+
+
+@pytest.mark.parametrize(
+    "tool",
+    [
+        lambda a, i: (_ for _ in ()).throw(ValueError("bad \ud800 text")),
+        lambda a, i: "surrogate \udc80",
+        lambda a, i: (_ for _ in ()).throw(RuntimeError("x" * 1_000_000)),
+    ],
+    ids=["surrogate in exception", "surrogate in payload", "huge exception"],
+)
+def test_whatever_a_tool_does_it_ends_as_a_result(tool):
+    output = effector(**{"crm.lookup": tool})(signed())
+    result = output.result.tool_result
+    assert result.status == ToolResult.ERROR
+    assert len(result.error_message) < 5000
+    assert ToolResult.FromString(result.SerializeToString()) == result
+
+
+MINUTE = 60_000
+
+
+def test_records_are_kept_for_the_retention_after_the_latest_expiry_then_pruned(tmp_path):
+    tool, clock = Recording(), ManualClock(NOW)
+    gate = Effector(
+        {"crm.lookup": tool},
+        mode=VerifyMode.REQUIRE,
+        keyring=RING,
+        clock=clock,
+        store=tmp_path / "s.sqlite",
+        retention_ms=2 * MINUTE,
+    )
+    first_expiry = intent().expires_at_ms
+    gate(signed())  # kept until first_expiry + 2 min
+    later_expiry = first_expiry + 4 * MINUTE
+    gate(signed(attempt=2, expires_at_ms=later_expiry))  # now kept until later_expiry + 2 min
+    clock.now_ms = first_expiry + 3 * MINUTE  # past the first keep-until: a prune runs
+    assert gate(signed(attempt=3, expires_at_ms=later_expiry)).route is Route.DUPLICATE
+    assert len(gate.store) == 1 and tool.calls == [intent().intent_id]
+    clock.now_ms = later_expiry + 3 * MINUTE
+    fresh = signed(intent_id="other", expires_at_ms=clock.now_ms + MINUTE)
+    assert gate(fresh).route is Route.RESULT  # prunes on the way
+    assert len(gate.store) == 1  # only "other" is left
+    assert tool.calls == [intent().intent_id, "other"]
+
+
+def test_a_decision_on_a_long_expired_intent_is_kept_for_the_retention_from_then():
+    tool, clock = Recording(), ManualClock(NOW)
+    gate = effector(clock=clock, **{"crm.lookup": tool})
+    ten_days = 10 * 24 * 60 * MINUTE
+    expired = gate(signed(expires_at_ms=NOW - ten_days))
+    clock.now_ms = NOW + 2 * MINUTE  # a prune runs
+    retry = gate(signed(attempt=2, expires_at_ms=clock.now_ms + MINUTE))
+    assert expired.result.tool_result.status == ToolResult.EXPIRED
+    assert retry.route is Route.DUPLICATE and retry.result == expired.result
+    assert tool.calls == []
+
+
+def test_retention_must_be_a_non_negative_int():
+    for bad in (-1, 1.5, True):
+        with pytest.raises(ValueError, match="retention_ms"):
+            Effector({}, mode=VerifyMode.OFF, store=":memory:", retention_ms=bad)
 
 
 @pytest.mark.parametrize(
@@ -191,8 +423,8 @@ def test_a_failing_tool_gives_an_error_result(tool, message):
 
 def test_verifying_modes_need_a_keyring():
     with pytest.raises(ValueError, match="needs a keyring"):
-        Effector({}, mode=VerifyMode.PERMISSIVE)
-    assert Effector({}, mode=VerifyMode.OFF)(intent()).route is Route.RESULT
+        Effector({}, mode=VerifyMode.PERMISSIVE, store=":memory:")
+    assert Effector({}, mode=VerifyMode.OFF, store=":memory:")(intent()).route is Route.RESULT
 
 
 # Beam -------------------------------------------------------------------------------------
@@ -297,7 +529,7 @@ def _stream(events):
     return stream.advance_watermark_to_infinity()
 
 
-def _run_stream(events, tool: AppendingTool, results: int) -> None:
+def _run_stream(events, tool: AppendingTool, results: int, retention_ms: int) -> None:
     # Counters of later bundles are lost by the streaming DirectRunner's stateful ParDo, so
     # executions are counted by the tool's own side effect.
     pipeline = _streaming_pipeline()
@@ -309,6 +541,7 @@ def _run_stream(events, tool: AppendingTool, results: int) -> None:
             mode=VerifyMode.REQUIRE,
             keyring_loader=LOAD_RING,
             clock=ManualClock(NOW),
+            retention_ms=retention_ms,
         )
     )
     expected = [(b"customer-42", intent().intent_id, "OK")] * results
@@ -316,17 +549,188 @@ def _run_stream(events, tool: AppendingTool, results: int) -> None:
     pipeline.run().wait_until_finish()
 
 
+EXPIRES_S = intent().expires_at_ms // 1000
+
+
 def test_a_duplicate_in_a_later_bundle_of_a_stream_does_not_run_again(tmp_path):
     tool = AppendingTool(tmp_path / "executions.log")
-    expires_s = intent().expires_at_ms // 1000
-    _run_stream([signed(), expires_s - 20, signed()], tool, results=1)
+    _run_stream([signed(), EXPIRES_S - 20, signed()], tool, results=1, retention_ms=5_000)
     assert tool.executions() == [intent().intent_id]
 
 
-def test_the_execution_record_is_dropped_when_the_watermark_passes_the_expiry(tmp_path):
-    # The clock is pinned before expiry so the gate would admit the re-arrival; only the
-    # cleared state lets it run again. (With a real clock the gate refuses it as EXPIRED.)
+def test_a_redelivery_after_the_expiry_within_retention_does_not_run_again(tmp_path):
+    # The clock is pinned before expiry so the gate would admit the copy; only the record
+    # kept past the expiry stops it.
     tool = AppendingTool(tmp_path / "executions.log")
-    expires_s = intent().expires_at_ms // 1000
-    _run_stream([signed(), expires_s + 1, signed()], tool, results=2)
+    _run_stream([signed(), EXPIRES_S + 1, signed()], tool, results=1, retention_ms=5_000)
+    assert tool.executions() == [intent().intent_id]
+
+
+def test_the_record_is_dropped_when_the_watermark_passes_the_retention(tmp_path):
+    tool = AppendingTool(tmp_path / "executions.log")
+    _run_stream([signed(), EXPIRES_S + 6, signed()], tool, results=2, retention_ms=5_000)
     assert tool.executions() == [intent().intent_id] * 2
+
+
+def _run_batch(inputs, tool, *, windowed=False):
+    """Runs ExecuteIntents over timestamped inputs; returns the outputs' summaries."""
+    pipeline = BeamPipeline(runner="DirectRunner")
+    created = pipeline | beam.Create(inputs, reshuffle=False)
+    if windowed:
+        created = created | beam.WindowInto(window.FixedWindows(60))
+    outputs = created | ExecuteIntents(
+        {"crm.lookup": tool},
+        mode=VerifyMode.REQUIRE,
+        keyring_loader=LOAD_RING,
+        clock=ManualClock(NOW),
+    )
+    summaries = {
+        RESULTS: outputs[RESULTS] | "R" >> beam.Map(_summary),
+        APPROVALS: outputs[APPROVALS] | "A" >> beam.Map(lambda kv: (kv[0], kv[1].intent_id)),
+        DEAD_LETTERS: outputs[DEAD_LETTERS] | "D" >> beam.Map(lambda kv: (kv[0], kv[1].reason)),
+    }
+    return pipeline, summaries
+
+
+def test_the_same_intent_in_two_windows_runs_once(tmp_path):
+    tool = AppendingTool(tmp_path / "executions.log")
+    data = signed().SerializeToString()
+    inputs = [window.TimestampedValue(data, 10), window.TimestampedValue(data, 500)]
+    pipeline, outputs = _run_batch(inputs, tool, windowed=True)
+    assert_that(outputs[RESULTS], equal_to([(b"customer-42", intent().intent_id, "OK")]))
+    pipeline.run().wait_until_finish()
+    assert tool.executions() == [intent().intent_id]
+
+
+def test_two_keys_sharing_an_intent_id_never_get_each_others_result(tmp_path):
+    tool = AppendingTool(tmp_path / "executions.log")
+    inputs = [signed(), signed(entity_key=b"customer-43")]
+    pipeline, outputs = _run_batch(inputs, tool)
+    # Which copy the runner processes first is not fixed; the other one is the conflict.
+    assert_that(
+        outputs[RESULTS] | beam.Map(lambda s: s[1:]).with_output_types(tuple[str, str]),
+        equal_to([(intent().intent_id, "OK")]),
+        label="one result",
+    )
+    assert_that(
+        outputs[DEAD_LETTERS] | beam.Map(lambda kv: kv[1]).with_output_types(str),
+        equal_to([REASON_CONFLICT]),
+        label="one conflict",
+    )
+    assert_that(
+        (
+            outputs[RESULTS] | "RK" >> beam.Map(lambda s: s[0]),
+            outputs[DEAD_LETTERS] | "DK" >> beam.Map(lambda kv: kv[0]),
+        )
+        | beam.Flatten(),
+        equal_to([b"customer-42", b"customer-43"]),
+        label="each output to its own entity",
+    )
+    pipeline.run().wait_until_finish()
+    assert tool.executions() == [intent().intent_id]
+
+
+def test_duplicate_approvals_reach_a_human_once_in_the_transform(tmp_path):
+    tool = AppendingTool(tmp_path / "executions.log")
+    approval = signed(intent_id="approval-1", kind=ToolIntent.APPROVAL)
+    again = signed(intent_id="approval-1", kind=ToolIntent.APPROVAL, attempt=4)
+    pipeline, outputs = _run_batch([approval, again], tool)
+    assert_that(outputs[APPROVALS], equal_to([(b"customer-42", "approval-1")]))
+    pipeline.run().wait_until_finish()
+
+
+def test_an_int64_max_expiry_runs_once_in_the_transform(tmp_path):
+    tool = AppendingTool(tmp_path / "executions.log")
+    forever = signed(expires_at_ms=2**63 - 1)
+    pipeline, outputs = _run_batch([forever, forever.SerializeToString()], tool)
+    assert_that(outputs[RESULTS], equal_to([(b"customer-42", intent().intent_id, "OK")]))
+    pipeline.run().wait_until_finish()
+    assert tool.executions() == [intent().intent_id]
+
+
+# A restart ------------------------------------------------------------------------------
+
+SERVICE = """
+import json, os, signal, sys
+from beam_agents.core.signing import Keyring
+from beam_agents.effector import Effector, VerifyMode
+
+store, log, now, die_in_tool = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4] == "1"
+
+def tool(args, intent):
+    with open(log, "a") as f:
+        f.write(intent.intent_id + "\\n")
+    if die_in_tool:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return "looked up %d" % args["id"]
+
+effector = Effector({"crm.lookup": tool}, mode=VerifyMode.REQUIRE, store=store,
+                    keyring=Keyring.from_environment(), clock=lambda: now)
+for line in sys.stdin:
+    out = effector(bytes.fromhex(line))
+    result = out.result.tool_result if out.result else None
+    print(json.dumps({"route": out.route.value,
+                      "status": result.status if result else None,
+                      "payload": result.payload.decode() if result else None,
+                      "error": result.error_message if result else None}), flush=True)
+"""
+
+
+def _service(tmp_path, *, die_in_tool=False):
+    env = {
+        **os.environ,
+        KEYS_ENV: json.dumps({"keys": {"k1": base64.b64encode(KEYS["k1"]).decode()}}),
+    }
+    args = [str(tmp_path / "executions.sqlite"), str(tmp_path / "tool.log"), str(NOW)]
+    return subprocess.Popen(
+        [sys.executable, "-c", SERVICE, *args, "1" if die_in_tool else "0"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+
+
+def _deliver(service, data: bytes) -> dict | None:
+    service.stdin.write(data.hex() + "\n")
+    service.stdin.flush()
+    line = service.stdout.readline()
+    return json.loads(line) if line else None
+
+
+def _tool_log(tmp_path) -> list[str]:
+    return (tmp_path / "tool.log").read_text().splitlines()
+
+
+def test_an_effector_killed_between_two_deliveries_does_not_run_the_tool_again(tmp_path):
+    data = signed().SerializeToString()
+    first_process = _service(tmp_path)
+    first = _deliver(first_process, data)
+    first_process.kill()
+    first_process.wait()
+    restarted = _service(tmp_path)
+    try:
+        again = _deliver(restarted, data)
+    finally:
+        restarted.stdin.close()
+        restarted.wait()
+    assert first["route"] == "result" and first["payload"] == "looked up 42"
+    assert again == {**first, "route": "duplicate"}
+    assert _tool_log(tmp_path) == [intent().intent_id]
+
+
+def test_an_effector_killed_inside_a_tool_reports_an_unknown_outcome_and_never_reruns(tmp_path):
+    data = signed().SerializeToString()
+    dying = _service(tmp_path, die_in_tool=True)
+    assert _deliver(dying, data) is None  # killed mid-call: no answer
+    assert dying.wait() == -signal.SIGKILL
+    restarted = _service(tmp_path)
+    try:
+        after, again = _deliver(restarted, data), _deliver(restarted, data)
+    finally:
+        restarted.stdin.close()
+        restarted.wait()
+    assert after["route"] == "result" and after["status"] == ToolResult.ERROR
+    assert after["error"].startswith("outcome unknown: effector ")
+    assert again == {**after, "route": "duplicate"}
+    assert _tool_log(tmp_path) == [intent().intent_id]

@@ -74,7 +74,7 @@ def test_every_enum_zero_value_is_unspecified():
             yield from enums(message.nested_type)
 
     all_enums = list(file_proto.enum_type) + list(enums(file_proto.message_type))
-    assert len(all_enums) == 4
+    assert len(all_enums) == 5
     for enum in all_enums:
         zero = [v for v in enum.value if v.number == 0]
         assert len(zero) == 1 and zero[0].name.endswith("_UNSPECIFIED"), enum.name

@@ -172,6 +172,8 @@ def test_the_cli_refuses_to_record_a_breaking_change_and_demands_recording(tmp_p
     proto = tmp_path / "beam_agents.proto"
     ledger = tmp_path / "ledger"
     shutil.copytree(check_breaking.LEDGER, ledger)
+    recorded = sorted(p.name for p in ledger.iterdir())
+    following = f"{len(recorded) + 1:04d}.binpb"
     text = check_breaking.PROTO.read_text()
     proto.write_text(
         text.replace(
@@ -180,7 +182,7 @@ def test_the_cli_refuses_to_record_a_breaking_change_and_demands_recording(tmp_p
     )
     assert check_breaking.main(["--proto", str(proto), "--ledger", str(ledger), "--record"]) == 1
     assert "ToolResult.seq = 3: retyped" in capsys.readouterr().out
-    assert sorted(p.name for p in ledger.iterdir()) == ["0001.binpb"]
+    assert sorted(p.name for p in ledger.iterdir()) == recorded
 
     proto.write_text(
         text.replace(
@@ -190,5 +192,5 @@ def test_the_cli_refuses_to_record_a_breaking_change_and_demands_recording(tmp_p
     assert check_breaking.main(["--proto", str(proto), "--ledger", str(ledger)]) == 1
     assert "record it" in capsys.readouterr().err
     assert check_breaking.main(["--proto", str(proto), "--ledger", str(ledger), "--record"]) == 0
-    assert sorted(p.name for p in ledger.iterdir()) == ["0001.binpb", "0002.binpb"]
+    assert sorted(p.name for p in ledger.iterdir()) == [*recorded, following]
     assert check_breaking.main(["--proto", str(proto), "--ledger", str(ledger)]) == 0

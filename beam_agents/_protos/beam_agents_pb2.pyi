@@ -265,3 +265,31 @@ class StateSnapshot(_message.Message):
     pending: _containers.RepeatedCompositeFieldContainer[ToolIntent]
     request_id: str
     def __init__(self, state_schema_version: _Optional[int] = ..., entity_key: _Optional[bytes] = ..., seq: _Optional[int] = ..., snapshot_at_ms: _Optional[int] = ..., memory: _Optional[_Union[MemoryBlob, _Mapping]] = ..., llm_cache: _Optional[_Union[LlmCacheBlob, _Mapping]] = ..., continuation: _Optional[_Union[Continuation, _Mapping]] = ..., pending: _Optional[_Iterable[_Union[ToolIntent, _Mapping]]] = ..., request_id: _Optional[str] = ...) -> None: ...
+
+class ExecutionRecord(_message.Message):
+    __slots__ = ("intent_id", "entity_key", "content_digest", "outcome", "result", "latest_expires_at_ms", "claimed_by")
+    class Outcome(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+        __slots__ = ()
+        OUTCOME_UNSPECIFIED: _ClassVar[ExecutionRecord.Outcome]
+        RUNNING: _ClassVar[ExecutionRecord.Outcome]
+        RESULT: _ClassVar[ExecutionRecord.Outcome]
+        APPROVAL: _ClassVar[ExecutionRecord.Outcome]
+    OUTCOME_UNSPECIFIED: ExecutionRecord.Outcome
+    RUNNING: ExecutionRecord.Outcome
+    RESULT: ExecutionRecord.Outcome
+    APPROVAL: ExecutionRecord.Outcome
+    INTENT_ID_FIELD_NUMBER: _ClassVar[int]
+    ENTITY_KEY_FIELD_NUMBER: _ClassVar[int]
+    CONTENT_DIGEST_FIELD_NUMBER: _ClassVar[int]
+    OUTCOME_FIELD_NUMBER: _ClassVar[int]
+    RESULT_FIELD_NUMBER: _ClassVar[int]
+    LATEST_EXPIRES_AT_MS_FIELD_NUMBER: _ClassVar[int]
+    CLAIMED_BY_FIELD_NUMBER: _ClassVar[int]
+    intent_id: str
+    entity_key: bytes
+    content_digest: bytes
+    outcome: ExecutionRecord.Outcome
+    result: ToolResult
+    latest_expires_at_ms: int
+    claimed_by: str
+    def __init__(self, intent_id: _Optional[str] = ..., entity_key: _Optional[bytes] = ..., content_digest: _Optional[bytes] = ..., outcome: _Optional[_Union[ExecutionRecord.Outcome, str]] = ..., result: _Optional[_Union[ToolResult, _Mapping]] = ..., latest_expires_at_ms: _Optional[int] = ..., claimed_by: _Optional[str] = ...) -> None: ...

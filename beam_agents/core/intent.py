@@ -11,10 +11,16 @@ lets the effector execute each intent once and the agent match results to intent
 intent (`attempt`) keep its id. INTENT_NAMESPACE and the string's layout are frozen: changing
 either would give in-flight intents new ids after an update, and they would run twice.
 
-Arguments. `args_json` holds canonical JSON: keys sorted, no insignificant whitespace, UTF-8
-(non-ASCII kept as is), only what JSON carries exactly (objects with string keys, arrays from
-lists, strings, finite numbers, booleans, null). Dict order never changes an intent's bytes, so
-its signature and its replay-cache key are stable.
+Arguments. `args_json` holds RFC 8785 canonical JSON (the JSON Canonicalization Scheme, through
+the `rfc8785` package): keys sorted by their UTF-16 code units, no insignificant whitespace,
+ECMAScript number formatting (`1.0` and `1` are both `1`), UTF-8. Go and Java have RFC 8785
+libraries too, so any service can reproduce the text of an intent it receives. Only I-JSON
+values are accepted, so every reader sees the same value: objects (dicts) with string keys,
+arrays (lists), strings of valid Unicode, booleans, null, finite floats and integers within
++/-(2^53 - 1), nested at most `MAX_ARGS_DEPTH` deep, without cycles. Dict order never changes an
+intent's bytes, so its signature and its replay-cache key are stable. `parse_args_json` is the
+reading side: the effector parses a received args_json with the same rules and the same limits,
+so a hostile 5,000-digit number or a 100,000-deep array is a refusal, never a crash.
 
 Kind. `kind` was added without a schema bump; TOOL_KIND_UNSPECIFIED (an intent written before
 it existed) reads as TOOL, and only an explicit APPROVAL goes to a human.
@@ -24,22 +30,41 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import uuid
 from collections.abc import Mapping
+
+import rfc8785
 
 from beam_agents._protos import ToolIntent
 from beam_agents.errors import CanonicalJsonError
 
 __all__ = [
     "INTENT_NAMESPACE",
+    "MAX_ARGS_DEPTH",
+    "MAX_SAFE_INTEGER",
     "canonical_args_json",
     "effective_kind",
     "intent_id",
     "intent_id_name",
+    "parse_args_json",
 ]
 
 #: Frozen. The uuid5 namespace of every intent_id.
 INTENT_NAMESPACE = uuid.UUID("ad73fd52-ef5c-497f-8bab-c8f837f2c57a")
+
+#: How deep objects and arrays may nest in tool arguments ("$" itself is depth 1).
+MAX_ARGS_DEPTH = 64
+#: The largest integer a double holds exactly (I-JSON, RFC 7493 2.2); -MAX_SAFE_INTEGER is the
+#: smallest.
+MAX_SAFE_INTEGER = 2**53 - 1
+# A JSON integer has at most this many digits before it is certainly out of range; longer
+# digit runs are refused before int() sees them (CPython refuses 4,300+ digits with ValueError).
+_MAX_INTEGER_DIGITS = len(str(MAX_SAFE_INTEGER))
+# RFC 8785 (ECMAScript) writes floats from 1e21 up with an exponent, smaller ones without.
+_EXPONENT_FORM = 1e21
+_JSON_STRING = re.compile(r'"(?:[^"\\]|\\.)*"')
+_BRACKET = re.compile(r"[\[\]{}]")
 
 
 def intent_id_name(entity_key: bytes, seq: int, step_index: int, call_index: int = 0) -> str:
@@ -60,22 +85,101 @@ def intent_id(entity_key: bytes, seq: int, step_index: int, call_index: int = 0)
 
 
 def canonical_args_json(args: Mapping[str, object]) -> str:
-    """`args` as canonical JSON; raises CanonicalJsonError naming the first value JSON cannot
-    carry exactly."""
-    if not isinstance(args, Mapping):
+    """`args` as RFC 8785 canonical JSON; raises CanonicalJsonError naming the first value
+    canonical JSON cannot carry exactly."""
+    if not isinstance(args, dict):
+        raise CanonicalJsonError(
+            f"tool arguments must be a JSON object (a dict), not {type(args).__name__}", path="$"
+        )
+    _check(args, "$", 1, set())
+    return rfc8785.dumps(args).decode("utf-8")
+
+
+def parse_args_json(text: str) -> dict:
+    """The tool arguments an intent carries, parsed under the rules and limits of
+    `canonical_args_json` (the text need not be canonical). Raises CanonicalJsonError naming
+    where the text breaks them; never RecursionError or ValueError."""
+    depth = _max_depth(text)
+    if depth > MAX_ARGS_DEPTH:
+        raise CanonicalJsonError(f"nests {depth} deep, more than {MAX_ARGS_DEPTH}", path="$")
+    try:
+        args = json.loads(
+            text,
+            parse_int=_parse_int,
+            parse_constant=_refuse_constant,
+            object_pairs_hook=_unique_keys,
+        )
+    except json.JSONDecodeError as e:
+        raise CanonicalJsonError(
+            f"not JSON: {e.msg} at line {e.lineno} column {e.colno}", path="$"
+        ) from None
+    except _Refused as e:
+        raise CanonicalJsonError(e.reason, path="$") from None
+    if not isinstance(args, dict):
         raise CanonicalJsonError(
             f"tool arguments must be a JSON object, not {type(args).__name__}", path="$"
         )
-    _check(args, "$")
-    return json.dumps(args, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    _check(args, "$", 1, set())
+    return args
 
 
-def _check(value: object, path: str) -> None:
-    if value is None or isinstance(value, bool | int):
+class _Refused(Exception):
+    """A value json.loads must not build; becomes a CanonicalJsonError for the whole text."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+def _max_depth(text: str) -> int:
+    # Brackets inside strings do not nest; a linear scan keeps json.loads out of recursion.
+    depth = deepest = 0
+    for bracket in _BRACKET.findall(_JSON_STRING.sub("", text)):
+        depth += 1 if bracket in "[{" else -1
+        deepest = max(deepest, depth)
+    return deepest
+
+
+def _parse_int(digits: str) -> int:
+    if len(digits.lstrip("-")) > _MAX_INTEGER_DIGITS:
+        raise _Refused(f"an integer of {len(digits.lstrip('-'))} digits is beyond +/-(2^53 - 1)")
+    return int(digits)
+
+
+def _refuse_constant(name: str) -> None:
+    raise _Refused(f"{name} is not a JSON number")
+
+
+def _unique_keys(pairs: list[tuple[str, object]]) -> dict:
+    args = dict(pairs)
+    if len(args) != len(pairs):
+        seen: set[str] = set()
+        duplicate = next(k for k, _ in pairs if k in seen or seen.add(k))
+        raise _Refused(f"object key {duplicate!r} appears twice (I-JSON forbids it)")
+    return args
+
+
+def _check(value: object, path: str, depth: int, open_containers: set[int]) -> None:
+    if value is None or isinstance(value, bool):
+        return
+    if isinstance(value, int):
+        if not -MAX_SAFE_INTEGER <= value <= MAX_SAFE_INTEGER:
+            raise CanonicalJsonError(
+                "integer beyond +/-(2^53 - 1), which JSON readers cannot hold exactly; "
+                "send it as a string",
+                path=path,
+            )
         return
     if isinstance(value, float):
         if not math.isfinite(value):
             raise CanonicalJsonError(f"{value!r} is not a JSON number", path=path)
+        if MAX_SAFE_INTEGER < abs(value) < _EXPONENT_FORM:
+            # RFC 8785 writes it without an exponent, so a reader parses an integer beyond
+            # the I-JSON range rather than this float.
+            raise CanonicalJsonError(
+                f"{value!r} prints as an integer beyond +/-(2^53 - 1); send it as a string",
+                path=path,
+            )
         return
     if isinstance(value, str):
         try:
@@ -85,27 +189,36 @@ def _check(value: object, path: str) -> None:
                 f"string is not valid Unicode ({e.reason})", path=path
             ) from None
         return
-    if isinstance(value, Mapping):
+    if not isinstance(value, dict | list):
+        kind = "a mapping other than dict" if isinstance(value, Mapping) else "not a JSON value"
+        raise CanonicalJsonError(
+            f"{type(value).__name__} is {kind} (use dict, list, str, int, float, bool, None)",
+            path=path,
+        )
+    if id(value) in open_containers:
+        raise CanonicalJsonError("a cycle: this value contains itself", path=path)
+    if depth > MAX_ARGS_DEPTH:
+        raise CanonicalJsonError(f"nests deeper than {MAX_ARGS_DEPTH}", path=path)
+    open_containers.add(id(value))
+    if isinstance(value, dict):
         for key, item in value.items():
             if not isinstance(key, str):
                 raise CanonicalJsonError(
                     f"object key {key!r} is a {type(key).__name__}, not a string", path=path
                 )
-            _check(key, f"{path}.{key}")
-            _check(item, f"{path}.{key}")
-        return
-    if isinstance(value, list):
+            _check(key, f"{path}.{key}", depth, open_containers)
+            _check(item, f"{path}.{key}", depth + 1, open_containers)
+    else:
         for i, item in enumerate(value):
-            _check(item, f"{path}[{i}]")
-        return
-    raise CanonicalJsonError(
-        f"{type(value).__name__} is not a JSON value (use dict, list, str, int, float, bool, None)",
-        path=path,
-    )
+            _check(item, f"{path}[{i}]", depth + 1, open_containers)
+    open_containers.discard(id(value))
 
 
-def effective_kind(intent: ToolIntent) -> ToolIntent.Kind.ValueType:
-    """TOOL or APPROVAL; TOOL_KIND_UNSPECIFIED reads as TOOL."""
+def effective_kind(intent: ToolIntent) -> ToolIntent.Kind.ValueType | None:
+    """TOOL or APPROVAL; TOOL_KIND_UNSPECIFIED reads as TOOL. None for a kind this binary does
+    not know (a newer enum value): fail closed, never run it as a tool call."""
+    if intent.kind in (ToolIntent.TOOL_KIND_UNSPECIFIED, ToolIntent.TOOL):
+        return ToolIntent.TOOL
     if intent.kind == ToolIntent.APPROVAL:
         return ToolIntent.APPROVAL
-    return ToolIntent.TOOL
+    return None

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import types
 import uuid
 
 import pytest
@@ -13,9 +14,12 @@ from hypothesis import strategies as st
 
 from beam_agents.core.intent import (
     INTENT_NAMESPACE,
+    MAX_ARGS_DEPTH,
+    MAX_SAFE_INTEGER,
     canonical_args_json,
     intent_id,
     intent_id_name,
+    parse_args_json,
 )
 from beam_agents.errors import BeamAgentsError, CanonicalJsonError
 
@@ -54,6 +58,81 @@ def test_identity_numbers_must_be_non_negative_ints(bad):
         intent_id(b"k", bad, 0)
 
 
+def _nested(depth: int) -> dict:
+    value: dict = {}
+    for _ in range(depth):
+        value = {"a": value}
+    return value
+
+
+def _cycle() -> dict:
+    outer: dict = {"self": {}}
+    outer["self"]["self"] = outer["self"]
+    return outer
+
+
+def test_canonical_json_follows_rfc_8785_number_and_string_rules():
+    # RFC 8785 section 3.2.2's example values.
+    numbers = [333333333.33333329, 1e30, 4.50, 2e-3, 0.000000000000000000000000001]
+    assert canonical_args_json({"numbers": numbers}) == (
+        '{"numbers":[333333333.3333333,1e+30,4.5,0.002,1e-27]}'
+    )
+    assert canonical_args_json({"a": 1.0}) == canonical_args_json({"a": 1}) == '{"a":1}'
+    assert canonical_args_json({"a": -0.0}) == '{"a":0}'
+    assert canonical_args_json({"s": "\u20ac$\x0f\nA'B\"\\/"}) == '{"s":"€$\\u000f\\nA\'B\\"\\\\/"}'
+
+
+def test_keys_sort_by_utf16_code_units_as_rfc_8785_requires():
+    # U+10000 is D800 DC00 in UTF-16, so it sorts before U+FFFF (whose code point is lower).
+    assert canonical_args_json({"\uffff": 1, "\U00010000": 2}) == '{"\U00010000":2,"\uffff":1}'
+
+
+def test_floats_outside_the_integer_form_range_are_kept():
+    assert canonical_args_json({"big": 1e21, "safe": 2.0**53 - 1}) == (
+        '{"big":1e+21,"safe":9007199254740991}'
+    )
+
+
+def test_the_largest_safe_integers_are_kept():
+    text = canonical_args_json({"max": MAX_SAFE_INTEGER, "min": -MAX_SAFE_INTEGER})
+    assert text == '{"max":9007199254740991,"min":-9007199254740991}'
+    assert parse_args_json(text) == {"max": MAX_SAFE_INTEGER, "min": -MAX_SAFE_INTEGER}
+
+
+def test_nesting_up_to_the_limit_is_accepted():
+    assert parse_args_json(canonical_args_json(_nested(MAX_ARGS_DEPTH - 1))) == _nested(
+        MAX_ARGS_DEPTH - 1
+    )
+
+
+@pytest.mark.parametrize(
+    ("text", "reason"),
+    [
+        ('{"id":' + "9" * 5000 + "}", "5000 digits"),
+        ('{"id":-' + "9" * 17 + "}", "17 digits"),
+        ('{"id":9007199254740992}', "beyond +/-(2^53 - 1)"),
+        ('{"id":' + "[" * 100_000 + "]" * 100_000 + "}", "nests 100001 deep"),
+        ('{"id":NaN}', "NaN is not a JSON number"),
+        ('{"id":-Infinity}', "-Infinity is not a JSON number"),
+        ('{"id":1e400}', "inf is not a JSON number"),
+        ('{"id":"\\udc00"}', "not valid Unicode"),
+        ('{"id":1,"id":2}', "'id' appears twice"),
+        ("[1]", "must be a JSON object"),
+        ("{", "not JSON"),
+        ("", "not JSON"),
+    ],
+)
+def test_parsing_hostile_args_json_is_a_typed_refusal(text, reason):
+    with pytest.raises(CanonicalJsonError) as raised:
+        parse_args_json(text)
+    assert reason in str(raised.value)
+
+
+def test_brackets_inside_strings_do_not_count_as_nesting():
+    text = '{"a":"' + "[" * 10_000 + '\\"{"}'
+    assert parse_args_json(text) == {"a": "[" * 10_000 + '"{'}
+
+
 def test_canonical_json_sorts_keys_drops_whitespace_and_keeps_utf8():
     assert canonical_args_json({"b": [1, 2.5, None, True], "a": {"z": "café", "y": ""}}) == (
         '{"a":{"y":"","z":"café"},"b":[1,2.5,null,true]}'
@@ -63,8 +142,8 @@ def test_canonical_json_sorts_keys_drops_whitespace_and_keeps_utf8():
 json_values = st.recursive(
     st.none()
     | st.booleans()
-    | st.integers()
-    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.integers(-MAX_SAFE_INTEGER, MAX_SAFE_INTEGER)
+    | st.floats(allow_nan=False, allow_infinity=False).filter(lambda f: not 2**53 <= abs(f) < 1e21)
     | st.text(),
     lambda children: (
         st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=8), children, max_size=4)
@@ -103,6 +182,19 @@ def test_dict_order_never_changes_the_canonical_json(args, seed):
         ({"x": {1: "one"}}, "$.x", "object key 1 is a int"),
         ({"x": "\ud800"}, "$.x", "not valid Unicode"),
         ([1, 2], "$", "must be a JSON object"),
+        ({"x": 2**53}, "$.x", "beyond +/-(2^53 - 1)"),
+        ({"x": [-(2**53)]}, "$.x[0]", "beyond +/-(2^53 - 1)"),
+        ({"x": 10**5000}, "$.x", "beyond +/-(2^53 - 1)"),
+        (
+            {"x": types.MappingProxyType({"a": 1})},
+            "$.x",
+            "mappingproxy is a mapping other than dict",
+        ),
+        (types.MappingProxyType({"a": 1}), "$", "must be a JSON object (a dict)"),
+        (_nested(MAX_ARGS_DEPTH), "$" + ".a" * MAX_ARGS_DEPTH, "nests deeper than 64"),
+        ({"x": 2.0**53}, "$.x", "prints as an integer beyond"),
+        ({"x": -1e20}, "$.x", "prints as an integer beyond"),
+        (_cycle(), "$.self.self", "a cycle"),
     ],
 )
 def test_values_json_cannot_carry_are_rejected_naming_where(args, path, reason):

@@ -7,6 +7,15 @@ re-serializes them after the known ones, which equals the signer's sorted-by-num
 because every new ToolIntent field takes a number above all existing ones (the rule stated in
 the .proto file). So signatures verify across schema skew in both directions.
 
+Verifying from the bytes as received. A field that a newer binary removed (its number
+reserved) is unknown to that binary, and an unknown field is re-serialized after every known
+one, so re-serializing cannot rebuild the signer's bytes when the removed number sits below a
+known one. Wherever the serialized intent is at hand, `verify(intent, ring, wire=data)` takes
+the signing input from `data` itself, dropping the three signature fields from the wire bytes
+(`strip_signature`); it matches the signer exactly because the signer serialized
+deterministically, in field-number order. Re-serialization is the fallback for an intent that
+exists only as a message.
+
 Keys. A `Keyring` maps key ids to secrets (at least 32 bytes each) and names the active key
 that signs; verification accepts any key of the ring. It loads from the environment variable
 BEAM_AGENTS_SIGNING_KEYS or from a file (BEAM_AGENTS_SIGNING_KEYS_FILE, or a path given), both
@@ -46,12 +55,15 @@ __all__ = [
     "KEYS_ENV",
     "KEYS_FILE_ENV",
     "MIN_SECRET_BYTES",
+    "SIGNATURE_BYTES",
     "SIGNATURE_FIELDS",
     "Keyring",
     "Verification",
     "is_unsigned",
     "sign",
     "signing_input",
+    "strip_fields",
+    "strip_signature",
     "verify",
 ]
 
@@ -59,6 +71,11 @@ SIGNATURE_FIELDS = ("signature_scheme", "signing_key_id", "signature")
 KEYS_ENV = "BEAM_AGENTS_SIGNING_KEYS"
 KEYS_FILE_ENV = "BEAM_AGENTS_SIGNING_KEYS_FILE"
 MIN_SECRET_BYTES = 32
+#: Length of an HMAC-SHA256 signature; any other length is refused before a MAC is computed.
+SIGNATURE_BYTES = 32
+_SIGNATURE_NUMBERS = frozenset(
+    ToolIntent.DESCRIPTOR.fields_by_name[name].number for name in SIGNATURE_FIELDS
+)
 
 
 class Verification(enum.Enum):
@@ -89,24 +106,45 @@ def _pads(secret: bytes) -> tuple:
 
 @dataclasses.dataclass(frozen=True, repr=False)
 class Keyring:
-    """Secrets by key id, and the id of the key that signs."""
+    """Secrets by key id, and the id of the key that signs. Every malformed ring (no keys, a key
+    id that is no string, a secret that is not bytes or too short, an unknown active key) is a
+    KeyringError naming `source`."""
 
     keys: Mapping[str, bytes]
     active: str | None = None
+    source: str = dataclasses.field(default="Keyring", compare=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "_pads", {key_id: _pads(s) for key_id, s in self.keys.items()})
+        source = self.source
+        if not isinstance(self.keys, Mapping):
+            raise KeyringError(
+                f"keys must map key ids to secrets, not {type(self.keys).__name__}", source=source
+            )
+        if not self.keys:
+            raise KeyringError("the ring holds no keys", source=source)
         for key_id, secret in self.keys.items():
-            if not key_id:
-                raise KeyringError("a key id is empty", source="Keyring")
+            if not isinstance(key_id, str) or not key_id:
+                raise KeyringError(f"key id {key_id!r} is not a non-empty string", source=source)
+            if not isinstance(secret, bytes):
+                raise KeyringError(
+                    f"key {key_id!r} is a {type(secret).__name__}, not bytes", source=source
+                )
             if len(secret) < MIN_SECRET_BYTES:
                 raise KeyringError(
                     f"key {key_id!r} has {len(secret)} bytes; HMAC-SHA256 keys need at least "
                     f"{MIN_SECRET_BYTES}",
-                    source="Keyring",
+                    source=source,
                 )
-        if self.active is not None and self.active not in self.keys:
-            raise KeyringError(f"active key {self.active!r} is not in the ring", source="Keyring")
+        if self.active is not None:
+            if not isinstance(self.active, str):
+                raise KeyringError(
+                    f"active must be a key id (a string), not {type(self.active).__name__}",
+                    source=source,
+                )
+            if self.active not in self.keys:
+                raise KeyringError(f"active key {self.active!r} is not in the ring", source=source)
+        object.__setattr__(self, "keys", dict(self.keys))
+        object.__setattr__(self, "_pads", {key_id: _pads(s) for key_id, s in self.keys.items()})
 
     def mac(self, key_id: str, data: bytes) -> bytes:
         """HMAC-SHA256 of `data` under key `key_id` (equal to hmac.digest(secret, data,
@@ -128,26 +166,36 @@ class Keyring:
             document = json.loads(text)
         except json.JSONDecodeError as e:
             raise KeyringError(f"not JSON: {e.msg} at line {e.lineno}", source=source) from None
+        except RecursionError:
+            raise KeyringError("not a key ring: nested too deep", source=source) from None
         if not isinstance(document, dict) or not isinstance(document.get("keys"), dict):
             raise KeyringError('expected {"active": ..., "keys": {id: base64}}', source=source)
         keys = {}
         for key_id, encoded in document["keys"].items():
+            if not isinstance(encoded, str):
+                raise KeyringError(
+                    f"key {key_id!r} is a JSON {type(encoded).__name__}, not a base64 string",
+                    source=source,
+                )
             try:
                 keys[key_id] = base64.b64decode(encoded, validate=True)
-            except (binascii.Error, TypeError):
+            except (binascii.Error, ValueError):
                 raise KeyringError(f"key {key_id!r} is not base64", source=source) from None
-        try:
-            return cls(keys, document.get("active"))
-        except KeyringError as e:
-            raise KeyringError(e.reason, source=source) from None
+        return cls(keys, document.get("active"), source=source)
 
     @classmethod
-    def from_file(cls, path: str | os.PathLike) -> Keyring:
+    def from_file(cls, path: str | bytes | os.PathLike) -> Keyring:
+        path = os.fsdecode(path)
+        source = path.encode("utf-8", "backslashreplace").decode("utf-8")
         try:
-            text = Path(path).read_text()
+            data = Path(path).read_bytes()
         except OSError as e:
-            raise KeyringError(f"cannot read: {e.strerror}", source=str(path)) from None
-        return cls.from_json(text, source=str(path))
+            raise KeyringError(f"cannot read: {e.strerror}", source=source) from None
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise KeyringError(f"not UTF-8 at byte {e.start}", source=source) from None
+        return cls.from_json(text, source=source)
 
     @classmethod
     def from_environment(cls, environ: Mapping[str, str] | None = None) -> Keyring:
@@ -160,8 +208,14 @@ class Keyring:
         raise KeyringError(f"neither {KEYS_ENV} nor {KEYS_FILE_ENV} is set", source="environment")
 
 
-def signing_input(intent: Message) -> bytes:
-    """The bytes a signature covers. Accepts ToolIntent classes of any schema version."""
+def signing_input(intent: Message, *, wire: bytes | None = None) -> bytes:
+    """The bytes a signature covers. Accepts ToolIntent classes of any schema version.
+
+    `wire`, when given, is the serialization `intent` was parsed from; the input is then those
+    bytes without the signature fields, which also holds for fields this binary does not know.
+    """
+    if wire is not None:
+        return strip_signature(wire)
     if is_unsigned(intent) and not intent.signing_key_id:
         return intent.SerializeToString(deterministic=True)  # nothing to clear: skip the copy
     cleared = type(intent)()
@@ -169,6 +223,70 @@ def signing_input(intent: Message) -> bytes:
     for name in SIGNATURE_FIELDS:
         cleared.ClearField(name)
     return cleared.SerializeToString(deterministic=True)
+
+
+def strip_signature(wire: bytes) -> bytes:
+    """A serialized ToolIntent without its signature fields (every occurrence), every other
+    byte kept in place. Raises ValueError on bytes that are not well-formed protobuf."""
+    return strip_fields(wire, _SIGNATURE_NUMBERS)
+
+
+def strip_fields(wire: bytes, numbers: frozenset[int]) -> bytes:
+    """A serialized message without its top-level fields numbered `numbers` (every
+    occurrence), every other byte kept in place. Raises ValueError on malformed protobuf."""
+    kept = []
+    run_start = position = 0
+    end = len(wire)
+    while position < end:
+        field_start = position
+        tag, position = _varint(wire, position)
+        position = _skip_value(wire, position, tag)
+        if tag >> 3 in numbers:
+            kept.append(wire[run_start:field_start])
+            run_start = position
+    if not kept:
+        return wire
+    kept.append(wire[run_start:])
+    return b"".join(kept)
+
+
+def _varint(data: bytes, position: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        if position >= len(data) or shift > 63:
+            raise ValueError("truncated or overlong varint")
+        byte = data[position]
+        position += 1
+        value |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return value, position
+        shift += 7
+
+
+def _skip_value(data: bytes, position: int, tag: int) -> int:
+    wire_type = tag & 7
+    if wire_type == 0:
+        return _varint(data, position)[1]
+    if wire_type == 1:
+        position += 8
+    elif wire_type == 2:
+        length, position = _varint(data, position)
+        position += length
+    elif wire_type == 5:
+        position += 4
+    elif wire_type == 3:  # a group: skip to its matching end-group tag
+        while True:
+            inner, position = _varint(data, position)
+            if inner & 7 == 4:
+                if inner >> 3 != tag >> 3:
+                    raise ValueError("mismatched end-group tag")
+                break
+            position = _skip_value(data, position, inner)
+    else:
+        raise ValueError(f"wire type {wire_type} cannot start a field")
+    if position > len(data):
+        raise ValueError("truncated field")
+    return position
 
 
 def is_unsigned(intent: Message) -> bool:
@@ -181,7 +299,7 @@ def is_unsigned(intent: Message) -> bool:
 def sign(intent: Message, keyring: Keyring) -> Message:
     """A signed copy of `intent` under the ring's active key; `intent` is not changed."""
     if keyring.active is None:
-        raise KeyringError("no active key to sign with", source=repr(keyring))
+        raise KeyringError("no active key to sign with", source=keyring.source)
     signed = type(intent)()
     signed.CopyFrom(intent)
     signed.signature_scheme = ToolIntent.HMAC_SHA256
@@ -190,8 +308,12 @@ def sign(intent: Message, keyring: Keyring) -> Message:
     return signed
 
 
-def verify(intent: Message, keyring: Keyring) -> Verification:
-    """Checks the intent's signature; constant-time in the signature bytes."""
+def verify(intent: Message, keyring: Keyring, *, wire: bytes | None = None) -> Verification:
+    """Checks the intent's signature; constant-time in the signature bytes.
+
+    Pass `wire`, the bytes `intent` was parsed from, wherever the caller has them: then fields
+    this binary does not know, wherever their numbers sit, are covered exactly as signed.
+    """
     if is_unsigned(intent):
         return Verification.UNSIGNED
     if intent.signature_scheme == ToolIntent.SIGNATURE_SCHEME_UNSPECIFIED:
@@ -200,7 +322,13 @@ def verify(intent: Message, keyring: Keyring) -> Verification:
         return Verification.UNKNOWN_SCHEME
     if intent.signing_key_id not in keyring.keys:
         return Verification.UNKNOWN_KEY
-    expected = keyring.mac(intent.signing_key_id, signing_input(intent))
+    if len(intent.signature) != SIGNATURE_BYTES:
+        return Verification.BAD_SIGNATURE
+    try:
+        signed_bytes = signing_input(intent, wire=wire)
+    except ValueError:
+        return Verification.BAD_SIGNATURE
+    expected = keyring.mac(intent.signing_key_id, signed_bytes)
     if hmac.compare_digest(expected, intent.signature):
         return Verification.VALID
     return Verification.BAD_SIGNATURE

@@ -5,10 +5,12 @@ from __future__ import annotations
 import base64
 import importlib.util
 import json
+import os
 from pathlib import Path
 
 import pytest
 from google.protobuf.message import DecodeError
+from google.protobuf.unknown_fields import UnknownFieldSet
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -21,6 +23,7 @@ from beam_agents.core.signing import (
     is_unsigned,
     sign,
     signing_input,
+    strip_signature,
     verify,
 )
 from beam_agents.errors import KeyringError
@@ -237,3 +240,116 @@ def test_the_keyring_mac_is_standard_hmac_sha256(secret, data):
 
     ring = Keyring({"k": secret})
     assert ring.mac("k", data) == hmac.new(secret, data, hashlib.sha256).digest()
+
+
+# A field removed by a newer binary (its number reserved) -----------------------------------
+
+WITHOUT_KIND = SchemaVariant.current().without_field("ToolIntent", "kind")
+REMOVED = WITHOUT_KIND.message_class("ToolIntent")
+
+
+def test_an_intent_signed_before_a_field_was_removed_verifies_from_its_bytes():
+    # The signer still has kind (10); the verifier removed it, so 10 is unknown there and
+    # re-serializing moves it after trace_id (11).
+    data = sign(intent(), RING).SerializeToString(deterministic=True)
+    newer = REMOVED.FromString(data)
+    assert len(UnknownFieldSet(newer)) == 1  # kind survives only as an unknown field
+    assert verify(newer, RING, wire=data) is Verification.VALID
+    # Without the bytes, re-serialization cannot rebuild the signer's layout.
+    assert verify(newer, RING) is Verification.BAD_SIGNATURE
+
+
+def test_an_intent_signed_after_a_field_was_removed_verifies_at_an_older_binary():
+    newer = REMOVED.FromString(intent(kind=ToolIntent.TOOL_KIND_UNSPECIFIED).SerializeToString())
+    data = sign(newer, RING).SerializeToString(deterministic=True)
+    older = ToolIntent.FromString(data)
+    assert older.kind == ToolIntent.TOOL_KIND_UNSPECIFIED
+    assert verify(older, RING, wire=data) is Verification.VALID
+    assert verify(older, RING) is Verification.VALID
+
+
+def test_verifying_from_bytes_still_covers_every_byte():
+    data = bytearray(sign(intent(), RING).SerializeToString(deterministic=True))
+    data[data.index(b"crm.lookup")] ^= 0x01
+    changed = ToolIntent.FromString(bytes(data))
+    assert verify(changed, RING, wire=bytes(data)) is Verification.BAD_SIGNATURE
+    appended = sign(intent(), RING).SerializeToString() + b"\x2a\x03abc"  # tool_name again
+    assert (
+        verify(ToolIntent.FromString(appended), RING, wire=appended) is Verification.BAD_SIGNATURE
+    )
+
+
+def test_stripping_the_signature_from_the_wire_gives_the_signing_input():
+    signed = sign(intent(), RING)
+    data = signed.SerializeToString(deterministic=True)
+    assert strip_signature(data) == signing_input(intent())
+    assert strip_signature(signing_input(intent())) == signing_input(intent())
+
+
+@pytest.mark.parametrize("wire", [b"\x0a\xff", b"\x80", b"\x0b", b"\x0f"])
+def test_malformed_wire_bytes_fail_verification_without_raising(wire):
+    assert verify(sign(intent(), RING), RING, wire=wire) is Verification.BAD_SIGNATURE
+
+
+@pytest.mark.parametrize("length", [0, 1, 31, 33, 64])
+def test_signatures_of_the_wrong_length_are_refused(length):
+    signed = sign(intent(), RING)
+    forged = ToolIntent()
+    forged.CopyFrom(signed)
+    forged.signature = (signed.signature * 2)[:length] if length else b"\x00"
+    assert verify(forged, RING) is Verification.BAD_SIGNATURE
+
+
+# Malformed key material ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "reason"),
+    [
+        (
+            json.dumps({"active": [], "keys": {"k1": base64.b64encode(SECRET_1).decode()}}),
+            "active must be a key id",
+        ),
+        (json.dumps({"keys": {}}), "holds no keys"),
+        (json.dumps({"keys": {"k1": 5}}), "not a base64 string"),
+        (json.dumps({"keys": {"": base64.b64encode(SECRET_1).decode()}}), "not a non-empty"),
+        ("[" * 100_000, "not"),
+        ("[]", 'expected {"active"'),
+    ],
+)
+def test_every_malformed_ring_is_a_keyring_error_naming_its_source(text, reason):
+    with pytest.raises(KeyringError) as raised:
+        Keyring.from_json(text, source="keys.json")
+    assert reason in raised.value.reason and raised.value.source == "keys.json"
+
+
+@pytest.mark.parametrize(
+    ("keys", "active", "reason"),
+    [
+        ({}, None, "holds no keys"),
+        ({"k1": "not bytes, a str of 40 characters......"}, None, "is a str, not bytes"),
+        ({"k1": bytearray(SECRET_1)}, None, "is a bytearray, not bytes"),
+        ({1: SECRET_1}, None, "key id 1"),
+        ([("k1", SECRET_1)], None, "must map key ids"),
+        ({"k1": SECRET_1}, ["k1"], "active must be a key id"),
+    ],
+)
+def test_a_keyring_built_in_code_refuses_malformed_keys(keys, active, reason):
+    with pytest.raises(KeyringError, match=reason):
+        Keyring(keys, active)
+
+
+def test_a_key_file_that_is_not_utf8_is_a_keyring_error(tmp_path):
+    path = tmp_path / "keys.json"
+    path.write_bytes(b'{"keys": {"k\xff": "AAAA"}}')
+    with pytest.raises(KeyringError, match="not UTF-8 at byte 12") as raised:
+        Keyring.from_file(path)
+    assert raised.value.source == str(path)
+
+
+def test_a_key_file_with_a_non_utf8_name_is_named_printably(tmp_path):
+    path = os.path.join(os.fsencode(tmp_path), b"keys-\xff.json")
+    with pytest.raises(KeyringError, match="cannot read") as raised:
+        Keyring.from_file(path)
+    assert raised.value.source.endswith("keys-\\udcff.json")
+    assert raised.value.source.encode("utf-8")

@@ -17,6 +17,7 @@ from beam_agents._protos import (
     ActivationErrorRecord,
     AgentEnvelope,
     Continuation,
+    ExecutionRecord,
     LlmCacheBlob,
     MemoryBlob,
     StateSnapshot,
@@ -335,6 +336,27 @@ def state_snapshot_running():
     )
 
 
+def execution_record():
+    """The effector's record of an executed intent: its one result, kept for later copies."""
+    return ExecutionRecord(
+        intent_id=tool_result_ok().intent_id,
+        entity_key=b"customer-42",
+        content_digest=hashlib.sha256(b"golden execution record content").digest(),
+        outcome=ExecutionRecord.RESULT,
+        result=tool_result_ok(),
+        latest_expires_at_ms=1_764_460_860_000,
+    )
+
+
+def execution_record_running():
+    """A record claimed by an effector instance before its tool ran."""
+    record = execution_record()
+    record.outcome = ExecutionRecord.RUNNING
+    record.ClearField("result")
+    record.claimed_by = "7f9c2ba4-e88f-4d1a-9c3e-2b8a4f6d1e05"
+    return record
+
+
 FIXTURES = {
     builder.__name__: builder
     for builder in (
@@ -364,5 +386,7 @@ FIXTURES = {
         agent_envelope_error_record,
         state_snapshot,
         state_snapshot_running,
+        execution_record,
+        execution_record_running,
     )
 }
