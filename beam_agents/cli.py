@@ -1,19 +1,23 @@
 """The `beam-agents` operator command.
 
-    beam-agents inspect FILE [--type NAME]
-    beam-agents dry-run DIR
+    beam-agents inspect FILE [--type NAME] [--max-bytes N]
+    beam-agents dry-run DIR [--max-bytes N]
 
 `inspect` decodes one serialized beam_agents message, guessing its type unless --type names
-it, and prints it as protobuf text. For a state blob or a StateSnapshot it also says what this
-binary's migrate_to_current makes of it, and prints the migrated message when it differs.
-Exit codes: 0 decoded (whatever the migration verdict); 1 input rejected (unreadable, not a
-beam_agents message, or ambiguous without --type); 2 usage error.
+it, and prints it as protobuf text, then lists any fields this binary's schema does not know.
+For a state blob or a StateSnapshot it also says what this binary's migrate_to_current makes
+of it, and prints the migrated message when it differs. A guess it cannot make with
+certainty is refused, naming the candidate types. Exit codes: 0 decoded (whatever the migration
+verdict); 1 input rejected (not a regular file, over --max-bytes, unreadable, not a beam_agents
+message, or ambiguous without --type); 2 usage error.
 
-`dry-run` is the pre-deploy check: it reads every file under DIR as one exported StateSnapshot
-and reports, for the envelope and each blob inside, its version and whether this binary reads
-it (current, or migrating through registered steps) or not (from the future, missing or failing
-step). Exit codes: 0 every file decodes and every blob reads; 1 some file does not decode or
-some blob would not read; 2 usage error (DIR is not a folder or holds no files).
+`dry-run` is the pre-deploy check: it reads every regular file under DIR (dot-named ones
+included) as one exported StateSnapshot and reports, for the envelope and each blob inside, its
+version and whether this binary reads it (current, or migrating through registered steps) or
+not (from the future, missing or failing step). Anything else under DIR is a named failure: a
+file that decodes as another message, special files, unreadable files, names that are not
+UTF-8. Exit codes: 0 every file decodes and every blob reads; 1 something would not read (each
+named); 2 usage error (DIR is not a folder or holds nothing).
 """
 
 from __future__ import annotations
@@ -25,9 +29,17 @@ from pathlib import Path
 
 from google.protobuf import text_format
 
-from beam_agents.decoding import MESSAGE_TYPES, decode
+from beam_agents.decoding import MESSAGE_TYPES, decode, describe, unknown_fields
 from beam_agents.errors import BeamAgentsError
-from beam_agents.preflight import BlobReport, Outcome, dry_run, report
+from beam_agents.preflight import (
+    DEFAULT_MAX_BYTES,
+    BlobReport,
+    Outcome,
+    dry_run,
+    printable,
+    read_input,
+    report,
+)
 
 __all__ = ["EXIT_OK", "EXIT_REJECTED", "EXIT_USAGE", "main"]
 
@@ -43,18 +55,19 @@ def _verdict_line(blob: BlobReport) -> str:
 
 def _inspect(args: argparse.Namespace) -> int:
     try:
-        data = Path(args.file).read_bytes()
-    except OSError as e:
-        print(f"beam-agents inspect: cannot read {args.file}: {e.strerror}", file=sys.stderr)
-        return EXIT_REJECTED
-    try:
+        data = read_input(args.file, max_bytes=args.max_bytes)
         decoded = decode(data, args.type)
     except BeamAgentsError as e:
-        print(f"beam-agents inspect: {args.file}: {e}", file=sys.stderr)
+        print(f"beam-agents inspect: {printable(args.file)}: {_reason(e)}", file=sys.stderr)
         return EXIT_REJECTED
     message = decoded.message
     how = "guessed" if decoded.guessed else "given"
     print(f"# {message.DESCRIPTOR.full_name} ({how}), {len(data)} bytes")
+    unknown = unknown_fields(message)
+    if unknown:
+        print(f"# {len(unknown)} unknown field(s), kept as they are (from a newer schema?):")
+        for field in unknown:
+            print(f"#   {describe(field)}")
     verdicts = report(message)
     for blob in verdicts:
         print(f"# {_verdict_line(blob)}")
@@ -64,17 +77,21 @@ def _inspect(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _reason(error: BeamAgentsError) -> str:
+    return getattr(error, "reason", None) or str(error)
+
+
 def _dry_run(args: argparse.Namespace) -> int:
     directory = Path(args.dir)
     if not directory.is_dir():
-        print(f"beam-agents dry-run: {directory} is not a folder", file=sys.stderr)
+        print(f"beam-agents dry-run: {printable(directory)} is not a folder", file=sys.stderr)
         return EXIT_USAGE
-    files = dry_run(directory)
+    files = dry_run(directory, max_bytes=args.max_bytes)
     if not files:
-        print(f"beam-agents dry-run: {directory} holds no files", file=sys.stderr)
+        print(f"beam-agents dry-run: {printable(directory)} holds no files", file=sys.stderr)
         return EXIT_USAGE
     for file in files:
-        name = file.path.relative_to(directory)
+        name = file.name
         if file.error:
             print(f"{name}: REJECTED: {file.error}")
             continue
@@ -116,13 +133,35 @@ def _parser() -> argparse.ArgumentParser:
         choices=sorted(MESSAGE_TYPES),
         help="the message type; guessed from the bytes when omitted",
     )
+    _max_bytes_option(inspect)
     inspect.set_defaults(run=_inspect)
     check = commands.add_parser(
         "dry-run", help="check that this binary reads every exported StateSnapshot under DIR"
     )
     check.add_argument("dir", help="a folder of exported StateSnapshot files, one per file")
+    _max_bytes_option(check)
     check.set_defaults(run=_dry_run)
     return parser
+
+
+def _max_bytes_option(command: argparse.ArgumentParser) -> None:
+    command.add_argument(
+        "--max-bytes",
+        type=_positive_int,
+        default=DEFAULT_MAX_BYTES,
+        metavar="N",
+        help=f"refuse input files larger than N bytes (default {DEFAULT_MAX_BYTES})",
+    )
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{value} is not positive")
+    return value
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -3,11 +3,16 @@
 Protobuf bytes do not name their type, and proto3 parsers accept almost anything: a field with
 the wrong wire type, or a number the schema lacks, just becomes an unknown field. So a guess
 keeps only the types under which the bytes parse with no unknown field anywhere in the message
-tree, then prefers the types whose enum fields all hold declared values, then the reading that
-explains the bytes with the most populated scalar fields (a MemoryBlob's entries also parse as
-a StateSnapshot's entity_key bytes, but as one opaque field). When more than one type still
-fits, the guess is refused and names the candidates: an operator tool must not print a
-confident misreading.
+tree. Only when no type parses that cleanly does it consider the types whose unknown fields are
+all future fields, numbered above every field their message declares (the additive-evolution
+rule gives new fields such numbers), preferring the fewest unknown fields: so an intent from a
+newer writer still reads as an intent, and `unknown_fields` lists what this binary cannot name.
+Among the candidates it prefers the types whose enum fields all hold declared values, then the
+reading that explains the bytes with the most populated scalar fields (a MemoryBlob's entries
+also parse as a StateSnapshot's entity_key bytes, but as one opaque field; a map entry counts
+its key and its value, as the message it is on the wire). When more than one type still fits,
+the guess is refused and names the candidates: an operator tool must not print a confident
+misreading.
 """
 
 from __future__ import annotations
@@ -22,7 +27,15 @@ from google.protobuf.unknown_fields import UnknownFieldSet
 from beam_agents import _protos
 from beam_agents.errors import MessageDecodeError
 
-__all__ = ["MESSAGE_TYPES", "Decoded", "decode", "message_type"]
+__all__ = [
+    "MESSAGE_TYPES",
+    "Decoded",
+    "UnknownField",
+    "decode",
+    "describe",
+    "message_type",
+    "unknown_fields",
+]
 
 #: Every top-level message of beam_agents.v1, by short name.
 MESSAGE_TYPES: dict[str, type[Message]] = {name: getattr(_protos, name) for name in _protos.__all__}
@@ -51,6 +64,33 @@ def message_type(name: str) -> type[Message]:
         ) from None
 
 
+@dataclasses.dataclass(frozen=True)
+class UnknownField:
+    """A field the message's schema does not declare, as found on the wire."""
+
+    #: Where it sits: "" for the top level, else the path of its message ("pending[1]").
+    where: str
+    number: int
+    wire_type: int
+
+
+_WIRE_TYPES = {0: "varint", 1: "64-bit", 2: "length-delimited", 3: "group", 5: "32-bit"}
+
+
+def unknown_fields(message: Message) -> list[UnknownField]:
+    """Every unknown field in the message tree, in wire order."""
+    return [
+        UnknownField(where, field.field_number, field.wire_type)
+        for where, m in _walk(message)
+        for field in UnknownFieldSet(m)
+    ]
+
+
+def describe(field: UnknownField) -> str:
+    where = f"{field.where}: " if field.where else ""
+    return f"{where}field {field.number} ({_WIRE_TYPES.get(field.wire_type, field.wire_type)})"
+
+
 def decode(data: bytes, type_name: str | None = None) -> Decoded:
     """Parses `data` as `type_name`, or as the one type it can only be.
 
@@ -68,15 +108,18 @@ def decode(data: bytes, type_name: str | None = None) -> Decoded:
                 size=len(data),
             ) from e
 
-    clean: list[Message] = []
+    parsed = []
     for cls in MESSAGE_TYPES.values():
         try:
-            message = cls.FromString(data)
+            parsed.append(cls.FromString(data))
         except DecodeError:
             continue
-        if not any(_has_unknown_fields(m) for m in _walk(message)):
-            clean.append(message)
-    plausible = [m for m in clean if not any(_has_undeclared_enum(m) for m in _walk(m))] or clean
+    clean = [m for m in parsed if not any(_has_unknown_fields(m) for _, m in _walk(m))]
+    if not clean:
+        forward = [m for m in parsed if _only_future_fields(m)]
+        fewest = min((len(unknown_fields(m)) for m in forward), default=0)
+        clean = [m for m in forward if len(unknown_fields(m)) == fewest]
+    plausible = [m for m in clean if not any(_has_undeclared_enum(m) for _, m in _walk(m))] or clean
     most = max((_scalar_count(m) for m in plausible), default=0)
     best = [m for m in plausible if _scalar_count(m) == most]
     if len(best) == 1:
@@ -95,31 +138,43 @@ def decode(data: bytes, type_name: str | None = None) -> Decoded:
     )
 
 
-def _walk(message: Message) -> Iterator[Message]:
-    yield message
+def _walk(message: Message, where: str = "") -> Iterator[tuple[str, Message]]:
+    """(path, message) of `message` and every message inside it, maps' values excluded."""
+    yield where, message
     for field, value in message.ListFields():
         if field.type != FieldDescriptor.TYPE_MESSAGE:
             continue
         if field.message_type.GetOptions().map_entry:
             continue  # map<string, string> values hold no messages
+        path = f"{where}.{field.name}" if where else field.name
         if field.is_repeated:
-            for item in value:
-                yield from _walk(item)
+            for i, item in enumerate(value):
+                yield from _walk(item, f"{path}[{i}]")
         else:
-            yield from _walk(value)
+            yield from _walk(value, path)
 
 
 def _scalar_count(message: Message) -> int:
-    return sum(
-        1
-        for m in _walk(message)
-        for field, _ in m.ListFields()
-        if field.type != FieldDescriptor.TYPE_MESSAGE or field.message_type.GetOptions().map_entry
-    )
+    count = 0
+    for _, m in _walk(message):
+        for field, value in m.ListFields():
+            if field.type != FieldDescriptor.TYPE_MESSAGE:
+                count += 1
+            elif field.message_type.GetOptions().map_entry:
+                count += 2 * len(value)  # each entry is a key and a value on the wire
+    return count
 
 
 def _has_unknown_fields(message: Message) -> bool:
     return len(UnknownFieldSet(message)) > 0
+
+
+def _only_future_fields(message: Message) -> bool:
+    for _, m in _walk(message):
+        declared = max((f.number for f in m.DESCRIPTOR.fields), default=0)
+        if any(field.field_number <= declared for field in UnknownFieldSet(m)):
+            return False
+    return True
 
 
 def _has_undeclared_enum(message: Message) -> bool:

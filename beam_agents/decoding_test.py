@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
 from beam_agents._protos import (
@@ -14,8 +16,20 @@ from beam_agents._protos import (
     ToolResult,
     TraceEvent,
 )
-from beam_agents.decoding import MESSAGE_TYPES, decode, message_type
+from beam_agents.core.migration import CURRENT_STATE_SCHEMA_VERSION
+from beam_agents.decoding import (
+    MESSAGE_TYPES,
+    UnknownField,
+    decode,
+    describe,
+    message_type,
+    unknown_fields,
+)
 from beam_agents.errors import BeamAgentsError, MessageDecodeError
+from tools import golden
+from tools.workspace import data_root
+
+REPO = data_root()
 
 WELL_FORMED = [
     MemoryBlob(
@@ -30,7 +44,7 @@ WELL_FORMED = [
         state_schema_version=1,
         entries=[LlmCacheBlob.LlmCacheEntry(cache_key="k", response=b"r", response_digest=b"d")],
     ),
-    ActivationErrorRecord(entity_key=b"k", reason="r", detail="d", event_time_ms=3),
+    ActivationErrorRecord(entity_key=b"k", reason="r", detail="d", event_time_ms=1_764_460_800_000),
     StateSnapshot(state_schema_version=1, entity_key=b"k", seq=3, request_id="r"),
 ]
 
@@ -76,3 +90,55 @@ def test_unknown_type_names_list_the_known_ones():
     with pytest.raises(MessageDecodeError, match="MemoryBlob"):
         message_type("NoSuchMessage")
     assert set(MESSAGE_TYPES) >= {"MemoryBlob", "StateSnapshot", "ToolIntent"}
+
+
+def _golden_fixtures():
+    return golden.read_fixtures(REPO / "golden" / f"v{CURRENT_STATE_SCHEMA_VERSION}")
+
+
+def _without_fields(message):
+    """The message, then every copy of it with one or more top-level fields removed."""
+    names = [field.name for field, _ in message.ListFields()]
+    for count in range(len(names)):
+        for removed in itertools.combinations(names, count):
+            variant = type(message)()
+            variant.CopyFrom(message)
+            for name in removed:
+                variant.ClearField(name)
+            yield variant
+
+
+def test_a_guess_is_the_right_type_or_a_refusal_naming_it_never_a_misreading():
+    checked = 0
+    for fixture in _golden_fixtures():
+        cls = message_type(fixture.type_name)
+        for variant in _without_fields(cls.FromString(fixture.data)):
+            data = variant.SerializeToString()
+            if not data:
+                continue
+            checked += 1
+            try:
+                decoded = decode(data)
+            except MessageDecodeError as e:
+                assert cls.DESCRIPTOR.name in str(e), (fixture.name, variant, str(e))
+                continue
+            assert type(decoded.message) is cls, (fixture.name, variant)
+    assert checked > 20_000  # every combination of every fixture's fields
+
+
+def test_a_blob_with_future_fields_decodes_under_its_type_and_lists_them():
+    (fixture,) = [f for f in _golden_fixtures() if f.name == "tool_intent_future_field"]
+    decoded = decode(fixture.data)
+    assert isinstance(decoded.message, ToolIntent) and decoded.guessed
+    assert unknown_fields(decoded.message) == [UnknownField("", 20, 2)]
+    assert describe(UnknownField("", 20, 2)) == "field 20 (length-delimited)"
+
+
+def test_a_future_field_inside_a_nested_message_is_listed_where_it_sits():
+    from beam_agents.testing.samples import snapshot
+
+    exported = snapshot()
+    exported.pending[1].MergeFromString(b"\xa2\x01\x01x")  # field 20, unknown here
+    decoded = decode(exported.SerializeToString())
+    assert isinstance(decoded.message, StateSnapshot)
+    assert unknown_fields(decoded.message) == [UnknownField("pending[1]", 20, 2)]

@@ -10,6 +10,7 @@ __all__ = [
     "BeamAgentsError",
     "CanonicalJsonError",
     "DuplicateMigrationError",
+    "InputFileError",
     "InvalidMigrationStepError",
     "KeyringError",
     "MessageDecodeError",
@@ -122,4 +123,15 @@ class KeyringError(BeamAgentsError):
         super().__init__(f"{source}: {reason}")
         #: Where the keys came from: an environment variable or a file path.
         self.source = source
+        self.reason = reason
+
+
+class InputFileError(BeamAgentsError):
+    """Raised when an operator command's input file cannot be used: not a regular file, too
+    large, unreadable, or named by bytes that are not UTF-8."""
+
+    def __init__(self, reason: str, *, path: str) -> None:
+        super().__init__(f"{path}: {reason}")
+        #: The path, printable: bytes that are not UTF-8 appear as backslash escapes.
+        self.path = path
         self.reason = reason

@@ -88,7 +88,7 @@ def test_dry_run_reads_every_file_and_rejects_what_is_no_snapshot(tmp_path):
     (tmp_path / "keys" / "future.binpb").write_bytes(future.SerializeToString())
     (tmp_path / "empty.binpb").write_bytes(b"")
     (tmp_path / "garbage.binpb").write_bytes(b"\xff\xff\xff")
-    reports = {r.path.name: r for r in dry_run(tmp_path)}
+    reports = {r.name.rsplit("/", 1)[-1]: r for r in dry_run(tmp_path)}
     assert reports["good.binpb"].ready
     assert not reports["future.binpb"].ready
     assert reports["future.binpb"].blobs[0].outcome is Outcome.FROM_THE_FUTURE

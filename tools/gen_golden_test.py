@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 
 from tools import gen_golden, golden
+from tools.workspace import data_root
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = data_root()
 
 
 @pytest.fixture
@@ -57,3 +58,26 @@ def test_a_version_folder_without_builders_is_refused(repo, capsys):
     (repo / "golden" / "v1" / "builders.py").unlink()
     assert gen_golden.main(["--repo", str(repo)]) == 2
     assert "write golden/v1/builders.py first" in capsys.readouterr().err
+
+
+def test_a_fixture_encoded_in_another_field_order_is_not_stale(repo):
+    """Golden checks compare fields: another runtime's equally valid encoding passes."""
+    from beam_agents._protos import MemoryBlob
+
+    folder = repo / "golden" / "v1"
+    blob = MemoryBlob.FromString((folder / "memory_blob.binpb").read_bytes())
+    total_first = (
+        MemoryBlob(total_value_bytes=blob.total_value_bytes).SerializeToString()
+        + MemoryBlob(state_schema_version=1, entries=blob.entries).SerializeToString()
+    )
+    assert total_first != (folder / "memory_blob.binpb").read_bytes()
+    (folder / "memory_blob.binpb").write_bytes(total_first)
+    manifest = folder / golden.MANIFEST
+    manifest.write_bytes(golden._manifest(golden._on_disk(folder)))
+    assert golden.check_current(folder) == []
+    (folder / "memory_blob.binpb").write_bytes(total_first + b"\x18\x00")  # now 0 bytes total
+    manifest.write_bytes(golden._manifest(golden._on_disk(folder)))
+    assert golden.check_current(folder) == [
+        "golden/v1/ stale (fix: bazel run //tools:gen_golden  (without Bazel: python "
+        "tools/gen_golden.py)): memory_blob.binpb"
+    ]

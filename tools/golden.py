@@ -22,6 +22,7 @@ from pathlib import Path
 
 from google.protobuf import text_format
 from google.protobuf.message import Message
+from google.protobuf.unknown_fields import UnknownFieldSet
 
 from beam_agents.core.migration import VERSIONED_MESSAGE_TYPES, MigrationRegistry
 from beam_agents.decoding import message_type
@@ -154,24 +155,52 @@ def write_version(version_dir: Path) -> list[str]:
     return changed
 
 
-def _differences(label: str, expected: dict[str, bytes], actual: dict[str, bytes]) -> list[str]:
-    names = sorted(
-        name for name in set(expected) | set(actual) if expected.get(name) != actual.get(name)
-    )
-    return [f"{label}: {name}" for name in names]
-
-
 def check_current(version_dir: Path) -> list[str]:
-    """Problems of the newest version: files that differ from what its builders write."""
+    """Problems of the newest version: fixtures missing, extra, or not field-equal to what
+    their builders build (never compared as re-encoded bytes: another protobuf runtime may
+    serialize the same message differently), and a manifest that does not match the files."""
     where = f"golden/{version_dir.name}/"
     if not (version_dir / BUILDERS).exists():
         return [f"{where}{BUILDERS} missing"]
-    expected = _expected(version_dir)
-    problems = _differences(f"{where} stale (fix: {FIX_COMMAND})", expected, _on_disk(version_dir))
+    stale = f"{where} stale (fix: {FIX_COMMAND})"
+    builders = load_builders(version_dir)
+    on_disk = _on_disk(version_dir)
+    expected = {f"{n}{suffix}" for n in builders for suffix in _FIXTURE_SUFFIXES} | {BUILDERS}
+    problems = [f"{stale}: {name}" for name in sorted(expected ^ set(on_disk))]
+    for name, builder in builders.items():
+        message = builder()
+        binpb, textproto = on_disk.get(f"{name}.binpb"), on_disk.get(f"{name}.textproto")
+        if binpb is not None and not _same_fields(type(message).FromString(binpb), message):
+            problems.append(f"{stale}: {name}.binpb")
+        if textproto is not None and not _textproto_matches(textproto.decode(), message):
+            problems.append(f"{stale}: {name}.textproto")
     manifest = version_dir / MANIFEST
-    if not manifest.exists() or manifest.read_bytes() != _manifest(expected):
+    if not manifest.exists() or manifest.read_bytes() != _manifest(on_disk):
         problems.append(f"{where}{MANIFEST} stale (fix: {FIX_COMMAND})")
     return problems
+
+
+def _same_fields(decoded: Message, built: Message) -> bool:
+    if decoded != built:
+        return False
+    return _unknown_fields(decoded) == _unknown_fields(built)
+
+
+def _unknown_fields(message: Message) -> list:
+    return [(f.field_number, f.wire_type, f.data) for f in UnknownFieldSet(message)]
+
+
+def _textproto_matches(text: str, built: Message) -> bool:
+    header = _TYPE_HEADER.search(text)
+    if header is None or header.group(1) != built.DESCRIPTOR.full_name:
+        return False
+    known_fields_only = type(built)()
+    known_fields_only.CopyFrom(built)
+    known_fields_only.DiscardUnknownFields()
+    try:
+        return text_format.Parse(text, type(built)()) == known_fields_only
+    except text_format.ParseError:
+        return False
 
 
 def check_frozen(version_dir: Path) -> list[str]:
@@ -274,7 +303,7 @@ def _bazel_wiring_problems(
     package, test = _COMPAT_TEST
     compat = workspace.packages.get(package, {}).get(test)
     data = compat.attrs.get("data", []) if compat else []
-    for version in folders:
+    for version in sorted(set(folders) | set(range(1, registry.current_version + 1))):
         group = workspace.packages.get(f"golden/v{version}", {}).get(f"v{version}")
         if group is None or group.rule != "filegroup":
             problems.append(f"golden/v{version}/BUILD.bazel has no filegroup 'v{version}'")

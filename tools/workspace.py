@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-__all__ = ["source_root"]
+__all__ = ["data_root", "source_root"]
 
 
 def source_root() -> Path:
@@ -18,4 +18,14 @@ def source_root() -> Path:
     runfiles = os.environ.get("RUNFILES_DIR")
     if runfiles:
         return Path(os.path.realpath(Path(runfiles) / "_main" / "MODULE.bazel")).parent
+    return Path(__file__).resolve().parent.parent
+
+
+def data_root() -> Path:
+    """Where a test finds the files it declares as Bazel `data` (golden/, protos/): the main
+    repository's runfiles under `bazel test`, the source tree under pytest. Unlike
+    source_root, it needs no "local" tag: the files are in the sandbox."""
+    runfiles = os.environ.get("RUNFILES_DIR")
+    if runfiles:
+        return Path(runfiles) / "_main"
     return Path(__file__).resolve().parent.parent

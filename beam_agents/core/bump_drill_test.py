@@ -108,15 +108,22 @@ def test_raising_the_version_fails_the_checklist_naming_each_missing_item(worksp
         "CURRENT_STATE_SCHEMA_VERSION = 1\n",
         "CURRENT_STATE_SCHEMA_VERSION = 2\n",
     )
-    result = _pytest(workspace, COMPLETENESS)
+    # Every test module still imports: the suite runs to the end instead of stopping at a
+    # collection error (pytest's exit 2), and its failures say what the bump lacks.
+    collected = _run(workspace, "-m", "pytest", "-p", "no:cacheprovider", "--collect-only", "-q")
+    assert collected.returncode == 0, collected.stdout + collected.stderr
+    result = _pytest(workspace, COMPLETENESS, COMPAT)
     assert result.returncode == 1, result.stdout
     for missing in (
         "no migration registered for (MemoryBlob, 1)",
         "no migration registered for (Continuation, 1)",
         "no migration registered for (LlmCacheBlob, 1)",
         "golden/v2/ missing",
+        "golden/v2/BUILD.bazel has no filegroup 'v2'",
+        "//beam_agents/core:schema_compat_test does not have //golden/v2 in its data",
     ):
         assert missing in result.stdout
+    assert "golden/v2/builders.py is missing; schema_completeness_test names" in result.stdout
 
 
 def test_real_steps_and_the_v2_corpus_complete_the_bump(workspace):
