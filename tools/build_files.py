@@ -4,9 +4,11 @@ Every BUILD.bazel (and MODULE.bazel) is Starlark, whose syntax is a subset of Py
 evaluated here with recorders in place of rules. A rule used without `load` fails with a
 NameError exactly where Bazel would fail. The recorded targets are then checked:
 
-* every label in srcs, deps, data, tools, main, file1/file2 and genrule `$(...)` expansions
-  resolves: to a target or an existing source file of an existing package, to a package of the
-  `@pypi` hub (the lock file), or to a repository that MODULE.bazel declares;
+* every label in srcs, deps, data, tools, main, file1/file2, runtime and genrule `$(...)`
+  expansions, and every toolchain MODULE.bazel registers, resolves: to a target or an existing
+  source file of an existing package, to a package of the `@pypi` hub (the lock file), or to a
+  repository that MODULE.bazel declares;
+* a single_version_override pins a module that is a bazel_dep, at that dep's version;
 * a file or target of another package is visible to the package that uses it;
 * every `*_test.py` of a package has a py_test of the same name whose first src is that file;
 * every symbol loaded from one of this repository's .bzl files is defined there.
@@ -21,7 +23,7 @@ from pathlib import Path
 
 __all__ = ["Target", "Workspace", "check", "load_workspace"]
 
-_LABEL_ATTRS = ("srcs", "deps", "data", "tools", "main", "file1", "file2")
+_LABEL_ATTRS = ("srcs", "deps", "data", "tools", "main", "file1", "file2", "runtime")
 _BUILTINS = ("genrule", "filegroup", "alias", "test_suite")
 _EXPANSION = re.compile(
     r"\$\((?:location|locations|execpath|execpaths|rootpath|rootpaths) ([^)]+)\)"
@@ -46,14 +48,20 @@ class Workspace:
     repos: set[str]
     pypi: set[str]
     problems: list[str]
+    #: Labels MODULE.bazel passes to register_toolchains.
+    toolchains: list[str] = dataclasses.field(default_factory=list)
 
 
 def _normalize(name: str) -> str:
     return re.sub(r"[-_.]+", "_", name).lower()
 
 
-def _module_repos(root: Path, problems: list[str]) -> set[str]:
+def _evaluate_module(root: Path, problems: list[str]) -> tuple[set[str], list[str]]:
+    """(repositories MODULE.bazel declares, toolchain labels it registers)."""
     repos: set[str] = set()
+    versions: dict[str, str] = {}
+    overrides: dict[str, str] = {}
+    toolchains: list[str] = []
 
     class _Extension:
         def __getattr__(self, _name):
@@ -61,23 +69,36 @@ def _module_repos(root: Path, problems: list[str]) -> set[str]:
 
     def bazel_dep(name, version, repo_name=None, **_):
         repos.add(repo_name or name)
+        versions[name] = version
 
     def use_repo(_extension, *names, **aliases):
         repos.update(names)
         repos.update(aliases)
+
+    def single_version_override(module_name, version="", **_):
+        overrides[module_name] = version
 
     namespace = {
         "module": lambda **_: None,
         "bazel_dep": bazel_dep,
         "use_extension": lambda *_a, **_k: _Extension(),
         "use_repo": use_repo,
-        "register_toolchains": lambda *_a, **_k: None,
+        "register_toolchains": lambda *labels, **_: toolchains.extend(labels),
+        "single_version_override": single_version_override,
     }
     try:
         exec(compile((root / "MODULE.bazel").read_text(), "MODULE.bazel", "exec"), namespace)
     except Exception as e:  # any evaluation failure is a finding, not a crash
         problems.append(f"MODULE.bazel: {type(e).__name__}: {e}")
-    return repos
+    for module, version in overrides.items():
+        if module not in versions:
+            problems.append(f"MODULE.bazel: single_version_override of {module}, no bazel_dep")
+        elif version and version != versions[module]:
+            problems.append(
+                f"MODULE.bazel: {module} is a bazel_dep at {versions[module]} but pinned at "
+                f"{version}"
+            )
+    return repos, toolchains
 
 
 def _lock_packages(root: Path) -> set[str]:
@@ -113,14 +134,16 @@ def _package_dirs(root: Path) -> list[Path]:
 def load_workspace(root: Path) -> Workspace:
     """Evaluates MODULE.bazel and every BUILD.bazel under `root`."""
     problems: list[str] = []
+    repos, toolchains = _evaluate_module(root, problems)
     ws = Workspace(
         root=root,
         packages={},
         exported_files={},
         generated_files={},
-        repos=_module_repos(root, problems),
+        repos=repos,
         pypi=_lock_packages(root),
         problems=problems,
+        toolchains=toolchains,
     )
     for directory in _package_dirs(root):
         package = "" if directory == root else directory.relative_to(root).as_posix()
@@ -147,6 +170,10 @@ def _evaluate_build_file(ws: Workspace, directory: Path, package: str) -> None:
             targets[name] = Target(package, name, rule, attrs, visibility)
             if rule == "genrule":
                 generated.update(attrs.get("outs", []))
+            if rule == "proto_lang_toolchain" and attrs.get("toolchain_type"):
+                # protobuf's macro also declares toolchain(name = name + "_toolchain").
+                toolchain = f"{name}_toolchain"
+                targets[toolchain] = Target(package, toolchain, "toolchain", {}, visibility)
 
         return call
 
@@ -273,6 +300,11 @@ def _resolve(ws: Workspace, label: str, package: str, where: str) -> str | None:
 def check(ws: Workspace) -> list[str]:
     """Every problem found, each naming its BUILD file and label."""
     problems = list(ws.problems)
+    for label in ws.toolchains:
+        # Registration is not subject to visibility; the target must exist.
+        _, package, name = _parse_label(label, "")
+        if name not in ws.packages.get(package, {}):
+            problems.append(f"MODULE.bazel register_toolchains: no target {label}")
     for package, targets in ws.packages.items():
         where = f"{package}/BUILD.bazel" if package else "BUILD.bazel"
         for target in targets.values():

@@ -118,3 +118,51 @@ def test_an_undeclared_repository_is_reported(workspace):
         "lib/BUILD.bazel lib_test: @protobuf//:protobuf_python: "
         "repository @protobuf is not declared in MODULE.bazel"
     ]
+
+
+def test_an_override_of_a_module_that_is_no_dep_or_at_another_version_is_reported(workspace):
+    module = workspace / "MODULE.bazel"
+    module.write_text(
+        module.read_text()
+        + 'single_version_override(module_name = "rules_python", version = "1.6.3")\n'
+    )
+    assert check(load_workspace(workspace)) == []
+    module.write_text(
+        module.read_text()
+        + 'single_version_override(module_name = "rules_python", version = "1.7.0")\n'
+        + 'single_version_override(module_name = "protobuf", version = "31.1")\n'
+    )
+    assert check(load_workspace(workspace)) == [
+        "MODULE.bazel: rules_python is a bazel_dep at 1.6.3 but pinned at 1.7.0",
+        "MODULE.bazel: single_version_override of protobuf, no bazel_dep",
+    ]
+
+
+def test_a_registered_toolchain_must_exist(workspace):
+    module = workspace / "MODULE.bazel"
+    module.write_text(module.read_text() + 'register_toolchains("//lib:py_toolchain")\n')
+    assert check(load_workspace(workspace)) == [
+        "MODULE.bazel register_toolchains: no target //lib:py_toolchain"
+    ]
+    build = workspace / "lib" / "BUILD.bazel"
+    build.write_text(
+        'load("@rules_python//python:proto.bzl", "proto_lang_toolchain")\n'
+        + build.read_text()
+        + 'proto_lang_toolchain(name = "py", runtime = "@pypi//protobuf", toolchain_type = "t")\n'
+    )
+    module.write_text(module.read_text().replace("//lib:py_toolchain", "//lib:py_toolchain"))
+    assert check(load_workspace(workspace)) == []
+
+
+def test_the_pip_and_bazel_wheels_declare_the_same_project():
+    import tomllib
+
+    project = tomllib.loads((source_root() / "pyproject.toml").read_text())["project"]
+    (wheel,) = [
+        t for t in load_workspace(source_root()).packages[""].values() if t.rule == "py_wheel"
+    ]
+    assert wheel.attrs["distribution"] == project["name"]
+    assert wheel.attrs["version"] == project["version"]
+    assert wheel.attrs["license"] == project["license"]
+    assert sorted(wheel.attrs["requires"]) == sorted(project["dependencies"])
+    assert wheel.attrs["python_requires"] == project["requires-python"]

@@ -2,9 +2,14 @@
 
 Under pytest the wheel is built from pyproject.toml (`pip wheel`); under Bazel the test is
 given //:wheel through BEAM_AGENTS_WHEEL. Either way it is installed into a fresh virtual
-environment outside the source tree, next to the pinned protobuf runtime only (importing the
-messages needs nothing else), and exercised from there in isolated mode (-I: no cwd, no
-PYTHONPATH, no user site).
+environment outside the source tree, next to the pinned protobuf and rfc8785 only (importing
+the messages and the CLI needs nothing else), and exercised from there in isolation.
+
+Bazel's Python launcher exports PYTHONPATH with every runfiles entry (the @pypi packages
+among them), PYTHONSAFEPATH and RUNFILES_*. Inherited by pip in the fresh environment, they
+make it see protobuf as installed already and skip it. So pip and the installed console script
+run isolated (-I, and none of those variables in their environment), and the pytest run first
+sets the same variables the launcher would, so that both paths prove the isolation.
 """
 
 from __future__ import annotations
@@ -14,15 +19,44 @@ import os
 import shutil
 import subprocess
 import sys
+import tomllib
 import venv
 import zipfile
 from pathlib import Path
 
 import pytest
+from packaging.requirements import Requirement
 
 from beam_agents._protos import __all__ as MESSAGE_NAMES
+from tools.workspace import data_root
 
 REPO = Path(__file__).resolve().parent.parent
+PROJECT = tomllib.loads((data_root() / "pyproject.toml").read_text())["project"]
+#: The interpreter variables Bazel's launcher sets; none may reach the fresh environment.
+LAUNCHER_VARIABLES = ("PYTHONPATH", "PYTHONSAFEPATH", "PYTHONHOME", "PYTHONUSERBASE")
+#: Wheels installed beside ours, at the versions pinned here: what importing needs.
+RUNTIME = ("protobuf", "rfc8785")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def launcher_environment(tmp_path_factory):
+    """The environment of a py_test under Bazel, reproduced when pytest runs this file."""
+    with pytest.MonkeyPatch.context() as patch:
+        if "RUNFILES_DIR" not in os.environ:
+            patch.setenv("PYTHONPATH", os.pathsep.join(p for p in sys.path if p))
+            patch.setenv("PYTHONSAFEPATH", "1")
+            patch.setenv("RUNFILES_DIR", str(tmp_path_factory.mktemp("runfiles")))
+        yield
+
+
+def _isolated_env() -> dict[str, str]:
+    return {
+        name: value
+        for name, value in os.environ.items()
+        if name not in LAUNCHER_VARIABLES
+        and not name.startswith("RUNFILES_")
+        and name not in ("PYTHON_RUNFILES", "VIRTUAL_ENV")
+    }
 
 
 @pytest.fixture(scope="module")
@@ -51,12 +85,10 @@ def installed(wheel, tmp_path_factory) -> Path:
     home = tmp_path_factory.mktemp("fresh-venv")
     venv.create(home, with_pip=True)
     python = home / "bin" / "python"
-    protobuf = importlib.metadata.version("protobuf")
-    pip = [str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
-    subprocess.run([*pip, "--no-deps", str(wheel)], check=True, cwd=home)
-    subprocess.run(
-        [*pip, "--no-deps", "--only-binary=:all:", f"protobuf=={protobuf}"], check=True, cwd=home
-    )
+    pinned = [f"{name}=={importlib.metadata.version(name)}" for name in RUNTIME]
+    pip = [str(python), "-I", "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
+    for args in (["--no-deps", str(wheel)], ["--no-deps", "--only-binary=:all:", *pinned]):
+        subprocess.run([*pip, *args], check=True, cwd=home, env=_isolated_env())
     return python
 
 
@@ -67,7 +99,25 @@ def _run_isolated(python: Path, code: str) -> subprocess.CompletedProcess:
         cwd=python.parent.parent,
         capture_output=True,
         text=True,
+        env=_isolated_env(),
     )
+
+
+def test_the_launcher_environment_is_in_force():
+    # What makes the isolation below necessary, under Bazel and under pytest alike.
+    assert os.environ.get("PYTHONPATH") and "RUNFILES_DIR" in os.environ
+
+
+def test_the_runtime_is_installed_in_the_fresh_environment_itself(installed):
+    code = (
+        "import google.protobuf, rfc8785, sys\n"
+        "for module in (google.protobuf, rfc8785):\n"
+        "    assert module.__file__.startswith(sys.prefix), module.__file__\n"
+        "print(sys.prefix)\n"
+    )
+    result = _run_isolated(installed, code)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == str(installed.parent.parent)
 
 
 def _wheel_files(wheel: Path) -> set[str]:
@@ -115,6 +165,7 @@ def test_the_console_script_runs_from_the_installed_wheel(installed, tmp_path):
         cwd=tmp_path,
         capture_output=True,
         text=True,
+        env=_isolated_env(),
     )
     assert result.returncode == 0, result.stderr
     assert 'intent_id: "i-1"' in result.stdout
@@ -142,3 +193,21 @@ def test_the_wheel_holds_every_non_test_module_of_the_source_tree(wheel):
     }
     modules = {name for name in _wheel_files(wheel) if name.endswith(".py")}
     assert modules == sources
+
+
+def _metadata(wheel: Path) -> str:
+    with zipfile.ZipFile(wheel) as archive:
+        (name,) = [n for n in archive.namelist() if n.endswith(".dist-info/METADATA")]
+        return archive.read(name).decode()
+
+
+def test_the_wheel_metadata_names_the_project_and_its_licence(wheel):
+    lines = _metadata(wheel).splitlines()
+    assert "Name: beam-agents" in lines
+    assert {"License-Expression: Apache-2.0", "License: Apache-2.0"} & set(lines)
+    requires = {
+        str(Requirement(line.removeprefix("Requires-Dist: ")))
+        for line in lines
+        if line.startswith("Requires-Dist: ")
+    }
+    assert requires == {str(Requirement(line)) for line in PROJECT["dependencies"]}
