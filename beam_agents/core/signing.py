@@ -145,6 +145,7 @@ class Keyring:
                 raise KeyringError(f"active key {self.active!r} is not in the ring", source=source)
         object.__setattr__(self, "keys", dict(self.keys))
         object.__setattr__(self, "_pads", {key_id: _pads(s) for key_id, s in self.keys.items()})
+        object.__setattr__(self, "_envelopes", {k: _envelope_prefix(k) for k in self.keys})
 
     def mac(self, key_id: str, data: bytes) -> bytes:
         """HMAC-SHA256 of `data` under key `key_id` (equal to hmac.digest(secret, data,
@@ -155,6 +156,11 @@ class Keyring:
         outer = outer_pad.copy()
         outer.update(inner.digest())
         return outer.digest()
+
+    def envelope(self, key_id: str, signature: bytes) -> bytes:
+        """The deterministic encoding of the three signature fields of an HMAC_SHA256
+        signature (SIGNATURE_BYTES long) under key `key_id`."""
+        return self._envelopes[key_id] + signature
 
     def __repr__(self) -> str:  # never print secrets
         return f"Keyring(keys={sorted(self.keys)}, active={self.active!r})"
@@ -298,14 +304,15 @@ def is_unsigned(intent: Message) -> bool:
 
 def sign(intent: Message, keyring: Keyring) -> Message:
     """A signed copy of `intent` under the ring's active key; `intent` is not changed."""
-    if keyring.active is None:
+    key_id = keyring.active
+    if key_id is None:
         raise KeyringError("no active key to sign with", source=keyring.source)
-    signed = type(intent)()
-    signed.CopyFrom(intent)
-    signed.signature_scheme = ToolIntent.HMAC_SHA256
-    signed.signing_key_id = keyring.active
-    signed.signature = keyring.mac(keyring.active, signing_input(intent))
-    return signed
+    unsigned = signing_input(intent)
+    # Parsing the input with the envelope appended builds the copy in one pass: field order
+    # does not matter to the parser, and unknown fields stay unknown.
+    return type(intent).FromString(
+        unsigned + keyring.envelope(key_id, keyring.mac(key_id, unsigned))
+    )
 
 
 def verify(intent: Message, keyring: Keyring, *, wire: bytes | None = None) -> Verification:
@@ -314,21 +321,70 @@ def verify(intent: Message, keyring: Keyring, *, wire: bytes | None = None) -> V
     Pass `wire`, the bytes `intent` was parsed from, wherever the caller has them: then fields
     this binary does not know, wherever their numbers sit, are covered exactly as signed.
     """
-    if is_unsigned(intent):
-        return Verification.UNSIGNED
-    if intent.signature_scheme == ToolIntent.SIGNATURE_SCHEME_UNSPECIFIED:
-        return Verification.BAD_SIGNATURE  # signature bytes without a scheme
-    if intent.signature_scheme != ToolIntent.HMAC_SHA256:
+    scheme = intent.signature_scheme
+    signature = intent.signature
+    if scheme == ToolIntent.SIGNATURE_SCHEME_UNSPECIFIED:
+        # No scheme and no bytes: unsigned. Bytes without a scheme: a broken envelope.
+        return Verification.BAD_SIGNATURE if signature else Verification.UNSIGNED
+    if scheme != ToolIntent.HMAC_SHA256:
         return Verification.UNKNOWN_SCHEME
-    if intent.signing_key_id not in keyring.keys:
+    key_id = intent.signing_key_id
+    if key_id not in keyring.keys:
         return Verification.UNKNOWN_KEY
-    if len(intent.signature) != SIGNATURE_BYTES:
+    if len(signature) != SIGNATURE_BYTES:
         return Verification.BAD_SIGNATURE
     try:
-        signed_bytes = signing_input(intent, wire=wire)
+        envelope = keyring.envelope(key_id, signature)
+        if wire is None:
+            signed_bytes = _signing_input_of_signed(intent, envelope)
+        elif wire.endswith(envelope):  # the signer's deterministic layout: envelope last
+            signed_bytes = wire[: len(wire) - len(envelope)]
+        else:
+            signed_bytes = strip_signature(wire)
     except ValueError:
         return Verification.BAD_SIGNATURE
-    expected = keyring.mac(intent.signing_key_id, signed_bytes)
-    if hmac.compare_digest(expected, intent.signature):
+    expected = keyring.mac(key_id, signed_bytes)
+    if hmac.compare_digest(expected, signature):
         return Verification.VALID
     return Verification.BAD_SIGNATURE
+
+
+def _signing_input_of_signed(intent: Message, envelope: bytes) -> bytes:
+    # The signature fields are the highest-numbered known fields, so a deterministic
+    # serialization ends with them unless unknown (higher) fields follow: then cut them off the
+    # end, else clear them on a copy.
+    data = intent.SerializeToString(deterministic=True)
+    if data.endswith(envelope):
+        return data[: len(data) - len(envelope)]
+    return signing_input(intent)
+
+
+_SCHEME_TAG, _KEY_ID_TAG, _SIGNATURE_TAG = (
+    bytes([ToolIntent.DESCRIPTOR.fields_by_name[name].number << 3 | wire_type])
+    for name, wire_type in zip(SIGNATURE_FIELDS, (0, 2, 2), strict=True)
+)
+
+
+def _envelope_prefix(key_id: str) -> bytes:
+    """The signature fields' encoding up to the signature bytes, for one key."""
+    key = key_id.encode("utf-8")
+    return b"".join(
+        (
+            _SCHEME_TAG,
+            _encode_varint(ToolIntent.HMAC_SHA256),
+            _KEY_ID_TAG,
+            _encode_varint(len(key)),
+            key,
+            _SIGNATURE_TAG,
+            _encode_varint(SIGNATURE_BYTES),
+        )
+    )
+
+
+def _encode_varint(value: int) -> bytes:
+    out = bytearray()
+    while value >= 0x80:
+        out.append(value & 0x7F | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
