@@ -321,7 +321,7 @@ class _Gate:
             return self._again(known, intent, record, at, store, owner)
         decided = self._refusal(intent, at)
         if decided is None:
-            record.outcome = ExecutionRecord.RUNNING
+            record.outcome = ExecutionRecord.OUTCOME_RUNNING
             record.claimed_by = owner
         else:
             record.outcome, result = decided
@@ -330,10 +330,10 @@ class _Gate:
         known = store.claim(record, self.keep_until(record, at))
         if known is not None:  # another caller decided this intent first
             return self._again(known, intent, record, at, store, owner)
-        if record.outcome != ExecutionRecord.RUNNING:
+        if record.outcome != ExecutionRecord.OUTCOME_RUNNING:
             return _first_output(record, intent)
         record.result.CopyFrom(self._run(intent, now))
-        record.outcome = ExecutionRecord.RESULT
+        record.outcome = ExecutionRecord.OUTCOME_RESULT
         record.ClearField("claimed_by")
         store.put(record, self.keep_until(record, now()))
         return dataclasses.replace(_first_output(record, intent), ran_tool=True)
@@ -350,7 +350,7 @@ class _Gate:
                 intent, ToolResult.REJECTED, now, error=f"unknown intent kind {intent.kind}"
             )
         if kind == ToolIntent.APPROVAL:
-            return ExecutionRecord.APPROVAL, None
+            return ExecutionRecord.OUTCOME_APPROVAL, None
         if intent.tool_name not in self.tools:
             return _decided(
                 intent, ToolResult.REJECTED, now, error=f"unknown tool {intent.tool_name!r}"
@@ -390,7 +390,7 @@ class _Gate:
                 f"{what}; it is not run and gets no result"
             )
             return _dead_letter(intent.entity_key, REASON_CONFLICT, detail, now)
-        if known.outcome == ExecutionRecord.RUNNING and known.claimed_by != owner:
+        if known.outcome == ExecutionRecord.OUTCOME_RUNNING and known.claimed_by != owner:
             # The effector that claimed it stopped mid-call: the tool may or may not have
             # acted, and running it again could act twice. The unknown outcome is the result.
             known.result.CopyFrom(
@@ -404,7 +404,7 @@ class _Gate:
                     ),
                 )
             )
-            known.outcome = ExecutionRecord.RESULT
+            known.outcome = ExecutionRecord.OUTCOME_RESULT
             known.ClearField("claimed_by")
             known.latest_expires_at_ms = max(known.latest_expires_at_ms, intent.expires_at_ms)
             store.put(known, self.keep_until(known, now))
@@ -413,7 +413,7 @@ class _Gate:
             known.latest_expires_at_ms = intent.expires_at_ms
             store.put(known, self.keep_until(known, now))
         result = None
-        if known.outcome == ExecutionRecord.RESULT:
+        if known.outcome == ExecutionRecord.OUTCOME_RESULT:
             result = _envelope(known.result)
         return EffectorOutput(Route.DUPLICATE, result=result)
 
@@ -424,7 +424,7 @@ def _check_retention(retention_ms: int) -> None:
 
 
 def _decided(intent: ToolIntent, status, now: int, *, error: str):
-    return ExecutionRecord.RESULT, _result(intent, status, now, error=error)
+    return ExecutionRecord.OUTCOME_RESULT, _result(intent, status, now, error=error)
 
 
 def _result(intent: ToolIntent, status, now: int, *, payload: bytes = b"", error: str = ""):
@@ -452,7 +452,7 @@ def _envelope(result: ToolResult) -> AgentEnvelope:
 
 
 def _first_output(record: ExecutionRecord, intent: ToolIntent) -> EffectorOutput:
-    if record.outcome == ExecutionRecord.APPROVAL:
+    if record.outcome == ExecutionRecord.OUTCOME_APPROVAL:
         return EffectorOutput(Route.APPROVAL, approval=intent)
     return EffectorOutput(Route.RESULT, result=_envelope(record.result))
 

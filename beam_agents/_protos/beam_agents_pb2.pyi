@@ -271,13 +271,13 @@ class ExecutionRecord(_message.Message):
     class Outcome(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
         __slots__ = ()
         OUTCOME_UNSPECIFIED: _ClassVar[ExecutionRecord.Outcome]
-        RUNNING: _ClassVar[ExecutionRecord.Outcome]
-        RESULT: _ClassVar[ExecutionRecord.Outcome]
-        APPROVAL: _ClassVar[ExecutionRecord.Outcome]
+        OUTCOME_RUNNING: _ClassVar[ExecutionRecord.Outcome]
+        OUTCOME_RESULT: _ClassVar[ExecutionRecord.Outcome]
+        OUTCOME_APPROVAL: _ClassVar[ExecutionRecord.Outcome]
     OUTCOME_UNSPECIFIED: ExecutionRecord.Outcome
-    RUNNING: ExecutionRecord.Outcome
-    RESULT: ExecutionRecord.Outcome
-    APPROVAL: ExecutionRecord.Outcome
+    OUTCOME_RUNNING: ExecutionRecord.Outcome
+    OUTCOME_RESULT: ExecutionRecord.Outcome
+    OUTCOME_APPROVAL: ExecutionRecord.Outcome
     INTENT_ID_FIELD_NUMBER: _ClassVar[int]
     ENTITY_KEY_FIELD_NUMBER: _ClassVar[int]
     CONTENT_DIGEST_FIELD_NUMBER: _ClassVar[int]

@@ -342,7 +342,7 @@ def execution_record():
         intent_id=tool_result_ok().intent_id,
         entity_key=b"customer-42",
         content_digest=hashlib.sha256(b"golden execution record content").digest(),
-        outcome=ExecutionRecord.RESULT,
+        outcome=ExecutionRecord.OUTCOME_RESULT,
         result=tool_result_ok(),
         latest_expires_at_ms=1_764_460_860_000,
     )
@@ -351,7 +351,7 @@ def execution_record():
 def execution_record_running():
     """A record claimed by an effector instance before its tool ran."""
     record = execution_record()
-    record.outcome = ExecutionRecord.RUNNING
+    record.outcome = ExecutionRecord.OUTCOME_RUNNING
     record.ClearField("result")
     record.claimed_by = "7f9c2ba4-e88f-4d1a-9c3e-2b8a4f6d1e05"
     return record
