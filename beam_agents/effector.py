@@ -32,9 +32,10 @@ Two faces share the gate:
 
 * `Effector`, a plain callable for a service reading intents from a topic, keeps its records in
   an `ExecutionStore`: `SqliteExecutionStore` (standard library sqlite3, WAL, fsync on commit)
-  by default. A claim is committed before the tool runs, so an effector killed mid-call and
-  restarted does not run it again: the next copy finds the claim of a dead instance and gets an
-  ERROR result saying the outcome is unknown (at most once, never twice).
+  by default. A claim naming the effector's process is committed before the tool runs. A copy
+  that finds the claim of a process still running is a duplicate in flight (no result yet);
+  one that finds the claim of a process that is gone (an effector killed mid-call) gets an
+  ERROR result saying the outcome is unknown, and the tool is not run again: at most once.
 * `ExecuteIntents`, a Beam transform, re-windows intents into the global window (the same
   intent in two windows is still one intent) and keeps each record in keyed state under its
   intent_id, cleared by an event-time timer at the end of retention. Beam commits state with
@@ -148,7 +149,7 @@ class Route(enum.Enum):
     APPROVAL = "approval"
     DEAD_LETTER = "dead letter"
     #: Decided before: nothing ran. `result` is the first result (None for an approval, or
-    #: while this effector is still running the first copy).
+    #: while an effector process is still running the first copy: deliver this one later).
     DUPLICATE = "duplicate"
 
 
@@ -390,7 +391,7 @@ class _Gate:
                 f"{what}; it is not run and gets no result"
             )
             return _dead_letter(intent.entity_key, REASON_CONFLICT, detail, now)
-        if known.outcome == ExecutionRecord.OUTCOME_RUNNING and known.claimed_by != owner:
+        if known.outcome == ExecutionRecord.OUTCOME_RUNNING and not _running(known.claimed_by):
             # The effector that claimed it stopped mid-call: the tool may or may not have
             # acted, and running it again could act twice. The unknown outcome is the result.
             known.result.CopyFrom(
@@ -416,6 +417,39 @@ class _Gate:
         if known.outcome == ExecutionRecord.OUTCOME_RESULT:
             result = _envelope(known.result)
         return EffectorOutput(Route.DUPLICATE, result=result)
+
+
+def _instance_id() -> str:
+    """ "<pid>:<process start time>:<random>": a claim names a process that can be checked for
+    life (a SQLite store is local to one machine), and an instance within it."""
+    pid = os.getpid()
+    return f"{pid}:{_process_start(pid)}:{uuid.uuid4().hex}"
+
+
+def _process_start(pid: int) -> str:
+    # The start time (in clock ticks since boot) tells a live claimant from a new process that
+    # reused its pid; "" where /proc does not say, and then the pid alone decides.
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            return stat.read().rsplit(b")", 1)[1].split()[19].decode()
+    except (OSError, IndexError):
+        return ""
+
+
+def _running(claimed_by: str) -> bool:
+    """Whether the effector process that wrote a claim is still running (so the call is in
+    flight, not lost)."""
+    pid, _, rest = claimed_by.partition(":")
+    started, _, _ = rest.partition(":")
+    if not pid.isdigit():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass  # alive, owned by another user
+    return _process_start(int(pid)) == started
 
 
 def _check_retention(retention_ms: int) -> None:
@@ -486,8 +520,8 @@ class Effector:
             store = SqliteExecutionStore(store)
         self.store = store
         self._clock = clock
-        #: Names this instance in the claims it writes.
-        self.instance_id = str(uuid.uuid4())
+        #: Names this instance, and the process it runs in, in the claims it writes.
+        self.instance_id = _instance_id()
 
     def __call__(self, intent: ToolIntent | bytes) -> EffectorOutput:
         if isinstance(intent, ToolIntent):

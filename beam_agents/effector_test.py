@@ -19,7 +19,7 @@ from apache_beam.testing.test_stream import TestStream as EventStream
 from apache_beam.testing.util import assert_that, equal_to
 from apache_beam.transforms import window
 
-from beam_agents._protos import ToolIntent, ToolResult
+from beam_agents._protos import ExecutionRecord, ToolIntent, ToolResult
 from beam_agents.core.signing import KEYS_ENV, Keyring, sign
 from beam_agents.effector import (
     APPROVALS,
@@ -31,6 +31,7 @@ from beam_agents.effector import (
     ExecuteIntents,
     Route,
     VerifyMode,
+    content_digest,
 )
 from beam_agents.testing.clock import ManualClock
 from beam_agents.testing.samples import intent
@@ -734,3 +735,47 @@ def test_an_effector_killed_inside_a_tool_reports_an_unknown_outcome_and_never_r
     assert after["error"].startswith("outcome unknown: effector ")
     assert again == {**after, "route": "duplicate"}
     assert _tool_log(tmp_path) == [intent().intent_id]
+
+
+def test_an_intent_in_flight_in_another_live_effector_is_a_duplicate_not_a_lost_call(tmp_path):
+    store = tmp_path / "shared.sqlite"
+    tool = Recording()
+    busy = Effector(
+        {"crm.lookup": tool},
+        mode=VerifyMode.REQUIRE,
+        store=store,
+        keyring=RING,
+        clock=ManualClock(NOW),
+    )
+    claim = ExecutionRecord(
+        intent_id=intent().intent_id,
+        entity_key=intent().entity_key,
+        content_digest=content_digest(signed().SerializeToString()),
+        outcome=ExecutionRecord.OUTCOME_RUNNING,
+        latest_expires_at_ms=intent().expires_at_ms,
+        claimed_by=busy.instance_id,  # this test's own, live process
+    )
+    assert busy.store.claim(claim, INT64_MAX) is None
+    other = effector(store=store, **{"crm.lookup": tool})
+    assert other.instance_id != busy.instance_id
+    output = other(signed())
+    assert output.route is Route.DUPLICATE and output.result is None
+    assert tool.calls == []
+    assert other.store.get(intent().intent_id).outcome == ExecutionRecord.OUTCOME_RUNNING
+
+
+def test_a_claim_by_a_reused_pid_reads_as_a_lost_call(tmp_path):
+    store = tmp_path / "shared.sqlite"
+    gate = effector(store=store)
+    pid, started, _ = gate.instance_id.split(":")
+    claim = ExecutionRecord(
+        intent_id=intent().intent_id,
+        entity_key=intent().entity_key,
+        content_digest=content_digest(signed().SerializeToString()),
+        outcome=ExecutionRecord.OUTCOME_RUNNING,
+        latest_expires_at_ms=intent().expires_at_ms,
+        claimed_by=f"{pid}:{int(started) - 1}:0123",  # same pid, an earlier process
+    )
+    gate.store.claim(claim, INT64_MAX)
+    result = gate(signed()).result.tool_result
+    assert result.status == ToolResult.ERROR and result.error_message.startswith("outcome unknown")
