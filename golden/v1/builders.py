@@ -82,6 +82,15 @@ def continuation_escalated():
     return blob
 
 
+def continuation_partly_answered():
+    """A suspension on two intents, one of them answered already (the answers field)."""
+    blob = continuation()
+    answer = blob.answers.add(entity_key=b"customer-42", event_time_ms=1_764_460_805_000)
+    answer.tool_result.CopyFrom(tool_result_ok())
+    answer.tool_result.intent_id = blob.pending_intent_ids[0]
+    return blob
+
+
 def llm_cache_blob():
     """A replay cache with three entries in LRU order."""
     blob = LlmCacheBlob(state_schema_version=STATE_SCHEMA_VERSION)
@@ -364,6 +373,7 @@ FIXTURES = {
         memory_blob_unversioned,
         continuation,
         continuation_escalated,
+        continuation_partly_answered,
         llm_cache_blob,
         llm_cache_blob_digest_only,
         tool_intent_before_kind,
