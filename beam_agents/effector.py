@@ -77,7 +77,8 @@ from beam_agents._protos import (
     ToolResult,
 )
 from beam_agents.core.intent import effective_kind, parse_args_json
-from beam_agents.core.signing import Keyring, Verification, strip_fields, verify
+from beam_agents.core.signing import Keyring, Verification, verify
+from beam_agents.core.wire import strip_fields
 from beam_agents.errors import CanonicalJsonError
 
 __all__ = [

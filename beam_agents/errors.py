@@ -7,12 +7,15 @@ keyword-only attributes, so handlers and dead-letter records never parse message
 from __future__ import annotations
 
 __all__ = [
+    "AgentContractError",
     "BeamAgentsError",
     "CanonicalJsonError",
     "DuplicateMigrationError",
     "InputFileError",
     "InvalidMigrationStepError",
     "KeyringError",
+    "LlmCallError",
+    "MemoryBudgetError",
     "MessageDecodeError",
     "MigrationStepError",
     "MissingMigrationError",
@@ -135,3 +138,35 @@ class InputFileError(BeamAgentsError):
         #: The path, printable: bytes that are not UTF-8 appear as backslash escapes.
         self.path = path
         self.reason = reason
+
+
+class MemoryBudgetError(BeamAgentsError):
+    """Raised when a value alone is larger than an agent's whole memory budget."""
+
+    def __init__(self, *, key: str, size: int, budget: int) -> None:
+        super().__init__(f"memory value {key!r} has {size} bytes, over the budget of {budget}")
+        self.key = key
+        self.size = size
+        self.budget = budget
+
+
+class AgentContractError(BeamAgentsError):
+    """Raised when an agent breaks the runtime's contract: a wrong return type, a suspension
+    with nothing pending, a call after it suspended."""
+
+    def __init__(self, reason: str, *, agent: str) -> None:
+        super().__init__(f"agent {agent}: {reason}")
+        self.agent = agent
+        self.reason = reason
+
+
+class LlmCallError(BeamAgentsError):
+    """Raised when an LLM call cannot be made or answered (the model client's failure, or a
+    replay that may not call the model)."""
+
+    def __init__(self, reason: str, *, model: str, retryable: bool) -> None:
+        super().__init__(f"LLM call to {model!r} failed: {reason}")
+        self.model = model
+        self.reason = reason
+        #: True when the same call may succeed later (rate limits, timeouts, 5xx).
+        self.retryable = retryable

@@ -49,6 +49,7 @@ from pathlib import Path
 from google.protobuf.message import Message
 
 from beam_agents._protos import ToolIntent
+from beam_agents.core.wire import encode_varint, strip_fields
 from beam_agents.errors import KeyringError
 
 __all__ = [
@@ -62,7 +63,6 @@ __all__ = [
     "is_unsigned",
     "sign",
     "signing_input",
-    "strip_fields",
     "strip_signature",
     "verify",
 ]
@@ -237,64 +237,6 @@ def strip_signature(wire: bytes) -> bytes:
     return strip_fields(wire, _SIGNATURE_NUMBERS)
 
 
-def strip_fields(wire: bytes, numbers: frozenset[int]) -> bytes:
-    """A serialized message without its top-level fields numbered `numbers` (every
-    occurrence), every other byte kept in place. Raises ValueError on malformed protobuf."""
-    kept = []
-    run_start = position = 0
-    end = len(wire)
-    while position < end:
-        field_start = position
-        tag, position = _varint(wire, position)
-        position = _skip_value(wire, position, tag)
-        if tag >> 3 in numbers:
-            kept.append(wire[run_start:field_start])
-            run_start = position
-    if not kept:
-        return wire
-    kept.append(wire[run_start:])
-    return b"".join(kept)
-
-
-def _varint(data: bytes, position: int) -> tuple[int, int]:
-    value = shift = 0
-    while True:
-        if position >= len(data) or shift > 63:
-            raise ValueError("truncated or overlong varint")
-        byte = data[position]
-        position += 1
-        value |= (byte & 0x7F) << shift
-        if byte < 0x80:
-            return value, position
-        shift += 7
-
-
-def _skip_value(data: bytes, position: int, tag: int) -> int:
-    wire_type = tag & 7
-    if wire_type == 0:
-        return _varint(data, position)[1]
-    if wire_type == 1:
-        position += 8
-    elif wire_type == 2:
-        length, position = _varint(data, position)
-        position += length
-    elif wire_type == 5:
-        position += 4
-    elif wire_type == 3:  # a group: skip to its matching end-group tag
-        while True:
-            inner, position = _varint(data, position)
-            if inner & 7 == 4:
-                if inner >> 3 != tag >> 3:
-                    raise ValueError("mismatched end-group tag")
-                break
-            position = _skip_value(data, position, inner)
-    else:
-        raise ValueError(f"wire type {wire_type} cannot start a field")
-    if position > len(data):
-        raise ValueError("truncated field")
-    return position
-
-
 def is_unsigned(intent: Message) -> bool:
     """True when the intent carries no signature at all (scheme unspecified, no bytes)."""
     return (
@@ -371,20 +313,11 @@ def _envelope_prefix(key_id: str) -> bytes:
     return b"".join(
         (
             _SCHEME_TAG,
-            _encode_varint(ToolIntent.HMAC_SHA256),
+            encode_varint(ToolIntent.HMAC_SHA256),
             _KEY_ID_TAG,
-            _encode_varint(len(key)),
+            encode_varint(len(key)),
             key,
             _SIGNATURE_TAG,
-            _encode_varint(SIGNATURE_BYTES),
+            encode_varint(SIGNATURE_BYTES),
         )
     )
-
-
-def _encode_varint(value: int) -> bytes:
-    out = bytearray()
-    while value >= 0x80:
-        out.append(value & 0x7F | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
