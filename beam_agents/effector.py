@@ -66,7 +66,6 @@ from apache_beam.transforms import window
 from apache_beam.transforms.timeutil import TimeDomain
 from apache_beam.transforms.userstate import ReadModifyWriteStateSpec, TimerSpec, on_timer
 from apache_beam.typehints import Tuple
-from apache_beam.utils.timestamp import MIN_TIMESTAMP, Timestamp
 from google.protobuf.message import DecodeError
 
 from beam_agents._protos import (
@@ -76,6 +75,7 @@ from beam_agents._protos import (
     ToolIntent,
     ToolResult,
 )
+from beam_agents.beam_support import timer_timestamp, typed
 from beam_agents.core.intent import effective_kind, parse_args_json
 from beam_agents.core.signing import Keyring, Verification, verify
 from beam_agents.core.wire import strip_fields
@@ -575,13 +575,7 @@ class _StateStore(ExecutionStore):
 
     def put(self, record: ExecutionRecord, keep_until_ms: int) -> None:
         self._state.write(record)
-        self._timer.set(_timer_timestamp(keep_until_ms))
-
-
-def _timer_timestamp(ms: int) -> Timestamp:
-    # Any int64 of milliseconds, clamped into what a global-window timer can hold.
-    latest = window.GlobalWindow().max_timestamp().micros
-    return Timestamp(micros=max(MIN_TIMESTAMP.micros, min(ms * 1000, latest)))
+        self._timer.set(timer_timestamp(keep_until_ms))
 
 
 class _ExecuteOnce(beam.DoFn):
@@ -661,24 +655,17 @@ class ExecuteIntents(beam.PTransform):
         keyed = global_window | "KeyByIntentId" >> beam.ParDo(_Serialize(self._clock)).with_outputs(
             DEAD_LETTERS, main="intents"
         )
-        by_intent_id = _typed(keyed.intents, Tuple[str, bytes])
+        by_intent_id = typed(keyed.intents, Tuple[str, bytes])
         gated = by_intent_id | "ExecuteOnce" >> beam.ParDo(
             _ExecuteOnce(
                 self._tools, self._mode, self._keyring_loader, self._clock, self._retention_ms
             )
         ).with_outputs(APPROVALS, DEAD_LETTERS, main=RESULTS)
-        _typed(keyed[DEAD_LETTERS], Tuple[bytes, ActivationErrorRecord])
-        _typed(gated[DEAD_LETTERS], Tuple[bytes, ActivationErrorRecord])
+        typed(keyed[DEAD_LETTERS], Tuple[bytes, ActivationErrorRecord])
+        typed(gated[DEAD_LETTERS], Tuple[bytes, ActivationErrorRecord])
         dead_letters = (keyed[DEAD_LETTERS], gated[DEAD_LETTERS]) | "DeadLetters" >> beam.Flatten()
         return {
-            RESULTS: _typed(gated[RESULTS], Tuple[bytes, AgentEnvelope]),
-            APPROVALS: _typed(gated[APPROVALS], Tuple[bytes, ToolIntent]),
-            DEAD_LETTERS: _typed(dead_letters, Tuple[bytes, ActivationErrorRecord]),
+            RESULTS: typed(gated[RESULTS], Tuple[bytes, AgentEnvelope]),
+            APPROVALS: typed(gated[APPROVALS], Tuple[bytes, ToolIntent]),
+            DEAD_LETTERS: typed(dead_letters, Tuple[bytes, ActivationErrorRecord]),
         }
-
-
-def _typed(pcollection, element_type):
-    # Multi-output ParDos leave tagged outputs untyped, and an untyped PCollection of protos
-    # would be pickled between stages; a declared type gives Tuple(Bytes/StrUtf8, ProtoCoder).
-    pcollection.element_type = element_type
-    return pcollection

@@ -1,0 +1,106 @@
+"""The agent runtime: RunAgent gives each entity key a durable agent inside a stateful DoFn.
+
+Design
+------
+`RunAgent(agent)` keys AgentEnvelopes by entity_key, re-windows them into the global window
+(keyed state is per window, and an agent's life is not) and hands each to `_AgentDoFn`, whose
+keyed state is the agent:
+
+=============== ======================================= =========================================
+state spec id   kind and coder                          holds
+=============== ======================================= =========================================
+``memory``      ReadModifyWrite, DeterministicProtoCoder MemoryBlob (Memory)
+``continuation``ReadModifyWrite, DeterministicProtoCoder Continuation, while suspended
+``llm_cache``   ReadModifyWrite, DeterministicProtoCoder LlmCacheBlob (ReplayCache)
+``seq``         ReadModifyWrite, VarIntCoder             the key's activation counter
+``pending``     Bag, DeterministicProtoCoder             the ToolIntents a suspension waits on
+``deadline``    timer, event time (WATERMARK)            the suspension's deadline
+``ttl``         timer, event time (WATERMARK)            when an idle key's state is cleared
+=============== ======================================= =========================================
+
+These are frozen: `state_manifest.json` lists them and a test compares the DoFn with it,
+because Dataflow `--update` restores state by spec id and coder. Only portable features are
+used, so the same pipeline runs on the DirectRunner, Prism, Flink and Dataflow: ReadModifyWrite
+and Bag state, and event-time timers only. A processing-time timer would keep a bounded
+streaming job on Flink from finishing, and combining state is not on every runner. Event-time
+timers fire when the watermark passes them, so a source must advance its watermark when idle
+(Pub/Sub does on Dataflow; Kafka needs an idle-partition policy), or deadlines and TTLs of
+quiet keys wait for the next event.
+
+Activations. An external_event starts an activation (`agent.start`); answers (ToolResults, or
+Approvals for APPROVAL intents) to a suspension are recorded in its Continuation, and when every
+pending intent has one the agent resumes once with all of them in intent order
+(`agent.resume`). At the deadline the unanswered ones resume as EXPIRED (or the policy
+escalates to a human, or dead-letters the suspension). An export_request emits a StateSnapshot
+of the committed blobs, verbatim, and changes nothing; a StateSnapshot input restores an empty
+key. An idle key's state is cleared `ttl_ms` after its last activity (after its deadline, when
+suspended); its seq survives, so it never re-issues an intent_id.
+
+Time and determinism. Inside an activation "now" is the envelope's event_time_ms (a timer's
+firing time in a timer), never the wall clock; intent, trace and span ids and replay-cache keys
+are pure functions of the key, seq, step and call content. A key's first seq is its first
+event's time in microsecond steps, so a key that starts over in a new job does not re-issue
+ids either. A resume continues its suspended activation's seq and trace.
+
+Read path and commit. Every read of the three blobs, in the element path and in both timers,
+goes through `migrate_to_current` before any field is used; a blob from a newer binary raises
+StateSchemaFromFutureError, which is never caught: the bundle fails and the key waits,
+untouched, for that binary. Only a successful activation writes state (every blob stamped with
+the current version, so a migrated view reaches state then and only then) and only then are its
+intents, traces and completion emitted. A failing agent, a refused answer or a stale timer
+writes nothing and emits its dead letter (and, for a failing agent, one ERROR trace event).
+"""
+
+from beam_agents.runtime.context import (
+    APPROVAL_TOOL,
+    ActivationContext,
+    Agent,
+    Answer,
+    Completion,
+    LlmClient,
+    LlmRequest,
+    LlmResponse,
+    RefusingLlmClient,
+    ScriptedLlmClient,
+    Suspension,
+)
+from beam_agents.runtime.function_agent import FunctionAgent, agent
+from beam_agents.runtime.memory import Memory, ReplayCache
+from beam_agents.runtime.run_agent import (
+    COMPLETIONS,
+    ERRORS,
+    INTENTS,
+    SNAPSHOTS,
+    TRACES,
+    AtDeadline,
+    DeadlinePolicy,
+    RunAgent,
+    RuntimeConfig,
+)
+
+__all__ = [
+    "APPROVAL_TOOL",
+    "COMPLETIONS",
+    "ERRORS",
+    "INTENTS",
+    "SNAPSHOTS",
+    "TRACES",
+    "ActivationContext",
+    "Agent",
+    "Answer",
+    "AtDeadline",
+    "Completion",
+    "DeadlinePolicy",
+    "FunctionAgent",
+    "LlmClient",
+    "LlmRequest",
+    "LlmResponse",
+    "Memory",
+    "RefusingLlmClient",
+    "ReplayCache",
+    "RunAgent",
+    "RuntimeConfig",
+    "ScriptedLlmClient",
+    "Suspension",
+    "agent",
+]

@@ -1,0 +1,429 @@
+"""The agent contract: what an agent implements, and the ActivationContext it acts through.
+
+An agent is any object with `start(ctx, event)` for a new event and `resume(ctx, answers)` for
+the answers to its pending intents, each returning a `Completion` (bytes for the main output)
+or a `Suspension` (built by `ctx.suspend`). `adapter` names the agent in its Continuation.
+
+The context is the agent's only door to the world, and everything it hands out is a pure
+function of the key, the activation's seq and step, and the call's content, so a retried
+bundle emits byte-identical intents and traces:
+
+* "now" is the envelope's event_time_ms (`ctx.now_ms`), never the wall clock;
+* `ctx.llm(...)` goes through the key's ReplayCache: a call the activation made before (same
+  seq, same position, same request) returns the recorded response without calling the model;
+* `ctx.call_tool`, `ctx.call_tools` and `ctx.request_approval` emit ToolIntents with
+  deterministic ids, RFC 8785 arguments, created/expires times from event time, the
+  activation's trace id, signed when the runtime has a keyring;
+* `ctx.memory` is the key's Memory;
+* `ctx.suspend(...)` builds the Continuation (`build_continuation`) naming every intent this
+  activation emitted as pending.
+
+Nothing an agent does through the context reaches state or outputs unless the activation
+returns normally: the runtime commits the context's memory, cache, intents and traces only
+then.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from collections.abc import Callable, Mapping, Sequence
+from typing import Protocol, runtime_checkable
+
+from beam_agents._protos import AgentEnvelope, Continuation, ToolIntent, ToolResult, TraceEvent
+from beam_agents.core.intent import canonical_args_json, intent_id
+from beam_agents.core.migration import new_state_blob
+from beam_agents.core.signing import Keyring, sign
+from beam_agents.errors import AgentContractError, LlmCallError
+from beam_agents.runtime.memory import Memory, ReplayCache
+
+__all__ = [
+    "APPROVAL_TOOL",
+    "ActivationContext",
+    "Agent",
+    "Answer",
+    "Completion",
+    "LlmClient",
+    "LlmRequest",
+    "LlmResponse",
+    "RefusingLlmClient",
+    "ScriptedLlmClient",
+    "Suspension",
+    "span_id",
+    "trace_id",
+]
+
+#: The tool_name of every APPROVAL intent; a human, not a tool, answers it.
+APPROVAL_TOOL = "human.approval"
+
+
+@dataclasses.dataclass(frozen=True)
+class Completion:
+    """The activation is done; `output` goes to the completions output."""
+
+    output: bytes
+
+
+@dataclasses.dataclass(frozen=True)
+class Suspension:
+    """The activation waits for answers to `continuation.pending_intent_ids`."""
+
+    continuation: Continuation
+
+
+@dataclasses.dataclass(frozen=True)
+class Answer:
+    """The answer to one pending intent: a ToolResult for a TOOL intent (EXPIRED when the
+    deadline passed first), an Approval for an APPROVAL intent (None when it expired)."""
+
+    intent: ToolIntent
+    result: ToolResult | None = None
+    approval: AgentEnvelope.Approval | None = None
+
+    @property
+    def ok(self) -> bool:
+        if self.intent.kind == ToolIntent.APPROVAL:
+            return self.approval is not None and self.approval.approved
+        return self.result is not None and self.result.status == ToolResult.OK
+
+    @property
+    def payload(self) -> bytes:
+        return self.result.payload if self.result is not None else b""
+
+    @classmethod
+    def from_envelope(cls, intent: ToolIntent, envelope: AgentEnvelope) -> Answer:
+        which = envelope.WhichOneof("payload")
+        return cls(
+            intent,
+            result=envelope.tool_result if which == "tool_result" else None,
+            approval=envelope.approval if which == "approval" else None,
+        )
+
+    def envelope(self) -> AgentEnvelope:
+        """The answer as the envelope that carried it (entity_key and time left out)."""
+        envelope = AgentEnvelope()
+        if self.approval is not None:
+            envelope.approval.CopyFrom(self.approval)
+        elif self.result is not None:
+            envelope.tool_result.CopyFrom(self.result)
+        return envelope
+
+
+@runtime_checkable
+class Agent(Protocol):
+    #: Names the adapter in Continuation.adapter.
+    adapter: str
+
+    def start(self, ctx: ActivationContext, event: bytes) -> Completion | Suspension: ...
+
+    def resume(
+        self, ctx: ActivationContext, answers: Sequence[Answer]
+    ) -> Completion | Suspension: ...
+
+
+@dataclasses.dataclass(frozen=True)
+class LlmRequest:
+    """A chat request: JSON-able messages and parameters, canonicalized for the cache key."""
+
+    model: str
+    messages: tuple[Mapping[str, object], ...]
+    params: Mapping[str, object] = dataclasses.field(default_factory=dict)
+
+    def canonical(self) -> str:
+        return canonical_args_json(
+            {
+                "messages": [dict(m) for m in self.messages],
+                "model": self.model,
+                "params": dict(self.params),
+            }
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class LlmResponse:
+    text: str
+    model: str = ""
+    input_tokens: int = 0
+    output_tokens: int = 0
+    finish_reason: str = ""
+
+    def to_bytes(self) -> bytes:
+        """RFC 8785 JSON: how a response is kept in the replay cache (never pickle)."""
+        return canonical_args_json(dataclasses.asdict(self)).encode("utf-8")
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> LlmResponse:
+        return cls(**json.loads(data))
+
+
+class LlmClient(Protocol):
+    def complete(self, request: LlmRequest) -> LlmResponse: ...
+
+
+class ScriptedLlmClient:
+    """Answers requests from a script, for tests and the demo: either a list of responses in
+    call order, or a function of the request. Picklable when its script is."""
+
+    def __init__(
+        self, script: Sequence[LlmResponse | str] | Callable[[LlmRequest], LlmResponse | str]
+    ) -> None:
+        self._script = script
+        self._position = 0
+
+    def complete(self, request: LlmRequest) -> LlmResponse:
+        if callable(self._script):
+            answer = self._script(request)
+        else:
+            if self._position >= len(self._script):
+                raise LlmCallError(
+                    "the script has no more responses", model=request.model, retryable=False
+                )
+            answer = self._script[self._position]
+            self._position += 1
+        return answer if isinstance(answer, LlmResponse) else LlmResponse(answer, request.model)
+
+
+class RefusingLlmClient:
+    """Refuses every call: for replays that must be answered from the cache alone."""
+
+    def complete(self, request: LlmRequest) -> LlmResponse:
+        raise LlmCallError(
+            "this replay may not call the model", model=request.model, retryable=False
+        )
+
+
+def trace_id(entity_key: bytes, seq: int) -> bytes:
+    """The 16-byte trace id of activation `seq` of a key (its resumes share it)."""
+    return _id(16, "trace", entity_key.hex(), seq)
+
+
+def span_id(entity_key: bytes, seq: int, *path: object) -> bytes:
+    """An 8-byte span id, a pure function of the key, seq and the span's place."""
+    return _id(8, "span", entity_key.hex(), seq, *path)
+
+
+def _id(size: int, *parts: object) -> bytes:
+    digest = hashlib.sha256("|".join(map(str, parts)).encode("utf-8")).digest()[:size]
+    # W3C trace-context forbids all-zero ids.
+    return digest if any(digest) else digest[:-1] + b"\x01"
+
+
+class ActivationContext:
+    """One activation's door to the world; see the module docstring."""
+
+    def __init__(
+        self,
+        *,
+        entity_key: bytes,
+        seq: int,
+        now_ms: int,
+        memory: Memory,
+        cache: ReplayCache,
+        llm_client: LlmClient | None,
+        adapter: str,
+        first_step: int = 0,
+        resume_of: Continuation | None = None,
+        keyring: Keyring | None = None,
+        intent_ttl_ms: int = 60 * 60 * 1000,
+        suspend_deadline_ms: int = 24 * 60 * 60 * 1000,
+    ) -> None:
+        self.entity_key = entity_key
+        self.seq = seq
+        self.now_ms = now_ms
+        self.memory = memory
+        self.cache = cache
+        self.adapter = adapter
+        #: The Continuation this activation resumes (None for a new event).
+        self.resume_of = resume_of
+        self._llm_client = llm_client
+        self._keyring = keyring
+        self._intent_ttl_ms = intent_ttl_ms
+        self._suspend_deadline_ms = suspend_deadline_ms
+        self._next_step = first_step
+        self._llm_calls = 0
+        self._closed = False
+        #: ToolIntents emitted, in order.
+        self.intents: list[ToolIntent] = []
+        #: TraceEvents of this activation, in order.
+        self.traces: list[TraceEvent] = []
+        self.trace_id = trace_id(entity_key, seq)
+        # A resume is a child span of the activation that suspended: one tree per trace.
+        self.span_id = span_id(entity_key, seq, "activation", first_step)
+        self._parent = span_id(entity_key, seq, "activation", 0) if first_step else b""
+
+    # -- tools ----------------------------------------------------------------------------
+
+    def call_tool(self, name: str, args: Mapping[str, object]) -> ToolIntent:
+        """Emits one TOOL intent as its own step; returns it."""
+        (emitted,) = self.call_tools([(name, args)])
+        return emitted
+
+    def call_tools(self, calls: Sequence[tuple[str, Mapping[str, object]]]) -> list[ToolIntent]:
+        """Emits several TOOL intents as one step (parallel calls, call_index 0, 1, ...)."""
+        return self._emit(calls, ToolIntent.TOOL)
+
+    def request_approval(self, question: str, **details: object) -> ToolIntent:
+        """Emits an APPROVAL intent asking a human `question`; details travel as arguments."""
+        (emitted,) = self._emit(
+            [(APPROVAL_TOOL, {"question": question, **details})], ToolIntent.APPROVAL
+        )
+        return emitted
+
+    def _emit(self, calls, kind) -> list[ToolIntent]:
+        self._check_open()
+        if not calls:
+            raise AgentContractError("a step needs at least one call", agent=self.adapter)
+        step = self._next_step
+        self._next_step += 1
+        emitted = []
+        for call_index, (name, args) in enumerate(calls):
+            tool_intent = ToolIntent(
+                intent_id=intent_id(self.entity_key, self.seq, step, call_index),
+                entity_key=self.entity_key,
+                seq=self.seq,
+                step_index=step,
+                tool_name=name,
+                args_json=canonical_args_json(args),
+                created_at_ms=self.now_ms,
+                expires_at_ms=self.now_ms + self._intent_ttl_ms,
+                kind=kind,
+                trace_id=self.trace_id,
+            )
+            if self._keyring is not None:
+                tool_intent = sign(tool_intent, self._keyring)
+            emitted.append(tool_intent)
+            self._trace(
+                TraceEvent.INTENT_EMITTED,
+                span_id(self.entity_key, self.seq, "intent", tool_intent.intent_id),
+                step,
+                {
+                    "beam_agents.intent_id": tool_intent.intent_id,
+                    "gen_ai.tool.name": name,
+                    "beam_agents.intent.kind": ToolIntent.Kind.Name(kind),
+                },
+            )
+        self.intents.extend(emitted)
+        return emitted
+
+    # -- the model ------------------------------------------------------------------------
+
+    def llm(
+        self, messages: Sequence[Mapping[str, object]], *, model: str, **params: object
+    ) -> LlmResponse:
+        """One chat completion, answered from the replay cache when this activation made the
+        same call before."""
+        self._check_open()
+        request = LlmRequest(model, tuple(messages), params)
+        canonical = request.canonical()
+        position = self._llm_calls
+        self._llm_calls += 1
+        key = hashlib.sha256(
+            f"llm|{self.entity_key.hex()}|{self.seq}|{position}|{canonical}".encode()
+        ).hexdigest()
+        recorded = self.cache.get(key)
+        if recorded is not None:
+            response, replayed = LlmResponse.from_bytes(recorded), True
+        else:
+            if self._llm_client is None:
+                raise LlmCallError("no LLM client is configured", model=model, retryable=False)
+            response, replayed = self._llm_client.complete(request), False
+            self.cache.put(key, response.to_bytes())
+        attributes = {
+            "gen_ai.operation.name": "chat",
+            "gen_ai.request.model": model,
+            "gen_ai.response.model": response.model or model,
+            "gen_ai.usage.input_tokens": str(response.input_tokens),
+            "gen_ai.usage.output_tokens": str(response.output_tokens),
+            "beam_agents.replayed": "true" if replayed else "false",
+        }
+        if response.finish_reason:
+            attributes["gen_ai.response.finish_reasons"] = response.finish_reason
+        self._trace(
+            TraceEvent.LLM_CALL,
+            span_id(self.entity_key, self.seq, "llm", key),
+            self._next_step,
+            attributes,
+        )
+        return response
+
+    # -- suspension -----------------------------------------------------------------------
+
+    def build_continuation(
+        self, *, snapshot: bytes = b"", deadline_ms: int | None = None
+    ) -> Continuation:
+        """The Continuation of a suspension on every intent this activation emitted."""
+        if not self.intents:
+            raise AgentContractError("suspended with no intent pending", agent=self.adapter)
+        if not isinstance(snapshot, bytes):
+            raise AgentContractError(
+                f"snapshot is {type(snapshot).__name__}, not bytes", agent=self.adapter
+            )
+        deadline = self.now_ms + self._suspend_deadline_ms if deadline_ms is None else deadline_ms
+        return new_state_blob(
+            Continuation,
+            seq=self.seq,
+            step_index=self._next_step,
+            pending_intent_ids=[i.intent_id for i in self.intents],
+            adapter=self.adapter,
+            snapshot=snapshot,
+            suspended_at_ms=self.now_ms,
+            deadline_ms=deadline,
+            escalations=self.resume_of.escalations if self.resume_of is not None else 0,
+        )
+
+    def suspend(self, *, snapshot: bytes = b"", deadline_ms: int | None = None) -> Suspension:
+        """Waits for answers to every intent this activation emitted (then `resume` runs)."""
+        suspension = Suspension(self.build_continuation(snapshot=snapshot, deadline_ms=deadline_ms))
+        self._closed = True
+        return suspension
+
+    def complete(self, output: bytes) -> Completion:
+        self._closed = True
+        return Completion(output)
+
+    # -- traces ---------------------------------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise AgentContractError("acted after it completed or suspended", agent=self.adapter)
+
+    def _trace(
+        self,
+        event_type,
+        span: bytes,
+        step: int,
+        attributes: Mapping[str, str],
+        parent: bytes | None = None,
+    ) -> None:
+        self.traces.append(
+            TraceEvent(
+                trace_id=self.trace_id,
+                span_id=span,
+                parent_span_id=self.span_id if parent is None else parent,
+                entity_key=self.entity_key,
+                seq=self.seq,
+                step_index=step,
+                event_type=event_type,
+                attributes=attributes,
+                start_ms=self.now_ms,
+                end_ms=self.now_ms,
+            )
+        )
+
+    def trace_activation(self, event_type, attributes: Mapping[str, str]) -> None:
+        """ACTIVATION_START and ACTIVATION_END carry the activation's own span."""
+        self._trace(event_type, self.span_id, self._next_step, attributes, parent=self._parent)
+
+    def trace_child(self, event_type, name: str, attributes: Mapping[str, str]) -> None:
+        """SUSPENDED and ERROR events: children of the activation's span."""
+        self._trace(
+            event_type,
+            span_id(self.entity_key, self.seq, name, self._next_step),
+            self._next_step,
+            attributes,
+        )
+
+    @property
+    def next_step(self) -> int:
+        return self._next_step

@@ -1,0 +1,127 @@
+"""Memory and ReplayCache: LRU order, budgets, exact totals, and blob round trips."""
+
+from __future__ import annotations
+
+import hashlib
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from beam_agents._protos import LlmCacheBlob, MemoryBlob
+from beam_agents.core.migration import CURRENT_STATE_SCHEMA_VERSION
+from beam_agents.errors import MemoryBudgetError
+from beam_agents.runtime.memory import Memory, ReplayCache
+
+
+def test_reads_and_writes_make_an_entry_the_most_recent():
+    memory = Memory(now_ms=10)
+    for key in ("a", "b", "c"):
+        memory.put(key, key.encode())
+    memory.now_ms = 20
+    assert memory.get("a") == b"a"
+    assert list(memory.keys()) == ["b", "c", "a"]
+    blob = memory.to_blob()
+    assert [(e.key, e.last_access_ms) for e in blob.entries] == [("b", 10), ("c", 10), ("a", 20)]
+    assert blob.state_schema_version == CURRENT_STATE_SCHEMA_VERSION
+
+
+def test_the_budget_evicts_the_least_recent_entries():
+    memory = Memory(budget_bytes=10)
+    memory.put("a", b"1234")
+    memory.put("b", b"1234")
+    memory.get("a")
+    memory.put("c", b"1234")  # 12 bytes: "b", the least recent, goes
+    assert list(memory.keys()) == ["a", "c"] and memory.total_value_bytes == 8
+
+
+def test_a_value_over_the_whole_budget_is_refused_and_changes_nothing():
+    memory = Memory(budget_bytes=4)
+    memory.put("a", b"12")
+    with pytest.raises(MemoryBudgetError) as raised:
+        memory.put("b", b"12345")
+    assert (raised.value.key, raised.value.size, raised.value.budget) == ("b", 5, 4)
+    assert list(memory.keys()) == ["a"] and memory.total_value_bytes == 2
+
+
+@pytest.mark.parametrize(("key", "value"), [(b"k", b"v"), ("k", "v"), (1, b"v")])
+def test_keys_are_strings_and_values_bytes(key, value):
+    with pytest.raises(TypeError):
+        Memory().put(key, value)
+
+
+operations = st.lists(
+    st.tuples(
+        st.sampled_from(["put", "get", "delete"]),
+        st.sampled_from("abcdefgh"),
+        st.binary(max_size=12),
+    ),
+    max_size=60,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(operations, st.one_of(st.none(), st.integers(12, 60)))
+def test_the_total_is_always_exact_and_the_blob_round_trips(ops, budget):
+    memory = Memory(budget_bytes=budget)
+    for now, (op, key, value) in enumerate(ops):
+        memory.now_ms = now
+        getattr(memory, op)(*((key, value) if op == "put" else (key,)))
+        blob = memory.to_blob()
+        assert memory.total_value_bytes == sum(len(e.value) for e in blob.entries)
+        assert blob.total_value_bytes == memory.total_value_bytes
+        assert budget is None or memory.total_value_bytes <= budget
+    again = Memory.from_blob(MemoryBlob.FromString(memory.to_blob().SerializeToString()))
+    assert again.to_blob() == memory.to_blob()
+
+
+def test_a_blob_with_a_repeated_key_reads_its_last_entry_with_an_exact_total():
+    blob = MemoryBlob(state_schema_version=1, total_value_bytes=999)
+    blob.entries.add(key="a", value=b"old")
+    blob.entries.add(key="a", value=b"new!")
+    memory = Memory.from_blob(blob)
+    assert memory.get("a") == b"new!" and memory.total_value_bytes == 4
+
+
+def test_a_cached_response_replays_and_counts_as_recent():
+    cache = ReplayCache(now_ms=5)
+    cache.put("k1", b"one")
+    cache.put("k2", b"two")
+    cache.now_ms = 9
+    assert cache.get("k1") == b"one" and cache.get("nope") is None
+    blob = cache.to_blob()
+    assert [(e.cache_key, e.last_access_ms, e.created_at_ms) for e in blob.entries] == [
+        ("k2", 5, 5),
+        ("k1", 9, 5),
+    ]
+    assert blob.entries[1].response_digest == hashlib.sha256(b"one").digest()
+
+
+def test_a_response_over_the_size_limit_keeps_only_its_digest_and_reads_as_a_miss():
+    cache = ReplayCache(max_response_bytes=4)
+    cache.put("big", b"12345")
+    assert cache.get("big") is None and "big" in cache
+    assert cache.digest("big") == hashlib.sha256(b"12345").digest()
+    (entry,) = cache.to_blob().entries
+    assert entry.digest_only and entry.response == b"" and cache.total_response_bytes == 0
+
+
+def test_the_cache_keeps_within_its_count_and_byte_caps():
+    cache = ReplayCache(max_entries=2, max_bytes=100)
+    for key in ("a", "b", "c"):
+        cache.put(key, b"x")
+    assert list(cache.keys()) == ["b", "c"]
+    cache = ReplayCache(max_entries=10, max_bytes=5)
+    cache.put("a", b"123")
+    cache.put("b", b"123")
+    assert list(cache.keys()) == ["b"] and cache.total_response_bytes == 3
+
+
+def test_the_cache_blob_round_trips_in_order():
+    cache = ReplayCache(max_response_bytes=3)
+    cache.put("a", b"1")
+    cache.put("b", b"long")
+    again = ReplayCache.from_blob(
+        LlmCacheBlob.FromString(cache.to_blob().SerializeToString()), max_response_bytes=3
+    )
+    assert again.to_blob() == cache.to_blob()

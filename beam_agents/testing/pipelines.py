@@ -1,0 +1,136 @@
+"""Run RunAgent in a real Beam pipeline and read back everything it emitted.
+
+A pipeline cannot loop, so a test scripts a round: the inputs (envelopes, snapshots to restore,
+watermark advances) in order, on a TestStream in streaming mode. `run_round` runs it on the
+DirectRunner (or the runner `options` name) and returns every output with its element
+timestamp, read back from files a sink wrote (DoFns run on copies, so nothing in-process could
+collect them). A bounded run ends by advancing the watermark to infinity, which fires every
+timer still set; `Outputs.before(ms)` keeps what happened before a given event time.
+
+    outputs = run_round(RunAgent(agent), [snapshot, envelope, Advance(ms), ...], tmp_path)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+import apache_beam as beam
+from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
+from apache_beam.testing.test_stream import TestStream
+from apache_beam.transforms import window
+from google.protobuf.message import Message
+
+from beam_agents._protos import (
+    ActivationErrorRecord,
+    AgentEnvelope,
+    StateSnapshot,
+    ToolIntent,
+    TraceEvent,
+)
+
+__all__ = ["Advance", "Outputs", "run_round"]
+
+_TAGS = {
+    "completions": None,
+    "intents": ToolIntent,
+    "traces": TraceEvent,
+    "errors": ActivationErrorRecord,
+    "snapshots": StateSnapshot,
+}
+_ENVELOPE, _SNAPSHOT = b"E", b"S"
+_round_numbers = itertools.count()
+
+
+@dataclasses.dataclass(frozen=True)
+class Advance:
+    """Advance the input watermark to this event time (ms)."""
+
+    to_ms: int
+
+
+@dataclasses.dataclass
+class Outputs:
+    """What RunAgent emitted, per output, as (timestamp_ms, entity_key, value) in emission
+    order per key."""
+
+    completions: list[tuple[int, bytes, bytes]]
+    intents: list[tuple[int, bytes, ToolIntent]]
+    traces: list[tuple[int, bytes, TraceEvent]]
+    errors: list[tuple[int, bytes, ActivationErrorRecord]]
+    snapshots: list[tuple[int, bytes, StateSnapshot]]
+
+    def before(self, ms: int) -> Outputs:
+        """Only what was emitted for elements or timers earlier than event time `ms`."""
+        return Outputs(**{tag: [row for row in getattr(self, tag) if row[0] < ms] for tag in _TAGS})
+
+    def values(self, tag: str) -> list:
+        return [value for _, _, value in getattr(self, tag)]
+
+
+class _Split(beam.DoFn):
+    def process(self, element: bytes):
+        if element[:1] == _SNAPSHOT:
+            yield beam.pvalue.TaggedOutput("snapshots", element[1:])
+        else:
+            yield element[1:]
+
+
+class _AppendLines(beam.DoFn):
+    """A real sink: one line per element, appended to a file (picklable, process-safe)."""
+
+    def __init__(self, path: str) -> None:
+        self._path = path
+
+    def process(self, element, timestamp=beam.DoFn.TimestampParam):
+        key, value = element
+        data = value if isinstance(value, bytes) else value.SerializeToString(deterministic=True)
+        with open(self._path, "a") as sink:
+            sink.write(f"{timestamp.micros // 1000} {key.hex()} {data.hex()}\n")
+
+
+def run_round(
+    transform: beam.PTransform,
+    inputs: Sequence[AgentEnvelope | StateSnapshot | Advance],
+    workdir: str | os.PathLike,
+    *,
+    options: PipelineOptions | None = None,
+) -> Outputs:
+    """Runs `transform` (a RunAgent) over the scripted inputs; returns what it emitted."""
+    folder = Path(workdir) / f"round-{next(_round_numbers)}"
+    folder.mkdir(parents=True)
+    stream = TestStream(coder=beam.coders.BytesCoder())
+    for item in inputs:
+        if isinstance(item, Advance):
+            stream = stream.advance_watermark_to(item.to_ms / 1000)
+            continue
+        tag = _SNAPSHOT if isinstance(item, StateSnapshot) else _ENVELOPE
+        at = item.snapshot_at_ms if isinstance(item, StateSnapshot) else item.event_time_ms
+        data = tag + item.SerializeToString(deterministic=True)
+        stream = stream.add_elements([window.TimestampedValue(data, at / 1000)])
+    options = options or PipelineOptions()
+    options.view_as(StandardOptions).streaming = True
+    with beam.Pipeline(options=options) as pipeline:
+        split = (
+            pipeline
+            | stream.advance_watermark_to_infinity()
+            | beam.ParDo(_Split()).with_outputs("snapshots", main="envelopes")
+        )
+        outputs = {"envelopes": split.envelopes, "snapshots": split.snapshots} | transform
+        for tag in _TAGS:
+            outputs[tag] | f"Write{tag}" >> beam.ParDo(_AppendLines(str(folder / tag)))
+    return Outputs(**{tag: _read(folder / tag, cls) for tag, cls in _TAGS.items()})
+
+
+def _read(path: Path, cls: type[Message] | None) -> list:
+    if not path.exists():
+        return []
+    rows = []
+    for line in path.read_text().splitlines():
+        at, key, data = line.split(" ")
+        value = bytes.fromhex(data)
+        rows.append((int(at), bytes.fromhex(key), value if cls is None else cls.FromString(value)))
+    return rows

@@ -1,0 +1,1 @@
+"""Worked examples of beam_agents agents and pipelines."""
