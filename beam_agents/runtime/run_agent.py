@@ -659,6 +659,15 @@ class _AgentDoFn(beam.DoFn):
             outcome = self._deadline(
                 key, suspended.deadline_ms, suspended, reads, states, (deadline, ttl)
             )
+            if outcome.commit is None:
+                # The resume failed (again): nothing else will end this suspension.
+                outcome.outputs += _dead(
+                    key,
+                    TTL_WIPED_SUSPENDED,
+                    "idle past its TTL, suspended on an agent whose resume fails; state cleared",
+                    now,
+                ).outputs
+                outcome.commit = lambda: _wipe(states, deadline)
             deadline.clear()
         elif suspended is not None:
             outcome = _dead(

@@ -5,11 +5,27 @@ from __future__ import annotations
 
 import json
 
-from beam_agents._protos import AgentEnvelope, ToolIntent, ToolResult, TraceEvent
+import pytest
+
+from beam_agents._protos import (
+    AgentEnvelope,
+    Continuation,
+    MemoryBlob,
+    StateSnapshot,
+    ToolIntent,
+    ToolResult,
+    TraceEvent,
+)
 from beam_agents.core.intent import intent_id
 from beam_agents.core.signing import Keyring, Verification, verify
 from beam_agents.effector import Effector, Route, VerifyMode
-from beam_agents.runtime import RunAgent
+from beam_agents.runtime import (
+    AtDeadline,
+    DeadlinePolicy,
+    RunAgent,
+    RuntimeConfig,
+    ScriptedLlmClient,
+)
 from beam_agents.testing.clock import ManualClock
 from beam_agents.testing.pipelines import Advance, run_round
 from examples.support_triage import TOOLS, scripted_model, ticket, triage
@@ -159,3 +175,387 @@ def test_a_retried_round_emits_byte_identical_intents_and_traces(tmp_path):
 
 def _bytes(values) -> list[bytes]:
     return [v if isinstance(v, bytes) else v.SerializeToString(deterministic=True) for v in values]
+
+
+# A probe agent: the low-level contract, driven by JSON commands in its event -----------------
+
+
+class Probe:
+    """start: puts memory, asks the model, calls tools / asks approval (then suspends), or
+    completes; resume: completes with the answers it got. `raise_at` fails on purpose."""
+
+    adapter = "tests.probe/v1"
+
+    def start(self, ctx, event: bytes):
+        command = json.loads(event)
+        self._maybe_raise(command, "start")
+        for key, value in command.get("put", {}).items():
+            ctx.memory.put(key, value.encode())
+        self._maybe_raise(command, "after_put")
+        if "llm" in command:
+            ctx.llm([{"role": "user", "content": command["llm"]}], model="probe-model")
+        self._maybe_raise(command, "after_llm")
+        if command.get("calls"):
+            ctx.call_tools([(name, {"n": i}) for i, name in enumerate(command["calls"])])
+        if command.get("approval"):
+            ctx.request_approval("ok?")
+        self._maybe_raise(command, "after_call")
+        if ctx.intents:
+            deadline = command.get("deadline_ms")
+            return ctx.suspend(snapshot=event, deadline_ms=deadline)
+        if command.get("return") == "not bytes":
+            return ctx.complete("a str")
+        if command.get("return") == "nothing":
+            return None
+        return ctx.complete(b"done")
+
+    def resume(self, ctx, answers):
+        command = json.loads(ctx.resume_of.snapshot)
+        self._maybe_raise(command, "resume")
+        summary = [
+            (
+                a.intent.tool_name,
+                ToolResult.Status.Name(a.result.status)
+                if a.result
+                else ("approved" if a.ok else "declined"),
+            )
+            for a in answers
+        ]
+        summary.append(("escalations", ctx.resume_of.escalations))
+        return ctx.complete(json.dumps(summary).encode())
+
+    @staticmethod
+    def _maybe_raise(command, point):
+        if command.get("raise_at") == point:
+            raise RuntimeError(f"raised at {point}")
+
+
+def probe(config=None, registry=None) -> RunAgent:
+    return RunAgent(
+        Probe(), llm_client=scripted_llm(), config=config or RuntimeConfig(), registry=registry
+    )
+
+
+def scripted_llm():
+    return ScriptedLlmClient(lambda request: f"echo {request.messages[-1]['content']}")
+
+
+def command(at: int, key: bytes = KEY, **fields) -> AgentEnvelope:
+    return event(at, json.dumps(fields).encode(), key)
+
+
+def result(at: int, answered: str, status=ToolResult.OK, key: bytes = KEY) -> AgentEnvelope:
+    envelope = AgentEnvelope(entity_key=key, event_time_ms=at)
+    envelope.tool_result.CopyFrom(ToolResult(intent_id=answered, entity_key=key, status=status))
+    return envelope
+
+
+def test_answers_resume_the_agent_once_all_have_come_in_intent_order(tmp_path):
+    first, second = intent_id(KEY, SEQ, 0, 0), intent_id(KEY, SEQ, 0, 1)
+    outputs = run_round(
+        probe(),
+        [
+            command(T0, calls=["a.tool", "b.tool"]),
+            Advance(T0 + 1),
+            result(T0 + 10, second, ToolResult.ERROR),
+            Advance(T0 + 11),
+            result(T0 + 12, second),
+            Advance(T0 + 13),  # a second answer for the same intent
+            result(T0 + 20, first),
+            Advance(T0 + 21),
+        ],
+        tmp_path,
+    ).before(T0 + 21)
+    assert [i.intent_id for i in outputs.values("intents")] == [first, second]
+    assert outputs.errors == []
+    (done,) = outputs.values("completions")
+    assert json.loads(done) == [["a.tool", "OK"], ["b.tool", "ERROR"], ["escalations", 0]]
+
+
+FAR = T0 + 10**8
+
+
+@pytest.mark.parametrize(
+    ("answer", "reason", "deadline"),
+    [
+        (lambda: result(T0 + 10, "no-such-intent"), "unknown_intent", FAR),
+        (lambda: result(T0 + 10, intent_id(KEY, SEQ, 0), key=b"c-2"), "no_suspension", FAR),
+        (lambda: result(T0 + 10, intent_id(KEY, SEQ, 0)), "after_deadline", T0 + 5),
+        (
+            lambda: approval(T0 + 10, ToolIntent(intent_id=intent_id(KEY, SEQ, 0), entity_key=KEY)),
+            "answer_mismatch",
+            FAR,
+        ),
+        (lambda: command(T0 + 10, calls=["again"]), "key_suspended", FAR),
+    ],
+    ids=[
+        "unknown intent",
+        "no suspension",
+        "after deadline",
+        "approval for a tool",
+        "event while suspended",
+    ],
+)
+def test_refused_answers_are_dead_letters_and_change_nothing(tmp_path, answer, reason, deadline):
+    # The export comes before the watermark reaches any deadline.
+    outputs = run_round(
+        probe(),
+        [
+            command(T0, calls=["a.tool"], deadline_ms=deadline),
+            Advance(T0 + 1),
+            answer(),
+            export(T0 + 12, "after"),
+            Advance(T0 + 13),
+        ],
+        tmp_path,
+    )
+    refused = [(e.reason, e.entity_key) for e in outputs.values("errors")]
+    assert refused[0] == (reason, answer().entity_key)
+    (snapshot,) = outputs.values("snapshots")
+    assert list(snapshot.continuation.answers) == []
+    assert snapshot.continuation.pending_intent_ids == [intent_id(KEY, SEQ, 0)]
+    completed = [json.loads(done) for done in outputs.before(T0 + 13).values("completions")]
+    if deadline < T0 + 13:  # only the deadline resumed it: the refused answer never counted
+        assert completed == [[["a.tool", "EXPIRED"], ["escalations", 1]]]
+    else:
+        assert completed == []
+
+
+def test_a_result_naming_another_entity_is_refused(tmp_path):
+    wrong = result(T0 + 10, intent_id(KEY, SEQ, 0))
+    wrong.tool_result.entity_key = b"c-2"
+    outputs = run_round(
+        probe(), [command(T0, calls=["a.tool"]), Advance(T0 + 1), wrong, Advance(T0 + 11)], tmp_path
+    ).before(T0 + 11)
+    (error,) = outputs.values("errors")
+    assert error.reason == "answer_mismatch" and "another entity" in error.detail
+
+
+def test_escalation_asks_a_human_and_extends_the_deadline_up_to_its_maximum(tmp_path):
+    policy = DeadlinePolicy(AtDeadline.ESCALATE, max_escalations=1, extension_ms=100)
+    outputs = run_round(
+        probe(RuntimeConfig(deadline_policy=policy)),
+        [
+            command(T0, calls=["a.tool"], deadline_ms=T0 + 50),
+            Advance(T0 + 60),
+            export(T0 + 61, "escalated"),
+            Advance(T0 + 1000),
+        ],
+        tmp_path,
+    ).before(T0 + 1000)
+    tool, escalation = outputs.values("intents")
+    assert escalation.kind == ToolIntent.APPROVAL and escalation.step_index == 1
+    assert json.loads(escalation.args_json)["unanswered"] == [tool.intent_id]
+    (snapshot,) = outputs.values("snapshots")
+    assert snapshot.continuation.escalations == 1
+    assert snapshot.continuation.deadline_ms == T0 + 50 + 100
+    assert list(snapshot.continuation.pending_intent_ids) == [tool.intent_id, escalation.intent_id]
+    # The second deadline is past the maximum: the agent resumes with both expired.
+    (done,) = outputs.values("completions")
+    assert json.loads(done) == [
+        ["a.tool", "EXPIRED"],
+        ["human.approval", "EXPIRED"],
+        ["escalations", 2],
+    ]
+
+
+def test_the_dead_letter_policy_ends_the_suspension_at_the_deadline(tmp_path):
+    policy = DeadlinePolicy(AtDeadline.DEAD_LETTER)
+    outputs = run_round(
+        probe(RuntimeConfig(deadline_policy=policy)),
+        [
+            command(T0, calls=["a.tool"], deadline_ms=T0 + 50),
+            Advance(T0 + 60),
+            export(T0 + 61, "ended"),
+            result(T0 + 62, intent_id(KEY, SEQ, 0)),
+            Advance(T0 + 70),
+        ],
+        tmp_path,
+    ).before(T0 + 70)
+    assert [e.reason for e in outputs.values("errors")] == ["deadline_exceeded", "no_suspension"]
+    (snapshot,) = outputs.values("snapshots")
+    assert not snapshot.HasField("continuation") and list(snapshot.pending) == []
+    assert outputs.completions == []
+
+
+DAY = 24 * 60 * 60 * 1000
+
+
+def test_an_idle_key_is_wiped_after_its_ttl_and_never_reissues_an_intent_id(tmp_path):
+    config = RuntimeConfig(ttl_ms=DAY)
+    later = T0 + 3 * DAY
+    outputs = run_round(
+        probe(config),
+        [
+            command(T0, calls=["a.tool"], put={"k": "v"}, deadline_ms=T0 + 50),
+            Advance(T0 + 60),  # the deadline resumes and completes it
+            command(T0 + 100, calls=["b.tool"], deadline_ms=T0 + 150),
+            Advance(T0 + 200),
+            export(T0 + 300, "before wipe"),
+            Advance(later),  # idle past the TTL: wiped
+            export(later + 1, "wiped"),
+            command(later + 2, calls=["a.tool"], deadline_ms=later + 50),
+            Advance(later + 60),
+        ],
+        tmp_path,
+    ).before(later + 60)
+    before, wiped = outputs.values("snapshots")
+    assert before.memory.entries and before.seq == SEQ + 1
+    assert not wiped.HasField("memory") and not wiped.HasField("llm_cache")
+    assert wiped.seq == SEQ + 1  # the seq outlives the wipe
+    ids = [i.intent_id for i in outputs.values("intents")]
+    assert len(ids) == 3 and len(set(ids)) == 3
+    assert ids[2] == intent_id(KEY, SEQ + 2, 0)
+
+
+def test_a_suspension_whose_resume_keeps_failing_is_wiped_at_its_ttl(tmp_path):
+    config = RuntimeConfig(ttl_ms=DAY)
+    outputs = run_round(
+        probe(config),
+        [
+            command(T0, calls=["a.tool"], raise_at="resume", deadline_ms=T0 + 50),
+            Advance(T0 + 60),  # the deadline's resume fails: nothing changes
+            export(T0 + 61, "still suspended"),
+            Advance(T0 + 2 * DAY),
+            export(T0 + 2 * DAY + 1, "wiped"),
+            Advance(T0 + 2 * DAY + 2),
+        ],
+        tmp_path,
+    ).before(T0 + 2 * DAY + 2)
+    assert [e.reason for e in outputs.values("errors")] == [
+        "agent_raised",
+        "agent_raised",
+        "ttl_wiped_suspended",
+    ]
+    suspended, wiped = outputs.values("snapshots")
+    assert suspended.HasField("continuation") and len(suspended.pending) == 1
+    assert not wiped.HasField("continuation") and not wiped.pending
+    assert not wiped.HasField("memory") and wiped.seq == SEQ
+
+
+def _continuation(**fields):
+    defaults = dict(
+        state_schema_version=1,
+        seq=7,
+        step_index=1,
+        pending_intent_ids=["i-0"],
+        adapter=Probe.adapter,
+        snapshot=json.dumps({}).encode(),
+        suspended_at_ms=T0,
+    )
+    return Continuation(**{**defaults, **fields})
+
+
+def test_export_restore_export_is_lossless_and_export_changes_nothing(tmp_path):
+    first = run_round(
+        probe(),
+        [
+            command(
+                T0,
+                calls=["a.tool", "b.tool"],
+                put={"x": "1", "y": "2"},
+                llm="hello",
+                deadline_ms=FAR,
+            ),
+            Advance(T0 + 1),
+            result(T0 + 5, intent_id(KEY, SEQ, 0, 1)),
+            export(T0 + 6, "one"),
+            export(T0 + 7, "two"),
+            Advance(T0 + 8),
+        ],
+        tmp_path,
+    ).before(T0 + 8)
+    one, two = first.values("snapshots")
+    assert _state(one) == _state(two)  # exporting changed nothing
+    assert one.memory.entries and one.llm_cache.entries and len(one.continuation.answers) == 1
+    second = run_round(
+        probe(), [one, Advance(T0 + 100), export(T0 + 101, "three")], tmp_path
+    ).before(T0 + 102)
+    (three,) = second.values("snapshots")
+    assert _state(three) == _state(one)
+    assert three.request_id == "three" and three.snapshot_at_ms == T0 + 101
+
+
+def _state(snapshot: StateSnapshot) -> bytes:
+    copy = StateSnapshot()
+    copy.CopyFrom(snapshot)
+    copy.ClearField("request_id")
+    copy.ClearField("snapshot_at_ms")
+    return copy.SerializeToString(deterministic=True)
+
+
+def test_a_snapshot_onto_a_key_with_state_is_refused(tmp_path):
+    snapshot = StateSnapshot(entity_key=KEY, seq=99, snapshot_at_ms=T0 + 5)
+    snapshot.memory.CopyFrom(_memory_blob(1))
+    outputs = run_round(
+        probe(),
+        [
+            command(T0, put={"mine": "1"}),
+            Advance(T0 + 1),
+            snapshot,
+            Advance(T0 + 6),
+            export(T0 + 7, "after"),
+        ],
+        tmp_path,
+    )
+    assert [e.reason for e in outputs.values("errors")] == ["restore_conflict"]
+    (after,) = outputs.values("snapshots")
+    assert [e.key for e in after.memory.entries] == ["mine"] and after.seq == SEQ
+
+
+def _memory_blob(version: int):
+    blob = MemoryBlob(state_schema_version=version, total_value_bytes=3)
+    blob.entries.add(key="restored", value=b"abc", last_access_ms=1)
+    return blob
+
+
+FAILURES = ["start", "after_put", "after_llm", "after_call"]
+
+
+@pytest.mark.parametrize("point", [*FAILURES, "resume", "not bytes", "nothing", "budget"])
+def test_an_agent_that_fails_anywhere_leaves_state_identical(tmp_path, point):
+    setup = [
+        command(T0, calls=["a.tool"], put={"kept": "yes"}, llm="first", deadline_ms=FAR),
+        Advance(T0 + 1),
+        export(T0 + 2, "before"),
+        Advance(T0 + 3),
+    ]
+    if point == "resume":
+        setup = [
+            command(T0, calls=["a.tool"], raise_at="resume", deadline_ms=FAR),
+            Advance(T0 + 1),
+            export(T0 + 2, "before"),
+            Advance(T0 + 3),
+        ]
+        failing = [result(T0 + 4, intent_id(KEY, SEQ, 0))]
+    else:
+        setup = [
+            command(T0, put={"kept": "yes"}, llm="first"),
+            Advance(T0 + 1),
+            export(T0 + 2, "before"),
+            Advance(T0 + 3),
+        ]
+        fields = {"raise_at": point} if point in FAILURES else {"return": point}
+        put = {"new": "1", "huge": "x" * 2000} if point == "budget" else {"new": "1"}
+        calls = [] if point in ("not bytes", "nothing") else ["b.tool"]  # else it suspends
+        failing = [command(T0 + 4, calls=calls, put=put, llm="second", **fields)]
+    config = RuntimeConfig(memory_budget_bytes=1000)
+    outputs = run_round(
+        probe(config),
+        [*setup, *failing, Advance(T0 + 5), export(T0 + 6, "after"), Advance(T0 + 7)],
+        tmp_path,
+    ).before(T0 + 7)
+    before, after = outputs.values("snapshots")
+    assert _state(after) == _state(before)
+    (error,) = outputs.values("errors")
+    expected = {
+        "not bytes": "agent_contract",
+        "nothing": "agent_contract",
+        "budget": "memory_budget",
+    }.get(point, "agent_raised")
+    assert error.reason == expected and error.entity_key == KEY
+    failed = [t for t in outputs.values("traces") if t.start_ms == T0 + 4]
+    assert [t.event_type for t in failed] == [TraceEvent.ERROR]
+    assert [i.created_at_ms for i in outputs.values("intents")] == (
+        [T0] if point == "resume" else []
+    )
