@@ -4,12 +4,14 @@ runtime's guarantees, each proven on real pipelines and real protobuf bytes."""
 from __future__ import annotations
 
 import json
+import types
 
 import pytest
 
 from beam_agents._protos import (
     AgentEnvelope,
     Continuation,
+    LlmCacheBlob,
     MemoryBlob,
     StateSnapshot,
     ToolIntent,
@@ -17,7 +19,9 @@ from beam_agents._protos import (
     TraceEvent,
 )
 from beam_agents.core.intent import intent_id
+from beam_agents.core.migration import MigrationRegistry
 from beam_agents.core.signing import Keyring, Verification, verify
+from beam_agents.decoding import message_type
 from beam_agents.effector import Effector, Route, VerifyMode
 from beam_agents.runtime import (
     AtDeadline,
@@ -29,6 +33,8 @@ from beam_agents.runtime import (
 from beam_agents.testing.clock import ManualClock
 from beam_agents.testing.pipelines import Advance, run_round
 from examples.support_triage import TOOLS, scripted_model, ticket, triage
+from tools import golden
+from tools.workspace import data_root
 
 KEY = b"c-1"
 T0 = 1_764_460_800_000
@@ -559,3 +565,161 @@ def test_an_agent_that_fails_anywhere_leaves_state_identical(tmp_path, point):
     assert [i.created_at_ms for i in outputs.values("intents")] == (
         [T0] if point == "resume" else []
     )
+
+
+# Migration on read, in the element path and both timers ---------------------------------------
+
+
+def _step(message_type, change=None):
+    """A v1 -> v2 step module of a synthetic next schema version."""
+    module = types.ModuleType(f"synthetic_{message_type.DESCRIPTOR.name.lower()}_v1_to_v2")
+    module.MESSAGE_TYPE, module.FROM_VERSION, module.TO_VERSION = message_type, 1, 2
+
+    def upgrade(old):
+        new = message_type()
+        new.CopyFrom(old)
+        new.state_schema_version = 2
+        if change is not None:
+            change(new)
+        return new
+
+    module.upgrade = upgrade
+    return module
+
+
+def _mark_migrated(blob):
+    blob.entries.add(key="migrated", value=b"v2", last_access_ms=0)
+    blob.total_value_bytes += 2
+
+
+def _registry_v2():
+    return MigrationRegistry.from_modules(
+        [_step(MemoryBlob, _mark_migrated), _step(Continuation), _step(LlmCacheBlob)],
+        current_version=2,
+    )
+
+
+def _golden(name: str):
+    (fixture,) = [f for f in golden.read_fixtures(data_root() / "golden" / "v1") if f.name == name]
+    return message_type(fixture.type_name).FromString(fixture.data)
+
+
+@pytest.mark.parametrize("memory_fixture", ["memory_blob", "memory_blob_unversioned"])
+def test_golden_blobs_migrate_on_first_read_and_reach_state_only_through_a_commit(
+    tmp_path, memory_fixture
+):
+    snapshot = StateSnapshot(entity_key=KEY, seq=7, snapshot_at_ms=T0)
+    snapshot.memory.CopyFrom(_golden(memory_fixture))
+    snapshot.llm_cache.CopyFrom(_golden("llm_cache_blob"))
+    outputs = run_round(
+        probe(registry=_registry_v2()),
+        [
+            snapshot,
+            Advance(T0 + 1),
+            command(T0 + 2, raise_at="start"),
+            Advance(T0 + 3),
+            export(T0 + 4, "failed"),
+            command(T0 + 5, put={"new": "1"}),
+            Advance(T0 + 6),
+            export(T0 + 7, "committed"),
+        ],
+        tmp_path,
+    ).before(T0 + 8)
+    failed, committed = outputs.values("snapshots")
+    # A failed activation rewrites nothing: the golden bytes are still there, verbatim.
+    assert failed.memory == snapshot.memory and failed.llm_cache == snapshot.llm_cache
+    assert failed.state_schema_version == 2  # the exporting binary's version
+    # The committed blobs are the migrated view plus the activation's work, stamped 2.
+    assert committed.memory.state_schema_version == 2
+    assert committed.llm_cache.state_schema_version == 2
+    keys = [e.key for e in committed.memory.entries]
+    assert "migrated" in keys and keys[-1] == "new"
+    assert [e.key for e in snapshot.memory.entries] == keys[: len(snapshot.memory.entries)]
+
+
+def _suspended_snapshot(deadline_ms: int, **command_fields) -> StateSnapshot:
+    snapshot = StateSnapshot(entity_key=KEY, seq=7, snapshot_at_ms=T0)
+    snapshot.memory.CopyFrom(_golden("memory_blob"))
+    pending = ToolIntent(
+        intent_id="i-0", entity_key=KEY, seq=7, tool_name="a.tool", kind=ToolIntent.TOOL
+    )
+    snapshot.pending.append(pending)
+    golden_continuation = _golden("continuation")  # v1, from the frozen corpus
+    snapshot.continuation.CopyFrom(golden_continuation)
+    snapshot.continuation.adapter = Probe.adapter
+    snapshot.continuation.snapshot = json.dumps(command_fields).encode()
+    snapshot.continuation.seq = 7
+    snapshot.continuation.pending_intent_ids[:] = ["i-0"]
+    snapshot.continuation.deadline_ms = deadline_ms
+    return snapshot
+
+
+@pytest.mark.parametrize("resume_fails", [False, True])
+def test_the_deadline_timer_reads_golden_blobs_through_migration(tmp_path, resume_fails):
+    snapshot = _suspended_snapshot(T0 + 50, **({"raise_at": "resume"} if resume_fails else {}))
+    outputs = run_round(
+        probe(registry=_registry_v2()),
+        [
+            snapshot,
+            Advance(T0 + 60),
+            export(T0 + 61, "after the deadline"),
+        ],
+        tmp_path,
+    ).before(T0 + 62)
+    (after,) = outputs.values("snapshots")
+    if resume_fails:
+        assert [e.reason for e in outputs.values("errors")] == ["agent_raised"]
+        assert after.memory == snapshot.memory and after.continuation == snapshot.continuation
+    else:
+        (done,) = outputs.values("completions")
+        assert json.loads(done) == [["a.tool", "EXPIRED"], ["escalations", 1]]
+        assert after.memory.state_schema_version == 2
+        assert "migrated" in [e.key for e in after.memory.entries]
+        assert not after.HasField("continuation")
+
+
+def test_the_ttl_timer_reads_through_migration_before_it_wipes(tmp_path):
+    # A registry without the step cannot read the v1 blob: the TTL's read must fail rather
+    # than wipe what it cannot read.
+    snapshot = StateSnapshot(entity_key=KEY, seq=7, snapshot_at_ms=T0)
+    snapshot.memory.CopyFrom(_golden("memory_blob"))
+    config = RuntimeConfig(ttl_ms=DAY)
+    wiped = run_round(
+        probe(config, registry=_registry_v2()),
+        [
+            snapshot,
+            Advance(T0 + 2 * DAY),
+            export(T0 + 2 * DAY + 1, "wiped"),
+        ],
+        tmp_path,
+    ).before(T0 + 2 * DAY + 2)
+    (after,) = wiped.values("snapshots")
+    assert not after.HasField("memory") and after.seq == 7
+    with pytest.raises(Exception, match=r"no migration registered for \(MemoryBlob, 1\)"):
+        run_round(
+            probe(config, registry=MigrationRegistry(current_version=2)),
+            [snapshot, Advance(T0 + 2 * DAY)],
+            tmp_path,
+        )
+
+
+def test_state_from_a_newer_binary_wedges_the_key_until_that_binary_rolls_forward(tmp_path):
+    future = StateSnapshot(entity_key=KEY, seq=7, snapshot_at_ms=T0)
+    future.memory.CopyFrom(_memory_blob(2))
+    inputs = [
+        future,
+        Advance(T0 + 1),
+        command(T0 + 2, put={"new": "1"}),
+        Advance(T0 + 3),
+        export(T0 + 4, "after"),
+    ]
+    with pytest.raises(Exception, match="roll the newer binary forward"):
+        run_round(probe(), inputs, tmp_path / "wedged")
+    (round_folder,) = (tmp_path / "wedged").iterdir()
+    emitted = {path.name for path in round_folder.iterdir()}
+    assert "completions" not in emitted and "snapshots" not in emitted
+    rolled_forward = run_round(probe(registry=_registry_v2()), inputs, tmp_path / "forward")
+    (done,) = rolled_forward.values("completions")
+    assert done == b"done"
+    (after,) = rolled_forward.values("snapshots")
+    assert [e.key for e in after.memory.entries] == ["restored", "new"]
