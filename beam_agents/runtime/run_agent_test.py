@@ -4,9 +4,13 @@ runtime's guarantees, each proven on real pipelines and real protobuf bytes."""
 from __future__ import annotations
 
 import json
+import re
 import types
 
+import apache_beam as beam
 import pytest
+from apache_beam.testing.test_pipeline import TestPipeline
+from apache_beam.testing.util import assert_that, equal_to
 
 from beam_agents._protos import (
     AgentEnvelope,
@@ -723,3 +727,111 @@ def test_state_from_a_newer_binary_wedges_the_key_until_that_binary_rolls_forwar
     assert done == b"done"
     (after,) = rolled_forward.values("snapshots")
     assert [e.key for e in after.memory.entries] == ["restored", "new"]
+
+
+# Coders, traces, batch ----------------------------------------------------------------------
+
+_PROTO_CODERS = {"ProtoCoder", "DeterministicProtoCoder"}
+
+
+def _coder_names(components, coder_id: str) -> set[str]:
+    """The URN, or for Python-only coders the class name, of a coder and its components."""
+    coder = components.coders[coder_id]
+    name = coder.spec.urn
+    if name == "beam:coder:pickled_python:v1":
+        name = re.search(rb"(\w+)\$", coder.spec.payload).group(1).decode()
+    names = {name}
+    for component in coder.component_coder_ids:
+        names |= _coder_names(components, component)
+    return names
+
+
+def test_every_output_is_coded_by_protobuf_or_bytes_coders_never_pickle():
+    pipeline = beam.Pipeline()
+    _ = (
+        pipeline
+        | beam.Create([event(T0, CHARGED_TWICE).SerializeToString()])
+        | "RunAgent" >> (run_agent())
+    )
+    proto = pipeline.to_runner_api()
+    components = proto.components
+    (transform,) = [t for t in components.transforms.values() if t.unique_name == "RunAgent"]
+    assert set(transform.outputs) == {"completions", "intents", "traces", "errors", "snapshots"}
+    allowed = _PROTO_CODERS | {
+        "beam:coder:bytes:v1",
+        "beam:coder:kv:v1",
+        "beam:coder:length_prefix:v1",
+    }
+    for tag, pcollection_id in transform.outputs.items():
+        names = _coder_names(components, components.pcollections[pcollection_id].coder_id)
+        assert names <= allowed, (tag, names)
+        assert names & (_PROTO_CODERS | {"beam:coder:bytes:v1"}), tag
+
+
+def test_traces_form_one_tree_per_activation_and_a_resume_continues_its_trace(tmp_path):
+    outputs = run_round(
+        probe(),
+        [
+            command(T0, calls=["a.tool"], llm="hi", deadline_ms=FAR),
+            Advance(T0 + 1),
+            result(T0 + 5, intent_id(KEY, SEQ, 0)),
+            Advance(T0 + 6),
+        ],
+        tmp_path,
+    ).before(T0 + 6)
+    traces = outputs.values("traces")
+    assert [TraceEvent.EventType.Name(t.event_type) for t in traces] == [
+        "ACTIVATION_START",
+        "LLM_CALL",
+        "INTENT_EMITTED",
+        "SUSPENDED",
+        "ACTIVATION_END",
+        "ACTIVATION_START",
+        "ACTIVATION_END",
+    ]
+    assert {len(t.trace_id) for t in traces} == {16} and len({t.trace_id for t in traces}) == 1
+    assert {len(t.span_id) for t in traces} == {8}
+    first, resumed = traces[0], traces[5]
+    assert first.parent_span_id == b"" and resumed.parent_span_id == first.span_id
+    for child in traces[1:4]:
+        assert child.parent_span_id == first.span_id and child.span_id != first.span_id
+    assert traces[4].span_id == first.span_id and traces[6].span_id == resumed.span_id
+    llm = traces[1]
+    assert llm.attributes["gen_ai.request.model"] == "probe-model"
+    assert llm.attributes["gen_ai.operation.name"] == "chat"
+    assert traces[2].attributes["beam_agents.intent_id"] == intent_id(KEY, SEQ, 0)
+
+
+def test_in_batch_undecodable_and_empty_envelopes_are_dead_letters_beside_real_work():
+    pipeline = TestPipeline(runner="DirectRunner")
+    outputs = (
+        pipeline
+        | beam.Create(
+            [
+                command(T0, put={"a": "1"}).SerializeToString(),
+                AgentEnvelope(entity_key=b"c-9", event_time_ms=T0).SerializeToString(),
+                b"\xff\xff not an envelope",
+            ],
+            reshuffle=False,
+        )
+        | probe()
+    )
+    assert_that(outputs["completions"], equal_to([(KEY, b"done")]), label="completions")
+    assert_that(
+        outputs["errors"] | beam.Map(lambda kv: (kv[0], kv[1].reason)),
+        equal_to([(b"c-9", "empty_envelope"), (b"", "undecodable_envelope")]),
+        label="errors",
+    )
+    pipeline.run().wait_until_finish()
+
+
+def test_a_dead_letter_travels_in_an_envelope_as_deterministic_bytes():
+    from beam_agents._protos import ActivationErrorRecord
+    from beam_agents.runtime.dead_letters import REASONS, error_record, to_envelope
+
+    record = error_record(KEY, "agent_raised", "boom \ud800", T0)
+    envelope = to_envelope(record)
+    assert (envelope.entity_key, envelope.event_time_ms) == (KEY, T0)
+    assert ActivationErrorRecord.FromString(envelope.external_event) == record
+    assert envelope.external_event == record.SerializeToString(deterministic=True)
+    assert "agent_raised" in REASONS and record.detail == "boom \\ud800"
