@@ -37,10 +37,23 @@ class Memory:
     """String keys to bytes values in LRU order, within `budget_bytes` of values.
 
     `now_ms` is the activation's event time: what `last_access_ms` records.
+
+    A Memory read from a blob is an overlay on it: the blob's entries stay inside the protobuf
+    message, found through a key -> position index, and only the entries an activation touches
+    move into the overlay (the most recent end). `to_blob` copies the blob in C, deletes the
+    touched positions and appends the overlay, so reading and committing a large memory costs
+    about one pass over its keys, not a Python object per entry.
     """
 
     def __init__(self, *, budget_bytes: int | None = None, now_ms: int = 0) -> None:
-        self._entries: collections.OrderedDict[str, _Entry] = collections.OrderedDict()
+        self._base = MemoryBlob()
+        #: key -> (position in _base, value size), for the base entries still live.
+        self._index: dict[str, tuple[int, int]] = {}
+        #: Base positions no longer live (touched, replaced, deleted or evicted).
+        self._gone: set[int] = set()
+        #: Where eviction looks next for the least recent live base entry.
+        self._front = 0
+        self._overlay: collections.OrderedDict[str, _Entry] = collections.OrderedDict()
         self._total = 0
         self.budget_bytes = budget_bytes
         self.now_ms = now_ms
@@ -49,22 +62,32 @@ class Memory:
     def from_blob(
         cls, blob: MemoryBlob, *, budget_bytes: int | None = None, now_ms: int = 0
     ) -> Memory:
-        """The memory a (current-version) MemoryBlob holds, in its order."""
+        """The memory a (current-version) MemoryBlob holds, in its order. `blob` is not
+        copied and must not change while the Memory is in use."""
         memory = cls(budget_bytes=budget_bytes, now_ms=now_ms)
-        for entry in blob.entries:
-            if entry.key in memory._entries:  # a blob never written by to_blob: last one wins
-                memory._total -= len(memory._entries.pop(entry.key).value)
-            memory._entries[entry.key] = _Entry(entry.value, entry.last_access_ms)
-            memory._total += len(entry.value)
+        memory._base = blob
+        index = memory._index
+        total = 0
+        for position, entry in enumerate(blob.entries):
+            size = len(entry.value)
+            earlier = index.get(entry.key)
+            if earlier is not None:  # a blob never written by to_blob: the last one wins
+                memory._gone.add(earlier[0])
+                total -= earlier[1]
+            index[entry.key] = (position, size)
+            total += size
+        memory._total = total
         return memory
 
     def to_blob(self) -> MemoryBlob:
         """A MemoryBlob stamped with the current state schema version, least recent first."""
-        blob = new_state_blob(MemoryBlob, total_value_bytes=self._total)
-        blob.entries.extend(
-            MemoryBlob.MemoryEntry(key=key, value=entry.value, last_access_ms=entry.last_access_ms)
-            for key, entry in self._entries.items()
-        )
+        blob = MemoryBlob()
+        blob.CopyFrom(self._base)
+        for position in sorted(self._gone, reverse=True):
+            del blob.entries[position]
+        for key, entry in self._overlay.items():
+            blob.entries.add(key=key, value=entry.value, last_access_ms=entry.last_access_ms)
+        blob.MergeFrom(new_state_blob(MemoryBlob, total_value_bytes=self._total))
         return blob
 
     @property
@@ -72,12 +95,25 @@ class Memory:
         return self._total
 
     def get(self, key: str, default: bytes | None = None) -> bytes | None:
-        entry = self._entries.get(key)
+        entry = self._overlay.get(key)
         if entry is None:
-            return default
-        self._entries.move_to_end(key)
+            entry = self._lift(key)
+            if entry is None:
+                return default
+        self._overlay.move_to_end(key)
         entry.last_access_ms = self.now_ms
         return entry.value
+
+    def _lift(self, key: str) -> _Entry | None:
+        """Moves a live base entry into the overlay (at the recent end)."""
+        found = self._index.pop(key, None)
+        if found is None:
+            return None
+        position, _ = found
+        self._gone.add(position)
+        base = self._base.entries[position]
+        entry = self._overlay[key] = _Entry(base.value, base.last_access_ms)
+        return entry
 
     def put(self, key: str, value: bytes) -> None:
         """Stores `value` as the most recent entry, evicting the least recent ones past the
@@ -88,32 +124,49 @@ class Memory:
             raise TypeError(f"memory values are bytes, not {type(value).__name__}")
         if self.budget_bytes is not None and len(value) > self.budget_bytes:
             raise MemoryBudgetError(key=key, size=len(value), budget=self.budget_bytes)
-        old = self._entries.pop(key, None)
-        if old is not None:
-            self._total -= len(old.value)
-        self._entries[key] = _Entry(value, self.now_ms)
+        self.delete(key)
+        self._overlay[key] = _Entry(value, self.now_ms)
         self._total += len(value)
         if self.budget_bytes is not None:
             while self._total > self.budget_bytes:
-                _, evicted = self._entries.popitem(last=False)
-                self._total -= len(evicted.value)
+                self._evict_least_recent()
+
+    def _evict_least_recent(self) -> None:
+        base = self._base.entries
+        while self._front < len(base):
+            position = self._front
+            self._front += 1
+            if position not in self._gone:
+                key = base[position].key
+                if self._index.get(key, (None,))[0] == position:
+                    self._total -= self._index.pop(key)[1]
+                    self._gone.add(position)
+                    return
+        _, evicted = self._overlay.popitem(last=False)
+        self._total -= len(evicted.value)
 
     def delete(self, key: str) -> bool:
-        entry = self._entries.pop(key, None)
-        if entry is None:
+        entry = self._overlay.pop(key, None)
+        if entry is not None:
+            self._total -= len(entry.value)
+            return True
+        found = self._index.pop(key, None)
+        if found is None:
             return False
-        self._total -= len(entry.value)
+        self._gone.add(found[0])
+        self._total -= found[1]
         return True
 
     def __contains__(self, key: object) -> bool:
-        return key in self._entries
+        return key in self._overlay or key in self._index
 
     def __len__(self) -> int:
-        return len(self._entries)
+        return len(self._overlay) + len(self._index)
 
     def keys(self) -> Iterator[str]:
         """Keys, least recent first (does not touch their order)."""
-        return iter(list(self._entries))
+        live = sorted((position, key) for key, (position, _) in self._index.items())
+        return iter([key for _, key in live] + list(self._overlay))
 
 
 @dataclasses.dataclass

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 
 import pytest
@@ -73,6 +74,66 @@ def test_the_total_is_always_exact_and_the_blob_round_trips(ops, budget):
         assert budget is None or memory.total_value_bytes <= budget
     again = Memory.from_blob(MemoryBlob.FromString(memory.to_blob().SerializeToString()))
     assert again.to_blob() == memory.to_blob()
+
+
+class ReferenceLru:
+    """The obvious LRU, to check the overlay against."""
+
+    def __init__(self, entries, budget):
+        self.entries = {}
+        for key, value, at in entries:
+            self.entries.pop(key, None)
+            self.entries[key] = (value, at)
+        self.budget = budget
+
+    def get(self, key, now):
+        if key in self.entries:
+            value, _ = self.entries.pop(key)
+            self.entries[key] = (value, now)
+
+    def put(self, key, value, now):
+        if self.budget is not None and len(value) > self.budget:
+            return
+        self.entries.pop(key, None)
+        self.entries[key] = (value, now)
+        while (
+            self.budget is not None and sum(len(v) for v, _ in self.entries.values()) > self.budget
+        ):
+            del self.entries[next(iter(self.entries))]
+
+    def delete(self, key, now):
+        self.entries.pop(key, None)
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.sampled_from("abcdefgh"), st.binary(max_size=8), st.integers(0, 9)),
+        max_size=12,
+    ),
+    operations,
+    st.one_of(st.none(), st.integers(8, 40)),
+)
+def test_memory_read_from_a_blob_behaves_as_a_plain_lru(initial, ops, budget):
+    blob = MemoryBlob(state_schema_version=1)
+    for key, value, at in initial:
+        blob.entries.add(key=key, value=value, last_access_ms=at)
+    memory = Memory.from_blob(blob, budget_bytes=budget)
+    reference = ReferenceLru(initial, budget)
+    for now, (op, key, value) in enumerate(ops, start=100):
+        memory.now_ms = now
+        args = (key, value) if op == "put" else (key,)
+        with contextlib.suppress(MemoryBudgetError):  # the reference skips it too
+            getattr(memory, op)(*args)
+        getattr(reference, op)(*args, now)
+        assert list(memory.keys()) == list(reference.entries)
+    written = memory.to_blob()
+    assert [(e.key, e.value, e.last_access_ms) for e in written.entries] == [
+        (k, v, at) for k, (v, at) in reference.entries.items()
+    ]
+    assert written.total_value_bytes == sum(len(e.value) for e in written.entries)
+    assert memory.total_value_bytes == written.total_value_bytes
+    assert len(memory) == len(reference.entries)
 
 
 def test_a_blob_with_a_repeated_key_reads_its_last_entry_with_an_exact_total():

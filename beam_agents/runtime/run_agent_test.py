@@ -9,7 +9,7 @@ import types
 
 import apache_beam as beam
 import pytest
-from apache_beam.testing.test_pipeline import TestPipeline
+from apache_beam.testing.test_pipeline import TestPipeline as BeamPipeline
 from apache_beam.testing.util import assert_that, equal_to
 
 from beam_agents._protos import (
@@ -803,7 +803,7 @@ def test_traces_form_one_tree_per_activation_and_a_resume_continues_its_trace(tm
 
 
 def test_in_batch_undecodable_and_empty_envelopes_are_dead_letters_beside_real_work():
-    pipeline = TestPipeline(runner="DirectRunner")
+    pipeline = BeamPipeline(runner="DirectRunner")
     outputs = (
         pipeline
         | beam.Create(

@@ -1,0 +1,201 @@
+"""What the runtime costs, as ratios to baselines measured in the same run.
+
+1. An activation: RunAgent with an agent that reads and writes one memory value and completes,
+   against a bare stateful DoFn that does the same state reads and writes (the five state
+   cells, both timers) and emits the same output, on the same runner over the same input.
+   Goal: at most 1.5.
+2. The commit of an activation that read its memory and wrote one value: the Memory and
+   ReplayCache over the stored blobs, one put, the new blobs stamped and encoded with the state
+   coder, against encoding the same blobs (that is, the runtime's bookkeeping beyond the
+   unavoidable serialization), at 1, 16 and 64 KiB of memory.
+3. Memory get and put at 10, 1,000 and 10,000 entries, as ratios to 10 entries. Goal: flat.
+
+Pipelines and loops alternate, round after round, and medians are printed; absolute times on
+these machines are noise.
+
+    python benchmarks/runtime_benchmark.py [--events N] [--rounds R]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import apache_beam as beam
+from apache_beam.coders import VarIntCoder
+from apache_beam.coders.coders import DeterministicProtoCoder
+from apache_beam.options.pipeline_options import PipelineOptions
+from apache_beam.transforms.timeutil import TimeDomain
+from apache_beam.transforms.userstate import (
+    BagStateSpec,
+    ReadModifyWriteStateSpec,
+    TimerSpec,
+    on_timer,
+)
+from apache_beam.utils.timestamp import Timestamp
+
+from beam_agents._protos import AgentEnvelope, Continuation, LlmCacheBlob, MemoryBlob, ToolIntent
+from beam_agents.runtime import Memory, ReplayCache, RunAgent, agent
+
+ACTIVATION_GOAL = 1.5
+T0 = 1_764_460_800_000
+
+
+@agent(name="benchmarks.remember/v1")
+def remember(ctx, event: bytes) -> bytes:
+    ctx.memory.put("last", event)
+    return event
+
+
+class _BareStatefulDoFn(beam.DoFn):
+    """The state work of an activation, without the runtime."""
+
+    MEMORY = ReadModifyWriteStateSpec("memory", DeterministicProtoCoder(MemoryBlob))
+    CONTINUATION = ReadModifyWriteStateSpec("continuation", DeterministicProtoCoder(Continuation))
+    LLM_CACHE = ReadModifyWriteStateSpec("llm_cache", DeterministicProtoCoder(LlmCacheBlob))
+    SEQ = ReadModifyWriteStateSpec("seq", VarIntCoder())
+    PENDING = BagStateSpec("pending", DeterministicProtoCoder(ToolIntent))
+    DEADLINE = TimerSpec("deadline", TimeDomain.WATERMARK)
+    TTL = TimerSpec("ttl", TimeDomain.WATERMARK)
+
+    def process(
+        self,
+        element,
+        memory=beam.DoFn.StateParam(MEMORY),
+        cache=beam.DoFn.StateParam(LLM_CACHE),
+        continuation=beam.DoFn.StateParam(CONTINUATION),
+        seq=beam.DoFn.StateParam(SEQ),
+        pending=beam.DoFn.StateParam(PENDING),
+        deadline=beam.DoFn.TimerParam(DEADLINE),
+        ttl=beam.DoFn.TimerParam(TTL),
+    ):
+        key, data = element
+        envelope = AgentEnvelope.FromString(data)
+        blob = memory.read() or MemoryBlob(state_schema_version=1)
+        cached = cache.read() or LlmCacheBlob(state_schema_version=1)
+        continuation.read()
+        list(pending.read())
+        blob.ClearField("entries")
+        blob.entries.add(key="last", value=envelope.external_event)
+        seq.write((seq.read() or 0) + 1)
+        memory.write(blob)
+        cache.write(cached)
+        continuation.clear()
+        pending.clear()
+        deadline.clear()
+        ttl.set(Timestamp(micros=(envelope.event_time_ms + 1000) * 1000))
+        yield (key, envelope.external_event)
+
+    @on_timer(DEADLINE)
+    def at_deadline(self):
+        pass
+
+    @on_timer(TTL)
+    def at_ttl(self, memory=beam.DoFn.StateParam(MEMORY)):
+        memory.read()
+        memory.clear()
+
+
+def _inputs(events: int, keys: int) -> list[bytes]:
+    return [
+        AgentEnvelope(
+            entity_key=f"k{i % keys}".encode(), event_time_ms=T0 + i, external_event=b"e" * 64
+        ).SerializeToString()
+        for i in range(events)
+    ]
+
+
+def _run(inputs: list[bytes], runtime: bool) -> float:
+    start = time.perf_counter()
+    with beam.Pipeline(options=PipelineOptions(["--direct_num_workers=1"])) as pipeline:
+        created = pipeline | beam.Create(inputs, reshuffle=False)
+        if runtime:
+            _ = created | RunAgent(remember)
+        else:
+            _ = (
+                created
+                | beam.Map(
+                    lambda data: (AgentEnvelope.FromString(data).entity_key, data)
+                ).with_output_types(tuple[bytes, bytes])
+                | beam.ParDo(_BareStatefulDoFn())
+            )
+    return time.perf_counter() - start
+
+
+def _time(function, loops: int) -> float:
+    start = time.perf_counter()
+    for _ in range(loops):
+        function()
+    return time.perf_counter() - start
+
+
+def _commit_ratio(kib: int, rounds: int) -> float:
+    memory = Memory(now_ms=T0)
+    for i in range(kib * 8):
+        memory.put(f"fact:{i}", b"v" * 112)  # 128 bytes an entry with key and framing
+    cache = ReplayCache(now_ms=T0)
+    cache.put("k", b"r" * 512)
+    memory_coder = DeterministicProtoCoder(MemoryBlob)
+    cache_coder = DeterministicProtoCoder(LlmCacheBlob)
+    memory_blob, cache_blob = memory.to_blob(), cache.to_blob()
+
+    def commit():
+        activation_memory = Memory.from_blob(memory_blob, now_ms=T0 + 1)
+        activation_memory.put("fact:0", b"w" * 112)
+        memory_coder.encode(activation_memory.to_blob())
+        cache_coder.encode(ReplayCache.from_blob(cache_blob, now_ms=T0 + 1).to_blob())
+
+    def serialize():
+        memory_blob.SerializeToString(deterministic=True)
+        cache_blob.SerializeToString(deterministic=True)
+
+    loops = max(20, int(0.05 / (_time(commit, 5) / 5)))
+    return statistics.median(_time(commit, loops) / _time(serialize, loops) for _ in range(rounds))
+
+
+def _memory_ns(entries: int) -> float:
+    memory = Memory()
+    for i in range(entries):
+        memory.put(f"k{i}", b"v" * 16)
+    keys = [f"k{i}" for i in range(0, entries, max(1, entries // 10))]
+
+    def work():
+        for key in keys:
+            memory.get(key)
+            memory.put(key, b"w" * 16)
+
+    loops = 2000
+    return _time(work, loops) / (loops * len(keys) * 2) * 1e9
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--events", type=int, default=5000)
+    parser.add_argument("--keys", type=int, default=100)
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+
+    inputs = _inputs(args.events, args.keys)
+    _run(inputs[:100], runtime=True)  # warm imports and the runner
+    ratios = [_run(inputs, runtime=True) / _run(inputs, runtime=False) for _ in range(args.rounds)]
+    ratio = statistics.median(ratios)
+    verdict = "meets goal" if ratio <= ACTIVATION_GOAL else "ABOVE GOAL"
+    print(
+        f"RunAgent activation / bare stateful DoFn ({args.events} events, {args.keys} keys, "
+        f"DirectRunner): {ratio:.2f}  goal <= {ACTIVATION_GOAL}  {verdict}"
+    )
+
+    print("commit (blobs from Memory and ReplayCache, coder encode) / encoding the same blobs:")
+    for kib in (1, 16, 64):
+        print(f"  {kib:3} KiB of memory: {_commit_ratio(kib, 7):.2f}")
+
+    print("Memory get + put, ns per operation, and ratio to 10 entries (goal: flat):")
+    base = statistics.median(_memory_ns(10) for _ in range(5))
+    for entries in (10, 1000, 10000):
+        ns = statistics.median(_memory_ns(entries) for _ in range(5))
+        print(f"  {entries:6} entries: {ns:6.0f} ns  ratio {ns / base:.2f}")
+
+
+if __name__ == "__main__":
+    main()
