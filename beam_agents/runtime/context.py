@@ -40,6 +40,7 @@ from beam_agents.runtime.memory import Memory, ReplayCache
 
 __all__ = [
     "APPROVAL_TOOL",
+    "ESCALATION_TOOL",
     "ActivationContext",
     "Agent",
     "Answer",
@@ -54,8 +55,11 @@ __all__ = [
     "trace_id",
 ]
 
-#: The tool_name of every APPROVAL intent; a human, not a tool, answers it.
+#: The tool_name of an agent's APPROVAL intents; a human, not a tool, answers them.
 APPROVAL_TOOL = "human.approval"
+#: The tool_name of the runtime's own APPROVAL intents, asking a human whether a suspension
+#: past its deadline should keep waiting; their answers go to the runtime, not the agent.
+ESCALATION_TOOL = "beam_agents.escalation"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -269,6 +273,13 @@ class ActivationContext:
             [(APPROVAL_TOOL, {"question": question, **details})], ToolIntent.APPROVAL
         )
         return emitted
+
+    def escalate(self, question: str, **details: object) -> list[ToolIntent]:
+        """The runtime's escalation of a suspension past its deadline (an APPROVAL intent of
+        ESCALATION_TOOL); not for agents."""
+        return self._emit(
+            [(ESCALATION_TOOL, {"question": question, **details})], ToolIntent.APPROVAL
+        )
 
     def _emit(self, calls, kind) -> list[ToolIntent]:
         self._check_open()

@@ -21,6 +21,7 @@ __all__ = [
     "KEY_SUSPENDED",
     "LLM_FAILED",
     "MEMORY_BUDGET",
+    "NO_ENTITY_KEY",
     "NO_SUSPENSION",
     "REASONS",
     "RESTORE_CONFLICT",
@@ -33,6 +34,7 @@ __all__ = [
 ]
 
 UNDECODABLE = "undecodable_envelope"
+NO_ENTITY_KEY = "no_entity_key"
 EMPTY_ENVELOPE = "empty_envelope"
 AGENT_RAISED = "agent_raised"
 AGENT_CONTRACT = "agent_contract"
@@ -50,7 +52,9 @@ RESTORE_CONFLICT = "restore_conflict"
 
 #: Every reason with its meaning (the README's table is this one).
 REASONS = {
-    UNDECODABLE: "the input bytes are no AgentEnvelope",
+    UNDECODABLE: "the input bytes are no AgentEnvelope (or no StateSnapshot, on the snapshots "
+    "input)",
+    NO_ENTITY_KEY: "an envelope or snapshot with an empty entity_key: no agent to run",
     EMPTY_ENVELOPE: "the envelope carries no payload",
     AGENT_RAISED: "the agent raised; the activation changed nothing",
     AGENT_CONTRACT: "the agent broke the contract (wrong return type, acted after it finished, "
@@ -59,7 +63,8 @@ REASONS = {
     MEMORY_BUDGET: "the agent stored a memory value larger than the whole memory budget",
     KEY_SUSPENDED: "an event for a key that is waiting for answers; it was not processed",
     NO_SUSPENSION: "an answer for a key that is not suspended",
-    UNKNOWN_INTENT: "an answer for an intent that is not pending",
+    UNKNOWN_INTENT: "an answer for an intent that is not pending (or whose pending intent is "
+    "missing from the key's state)",
     AFTER_DEADLINE: "an answer whose event time is past the suspension's deadline",
     ANSWER_MISMATCH: "an approval for a tool intent, a result for an approval, or a result "
     "naming another entity",

@@ -49,6 +49,7 @@ from beam_agents.errors import (
     StateSchemaFromFutureError,
 )
 from beam_agents.runtime.context import (
+    ESCALATION_TOOL,
     ActivationContext,
     Agent,
     Answer,
@@ -66,6 +67,7 @@ from beam_agents.runtime.dead_letters import (
     KEY_SUSPENDED,
     LLM_FAILED,
     MEMORY_BUDGET,
+    NO_ENTITY_KEY,
     NO_SUSPENSION,
     RESTORE_CONFLICT,
     STALE_TIMER,
@@ -171,14 +173,20 @@ class _KeyAndTag(beam.DoFn):
 
     def process(self, element, timestamp=beam.DoFn.TimestampParam) -> Iterator:
         if isinstance(element, self._type):
-            yield (element.entity_key, self._kind + element.SerializeToString(deterministic=True))
-            return
-        try:
-            message = self._type.FromString(element)
-        except (DecodeError, TypeError) as e:
-            size = len(element) if isinstance(element, bytes | bytearray) else 0
-            detail = f"{type(element).__name__} of {size} bytes is no {self._type.__name__}: {e}"
-            record = error_record(b"", UNDECODABLE, detail, timestamp.micros // 1000)
+            message, element = element, element.SerializeToString(deterministic=True)
+        else:
+            try:
+                message = self._type.FromString(element)
+            except (DecodeError, TypeError) as e:
+                size = len(element) if isinstance(element, bytes | bytearray) else 0
+                name = self._type.__name__
+                detail = f"{type(element).__name__} of {size} bytes is no {name}: {e}"
+                record = error_record(b"", UNDECODABLE, detail, timestamp.micros // 1000)
+                yield beam.pvalue.TaggedOutput(ERRORS, (b"", record))
+                return
+        if not message.entity_key:
+            detail = f"a {self._type.__name__} with no entity_key; an agent needs a key"
+            record = error_record(b"", NO_ENTITY_KEY, detail, timestamp.micros // 1000)
             yield beam.pvalue.TaggedOutput(ERRORS, (b"", record))
             return
         yield (message.entity_key, self._kind + bytes(element))
@@ -324,7 +332,11 @@ class _AgentDoFn(beam.DoFn):
                 f"the deadline {suspended.deadline_ms}",
                 now,
             )
-        intent = next(i for i in reads.pending if i.intent_id == answered_id)
+        intent = next((i for i in reads.pending if i.intent_id == answered_id), None)
+        if intent is None:  # a continuation whose pending intents were not all restored
+            return _dead(
+                key, UNKNOWN_INTENT, f"{answered_id} is pending but its intent is missing", now
+            )
         mismatch = _mismatch(key, intent, envelope, payload)
         if mismatch:
             return _dead(key, ANSWER_MISMATCH, mismatch, now)
@@ -332,6 +344,9 @@ class _AgentDoFn(beam.DoFn):
             self._duplicates.inc()
             return _Outcome()
         suspended.answers.append(envelope)
+        if intent.tool_name == ESCALATION_TOOL and not envelope.approval.approved:
+            # The human declined to keep waiting: resume now, the rest expired.
+            return self._expire_and_resume(key, now, suspended, reads, states, timers)
         if len(suspended.answers) < len(suspended.pending_intent_ids):
             continuation_state = states[3]
 
@@ -544,10 +559,11 @@ class _AgentDoFn(beam.DoFn):
 
     def _deadline(self, key, now, suspended, reads, states, timers) -> _Outcome:
         policy = self._config.deadline_policy
+        answered = {_answered_id(a) for a in suspended.answers}
         unanswered = [
             i
             for i in reads.pending
-            if i.intent_id not in {_answered_id(a) for a in suspended.answers}
+            if i.intent_id not in answered and i.tool_name != ESCALATION_TOOL
         ]
         if policy.action is AtDeadline.DEAD_LETTER:
             outcome = _dead(
@@ -568,7 +584,14 @@ class _AgentDoFn(beam.DoFn):
         if policy.action is AtDeadline.ESCALATE and suspended.escalations < policy.max_escalations:
             return self._escalate(key, now, suspended, unanswered, reads, states, timers)
         suspended.escalations += 1
-        for intent in unanswered:
+        return self._expire_and_resume(key, now, suspended, reads, states, timers)
+
+    def _expire_and_resume(self, key, now, suspended, reads, states, timers) -> _Outcome:
+        """Resumes the agent with EXPIRED results for its intents still unanswered."""
+        answered = {_answered_id(a) for a in suspended.answers}
+        for intent in reads.pending:
+            if intent.intent_id in answered or intent.tool_name == ESCALATION_TOOL:
+                continue
             suspended.answers.append(
                 AgentEnvelope(
                     entity_key=key,
@@ -610,8 +633,9 @@ class _AgentDoFn(beam.DoFn):
             keyring=self._keyring,
             intent_ttl_ms=self._config.deadline_policy.extension_ms,
         )
-        escalation = ctx.request_approval(
-            "These intents got no answer by their deadline; approve to keep waiting.",
+        (escalation,) = ctx.escalate(
+            "These intents got no answer by their deadline; approve to keep waiting, decline "
+            "to let the agent go on without them.",
             unanswered=[i.intent_id for i in unanswered],
             deadline_ms=suspended.deadline_ms,
         )
@@ -730,8 +754,14 @@ def _mismatch(key: bytes, intent: ToolIntent, envelope: AgentEnvelope, payload: 
 
 
 def _ordered_answers(suspended: Continuation, pending: list[ToolIntent]) -> list[Answer]:
+    """The answers to the agent's own intents (escalations are the runtime's), in intent
+    order."""
     by_id = {_answered_id(a): a for a in suspended.answers}
-    return [Answer.from_envelope(i, by_id[i.intent_id]) for i in pending if i.intent_id in by_id]
+    return [
+        Answer.from_envelope(i, by_id[i.intent_id])
+        for i in pending
+        if i.intent_id in by_id and i.tool_name != ESCALATION_TOOL
+    ]
 
 
 def _snapshot_output(key, reads: _Reads, envelope: AgentEnvelope, version: int):

@@ -331,6 +331,26 @@ def test_refused_answers_are_dead_letters_and_change_nothing(tmp_path, answer, r
         assert completed == []
 
 
+def test_an_answer_whose_pending_intent_is_missing_from_state_is_refused(tmp_path):
+    snapshot = _suspended_snapshot(FAR)
+    del snapshot.pending[:]  # a snapshot whose pending intents were not all exported
+    outputs = run_round(
+        probe(), [snapshot, Advance(T0 + 1), result(T0 + 2, "i-0"), Advance(T0 + 3)], tmp_path
+    ).before(T0 + 3)
+    (error,) = outputs.values("errors")
+    assert error.reason == "unknown_intent" and "missing" in error.detail
+
+
+def test_an_envelope_or_snapshot_with_no_entity_key_is_a_dead_letter(tmp_path):
+    outputs = run_round(
+        probe(),
+        [command(T0, key=b"", put={"a": "1"}), StateSnapshot(snapshot_at_ms=T0), Advance(T0 + 1)],
+        tmp_path,
+    )
+    assert sorted(e.reason for e in outputs.values("errors")) == ["no_entity_key"] * 2
+    assert outputs.completions == []
+
+
 def test_a_result_naming_another_entity_is_refused(tmp_path):
     wrong = result(T0 + 10, intent_id(KEY, SEQ, 0))
     wrong.tool_result.entity_key = b"c-2"
@@ -360,13 +380,75 @@ def test_escalation_asks_a_human_and_extends_the_deadline_up_to_its_maximum(tmp_
     assert snapshot.continuation.escalations == 1
     assert snapshot.continuation.deadline_ms == T0 + 50 + 100
     assert list(snapshot.continuation.pending_intent_ids) == [tool.intent_id, escalation.intent_id]
-    # The second deadline is past the maximum: the agent resumes with both expired.
+    assert escalation.tool_name == "beam_agents.escalation"
+    # The second deadline is past the maximum: the agent resumes with its own intent expired
+    # (escalations are the runtime's, never the agent's answers).
     (done,) = outputs.values("completions")
-    assert json.loads(done) == [
-        ["a.tool", "EXPIRED"],
-        ["human.approval", "EXPIRED"],
-        ["escalations", 2],
-    ]
+    assert json.loads(done) == [["a.tool", "EXPIRED"], ["escalations", 2]]
+
+
+ESCALATE = RuntimeConfig(
+    deadline_policy=DeadlinePolicy(AtDeadline.ESCALATE, max_escalations=3, extension_ms=100)
+)
+
+
+def _escalation(at: int, approved: bool) -> AgentEnvelope:
+    asked = ToolIntent(intent_id=intent_id(KEY, SEQ, 1), entity_key=KEY)
+    return approval(at, asked, approved)
+
+
+def test_a_declined_escalation_resumes_the_agent_at_once_without_the_answer(tmp_path):
+    outputs = run_round(
+        probe(ESCALATE),
+        [
+            command(T0, calls=["a.tool"], deadline_ms=T0 + 50),
+            Advance(T0 + 60),
+            _escalation(T0 + 70, approved=False),
+            Advance(T0 + 80),
+        ],
+        tmp_path,
+    ).before(T0 + 80)
+    (done,) = outputs.values("completions")
+    assert json.loads(done) == [["a.tool", "EXPIRED"], ["escalations", 1]]
+
+
+def test_an_approved_escalation_keeps_waiting_for_the_answer(tmp_path):
+    outputs = run_round(
+        probe(ESCALATE),
+        [
+            command(T0, calls=["a.tool"], deadline_ms=T0 + 50),
+            Advance(T0 + 60),
+            _escalation(T0 + 70, approved=True),
+            Advance(T0 + 80),
+            result(T0 + 90, intent_id(KEY, SEQ, 0)),
+            Advance(T0 + 100),
+        ],
+        tmp_path,
+    ).before(T0 + 100)
+    (done,) = outputs.values("completions")
+    assert json.loads(done) == [["a.tool", "OK"], ["escalations", 1]]
+
+
+def test_a_function_agent_resumes_across_an_escalation(tmp_path):
+    lookup = intent_id(KEY, SEQ, 0)
+    profile = TOOLS["crm.lookup"]({"customer_id": "c-1"}, ToolIntent())
+    answer = result(T0 + 90, lookup)
+    answer.tool_result.payload = profile
+    outputs = run_round(
+        run_agent(config=ESCALATE),
+        [
+            event(T0, ticket("t-2", "c-1", "how do I export my data?")),
+            Advance(T0 + 1),
+            Advance(T0 + DAY + 10),  # the default deadline passes: escalated
+            _escalation(T0 + DAY + 20, approved=True),
+            answer,
+            Advance(T0 + DAY + 30),
+        ],
+        tmp_path,
+    ).before(T0 + DAY + 30)
+    assert outputs.errors == []
+    (done,) = outputs.values("completions")
+    assert json.loads(done)["outcome"] == "answered"
 
 
 def test_the_dead_letter_policy_ends_the_suspension_at_the_deadline(tmp_path):
