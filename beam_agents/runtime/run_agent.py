@@ -46,7 +46,6 @@ from beam_agents.errors import (
     AgentContractError,
     LlmCallError,
     MemoryBudgetError,
-    StateSchemaFromFutureError,
 )
 from beam_agents.runtime.context import (
     ESCALATION_TOOL,
@@ -414,8 +413,6 @@ class _AgentDoFn(beam.DoFn):
                     agent=self._agent.adapter,
                 )
             memory_blob, cache_blob = memory.to_blob(), cache.to_blob()
-        except StateSchemaFromFutureError:
-            raise
         except Exception as e:  # the agent's failure is a dead letter, never the bundle's
             self._failures.inc()
             return self._failed(ctx, e)

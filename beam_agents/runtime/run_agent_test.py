@@ -678,9 +678,18 @@ def _mark_migrated(blob):
     blob.total_value_bytes += 2
 
 
+def _count_ten_escalations(blob):
+    # A visible change, so a test sees whether the continuation really went through the step.
+    blob.escalations += 10
+
+
 def _registry_v2():
     return MigrationRegistry.from_modules(
-        [_step(MemoryBlob, _mark_migrated), _step(Continuation), _step(LlmCacheBlob)],
+        [
+            _step(MemoryBlob, _mark_migrated),
+            _step(Continuation, _count_ten_escalations),
+            _step(LlmCacheBlob),
+        ],
         current_version=2,
     )
 
@@ -758,10 +767,26 @@ def test_the_deadline_timer_reads_golden_blobs_through_migration(tmp_path, resum
         assert after.memory == snapshot.memory and after.continuation == snapshot.continuation
     else:
         (done,) = outputs.values("completions")
-        assert json.loads(done) == [["a.tool", "EXPIRED"], ["escalations", 1]]
+        # 0 in the golden v1 continuation, 10 after the v2 step, 1 more at the deadline.
+        assert json.loads(done) == [["a.tool", "EXPIRED"], ["escalations", 11]]
         assert after.memory.state_schema_version == 2
         assert "migrated" in [e.key for e in after.memory.entries]
         assert not after.HasField("continuation")
+
+
+def test_an_answer_reads_a_golden_continuation_through_migration(tmp_path):
+    outputs = run_round(
+        probe(registry=_registry_v2()),
+        [
+            _suspended_snapshot(FAR),
+            Advance(T0 + 1),
+            result(T0 + 2, "i-0"),
+            Advance(T0 + 3),
+        ],
+        tmp_path,
+    ).before(T0 + 3)
+    (done,) = outputs.values("completions")
+    assert json.loads(done) == [["a.tool", "OK"], ["escalations", 10]]
 
 
 def test_the_ttl_timer_reads_through_migration_before_it_wipes(tmp_path):
