@@ -7,12 +7,13 @@ from apache_beam.utils.timestamp import MIN_TIMESTAMP, Timestamp
 
 __all__ = ["timer_timestamp", "typed"]
 
+_LATEST_MICROS = window.GlobalWindow().max_timestamp().micros
+
 
 def timer_timestamp(ms: int) -> Timestamp:
     """An event-time timer's firing time for any int64 of milliseconds, clamped into what a
     global-window timer can hold."""
-    latest = window.GlobalWindow().max_timestamp().micros
-    return Timestamp(micros=max(MIN_TIMESTAMP.micros, min(ms * 1000, latest)))
+    return Timestamp(micros=max(MIN_TIMESTAMP.micros, min(ms * 1000, _LATEST_MICROS)))
 
 
 def typed(pcollection, element_type):

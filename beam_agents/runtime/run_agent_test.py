@@ -732,9 +732,9 @@ def test_golden_blobs_migrate_on_first_read_and_reach_state_only_through_a_commi
     assert [e.key for e in snapshot.memory.entries] == keys[: len(snapshot.memory.entries)]
 
 
-def _suspended_snapshot(deadline_ms: int, **command_fields) -> StateSnapshot:
+def _suspended_snapshot(deadline_ms: int, memory="memory_blob", **command_fields):
     snapshot = StateSnapshot(entity_key=KEY, seq=7, snapshot_at_ms=T0)
-    snapshot.memory.CopyFrom(_golden("memory_blob"))
+    snapshot.memory.CopyFrom(_golden(memory))
     pending = ToolIntent(
         intent_id="i-0", entity_key=KEY, seq=7, tool_name="a.tool", kind=ToolIntent.TOOL
     )
@@ -749,9 +749,11 @@ def _suspended_snapshot(deadline_ms: int, **command_fields) -> StateSnapshot:
     return snapshot
 
 
+@pytest.mark.parametrize("memory", ["memory_blob", "memory_blob_unversioned"])
 @pytest.mark.parametrize("resume_fails", [False, True])
-def test_the_deadline_timer_reads_golden_blobs_through_migration(tmp_path, resume_fails):
-    snapshot = _suspended_snapshot(T0 + 50, **({"raise_at": "resume"} if resume_fails else {}))
+def test_the_deadline_timer_reads_golden_blobs_through_migration(tmp_path, resume_fails, memory):
+    fails = {"raise_at": "resume"} if resume_fails else {}
+    snapshot = _suspended_snapshot(T0 + 50, memory, **fails)
     outputs = run_round(
         probe(registry=_registry_v2()),
         [
@@ -789,11 +791,12 @@ def test_an_answer_reads_a_golden_continuation_through_migration(tmp_path):
     assert json.loads(done) == [["a.tool", "OK"], ["escalations", 10]]
 
 
-def test_the_ttl_timer_reads_through_migration_before_it_wipes(tmp_path):
-    # A registry without the step cannot read the v1 blob: the TTL's read must fail rather
-    # than wipe what it cannot read.
+@pytest.mark.parametrize("memory", ["memory_blob", "memory_blob_unversioned"])
+def test_the_ttl_timer_reads_through_migration_before_it_wipes(tmp_path, memory):
+    # A registry without the step cannot read the v1 (or v0) blob: the TTL's read must fail
+    # rather than wipe what it cannot read.
     snapshot = StateSnapshot(entity_key=KEY, seq=7, snapshot_at_ms=T0)
-    snapshot.memory.CopyFrom(_golden("memory_blob"))
+    snapshot.memory.CopyFrom(_golden(memory))
     config = RuntimeConfig(ttl_ms=DAY)
     wiped = run_round(
         probe(config, registry=_registry_v2()),
