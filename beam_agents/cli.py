@@ -1,7 +1,12 @@
 """The `beam-agents` operator command.
 
+    beam-agents demo [BEAM PIPELINE OPTIONS]
     beam-agents inspect FILE [--type NAME] [--max-bytes N]
     beam-agents dry-run DIR [--max-bytes N]
+
+`demo` runs the support-triage agent end to end on local Beam pipelines (RunAgent,
+ExecuteIntents, a scripted approver), with no network and no keys, and prints an account of
+the conversation. Exit codes: 0 the agent completed; 1 it did not (a dead letter, named).
 
 `inspect` decodes one serialized beam_agents message, guessing its type unless --type names
 it, and prints it as protobuf text, then lists any fields this binary's schema does not know.
@@ -77,6 +82,13 @@ def _inspect(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _demo(args: argparse.Namespace) -> int:
+    # Deferred: the demo imports Beam pipelines, which inspect and dry-run do not need.
+    from beam_agents.demo import main as demo_main
+
+    return demo_main(args.pipeline_args)
+
+
 def _reason(error: BeamAgentsError) -> str:
     return getattr(error, "reason", None) or str(error)
 
@@ -124,6 +136,13 @@ def _parser() -> argparse.ArgumentParser:
         epilog="Exit codes: 0 success, 1 input rejected or not ready, 2 usage error.",
     )
     commands = parser.add_subparsers(dest="command", required=True)
+    demo = commands.add_parser(
+        "demo", help="run the support-triage agent end to end on local Beam pipelines"
+    )
+    demo.add_argument(
+        "pipeline_args", nargs=argparse.REMAINDER, help="Beam pipeline options (--runner=...)"
+    )
+    demo.set_defaults(run=_demo)
     inspect = commands.add_parser(
         "inspect", help="decode one serialized beam_agents message and print it as text"
     )

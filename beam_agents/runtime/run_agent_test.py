@@ -27,6 +27,7 @@ from beam_agents.core.migration import MigrationRegistry
 from beam_agents.core.signing import Keyring, Verification, verify
 from beam_agents.decoding import message_type
 from beam_agents.effector import Effector, Route, VerifyMode
+from beam_agents.examples.support_triage import TOOLS, scripted_model, ticket, triage
 from beam_agents.runtime import (
     AtDeadline,
     DeadlinePolicy,
@@ -36,7 +37,6 @@ from beam_agents.runtime import (
 )
 from beam_agents.testing.clock import ManualClock
 from beam_agents.testing.pipelines import Advance, run_round
-from examples.support_triage import TOOLS, scripted_model, ticket, triage
 from tools import golden
 from tools.workspace import data_root
 

@@ -1,11 +1,13 @@
 """Run RunAgent in a real Beam pipeline and read back everything it emitted.
 
 A pipeline cannot loop, so a test scripts a round: the inputs (envelopes, snapshots to restore,
-watermark advances) in order, on a TestStream in streaming mode. `run_round` runs it on the
-DirectRunner (or the runner `options` name) and returns every output with its element
-timestamp, read back from files a sink wrote (DoFns run on copies, so nothing in-process could
-collect them). A bounded run ends by advancing the watermark to infinity, which fires every
-timer still set; `Outputs.before(ms)` keeps what happened before a given event time.
+watermark advances) in order, on a TestStream in streaming mode. `run_round` applies a
+transform (RunAgent, or a composite around it) to {"envelopes", "snapshots"}, runs it on the
+DirectRunner (or what `options` name) and returns every keyed output of the transform with its
+element timestamp, read back from files a sink wrote (DoFns run on copies, so nothing
+in-process could collect them). A bounded run ends by advancing the watermark to infinity,
+which fires every timer still set; `Outputs.before(ms)` keeps what happened before a given
+event time.
 
     outputs = run_round(RunAgent(agent), [snapshot, envelope, Advance(ms), ...], tmp_path)
 """
@@ -22,25 +24,12 @@ import apache_beam as beam
 from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
 from apache_beam.testing.test_stream import TestStream
 from apache_beam.transforms import window
-from google.protobuf.message import Message
 
-from beam_agents._protos import (
-    ActivationErrorRecord,
-    AgentEnvelope,
-    StateSnapshot,
-    ToolIntent,
-    TraceEvent,
-)
+from beam_agents._protos import AgentEnvelope, StateSnapshot
+from beam_agents.decoding import message_type
 
 __all__ = ["Advance", "Outputs", "run_round"]
 
-_TAGS = {
-    "completions": None,
-    "intents": ToolIntent,
-    "traces": TraceEvent,
-    "errors": ActivationErrorRecord,
-    "snapshots": StateSnapshot,
-}
 _ENVELOPE, _SNAPSHOT = b"E", b"S"
 _round_numbers = itertools.count()
 
@@ -54,21 +43,22 @@ class Advance:
 
 @dataclasses.dataclass
 class Outputs:
-    """What RunAgent emitted, per output, as (timestamp_ms, entity_key, value) in emission
-    order per key."""
+    """What the transform emitted, per output tag, as (timestamp_ms, key, value) rows in
+    emission order per key; values are messages, or bytes for bytes outputs."""
 
-    completions: list[tuple[int, bytes, bytes]]
-    intents: list[tuple[int, bytes, ToolIntent]]
-    traces: list[tuple[int, bytes, TraceEvent]]
-    errors: list[tuple[int, bytes, ActivationErrorRecord]]
-    snapshots: list[tuple[int, bytes, StateSnapshot]]
+    rows: dict[str, list[tuple[int, bytes, object]]]
+
+    def __getattr__(self, tag: str) -> list[tuple[int, bytes, object]]:
+        if tag.startswith("_"):
+            raise AttributeError(tag)
+        return self.rows.get(tag, [])
 
     def before(self, ms: int) -> Outputs:
         """Only what was emitted for elements or timers earlier than event time `ms`."""
-        return Outputs(**{tag: [row for row in getattr(self, tag) if row[0] < ms] for tag in _TAGS})
+        return Outputs({tag: [r for r in rows if r[0] < ms] for tag, rows in self.rows.items()})
 
     def values(self, tag: str) -> list:
-        return [value for _, _, value in getattr(self, tag)]
+        return [value for _, _, value in self.rows.get(tag, [])]
 
 
 class _Split(beam.DoFn):
@@ -87,9 +77,12 @@ class _AppendLines(beam.DoFn):
 
     def process(self, element, timestamp=beam.DoFn.TimestampParam):
         key, value = element
-        data = value if isinstance(value, bytes) else value.SerializeToString(deterministic=True)
+        if isinstance(value, bytes):
+            kind, data = "bytes", value
+        else:
+            kind, data = value.DESCRIPTOR.full_name, value.SerializeToString(deterministic=True)
         with open(self._path, "a") as sink:
-            sink.write(f"{timestamp.micros // 1000} {key.hex()} {data.hex()}\n")
+            sink.write(f"{timestamp.micros // 1000} {key.hex()} {kind} {data.hex()}\n")
 
 
 def run_round(
@@ -120,17 +113,19 @@ def run_round(
             | beam.ParDo(_Split()).with_outputs("snapshots", main="envelopes")
         )
         outputs = {"envelopes": split.envelopes, "snapshots": split.snapshots} | transform
-        for tag in _TAGS:
-            outputs[tag] | f"Write{tag}" >> beam.ParDo(_AppendLines(str(folder / tag)))
-    return Outputs(**{tag: _read(folder / tag, cls) for tag, cls in _TAGS.items()})
+        for tag, pcollection in outputs.items():
+            pcollection | f"Write{tag}" >> beam.ParDo(_AppendLines(str(folder / tag)))
+    return Outputs({tag: _read(folder / tag) for tag in outputs})
 
 
-def _read(path: Path, cls: type[Message] | None) -> list:
+def _read(path: Path) -> list:
     if not path.exists():
         return []
     rows = []
     for line in path.read_text().splitlines():
-        at, key, data = line.split(" ")
+        at, key, kind, data = line.split(" ")
         value = bytes.fromhex(data)
-        rows.append((int(at), bytes.fromhex(key), value if cls is None else cls.FromString(value)))
+        if kind != "bytes":
+            value = message_type(kind).FromString(value)
+        rows.append((int(at), bytes.fromhex(key), value))
     return rows

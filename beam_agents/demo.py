@@ -1,0 +1,264 @@
+"""`beam-agents demo`: the support-triage agent end to end, locally, with no network and no keys.
+
+Each round is one real Beam pipeline (`TriageRound`): RunAgent runs the example agent
+(beam_agents.examples.support_triage) for the customer's key, ExecuteIntents executes its tool
+intents once with the stand-in tools, and a scripted approver answers approval requests. A
+pipeline cannot loop, so the rounds are chained the way a message bus would close the loop in
+production: each round ends by exporting the key's StateSnapshot, and the next round restores it
+together with the answers the previous round produced. Intents are signed with a demo key made
+for this run and verified by the effector in REQUIRE mode.
+
+The account it prints follows the conversation: each activation, the intents it emitted and
+what the effector or the approver answered, each suspension and resume, the exported snapshots,
+and at the end the activation's traces as a tree. `python examples/support_triage.py` runs the
+same rounds with ordinary Beam pipeline options (`--runner=...`).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from typing import TextIO
+
+import apache_beam as beam
+from apache_beam.options.pipeline_options import PipelineOptions
+from apache_beam.typehints import Tuple
+
+from beam_agents._protos import AgentEnvelope, StateSnapshot, ToolResult, TraceEvent
+from beam_agents.beam_support import typed
+from beam_agents.core.signing import Keyring
+from beam_agents.effector import APPROVALS, DEAD_LETTERS, RESULTS, ExecuteIntents, VerifyMode
+from beam_agents.examples.support_triage import TOOLS, scripted_model, ticket, triage
+from beam_agents.runtime import COMPLETIONS, ERRORS, INTENTS, SNAPSHOTS, TRACES, RunAgent
+from beam_agents.testing.pipelines import Advance, run_round
+
+__all__ = ["DEMO_KEY_ID", "ScriptedApprover", "TriageRound", "run_demo"]
+
+DEMO_KEY_ID = "demo-key"
+CUSTOMER = b"c-1"
+_TICKET = ("t-1", "c-1", "I was charged twice, please refund me")
+_MAX_ROUNDS = 8
+
+
+def demo_keyring() -> Keyring:
+    """The demo's signing key: fixed bytes, labelled as what they are (never a real secret)."""
+    return Keyring(
+        {DEMO_KEY_ID: b"beam_agents demo key, not a secret, 32+ bytes"}, active=DEMO_KEY_ID
+    )
+
+
+class ScriptedApprover(beam.DoFn):
+    """A human stand-in: approves every approval intent, as ops@example.com, at its own time."""
+
+    def process(self, element):
+        key, intent = element
+        envelope = AgentEnvelope(entity_key=key, event_time_ms=intent.created_at_ms + 1)
+        envelope.approval.intent_id = intent.intent_id
+        envelope.approval.approved = True
+        envelope.approval.approver = "ops@example.com"
+        envelope.approval.decided_at_ms = intent.created_at_ms + 1
+        yield (key, envelope)
+
+
+class TriageRound(beam.PTransform):
+    """One round: RunAgent, then ExecuteIntents and the scripted approver on its intents.
+    Outputs RunAgent's five, plus "results" (tool results) and "approved" (approval answers)
+    as AgentEnvelopes for the next round, and the effector's dead letters."""
+
+    def __init__(self, clock) -> None:
+        super().__init__()
+        self._clock = clock
+
+    def expand(self, inputs):
+        outputs = inputs | "RunAgent" >> RunAgent(
+            triage, llm_client=scripted_model(), keyring_loader=demo_keyring
+        )
+        effected = (
+            outputs[INTENTS]
+            | "Intents" >> beam.Values()
+            | "ExecuteIntents"
+            >> ExecuteIntents(
+                TOOLS, mode=VerifyMode.REQUIRE, keyring_loader=demo_keyring, clock=self._clock
+            )
+        )
+        approved = effected[APPROVALS] | "Approve" >> beam.ParDo(ScriptedApprover())
+        return {
+            **outputs,
+            "results": effected[RESULTS],
+            "approved": typed(approved, Tuple[bytes, AgentEnvelope]),
+            "effector_errors": effected[DEAD_LETTERS],
+        }
+
+
+class _FixedClock:
+    """The effector's clock in the demo: the round's event time (picklable)."""
+
+    def __init__(self, now_ms: int) -> None:
+        self.now_ms = now_ms
+
+    def __call__(self) -> int:
+        return self.now_ms
+
+
+def run_demo(
+    options: PipelineOptions | None = None, *, out: TextIO = sys.stdout, workdir: str | None = None
+) -> int:
+    """Runs the demo, printing its account to `out`; returns 0 when the agent completed."""
+    t0 = int(time.time() * 1000)
+    with tempfile.TemporaryDirectory(prefix="beam-agents-demo-") as scratch:
+        return _Demo(out, workdir or scratch, options, t0).run()
+
+
+class _Demo:
+    def __init__(self, out: TextIO, workdir: str, options, t0: int) -> None:
+        self.out = out
+        self.workdir = workdir
+        self.options = options
+        self.t0 = t0
+        self.traces: list[TraceEvent] = []
+
+    def say(self, text: str = "") -> None:
+        print(text, file=self.out, flush=True)
+
+    def run(self) -> int:
+        ticket_id, customer_id, text = _TICKET
+        self.say("beam_agents demo: support-ticket triage, one durable agent per customer key,")
+        self.say("on Apache Beam's DirectRunner. No network, no keys: a scripted model, stand-in")
+        self.say("tools, a scripted approver and a demo signing key made for this run.")
+        self.say()
+        self.say(f"ticket {ticket_id} from customer {customer_id}: {text!r}")
+        event = AgentEnvelope(
+            entity_key=CUSTOMER,
+            event_time_ms=self.t0,
+            external_event=ticket(ticket_id, customer_id, text),
+        )
+        inputs: list = [event]
+        for number in range(1, _MAX_ROUNDS + 1):
+            now = self.t0 + number * 1000
+            outputs = self._round(number, inputs, now)
+            completed = outputs.values(COMPLETIONS)
+            self._account(outputs)
+            if outputs.values(ERRORS) or outputs.values("effector_errors"):
+                return 1
+            if completed:
+                self.say()
+                self._trace_tree()
+                return 0
+            (snapshot,) = outputs.values(SNAPSHOTS)
+            self._snapshot(snapshot)
+            answers = outputs.values("results") + outputs.values("approved")
+            for answer in answers:
+                answer.event_time_ms = now + 10
+            inputs = [snapshot, *answers]
+        self.say(f"the agent did not complete in {_MAX_ROUNDS} rounds")
+        return 1
+
+    def _round(self, number: int, inputs: Sequence, now: int):
+        self.say()
+        self.say(
+            f"round {number}: one pipeline run, {len(inputs)} input(s)"
+            f"{' (the snapshot of the last round first)' if number > 1 else ''} ..."
+        )
+        started = time.perf_counter()
+        export = AgentEnvelope(entity_key=CUSTOMER, event_time_ms=now)
+        export.export_request.request_id = f"round-{number}"
+        script = [*inputs, Advance(now), export, Advance(now + 1)]
+        outputs = run_round(
+            TriageRound(_FixedClock(now)), script, self.workdir, options=self.options
+        )
+        self.say(f"  done in {time.perf_counter() - started:.1f} s")
+        # A bounded run ends by firing every timer; what happened after the round is not
+        # part of the conversation.
+        return outputs.before(now + 2)
+
+    def _account(self, outputs) -> None:
+        traces = outputs.values(TRACES)
+        self.traces += traces
+        intents = {i.intent_id: i for i in outputs.values(INTENTS)}
+        for event in traces:
+            kind = TraceEvent.EventType.Name(event.event_type)
+            if kind == "ACTIVATION_START":
+                how = (
+                    "resumed with its answers"
+                    if event.attributes.get("beam_agents.resume") == "true"
+                    else "started on a new event"
+                )
+                self.say(f"  activation seq {event.seq} {how}")
+            elif kind == "LLM_CALL":
+                replayed = event.attributes.get("beam_agents.replayed") == "true"
+                source = "replayed from the cache, no model call" if replayed else "model called"
+                self.say(f"    llm {event.attributes['gen_ai.request.model']}: {source}")
+            elif kind == "INTENT_EMITTED":
+                intent = intents[event.attributes["beam_agents.intent_id"]]
+                self.say(
+                    f"    intent {intent.tool_name} {intent.args_json} "
+                    f"(id {intent.intent_id[:8]}, signed {intent.signing_key_id})"
+                )
+            elif kind == "SUSPENDED":
+                pending = event.attributes["beam_agents.pending"].split(",")
+                self.say(f"  suspended, waiting for {len(pending)} answer(s)")
+        for _, _, result in outputs.results:
+            tool_result = result.tool_result
+            intent = intents.get(tool_result.intent_id)
+            name = intent.tool_name if intent else tool_result.intent_id
+            status = ToolResult.Status.Name(tool_result.status)
+            self.say(f"  effector ran {name}: {status} {tool_result.payload.decode()}")
+        for _, _, answer in outputs.approved:
+            intent = intents.get(answer.approval.intent_id)
+            question = json.loads(intent.args_json)["question"] if intent else ""
+            self.say(f"  approver {answer.approval.approver} approved: {question}")
+        for output in outputs.values(COMPLETIONS):
+            self.say(f"  completed: {output.decode()}")
+        for _, _, error in outputs.rows.get(ERRORS, []) + outputs.rows.get("effector_errors", []):
+            self.say(f"  DEAD LETTER {error.reason}: {error.detail}")
+
+    def _snapshot(self, snapshot: StateSnapshot) -> None:
+        memory = [e.key for e in snapshot.memory.entries]
+        self.say(
+            f"  exported snapshot {snapshot.request_id}: seq {snapshot.seq}, memory "
+            f"{memory}, {len(snapshot.llm_cache.entries)} cached LLM answer(s), "
+            f"{len(snapshot.pending)} pending intent(s)"
+        )
+
+    def _trace_tree(self) -> None:
+        roots = [
+            e
+            for e in self.traces
+            if e.event_type == TraceEvent.ACTIVATION_START and not e.parent_span_id
+        ]
+        for root in roots:
+            self.say(f"trace {root.trace_id.hex()} (OpenTelemetry ids; one tree per activation)")
+            self._branch(root, "")
+
+    def _branch(self, span_event: TraceEvent, indent: str) -> None:
+        label = "activation" if span_event.parent_span_id == b"" else "resume"
+        self.say(f"{indent}{label} span {span_event.span_id.hex()}")
+        # ACTIVATION_END shares its activation's span: it closes the span, it is no child.
+        children = [
+            e
+            for e in self.traces
+            if e.parent_span_id == span_event.span_id and e.event_type != TraceEvent.ACTIVATION_END
+        ]
+        for child in children:
+            if child.event_type == TraceEvent.ACTIVATION_START:
+                self._branch(child, indent + "  ")
+                continue
+            kind = TraceEvent.EventType.Name(child.event_type)
+            detail = (
+                child.attributes.get("gen_ai.tool.name")
+                or child.attributes.get("gen_ai.request.model")
+                or ""
+            )
+            self.say(f"{indent}  {kind.lower()} {detail}".rstrip())
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """`python -m beam_agents.demo [Beam pipeline options]`."""
+    return run_demo(PipelineOptions(list(argv) if argv is not None else sys.argv[1:]))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,1 +1,0 @@
-"""Worked examples of beam_agents agents and pipelines."""
