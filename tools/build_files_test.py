@@ -165,4 +165,5 @@ def test_the_pip_and_bazel_wheels_declare_the_same_project():
     assert wheel.attrs["version"] == project["version"]
     assert wheel.attrs["license"] == project["license"]
     assert sorted(wheel.attrs["requires"]) == sorted(project["dependencies"])
+    assert wheel.attrs["extra_requires"] == project["optional-dependencies"]
     assert wheel.attrs["python_requires"] == project["requires-python"]

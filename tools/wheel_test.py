@@ -211,4 +211,14 @@ def test_the_wheel_metadata_names_the_project_and_its_licence(wheel):
         for line in lines
         if line.startswith("Requires-Dist: ")
     }
-    assert requires == {str(Requirement(line)) for line in PROJECT["dependencies"]}
+    extras = {
+        f'{line}; extra == "{extra}"'
+        for extra, lines in PROJECT["optional-dependencies"].items()
+        for line in lines
+    }
+    assert requires == {str(Requirement(line)) for line in [*PROJECT["dependencies"], *extras]}
+    assert {
+        line.removeprefix("Provides-Extra: ")
+        for line in lines
+        if line.startswith("Provides-Extra: ")
+    } == set(PROJECT["optional-dependencies"])

@@ -1,0 +1,1 @@
+"""LLM clients behind the runtime's LlmClient protocol (optional extras)."""

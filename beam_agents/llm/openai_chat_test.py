@@ -1,0 +1,171 @@
+"""The OpenAI-compatible client against a real HTTP server on 127.0.0.1."""
+
+from __future__ import annotations
+
+import json
+import pickle
+import time
+
+import pytest
+
+from beam_agents._protos import AgentEnvelope
+from beam_agents.core.intent import intent_id
+from beam_agents.errors import LlmCallError
+from beam_agents.llm.openai_chat import OpenAIChatClient
+from beam_agents.runtime import LlmRequest, RunAgent, agent
+from beam_agents.testing.local_http import LocalHttpServer, Reply
+from beam_agents.testing.pipelines import Advance, run_round
+
+REQUEST = LlmRequest("local-model", ({"role": "user", "content": "hi"},), {"temperature": 0})
+
+
+def completion(text="hello", prompt_tokens=7, completion_tokens=2) -> Reply:
+    body = {
+        "id": "chatcmpl-1",
+        "object": "chat.completion",
+        "created": 1,
+        "model": "served-model",
+        "choices": [
+            {"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": text}}
+        ],
+        "usage": {
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens,
+        },
+    }
+    return Reply(200, json.dumps(body).encode(), {"content-type": "application/json"})
+
+
+def error(status: int, **headers) -> Reply:
+    body = json.dumps({"error": {"message": f"status {status}", "type": "x"}}).encode()
+    return Reply(status, body, {"content-type": "application/json", **headers})
+
+
+def scripted(*replies):
+    queue = list(replies)
+    return lambda request: queue.pop(0) if len(queue) > 1 else queue[0]
+
+
+class Sleeps(list):
+    def __call__(self, seconds: float) -> None:
+        self.append(seconds)
+
+
+def client(server, **options) -> OpenAIChatClient:
+    return OpenAIChatClient(base_url=f"{server.url}/v1", **options)
+
+
+def test_a_completion_comes_back_with_its_token_usage():
+    with LocalHttpServer(scripted(completion())) as server:
+        response = client(server).complete(REQUEST)
+    assert (response.text, response.model, response.finish_reason) == (
+        "hello",
+        "served-model",
+        "stop",
+    )
+    assert (response.input_tokens, response.output_tokens) == (7, 2)
+    (sent,) = server.requests
+    assert (sent.method, sent.path) == ("POST", "/v1/chat/completions")
+    body = json.loads(sent.body)
+    assert body["model"] == "local-model" and body["temperature"] == 0
+    assert body["messages"] == [{"role": "user", "content": "hi"}]
+
+
+def test_a_429_is_retried_after_the_servers_retry_after():
+    sleeps = Sleeps()
+    with LocalHttpServer(scripted(error(429, **{"retry-after": "2"}), completion())) as server:
+        response = client(server, sleep=sleeps).complete(REQUEST)
+    assert response.text == "hello" and len(server.requests) == 2
+    assert sleeps == [2.0]
+
+
+def test_retry_after_ms_and_http_dates_are_honoured_and_capped():
+    sleeps = Sleeps()
+    replies = scripted(
+        error(503, **{"retry-after-ms": "250"}),
+        error(429, **{"retry-after": "Fri, 31 Dec 2100 23:59:59 GMT"}),
+        completion(),
+    )
+    with LocalHttpServer(replies) as server:
+        client(server, sleep=sleeps, max_backoff_s=5).complete(REQUEST)
+    assert sleeps == [0.25, 5]
+
+
+def test_a_500_storm_exhausts_the_attempts_with_backoff_and_a_retryable_error():
+    sleeps = Sleeps()
+    with LocalHttpServer(scripted(error(500))) as server, pytest.raises(LlmCallError) as raised:
+        client(server, sleep=sleeps, max_attempts=3, initial_backoff_s=1).complete(REQUEST)
+    assert raised.value.retryable and "gave up after 3 attempts" in raised.value.reason
+    assert len(server.requests) == 3
+    assert len(sleeps) == 2 and 0 <= sleeps[0] <= 1 and 0 <= sleeps[1] <= 2
+
+
+def test_a_timeout_is_a_retryable_error():
+    with LocalHttpServer(lambda request: Reply(200, b"{}", delay_s=2)) as server:
+        started = time.monotonic()
+        with pytest.raises(LlmCallError) as raised:
+            client(server, timeout_s=0.3, max_attempts=1).complete(REQUEST)
+    assert raised.value.retryable and "Timeout" in raised.value.reason
+    assert time.monotonic() - started < 1.9
+
+
+@pytest.mark.parametrize(
+    "reply",
+    [
+        Reply(200, b"this is not json", {"content-type": "application/json"}),
+        Reply(
+            200,
+            b'{"object": "chat.completion", "choices": []}',
+            {"content-type": "application/json"},
+        ),
+    ],
+    ids=["not json", "no choices"],
+)
+def test_a_malformed_body_is_a_non_retryable_error(reply):
+    with LocalHttpServer(scripted(reply)) as server, pytest.raises(LlmCallError) as raised:
+        client(server).complete(REQUEST)
+    assert not raised.value.retryable and len(server.requests) == 1
+
+
+@pytest.mark.parametrize("status", [400, 401, 404])
+def test_client_errors_are_not_retried(status):
+    with LocalHttpServer(scripted(error(status))) as server, pytest.raises(LlmCallError) as raised:
+        client(server).complete(REQUEST)
+    assert not raised.value.retryable and f"HTTP {status}" in raised.value.reason
+    assert len(server.requests) == 1
+
+
+def test_the_client_pickles_without_its_connection_or_showing_its_key():
+    with LocalHttpServer(scripted(completion())) as server:
+        original = OpenAIChatClient(base_url=f"{server.url}/v1", api_key="sk-secret")
+        original.complete(REQUEST)
+        copy = pickle.loads(pickle.dumps(original))
+        assert copy.complete(REQUEST).text == "hello"
+    assert "sk-secret" not in repr(original)
+
+
+def test_a_resumed_agent_replays_its_llm_answer_instead_of_calling_the_server_again(tmp_path):
+    @agent(name="tests.ask_then_look_up/v1")
+    def ask_then_look_up(ctx, event: bytes) -> bytes:
+        reply = ctx.llm([{"role": "user", "content": event.decode()}], model="local-model")
+        found = ctx.call_tool("kb.search", {"q": reply.text})
+        return reply.text.encode() + b" / " + found.payload
+
+    t0, key = 1_764_460_800_000, b"k-1"
+    answer = AgentEnvelope(entity_key=key, event_time_ms=t0 + 10)
+    answer.tool_result.intent_id = intent_id(key, t0 * 1000, 0)
+    answer.tool_result.payload = b"found"
+    with LocalHttpServer(scripted(completion("search terms"))) as server:
+        outputs = run_round(
+            RunAgent(ask_then_look_up, llm_client=client(server)),
+            [
+                AgentEnvelope(entity_key=key, event_time_ms=t0, external_event=b"question"),
+                Advance(t0 + 1),
+                answer,
+                Advance(t0 + 20),
+            ],
+            tmp_path,
+        ).before(t0 + 20)
+    assert outputs.values("completions") == [b"search terms / found"]
+    assert len(server.requests) == 1  # the resume replayed the answer from the key's cache
