@@ -3,6 +3,7 @@
     beam-agents demo [BEAM PIPELINE OPTIONS]
     beam-agents inspect FILE [--type NAME] [--max-bytes N]
     beam-agents dry-run DIR [--max-bytes N]
+    beam-agents export-traces FILE [--endpoint URL]
 
 `demo` runs the support-triage agent end to end on local Beam pipelines (RunAgent,
 ExecuteIntents, a scripted approver), with no network and no keys, and prints an account of
@@ -15,6 +16,10 @@ of it, and prints the migrated message when it differs. A guess it cannot make w
 certainty is refused, naming the candidate types. Exit codes: 0 decoded (whatever the migration
 verdict); 1 input rejected (not a regular file, over --max-bytes, unreadable, not a beam_agents
 message, or ambiguous without --type); 2 usage error.
+
+`export-traces` sends a file of TraceEvents (length-delimited, beam_agents.telemetry's format)
+to an OTLP/HTTP endpoint as OpenTelemetry spans (needs the beam-agents[otel] extra). Exit
+codes: 0 exported; 1 not a trace file, or the endpoint refused; 2 usage error.
 
 `dry-run` is the pre-deploy check: it reads every regular file under DIR (dot-named ones
 included) as one exported StateSnapshot and reports, for the envelope and each blob inside, its
@@ -89,6 +94,30 @@ def _demo(args: argparse.Namespace) -> int:
     return demo_main(args.pipeline_args)
 
 
+def _export_traces(args: argparse.Namespace) -> int:
+    # Deferred: OpenTelemetry is an optional extra that the other commands do not need.
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+    from beam_agents.telemetry import export_file
+
+    exporter = OTLPSpanExporter(endpoint=args.endpoint, timeout=30)
+    try:
+        count = export_file(args.file, exporter)
+    except ValueError as e:
+        print(
+            f"beam-agents export-traces: {printable(args.file)}: not a trace file: {e}",
+            file=sys.stderr,
+        )
+        return EXIT_REJECTED
+    except OSError as e:
+        print(f"beam-agents export-traces: {printable(args.file)}: {e}", file=sys.stderr)
+        return EXIT_REJECTED
+    finally:
+        exporter.shutdown()
+    print(f"exported {count} spans to {args.endpoint}")
+    return EXIT_OK
+
+
 def _reason(error: BeamAgentsError) -> str:
     return getattr(error, "reason", None) or str(error)
 
@@ -160,6 +189,16 @@ def _parser() -> argparse.ArgumentParser:
     check.add_argument("dir", help="a folder of exported StateSnapshot files, one per file")
     _max_bytes_option(check)
     check.set_defaults(run=_dry_run)
+    export = commands.add_parser(
+        "export-traces", help="send a file of TraceEvents to an OTLP/HTTP endpoint as spans"
+    )
+    export.add_argument("file", help="a file beam_agents.telemetry.write_trace_file wrote")
+    export.add_argument(
+        "--endpoint",
+        default="http://localhost:4318/v1/traces",
+        help="the OTLP/HTTP traces endpoint (default: a local collector)",
+    )
+    export.set_defaults(run=_export_traces)
     return parser
 
 

@@ -352,7 +352,7 @@ class ActivationContext:
             attributes["gen_ai.response.finish_reasons"] = response.finish_reason
         self._trace(
             TraceEvent.LLM_CALL,
-            span_id(self.entity_key, self.seq, "llm", key),
+            span_id(self.entity_key, self.seq, "llm", self.span_id.hex(), key),
             self._next_step,
             attributes,
         )

@@ -396,7 +396,8 @@ class _AgentDoFn(beam.DoFn):
         ctx.trace_activation(
             TraceEvent.ACTIVATION_START,
             {
-                "beam_agents.agent": self._agent.adapter,
+                "gen_ai.operation.name": "invoke_agent",
+                "gen_ai.agent.name": self._agent.adapter,
                 "beam_agents.resume": "true" if resume_of else "false",
             },
         )

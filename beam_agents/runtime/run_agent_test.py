@@ -129,6 +129,9 @@ def test_the_example_agent_runs_end_to_end_through_the_effector_in_rounds(tmp_pa
     # The model answered once; every later resume replayed the recorded answer.
     assert [t.attributes["beam_agents.replayed"] for t in llm_calls] == ["false", "true", "true"]
     assert {t.trace_id for t in traces} == {traces[0].trace_id}
+    # Every span is its own, replayed calls included; only an activation's end shares its span.
+    spans = [t.span_id for t in traces if t.event_type != TraceEvent.ACTIVATION_END]
+    assert len(spans) == len(set(spans))
 
 
 def _scripted_stream(refund_payload: bytes):
