@@ -1,10 +1,12 @@
-"""The frozen shape of beam_agents' keyed state: every stateful DoFn's state spec ids, coders
-and timer domains, as committed in state_manifest.json.
+"""The frozen shape of beam_agents' keyed state: the names of the transforms RunAgent and
+ExecuteIntents apply, and every stateful DoFn's state spec ids, coders and timer domains, as
+committed in state_manifest.json.
 
 Dataflow `--update` (and a Flink savepoint restore) matches state by transform name and state
-spec id and decodes it with the new binary's coder. Renaming a spec, changing its coder or
-moving a timer to another time domain therefore refuses the update or loses every key's state:
-no schema-version bump can license it. `state_manifest_test.py` fails on any difference
+spec id and decodes it with the new binary's coder. Renaming a transform (a label, or a DoFn
+class, which Beam puts in the name of its ParDo), renaming a spec, changing its coder or moving
+a timer to another time domain therefore refuses the update or loses every key's state: no
+schema-version bump can license it. `state_manifest_test.py` fails on any difference
 between the DoFns and the committed file; only a deliberate, drained (not updated) release
 regenerates it:
 
@@ -33,6 +35,36 @@ def _stateful_dofns() -> dict[str, type]:
     return {"ExecuteIntents/ExecuteOnce": _ExecuteOnce, "RunAgent/Activate": _AgentDoFn}
 
 
+def _transform_names() -> dict[str, list[str]]:
+    """The leaf transforms each composite applies, relative to its own label."""
+    import apache_beam as beam
+
+    from beam_agents.effector import ExecuteIntents, VerifyMode
+    from beam_agents.runtime import RunAgent, agent
+
+    @agent(name="state_manifest.names_only")
+    def names_only(ctx, event: bytes) -> bytes:  # names do not depend on the agent
+        return event
+
+    composites = {
+        "RunAgent": RunAgent(names_only),
+        "ExecuteIntents": ExecuteIntents({}, mode=VerifyMode.OFF),
+    }
+    pipeline = beam.Pipeline()
+    created = pipeline | beam.Create([b""])
+    for label, composite in composites.items():
+        _ = created | label >> composite
+    transforms = pipeline.to_runner_api().components.transforms.values()
+    return {
+        label: sorted(
+            t.unique_name.removeprefix(label + "/")
+            for t in transforms
+            if t.unique_name.startswith(label + "/") and not t.subtransforms
+        )
+        for label in composites
+    }
+
+
 def _coder(coder) -> dict[str, str]:
     described = {"coder": f"{type(coder).__module__}.{type(coder).__qualname__}"}
     message = getattr(coder, "proto_message_type", None)
@@ -42,8 +74,8 @@ def _coder(coder) -> dict[str, str]:
 
 
 def describe() -> dict:
-    """The manifest of the DoFns in this binary."""
-    manifest = {}
+    """The manifest of the transforms and DoFns in this binary."""
+    manifest: dict = {"transform_names": _transform_names()}
     for transform, dofn in _stateful_dofns().items():
         states = {}
         timers = {}
@@ -63,7 +95,20 @@ def describe() -> dict:
 def differences(committed: dict, current: dict) -> list[str]:
     """Each way `current` differs from `committed`, with what it would do to an update."""
     found = []
-    for transform in sorted(set(committed) | set(current)):
+    for composite in sorted(set(committed["transform_names"]) | set(current["transform_names"])):
+        old = set(committed["transform_names"].get(composite, []))
+        new = set(current["transform_names"].get(composite, []))
+        for name in sorted(old - new):
+            found.append(
+                f"{composite}/{name} is gone: --update matches steps and their state by "
+                "transform name, so a running job's state for it would be dropped"
+            )
+        for name in sorted(new - old):
+            found.append(
+                f"{composite}/{name} is new: a renamed step starts with empty state on --update"
+            )
+    stateful = [t for t in set(committed) | set(current) if t != "transform_names"]
+    for transform in sorted(stateful):
         old, new = committed.get(transform), current.get(transform)
         if old is None or new is None:
             what = "is new" if old is None else "is gone"

@@ -39,3 +39,21 @@ def test_a_renamed_spec_a_swapped_coder_or_another_timer_domain_is_named(monkeyp
     problems = state_manifest.differences(committed, swapped)
     assert "state 'seq' changed" in problems[0] and "lost or misread on --update" in problems[0]
     assert "timers 'ttl' changed" in problems[1]
+
+
+def test_a_renamed_dofn_class_renames_its_step_and_is_named():
+    committed = state_manifest.describe()
+    _AgentDoFn.__name__ = "_RenamedDoFn"  # monkeypatch cannot undo a class's __name__
+    try:
+        renamed = state_manifest.describe()
+    finally:
+        _AgentDoFn.__name__ = "_AgentDoFn"
+    problems = state_manifest.differences(committed, renamed)
+    assert problems[0].startswith("RunAgent/Activate/ParDo(_AgentDoFn) is gone:")
+    assert problems[1].startswith("RunAgent/Activate/ParDo(_RenamedDoFn) is new:")
+
+
+def test_the_committed_names_cover_both_composites():
+    names = json.loads(state_manifest.MANIFEST.read_text())["transform_names"]
+    assert "Activate/ParDo(_AgentDoFn)" in names["RunAgent"]
+    assert "ExecuteOnce/ParDo(_ExecuteOnce)" in names["ExecuteIntents"]

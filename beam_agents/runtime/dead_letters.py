@@ -70,7 +70,8 @@ REASONS = {
     "naming another entity",
     DEADLINE_EXCEEDED: "no answer by the deadline under the dead-letter policy; the "
     "suspension was ended",
-    STALE_TIMER: "a deadline timer found no suspension due at its time",
+    STALE_TIMER: "a deadline timer found a suspension due at another time (one that finds the "
+    "suspension resolved already is only counted)",
     TTL_WIPED_SUSPENDED: "a suspended key idle past its TTL; its state was cleared",
     RESTORE_CONFLICT: "a StateSnapshot for a key that already has state; nothing restored",
 }

@@ -214,6 +214,9 @@ class _AgentDoFn(beam.DoFn):
         self._activations = beam.metrics.Metrics.counter("beam_agents.runtime", "activations")
         self._failures = beam.metrics.Metrics.counter("beam_agents.runtime", "failed_activations")
         self._duplicates = beam.metrics.Metrics.counter("beam_agents.runtime", "duplicate_answers")
+        self._resolved_deadlines = beam.metrics.Metrics.counter(
+            "beam_agents.runtime", "deadline_timers_after_resolution"
+        )
 
     def setup(self) -> None:
         self._keyring = None if self._keyring_loader is None else self._keyring_loader()
@@ -542,11 +545,18 @@ class _AgentDoFn(beam.DoFn):
         reads = self._read(*states)
         now = fired.micros // 1000
         suspended = reads.continuation
-        if suspended is None or timer_timestamp(suspended.deadline_ms) != fired:
+        if suspended is None:
+            # Resolved already (runners may still fire a timer they were told to clear, and a
+            # watermark past both lets the TTL resolve a due deadline first): nothing to do,
+            # and nothing for anyone to act on.
+            self._resolved_deadlines.inc()
+            return
+        if timer_timestamp(suspended.deadline_ms) != fired:
             outcome = _dead(
                 key,
                 STALE_TIMER,
-                f"a deadline timer at {now} found no suspension due then; nothing changed",
+                f"a deadline timer at {now} found the suspension due at "
+                f"{suspended.deadline_ms}; nothing changed",
                 now,
             )
         else:

@@ -1,0 +1,74 @@
+"""The Dataflow launcher builds its pipeline from Beam options and runs it on the DirectRunner
+with the same options object; its RunAgent steps carry the committed names."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import apache_beam as beam
+from apache_beam.options.pipeline_options import PipelineOptions
+
+from beam_agents._protos import AgentEnvelope, ToolIntent
+from beam_agents.core.wire import join_delimited
+from beam_agents.examples.support_triage import ticket
+from beam_agents.state_manifest import MANIFEST
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import dataflow_launch
+
+T0 = 1_764_460_800_000
+
+
+def _options(tmp_path, *extra) -> PipelineOptions:
+    envelopes = tmp_path / "envelopes.binpb"
+    envelopes.write_bytes(
+        join_delimited(
+            [
+                AgentEnvelope(
+                    entity_key=b"c-1",
+                    event_time_ms=T0,
+                    external_event=ticket("t-1", "c-1", "I was charged twice"),
+                ),
+                AgentEnvelope(entity_key=b"c-2", event_time_ms=T0, external_event=b"not json"),
+            ]
+        )
+    )
+    return PipelineOptions(
+        ["--runner=DirectRunner", f"--input_file={envelopes}", f"--output_dir={tmp_path}", *extra]
+    )
+
+
+def test_the_launcher_runs_its_pipeline_on_the_direct_runner(tmp_path):
+    assert (
+        dataflow_launch.main(
+            _options(tmp_path).get_all_options(drop_default=True)
+            and [f"--input_file={tmp_path / 'envelopes.binpb'}", f"--output_dir={tmp_path}"]
+        )
+        == 0
+    )
+    intents = [
+        ToolIntent.FromString(bytes.fromhex(line))
+        for line in (tmp_path / "intents").read_text().splitlines()
+    ]
+    assert [i.tool_name for i in intents] == ["crm.lookup"]
+    errors = [
+        AgentEnvelope.FromString(bytes.fromhex(line))
+        for line in (tmp_path / "errors").read_text().splitlines()
+    ]
+    assert [e.entity_key for e in errors] == [b"c-2"]  # the agent raised on bad JSON
+
+
+def test_the_built_pipeline_has_the_committed_step_names(tmp_path):
+    options = _options(tmp_path)
+    pipeline = beam.Pipeline(options=options)
+    dataflow_launch.build(pipeline, options)
+    names = {t.unique_name for t in pipeline.to_runner_api().components.transforms.values()}
+    committed = json.loads(MANIFEST.read_text())["transform_names"]["RunAgent"]
+    assert {f"RunAgent/{name}" for name in committed} <= names
+
+
+def test_without_an_input_the_launcher_is_a_usage_error(capsys):
+    assert dataflow_launch.main([]) == 2
+    assert "--input_subscription" in capsys.readouterr().err
