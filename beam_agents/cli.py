@@ -4,6 +4,8 @@
     beam-agents inspect FILE [--type NAME] [--max-bytes N]
     beam-agents dry-run DIR [--max-bytes N]
     beam-agents export-traces FILE [--endpoint URL]
+    beam-agents replay SNAPSHOT ENVELOPE --agent MODULE:NAME [--recorded-intents FILE]
+        [--recorded-traces FILE]
 
 `demo` runs the support-triage agent end to end on local Beam pipelines (RunAgent,
 ExecuteIntents, a scripted approver), with no network and no keys, and prints an account of
@@ -20,6 +22,11 @@ message, or ambiguous without --type); 2 usage error.
 `export-traces` sends a file of TraceEvents (length-delimited, beam_agents.telemetry's format)
 to an OTLP/HTTP endpoint as OpenTelemetry spans (needs the beam-agents[otel] extra). Exit
 codes: 0 exported; 1 not a trace file, or the endpoint refused; 2 usage error.
+
+`replay` re-runs one activation offline from an exported StateSnapshot, with a model client
+that refuses every call, and compares it with what was recorded (beam_agents.replay). Exit
+codes: 0 reproduced; 1 diverged (with a diff); 3 could not be reproduced (a cache miss, a
+digest-only entry, state this binary cannot read); 2 usage error.
 
 `dry-run` is the pre-deploy check: it reads every regular file under DIR (dot-named ones
 included) as one exported StateSnapshot and reports, for the envelope and each blob inside, its
@@ -118,6 +125,30 @@ def _export_traces(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _replay(args: argparse.Namespace) -> int:
+    # Deferred: the replay runs a Beam pipeline, which the other commands do not need.
+    from beam_agents._protos import ToolIntent, TraceEvent
+    from beam_agents.replay import load_agent, read_messages, replay
+
+    try:
+        agent = load_agent(args.agent)
+        snapshot = decode(read_input(args.snapshot), "StateSnapshot").message
+        envelope = decode(read_input(args.envelope), "AgentEnvelope").message
+        recorded = {
+            name: None if path is None else read_messages(read_input(path), message_type)
+            for name, path, message_type in (
+                ("recorded_intents", args.recorded_intents, ToolIntent),
+                ("recorded_traces", args.recorded_traces, TraceEvent),
+            )
+        }
+    except (ValueError, BeamAgentsError) as e:
+        print(f"beam-agents replay: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    result = replay(snapshot, envelope, agent, **recorded)
+    print(result.report)
+    return result.verdict
+
+
 def _reason(error: BeamAgentsError) -> str:
     return getattr(error, "reason", None) or str(error)
 
@@ -199,6 +230,15 @@ def _parser() -> argparse.ArgumentParser:
         help="the OTLP/HTTP traces endpoint (default: a local collector)",
     )
     export.set_defaults(run=_export_traces)
+    again = commands.add_parser(
+        "replay", help="re-run one activation offline and compare it with what was recorded"
+    )
+    again.add_argument("snapshot", help="the key's StateSnapshot, exported before it")
+    again.add_argument("envelope", help="the AgentEnvelope that started or resumed it")
+    again.add_argument("--agent", required=True, help="the agent, as MODULE:NAME")
+    again.add_argument("--recorded-intents", help="the ToolIntents it emitted (length-delimited)")
+    again.add_argument("--recorded-traces", help="the TraceEvents it emitted (length-delimited)")
+    again.set_defaults(run=_replay)
     return parser
 
 
