@@ -320,14 +320,21 @@ class ActivationContext:
     # -- the model ------------------------------------------------------------------------
 
     def llm(
-        self, messages: Sequence[Mapping[str, object]], *, model: str, **params: object
+        self,
+        messages: Sequence[Mapping[str, object]],
+        *,
+        model: str,
+        replay_key: str | None = None,
+        **params: object,
     ) -> LlmResponse:
         """One chat completion, answered from the replay cache when this activation made the
-        same call before."""
+        same call before. The cache key is the key, seq, the call's position in the activation
+        and the request; an adapter whose resumes re-run only part of the agent (a LangGraph
+        node) names the position itself with `replay_key`."""
         self._check_open()
         request = LlmRequest(model, tuple(messages), params)
         canonical = request.canonical()
-        position = self._llm_calls
+        position = self._llm_calls if replay_key is None else f"key:{replay_key}"
         self._llm_calls += 1
         key = hashlib.sha256(
             f"llm|{self.entity_key.hex()}|{self.seq}|{position}|{canonical}".encode()
