@@ -23,20 +23,17 @@ import statistics
 import time
 
 import apache_beam as beam
-from apache_beam.coders import VarIntCoder
 from apache_beam.coders.coders import DeterministicProtoCoder
 from apache_beam.options.pipeline_options import PipelineOptions
-from apache_beam.transforms.timeutil import TimeDomain
 from apache_beam.transforms.userstate import (
-    BagStateSpec,
-    ReadModifyWriteStateSpec,
     TimerSpec,
     on_timer,
 )
 from apache_beam.utils.timestamp import Timestamp
 
-from beam_agents._protos import AgentEnvelope, Continuation, LlmCacheBlob, MemoryBlob, ToolIntent
+from beam_agents._protos import AgentEnvelope, LlmCacheBlob, MemoryBlob
 from beam_agents.runtime import Memory, ReplayCache, RunAgent, agent
+from beam_agents.runtime.run_agent import _AgentDoFn
 
 ACTIVATION_GOAL = 1.5
 T0 = 1_764_460_800_000
@@ -51,13 +48,15 @@ def remember(ctx, event: bytes) -> bytes:
 class _BareStatefulDoFn(beam.DoFn):
     """The state work of an activation, without the runtime."""
 
-    MEMORY = ReadModifyWriteStateSpec("memory", DeterministicProtoCoder(MemoryBlob))
-    CONTINUATION = ReadModifyWriteStateSpec("continuation", DeterministicProtoCoder(Continuation))
-    LLM_CACHE = ReadModifyWriteStateSpec("llm_cache", DeterministicProtoCoder(LlmCacheBlob))
-    SEQ = ReadModifyWriteStateSpec("seq", VarIntCoder())
-    PENDING = BagStateSpec("pending", DeterministicProtoCoder(ToolIntent))
-    DEADLINE = TimerSpec("deadline", TimeDomain.WATERMARK)
-    TTL = TimerSpec("ttl", TimeDomain.WATERMARK)
+    # The runtime's own state specs: the same cells and coders. Timer specs carry their
+    # callback, so they are this DoFn's own, with the runtime's names and domain.
+    MEMORY = _AgentDoFn.MEMORY
+    CONTINUATION = _AgentDoFn.CONTINUATION
+    LLM_CACHE = _AgentDoFn.LLM_CACHE
+    SEQ = _AgentDoFn.SEQ
+    PENDING = _AgentDoFn.PENDING
+    DEADLINE = TimerSpec("deadline", _AgentDoFn.DEADLINE.time_domain)
+    TTL = TimerSpec("ttl", _AgentDoFn.TTL.time_domain)
 
     def process(
         self,
