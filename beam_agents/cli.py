@@ -199,10 +199,8 @@ def _parser() -> argparse.ArgumentParser:
     demo = commands.add_parser(
         "demo", help="run the support-triage agent end to end on local Beam pipelines"
     )
-    demo.add_argument(
-        "pipeline_args", nargs=argparse.REMAINDER, help="Beam pipeline options (--runner=...)"
-    )
-    demo.set_defaults(run=_demo)
+    # Beam pipeline options (--runner=...) are whatever else follows `demo`.
+    demo.set_defaults(run=_demo, takes_pipeline_options=True)
     inspect = commands.add_parser(
         "inspect", help="decode one serialized beam_agents message and print it as text"
     )
@@ -263,7 +261,12 @@ def _positive_int(text: str) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args, extra = parser.parse_known_args(argv)
+    if getattr(args, "takes_pipeline_options", False):
+        args.pipeline_args = extra
+    elif extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     return args.run(args)
 
 

@@ -256,8 +256,14 @@ class _Demo:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """`python -m beam_agents.demo [Beam pipeline options]`."""
-    return run_demo(PipelineOptions(list(argv) if argv is not None else sys.argv[1:]))
+    """`python -m beam_agents.demo [Beam pipeline options]`; 2 when Beam refuses the options."""
+    options = PipelineOptions(list(argv) if argv is not None else sys.argv[1:])
+    try:
+        beam.Pipeline(options=options)  # Beam checks the runner and its options here
+    except ValueError as e:
+        print(f"beam-agents demo: {e}", file=sys.stderr)
+        return 2
+    return run_demo(options)
 
 
 if __name__ == "__main__":

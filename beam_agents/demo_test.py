@@ -7,6 +7,9 @@ import re
 import subprocess
 import sys
 
+import pytest
+
+from beam_agents.cli import main
 from beam_agents.demo import run_demo
 
 
@@ -52,3 +55,11 @@ def test_the_demo_is_the_console_scripts_main_job(tmp_path):
     )
     assert result.returncode == 0, result.stderr[-2000:]
     assert '"outcome": "refunded"' in result.stdout
+
+
+def test_the_demo_passes_pipeline_options_on_and_other_commands_refuse_them(capsys):
+    with pytest.raises(SystemExit) as raised:
+        main(["inspect", "f", "--runner=DirectRunner"])
+    assert raised.value.code == 2 and "unrecognized arguments" in capsys.readouterr().err
+    assert main(["demo", "--runner=NoSuchRunner"]) == 2  # Beam refuses the runner
+    assert "NoSuchRunner" in capsys.readouterr().err

@@ -30,8 +30,10 @@ from google.protobuf import text_format
 from google.protobuf.message import Message
 
 from beam_agents._protos import AgentEnvelope, StateSnapshot, ToolIntent, TraceEvent
+from beam_agents.core.migration import MigrationRegistry
 from beam_agents.core.signing import SIGNATURE_FIELDS
 from beam_agents.core.wire import split_delimited
+from beam_agents.preflight import report
 from beam_agents.runtime import ERRORS, INTENTS, TRACES, Agent, RefusingLlmClient, RunAgent
 from beam_agents.runtime.dead_letters import LLM_FAILED
 from beam_agents.testing.pipelines import Advance, run_round
@@ -76,22 +78,19 @@ def replay(
     *,
     recorded_intents: Sequence[ToolIntent] | None = None,
     recorded_traces: Sequence[TraceEvent] | None = None,
+    registry: MigrationRegistry | None = None,
 ) -> Replay:
-    """Re-runs the activation `envelope` starts or resumes from `snapshot`; see the module."""
+    """Re-runs the activation `envelope` starts or resumes from `snapshot`; see the module.
+    `registry` replaces this binary's migration registry (tests of another schema version)."""
+    unreadable = [blob for blob in report(snapshot, registry) if not blob.outcome.readable]
+    if unreadable:  # the same verdicts as `beam-agents dry-run`, before any pipeline runs
+        where = "; ".join(f"{b.where or b.type_name}: {b.detail}" for b in unreadable)
+        return Replay(UNREPRODUCIBLE, f"cannot read the state: {where}", [], [])
     at = envelope.event_time_ms
     inputs = [snapshot, Advance(min(snapshot.snapshot_at_ms, at - 1)), envelope, Advance(at + 1)]
     with tempfile.TemporaryDirectory(prefix="beam-agents-replay-") as workdir:
-        try:
-            outputs = run_round(RunAgent(agent, llm_client=RefusingLlmClient()), inputs, workdir)
-        except Exception as e:  # the pipeline failed: state it cannot read
-            text = str(e)
-            for known in ("no migration registered", "roll the newer binary forward"):
-                if known in text:
-                    line = text[text.index(known) - 80 if text.index(known) > 80 else 0 :]
-                    return Replay(
-                        UNREPRODUCIBLE, "cannot read the state: " + line.splitlines()[0], [], []
-                    )
-            raise
+        agent_run = RunAgent(agent, llm_client=RefusingLlmClient(), registry=registry)
+        outputs = run_round(agent_run, inputs, workdir)
     # A bounded run ends by firing every timer; only the activation itself counts.
     outputs = outputs.before(at + 1)
     intents, traces = outputs.values(INTENTS), outputs.values(TRACES)

@@ -7,6 +7,7 @@ import pytest
 from beam_agents._protos import AgentEnvelope, ToolResult
 from beam_agents.cli import main
 from beam_agents.core.intent import intent_id
+from beam_agents.core.migration import MigrationRegistry
 from beam_agents.core.wire import join_delimited
 from beam_agents.examples.support_triage import TOOLS, scripted_model, ticket, triage
 from beam_agents.replay import DIVERGED, REPRODUCED, UNREPRODUCIBLE, replay
@@ -168,3 +169,10 @@ def test_the_command_line_reports_and_exits_with_the_verdict(production, tmp_pat
     assert main(["replay", *args, "--agent", "no.such.module:agent"]) == 2
     assert main(["replay", *args, "--agent", "json:dumps"]) == 2
     assert "is not an agent" in capsys.readouterr().err
+
+
+def test_state_that_needs_a_missing_migration_step_cannot_be_reproduced(production):
+    _, snapshot, *_ = production
+    without_steps = MigrationRegistry(current_version=2)
+    result = replay(snapshot, _approval(T0 + 20), triage, registry=without_steps)
+    assert result.verdict == UNREPRODUCIBLE and "no migration registered" in result.report

@@ -323,14 +323,17 @@ def test_refused_answers_are_dead_letters_and_change_nothing(tmp_path, answer, r
         tmp_path,
     )
     refused = [(e.reason, e.entity_key) for e in outputs.values("errors")]
-    assert refused[0] == (reason, answer().entity_key)
+    # Once the watermark passed a deadline, a runner may fire its timer before or after a later
+    # element: an answer past the deadline is refused as late, or as for no suspension.
+    allowed = {reason, "no_suspension"} if reason == "after_deadline" else {reason}
+    assert refused[0][0] in allowed and refused[0][1] == answer().entity_key
     (snapshot,) = outputs.values("snapshots")
-    assert list(snapshot.continuation.answers) == []
-    assert snapshot.continuation.pending_intent_ids == [intent_id(KEY, SEQ, 0)]
+    assert list(snapshot.continuation.answers) == []  # the refused answer was never recorded
     completed = [json.loads(done) for done in outputs.before(T0 + 13).values("completions")]
     if deadline < T0 + 13:  # only the deadline resumed it: the refused answer never counted
         assert completed == [[["a.tool", "EXPIRED"], ["escalations", 1]]]
     else:
+        assert snapshot.continuation.pending_intent_ids == [intent_id(KEY, SEQ, 0)]
         assert completed == []
 
 

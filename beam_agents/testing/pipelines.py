@@ -10,6 +10,10 @@ which fires every timer still set; `Outputs.before(ms)` keeps what happened befo
 event time.
 
     outputs = run_round(RunAgent(agent), [snapshot, envelope, Advance(ms), ...], tmp_path)
+
+Without `options`, the pipeline options come from $BEAM_AGENTS_PIPELINE_OPTIONS (shell words,
+e.g. "--runner=PrismRunner --prism_location=PATH"): one variable runs a whole test suite on
+another runner, and nothing in beam_agents knows which runner runs it.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import os
+import shlex
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -28,7 +33,9 @@ from apache_beam.transforms import window
 from beam_agents._protos import AgentEnvelope, StateSnapshot
 from beam_agents.decoding import message_type
 
-__all__ = ["Advance", "Outputs", "run_round"]
+__all__ = ["OPTIONS_ENV", "Advance", "Outputs", "run_round"]
+
+OPTIONS_ENV = "BEAM_AGENTS_PIPELINE_OPTIONS"
 
 _ENVELOPE, _SNAPSHOT = b"E", b"S"
 _round_numbers = itertools.count()
@@ -104,7 +111,8 @@ def run_round(
         at = item.snapshot_at_ms if isinstance(item, StateSnapshot) else item.event_time_ms
         data = tag + item.SerializeToString(deterministic=True)
         stream = stream.add_elements([window.TimestampedValue(data, at / 1000)])
-    options = options or PipelineOptions()
+    if options is None:
+        options = PipelineOptions(shlex.split(os.environ.get(OPTIONS_ENV, "")))
     options.view_as(StandardOptions).streaming = True
     with beam.Pipeline(options=options) as pipeline:
         split = (
