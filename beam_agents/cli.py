@@ -6,6 +6,7 @@
     beam-agents export-traces FILE [--endpoint URL]
     beam-agents replay SNAPSHOT ENVELOPE --agent MODULE:NAME [--recorded-intents FILE]
         [--recorded-traces FILE]
+    beam-agents update-check OLD NEW
 
 `demo` runs the support-triage agent end to end on local Beam pipelines (RunAgent,
 ExecuteIntents, a scripted approver), with no network and no keys, and prints an account of
@@ -27,6 +28,10 @@ codes: 0 exported; 1 not a trace file, or the endpoint refused; 2 usage error.
 that refuses every call, and compares it with what was recorded (beam_agents.replay). Exit
 codes: 0 reproduced; 1 diverged (with a diff); 3 could not be reproduced (a cache miss, a
 digest-only entry, state this binary cannot read); 2 usage error.
+
+`update-check` compares two builds' pipeline graphs (beam_agents.update_check) and names every
+difference that would make Dataflow refuse an --update or lose state. Exit codes: 0
+compatible; 1 not; 2 usage error.
 
 `dry-run` is the pre-deploy check: it reads every regular file under DIR (dot-named ones
 included) as one exported StateSnapshot and reports, for the envelope and each blob inside, its
@@ -149,6 +154,34 @@ def _replay(args: argparse.Namespace) -> int:
     return result.verdict
 
 
+def _update_check(args: argparse.Namespace) -> int:
+    # Deferred: reading graphs imports Beam's runner API, which the other commands do not need.
+    from google.protobuf.message import DecodeError
+
+    from beam_agents.update_check import describe_graph, differences, read_graph
+
+    graphs = []
+    for path in (args.old, args.new):
+        try:
+            graphs.append(describe_graph(read_graph(read_input(path))))
+        except (BeamAgentsError, DecodeError) as e:
+            print(
+                f"beam-agents update-check: {printable(path)}: not a pipeline graph: "
+                f"{_reason(e) if isinstance(e, BeamAgentsError) else e}",
+                file=sys.stderr,
+            )
+            return EXIT_USAGE
+    found = differences(*graphs)
+    for difference in found:
+        print(difference)
+    print(
+        "compatible: --update keeps every step and its state"
+        if not found
+        else f"NOT compatible: {len(found)} difference(s)"
+    )
+    return EXIT_REJECTED if found else EXIT_OK
+
+
 def _reason(error: BeamAgentsError) -> str:
     return getattr(error, "reason", None) or str(error)
 
@@ -237,6 +270,12 @@ def _parser() -> argparse.ArgumentParser:
     again.add_argument("--recorded-intents", help="the ToolIntents it emitted (length-delimited)")
     again.add_argument("--recorded-traces", help="the TraceEvents it emitted (length-delimited)")
     again.set_defaults(run=_replay)
+    update = commands.add_parser(
+        "update-check", help="would Dataflow --update take NEW over a job running OLD?"
+    )
+    update.add_argument("old", help="the running build's pipeline graph (update_check.write_graph)")
+    update.add_argument("new", help="the new build's pipeline graph")
+    update.set_defaults(run=_update_check)
     return parser
 
 

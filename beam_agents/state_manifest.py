@@ -20,30 +20,22 @@ import json
 import sys
 from pathlib import Path
 
-from apache_beam.transforms import userstate
-
-__all__ = ["MANIFEST", "describe", "differences", "main"]
+__all__ = ["MANIFEST", "describe", "main"]
 
 MANIFEST = Path(__file__).with_name("state_manifest.json")
 
 
-def _stateful_dofns() -> dict[str, type]:
-    from beam_agents.effector import _ExecuteOnce
-    from beam_agents.runtime.run_agent import _AgentDoFn
-
-    # Keyed by the transform label each is applied under: what --update matches.
-    return {"ExecuteIntents/ExecuteOnce": _ExecuteOnce, "RunAgent/Activate": _AgentDoFn}
-
-
-def _transform_names() -> dict[str, list[str]]:
-    """The leaf transforms each composite applies, relative to its own label."""
+def describe() -> dict:
+    """The manifest of this binary: the graph of a pipeline applying RunAgent and
+    ExecuteIntents, described as Beam itself sees it (update_check.describe_graph)."""
     import apache_beam as beam
 
     from beam_agents.effector import ExecuteIntents, VerifyMode
     from beam_agents.runtime import RunAgent, agent
+    from beam_agents.update_check import describe_graph
 
     @agent(name="state_manifest.names_only")
-    def names_only(ctx, event: bytes) -> bytes:  # names do not depend on the agent
+    def names_only(ctx, event: bytes) -> bytes:  # neither names nor specs depend on the agent
         return event
 
     composites = {
@@ -51,91 +43,18 @@ def _transform_names() -> dict[str, list[str]]:
         "ExecuteIntents": ExecuteIntents({}, mode=VerifyMode.OFF),
     }
     pipeline = beam.Pipeline()
-    created = pipeline | beam.Create([b""])
+    created = pipeline | "Inputs" >> beam.Create([b""])
     for label, composite in composites.items():
         _ = created | label >> composite
-    transforms = pipeline.to_runner_api().components.transforms.values()
+    graph = describe_graph(pipeline.to_runner_api())
+    names = graph.pop("transform_names")["pipeline"]
     return {
-        label: sorted(
-            t.unique_name.removeprefix(label + "/")
-            for t in transforms
-            if t.unique_name.startswith(label + "/") and not t.subtransforms
-        )
-        for label in composites
+        "transform_names": {
+            label: sorted(n.removeprefix(label + "/") for n in names if n.startswith(label + "/"))
+            for label in composites
+        },
+        **graph,
     }
-
-
-def _coder(coder) -> dict[str, str]:
-    described = {"coder": f"{type(coder).__module__}.{type(coder).__qualname__}"}
-    message = getattr(coder, "proto_message_type", None)
-    if message is not None:
-        described["message"] = message.DESCRIPTOR.full_name
-    return described
-
-
-def describe() -> dict:
-    """The manifest of the transforms and DoFns in this binary."""
-    manifest: dict = {"transform_names": _transform_names()}
-    for transform, dofn in _stateful_dofns().items():
-        states = {}
-        timers = {}
-        for value in vars(dofn).values():
-            if isinstance(value, userstate.StateSpec):
-                states[value.name] = {"kind": type(value).__name__, **_coder(value.coder)}
-            elif isinstance(value, userstate.TimerSpec):
-                timers[value.name.removeprefix("ts-")] = {"domain": value.time_domain}
-        manifest[transform] = {
-            "dofn": f"{dofn.__module__}.{dofn.__qualname__}",
-            "state": dict(sorted(states.items())),
-            "timers": dict(sorted(timers.items())),
-        }
-    return manifest
-
-
-def differences(committed: dict, current: dict) -> list[str]:
-    """Each way `current` differs from `committed`, with what it would do to an update."""
-    found = []
-    for composite in sorted(set(committed["transform_names"]) | set(current["transform_names"])):
-        old = set(committed["transform_names"].get(composite, []))
-        new = set(current["transform_names"].get(composite, []))
-        for name in sorted(old - new):
-            found.append(
-                f"{composite}/{name} is gone: --update matches steps and their state by "
-                "transform name, so a running job's state for it would be dropped"
-            )
-        for name in sorted(new - old):
-            found.append(
-                f"{composite}/{name} is new: a renamed step starts with empty state on --update"
-            )
-    stateful = [t for t in set(committed) | set(current) if t != "transform_names"]
-    for transform in sorted(stateful):
-        old, new = committed.get(transform), current.get(transform)
-        if old is None or new is None:
-            what = "is new" if old is None else "is gone"
-            found.append(
-                f"{transform} {what}: an update matches state by transform name, so "
-                "its state would start empty or be dropped"
-            )
-            continue
-        for kind, consequence in (
-            ("state", "every key's {name} state would be lost or misread on --update"),
-            ("timers", "every key's set {name} timer would be lost or fire in another domain"),
-        ):
-            for name in sorted(set(old[kind]) | set(new[kind])):
-                before, after = old[kind].get(name), new[kind].get(name)
-                if before != after:
-                    change = (
-                        "added"
-                        if before is None
-                        else "removed"
-                        if after is None
-                        else f"changed from {before} to {after}"
-                    )
-                    found.append(
-                        f"{transform} {kind} {name!r} {change}: "
-                        + consequence.format(name=repr(name))
-                    )
-    return found
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -2,19 +2,16 @@
 
 from __future__ import annotations
 
-import copy
 import json
-
-from apache_beam.coders import BytesCoder
-from apache_beam.transforms.userstate import ReadModifyWriteStateSpec
 
 from beam_agents import state_manifest
 from beam_agents.runtime.run_agent import _AgentDoFn
+from beam_agents.update_check import differences
 
 
 def test_the_stateful_dofns_match_the_committed_manifest():
     committed = json.loads(state_manifest.MANIFEST.read_text())
-    problems = state_manifest.differences(committed, state_manifest.describe())
+    problems = differences(committed, state_manifest.describe())
     assert problems == [], (
         "The keyed state differs from beam_agents/state_manifest.json:\n  "
         + "\n  ".join(problems)
@@ -24,21 +21,21 @@ def test_the_stateful_dofns_match_the_committed_manifest():
     )
 
 
-def test_a_renamed_spec_a_swapped_coder_or_another_timer_domain_is_named(monkeypatch):
-    committed = state_manifest.describe()
-    monkeypatch.setattr(_AgentDoFn, "MEMORY", ReadModifyWriteStateSpec("mem", BytesCoder()))
-    renamed = state_manifest.describe()
-    problems = state_manifest.differences(committed, renamed)
-    assert [p.split(":")[0] for p in problems] == [
-        "RunAgent/Activate state 'mem' added",
-        "RunAgent/Activate state 'memory' removed",
-    ]
-    swapped = copy.deepcopy(committed)
-    swapped["RunAgent/Activate"]["state"]["seq"]["coder"] = "apache_beam.coders.coders.BytesCoder"
-    swapped["RunAgent/Activate"]["timers"]["ttl"]["domain"] = "REAL_TIME"
-    problems = state_manifest.differences(committed, swapped)
-    assert "state 'seq' changed" in problems[0] and "lost or misread on --update" in problems[0]
-    assert "timers 'ttl' changed" in problems[1]
+def test_the_manifest_is_what_beam_sees_state_specs_coders_and_timers():
+    manifest = state_manifest.describe()
+    activate = manifest["RunAgent/Activate/ParDo(_AgentDoFn)"]
+    assert set(activate["state"]) == {"memory", "continuation", "llm_cache", "seq", "pending"}
+    assert activate["state"]["continuation"]["coder"] == (
+        "DeterministicProtoCoder(beam_agents.v1.Continuation)"
+    )
+    assert activate["timers"] == {
+        "deadline": {"domain": "EVENT_TIME"},
+        "ttl": {"domain": "EVENT_TIME"},
+    }
+    execute = manifest["ExecuteIntents/ExecuteOnce/ParDo(_ExecuteOnce)"]
+    assert execute["state"]["execution"]["coder"] == (
+        "DeterministicProtoCoder(beam_agents.v1.ExecutionRecord)"
+    )
 
 
 def test_a_renamed_dofn_class_renames_its_step_and_is_named():
@@ -48,7 +45,7 @@ def test_a_renamed_dofn_class_renames_its_step_and_is_named():
         renamed = state_manifest.describe()
     finally:
         _AgentDoFn.__name__ = "_AgentDoFn"
-    problems = state_manifest.differences(committed, renamed)
+    problems = differences(committed, renamed)
     assert problems[0].startswith("RunAgent/Activate/ParDo(_AgentDoFn) is gone:")
     assert problems[1].startswith("RunAgent/Activate/ParDo(_RenamedDoFn) is new:")
 

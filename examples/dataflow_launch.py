@@ -23,8 +23,9 @@ Update the running job in place (keyed state kept), with a new binary:
 
 1. Export StateSnapshots from the running job (export_request envelopes, one per key to
    check) and run the new binary's `beam-agents dry-run DIR` on them: every blob must read.
-2. The new binary's `beam_agents/state_manifest_test.py` must pass unchanged: transform
-   names, state spec ids, coders and timer domains are what `--update` matches on.
+2. Write both builds' graphs (`--graph_out=FILE` with each binary, same options) and run
+   `beam-agents update-check OLD NEW`: transform names, state spec ids, coders and timer
+   domains are what `--update` matches on, and it names every difference.
 3. Relaunch with the same --job_name and `--update` (and the same --extra_package name with
    the new wheel). Never roll back across a state schema bump: roll forward.
 """
@@ -41,6 +42,7 @@ from beam_agents.core.wire import split_delimited
 from beam_agents.examples.support_triage import scripted_model, triage
 from beam_agents.runtime import COMPLETIONS, ERRORS, INTENTS, SNAPSHOTS, TRACES, RunAgent
 from beam_agents.runtime.dead_letters import to_envelope
+from beam_agents.update_check import write_graph
 
 #: Output tag -> (option naming its topic, file name for local runs).
 OUTPUTS = {
@@ -58,6 +60,10 @@ class TriageOptions(PipelineOptions):
         parser.add_argument("--input_subscription", help="Pub/Sub subscription of envelopes")
         parser.add_argument("--input_file", help="local run: length-delimited AgentEnvelopes")
         parser.add_argument("--output_dir", help="local run: one file per output")
+        parser.add_argument(
+            "--graph_out",
+            help="write the pipeline graph here for `beam-agents update-check`; do not run",
+        )
         for option in OUTPUTS.values():
             parser.add_argument(f"--{option}", help="Pub/Sub topic of serialized messages")
 
@@ -126,6 +132,11 @@ def run(options: PipelineOptions) -> int:
         return 2
     if triage_options.input_subscription:
         options.view_as(StandardOptions).streaming = True
+    if triage_options.graph_out:
+        pipeline = beam.Pipeline(options=options)
+        build(pipeline, options)
+        write_graph(pipeline, triage_options.graph_out)
+        return 0
     with beam.Pipeline(options=options) as pipeline:
         build(pipeline, options)
     return 0
