@@ -33,6 +33,7 @@ from beam_agents.core.signing import Keyring
 from beam_agents.effector import APPROVALS, DEAD_LETTERS, RESULTS, ExecuteIntents, VerifyMode
 from beam_agents.examples.support_triage import TOOLS, scripted_model, ticket, triage
 from beam_agents.runtime import COMPLETIONS, ERRORS, INTENTS, SNAPSHOTS, TRACES, RunAgent
+from beam_agents.testing.clock import ManualClock
 from beam_agents.testing.pipelines import Advance, run_round
 
 __all__ = ["DEMO_KEY_ID", "ScriptedApprover", "TriageRound", "run_demo"]
@@ -91,16 +92,6 @@ class TriageRound(beam.PTransform):
             "approved": typed(approved, Tuple[bytes, AgentEnvelope]),
             "effector_errors": effected[DEAD_LETTERS],
         }
-
-
-class _FixedClock:
-    """The effector's clock in the demo: the round's event time (picklable)."""
-
-    def __init__(self, now_ms: int) -> None:
-        self.now_ms = now_ms
-
-    def __call__(self) -> int:
-        return self.now_ms
 
 
 def run_demo(
@@ -167,7 +158,7 @@ class _Demo:
         export.export_request.request_id = f"round-{number}"
         script = [*inputs, Advance(now), export, Advance(now + 1)]
         outputs = run_round(
-            TriageRound(_FixedClock(now)), script, self.workdir, options=self.options
+            TriageRound(ManualClock(now)), script, self.workdir, options=self.options
         )
         self.say(f"  done in {time.perf_counter() - started:.1f} s")
         # A bounded run ends by firing every timer; what happened after the round is not
