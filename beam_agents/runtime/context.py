@@ -207,6 +207,11 @@ def span_id(entity_key: bytes, seq: int, *path: object) -> bytes:
     return _id(8, "span", entity_key.hex(), seq, *path)
 
 
+def _saturating_add(ms: int, delta_ms: int) -> int:
+    # Event times are any int64; a time past the end of int64 is the end of int64.
+    return min(ms + delta_ms, 2**63 - 1)
+
+
 def _id(size: int, *parts: object) -> bytes:
     digest = hashlib.sha256("|".join(map(str, parts)).encode("utf-8")).digest()[:size]
     # W3C trace-context forbids all-zero ids.
@@ -297,7 +302,7 @@ class ActivationContext:
                 tool_name=name,
                 args_json=canonical_args_json(args),
                 created_at_ms=self.now_ms,
-                expires_at_ms=self.now_ms + self._intent_ttl_ms,
+                expires_at_ms=_saturating_add(self.now_ms, self._intent_ttl_ms),
                 kind=kind,
                 trace_id=self.trace_id,
             )
@@ -377,7 +382,11 @@ class ActivationContext:
             raise AgentContractError(
                 f"snapshot is {type(snapshot).__name__}, not bytes", agent=self.adapter
             )
-        deadline = self.now_ms + self._suspend_deadline_ms if deadline_ms is None else deadline_ms
+        deadline = (
+            _saturating_add(self.now_ms, self._suspend_deadline_ms)
+            if deadline_ms is None
+            else deadline_ms
+        )
         return new_state_blob(
             Continuation,
             seq=self.seq,

@@ -543,7 +543,7 @@ class _AgentDoFn(beam.DoFn):
         states = (seq, memory, cache, continuation, pending)
         timers = (deadline, ttl)
         reads = self._read(*states)
-        now = fired.micros // 1000
+        now = _ms(fired)
         suspended = reads.continuation
         if suspended is None:
             # Resolved already (runners may still fire a timer they were told to clear, and a
@@ -551,7 +551,7 @@ class _AgentDoFn(beam.DoFn):
             # and nothing for anyone to act on.
             self._resolved_deadlines.inc()
             return
-        if timer_timestamp(suspended.deadline_ms) != fired:
+        if _ms(timer_timestamp(suspended.deadline_ms)) != now:
             outcome = _dead(
                 key,
                 STALE_TIMER,
@@ -682,9 +682,9 @@ class _AgentDoFn(beam.DoFn):
         # Read through migration like every other read: a blob from a newer binary wedges the
         # key here too, rather than being wiped by a binary that cannot read it.
         reads = self._read(*states)
-        now = fired.micros // 1000
+        now = _ms(fired)
         suspended = reads.continuation
-        if suspended is not None and timer_timestamp(suspended.deadline_ms) <= fired:
+        if suspended is not None and _ms(timer_timestamp(suspended.deadline_ms)) <= now:
             # The watermark passed the deadline too (a bounded run's end, a backlog) and timers
             # of two families need not fire in time order: the deadline comes first, as if
             # its timer had fired, and its commit sets the TTL anew.
@@ -731,6 +731,11 @@ def _dead(key: bytes, reason: str, detail: str, now: int) -> _Outcome:
     return _Outcome(
         [beam.pvalue.TaggedOutput(ERRORS, (key, error_record(key, reason, detail, now)))]
     )
+
+
+def _ms(timestamp) -> int:
+    # Portable runners keep timers to the millisecond: compare firing times in milliseconds.
+    return timestamp.micros // 1000
 
 
 def _saturating_add(a: int, b: int) -> int:

@@ -951,3 +951,19 @@ def test_a_dead_letter_travels_in_an_envelope_as_deterministic_bytes():
     assert ActivationErrorRecord.FromString(envelope.external_event) == record
     assert envelope.external_event == record.SerializeToString(deterministic=True)
     assert "agent_raised" in REASONS and record.detail == "boom \\ud800"
+
+
+def test_an_event_at_the_end_of_int64_time_suspends_with_saturated_times():
+    pipeline = BeamPipeline(runner="DirectRunner")
+    outputs = (
+        pipeline
+        | beam.Create([command(2**63 - 1, calls=["a.tool"]).SerializeToString()], reshuffle=False)
+        | probe()
+    )
+    assert_that(
+        outputs["intents"] | beam.Map(lambda kv: (kv[1].tool_name, kv[1].expires_at_ms)),
+        equal_to([("a.tool", 2**63 - 1)]),
+        label="intents",
+    )
+    assert_that(outputs["errors"], equal_to([]), label="no errors")
+    pipeline.run().wait_until_finish()
