@@ -11,6 +11,7 @@ import apache_beam as beam
 import pytest
 from apache_beam.testing.test_pipeline import TestPipeline as BeamPipeline
 from apache_beam.testing.util import assert_that, equal_to
+from apache_beam.transforms import window
 
 from beam_agents._protos import (
     AgentEnvelope,
@@ -967,3 +968,34 @@ def test_an_event_at_the_end_of_int64_time_suspends_with_saturated_times():
     )
     assert_that(outputs["errors"], equal_to([]), label="no errors")
     pipeline.run().wait_until_finish()
+
+
+class _InFixedWindows(beam.PTransform):
+    """RunAgent behind a one-second fixed windowing: every input in a window of its own."""
+
+    def __init__(self, transform):
+        super().__init__()
+        self._transform = transform
+
+    def expand(self, inputs):
+        windowed = {
+            name: pcollection | f"Window{name}" >> beam.WindowInto(window.FixedWindows(1))
+            for name, pcollection in inputs.items()
+        }
+        return windowed | self._transform
+
+
+def test_an_answer_in_another_window_than_its_suspension_resumes_it(tmp_path):
+    outputs = run_round(
+        _InFixedWindows(probe()),
+        [
+            command(T0, calls=["a.tool"], deadline_ms=FAR),
+            Advance(T0 + 10),
+            result(T0 + 5000, intent_id(KEY, SEQ, 0)),
+            Advance(T0 + 6000),
+        ],
+        tmp_path,
+    ).before(T0 + 6000)
+    assert outputs.errors == []
+    (done,) = outputs.values("completions")
+    assert json.loads(done) == [["a.tool", "OK"], ["escalations", 0]]
