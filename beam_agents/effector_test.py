@@ -737,6 +737,18 @@ def test_an_effector_killed_inside_a_tool_reports_an_unknown_outcome_and_never_r
     assert _tool_log(tmp_path) == [intent().intent_id]
 
 
+def _running_claim(claimed_by):
+    """A RUNNING ledger row for the test intent, as if `claimed_by` had claimed it."""
+    return ExecutionRecord(
+        intent_id=intent().intent_id,
+        entity_key=intent().entity_key,
+        content_digest=content_digest(signed().SerializeToString()),
+        outcome=ExecutionRecord.OUTCOME_RUNNING,
+        latest_expires_at_ms=intent().expires_at_ms,
+        claimed_by=claimed_by,
+    )
+
+
 def test_an_intent_in_flight_in_another_live_effector_is_a_duplicate_not_a_lost_call(tmp_path):
     store = tmp_path / "shared.sqlite"
     tool = Recording()
@@ -747,15 +759,8 @@ def test_an_intent_in_flight_in_another_live_effector_is_a_duplicate_not_a_lost_
         keyring=RING,
         clock=ManualClock(NOW),
     )
-    claim = ExecutionRecord(
-        intent_id=intent().intent_id,
-        entity_key=intent().entity_key,
-        content_digest=content_digest(signed().SerializeToString()),
-        outcome=ExecutionRecord.OUTCOME_RUNNING,
-        latest_expires_at_ms=intent().expires_at_ms,
-        claimed_by=busy.instance_id,  # this test's own, live process
-    )
-    assert busy.store.claim(claim, INT64_MAX) is None
+    # This test's own process is the claimant, so the claim is live.
+    assert busy.store.claim(_running_claim(busy.instance_id), INT64_MAX) is None
     other = effector(store=store, **{"crm.lookup": tool})
     assert other.instance_id != busy.instance_id
     output = other(signed())
@@ -768,14 +773,7 @@ def test_a_claim_by_a_reused_pid_reads_as_a_lost_call(tmp_path):
     store = tmp_path / "shared.sqlite"
     gate = effector(store=store)
     pid, started, _ = gate.instance_id.split(":")
-    claim = ExecutionRecord(
-        intent_id=intent().intent_id,
-        entity_key=intent().entity_key,
-        content_digest=content_digest(signed().SerializeToString()),
-        outcome=ExecutionRecord.OUTCOME_RUNNING,
-        latest_expires_at_ms=intent().expires_at_ms,
-        claimed_by=f"{pid}:{int(started) - 1}:0123",  # same pid, an earlier process
-    )
-    gate.store.claim(claim, INT64_MAX)
+    # The same pid as this process, but an earlier process start.
+    gate.store.claim(_running_claim(f"{pid}:{int(started) - 1}:0123"), INT64_MAX)
     result = gate(signed()).result.tool_result
     assert result.status == ToolResult.ERROR and result.error_message.startswith("outcome unknown")
