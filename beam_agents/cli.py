@@ -7,6 +7,8 @@
     beam-agents replay SNAPSHOT ENVELOPE --agent MODULE:NAME [--recorded-intents FILE]
         [--recorded-traces FILE]
     beam-agents update-check OLD NEW
+    beam-agents effector-service --bootstrap-servers HOST:PORT --topic-prefix PREFIX
+        --store FILE --tools MODULE:NAME [--keyring MODULE:NAME] [--mode MODE]
 
 `demo` runs the support-triage agent end to end on local Beam pipelines (RunAgent,
 ExecuteIntents, a scripted approver), with no network and no keys, and prints an account of
@@ -32,6 +34,12 @@ digest-only entry, state this binary cannot read); 2 usage error.
 `update-check` compares two builds' pipeline graphs (beam_agents.update_check) and names every
 difference that would make Dataflow refuse an --update or lose state. Exit codes: 0
 compatible; 1 not; 2 usage error.
+
+`effector-service` runs the effector of beam_agents.effector on a Kafka loop's intents topic
+(beam_agents.kafka_bus.EffectorService), with its records in the SQLite store FILE, until
+SIGTERM or SIGINT; --tools names a dict of tool name to callable, --keyring a function returning
+the Keyring that verifies intents (required unless --mode off). It prints one line to stderr
+when it serves. Exit codes: 0 stopped by a signal; 1 the broker failed it; 2 usage error.
 
 `dry-run` is the pre-deploy check: it reads every regular file under DIR (dot-named ones
 included) as one exported StateSnapshot and reports, for the envelope and each blob inside, its
@@ -104,6 +112,47 @@ def _demo(args: argparse.Namespace) -> int:
     from beam_agents.demo import main as demo_main
 
     return demo_main(args.pipeline_args)
+
+
+def _effector_service(args: argparse.Namespace) -> int:
+    # Deferred: the service needs the beam-agents[kafka] extra, which nothing else needs.
+    import signal
+    import threading
+
+    from beam_agents.effector import Effector, VerifyMode
+    from beam_agents.kafka_bus import EffectorService, KafkaBusError, Topics
+    from beam_agents.loading import load_object
+
+    try:
+        mode = VerifyMode[args.mode.upper()]
+        tools = load_object(args.tools)
+        if not isinstance(tools, dict):
+            raise ValueError(f"{args.tools} is not a dict of tool name to callable")
+        if args.keyring is None and mode is not VerifyMode.OFF:
+            raise ValueError(f"--mode {args.mode} verifies signatures: name a --keyring")
+        keyring = None if args.keyring is None else load_object(args.keyring)()
+        topics = Topics(args.topic_prefix)
+    except (KeyError, ValueError) as e:
+        print(f"beam-agents effector-service: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    effector = Effector(tools, mode=mode, store=args.store, keyring=keyring)
+    service = EffectorService(
+        effector, bootstrap_servers=args.bootstrap_servers, topics=topics, group_id=args.group_id
+    )
+    stop = threading.Event()
+    for number in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(number, lambda *_: stop.set())
+    print(
+        f"beam-agents effector-service: serving {topics.intents} as {effector.instance_id}",
+        file=sys.stderr,
+        flush=True,
+    )
+    try:
+        service.run(stop)
+    except KafkaBusError as e:
+        print(f"beam-agents effector-service: {e}", file=sys.stderr)
+        return EXIT_REJECTED
+    return EXIT_OK
 
 
 def _export_traces(args: argparse.Namespace) -> int:
@@ -276,6 +325,24 @@ def _parser() -> argparse.ArgumentParser:
     update.add_argument("old", help="the running build's pipeline graph (update_check.write_graph)")
     update.add_argument("new", help="the new build's pipeline graph")
     update.set_defaults(run=_update_check)
+    service = commands.add_parser(
+        "effector-service", help="execute a Kafka agent loop's intents, each at most once"
+    )
+    service.add_argument("--bootstrap-servers", required=True, help="the Kafka brokers")
+    service.add_argument("--topic-prefix", required=True, help="the loop's topic prefix")
+    service.add_argument("--store", required=True, help="the SQLite file of execution records")
+    service.add_argument("--tools", required=True, help="a dict of tools, as MODULE:NAME")
+    service.add_argument("--keyring", help="a function returning the Keyring, as MODULE:NAME")
+    service.add_argument(
+        "--mode",
+        choices=["off", "permissive", "require"],
+        default="require",
+        help="signature verification (default require)",
+    )
+    service.add_argument(
+        "--group-id", default="beam-agents-effector", help="the Kafka consumer group"
+    )
+    service.set_defaults(run=_effector_service)
     return parser
 
 

@@ -12,11 +12,21 @@ The account it prints follows the conversation: each activation, the intents it 
 what the effector or the approver answered, each suspension and resume, the exported snapshots,
 and at the end the activation's traces as a tree. `python examples/support_triage.py` runs the
 same rounds with ordinary Beam pipeline options (`--runner=...`).
+
+`--bus=kafka` runs the same conversation as a production deployment would: one streaming job
+(`add_triage_loop`, beam_agents.kafka_bus.AgentLoop) reads its events from Kafka, the effector
+runs as its own process (`beam-agents effector-service`) on the intents topic, and the demo
+plays the approver on the approvals topic. It needs a Kafka broker and Beam's Java expansion
+service (`--kafka_bootstrap`, `--expansion_service`) and a runner that runs unbounded
+cross-language pipelines: `bash tools/engines.sh flink-demo` runs it on a local Flink cluster.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
+import os
+import subprocess
 import sys
 import tempfile
 import time
@@ -24,19 +34,37 @@ from collections.abc import Sequence
 from typing import TextIO
 
 import apache_beam as beam
-from apache_beam.options.pipeline_options import PipelineOptions
+from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
 from apache_beam.typehints import Tuple
 
-from beam_agents._protos import AgentEnvelope, StateSnapshot, ToolResult, TraceEvent
+from beam_agents._protos import (
+    ActivationErrorRecord,
+    AgentEnvelope,
+    StateSnapshot,
+    ToolIntent,
+    ToolResult,
+    TraceEvent,
+)
 from beam_agents.beam_support import typed
+from beam_agents.core.migration import MigrationRegistry
 from beam_agents.core.signing import Keyring
 from beam_agents.effector import APPROVALS, DEAD_LETTERS, RESULTS, ExecuteIntents, VerifyMode
 from beam_agents.examples.support_triage import TOOLS, scripted_model, ticket, triage
+from beam_agents.kafka_bus import AgentLoop, TopicReader, Topics, create_topics, produce
 from beam_agents.runtime import COMPLETIONS, ERRORS, INTENTS, SNAPSHOTS, TRACES, RunAgent
 from beam_agents.testing.clock import ManualClock
-from beam_agents.testing.pipelines import Advance, run_round
+from beam_agents.testing.pipelines import Advance, Outputs, run_round
 
-__all__ = ["DEMO_KEY_ID", "ScriptedApprover", "TriageRound", "run_demo"]
+__all__ = [
+    "DEMO_KEY_ID",
+    "ScriptedApprover",
+    "TriageRound",
+    "add_triage_loop",
+    "approve",
+    "demo_keyring",
+    "run_bus_demo",
+    "run_demo",
+]
 
 DEMO_KEY_ID = "demo-key"
 CUSTOMER = b"c-1"
@@ -51,17 +79,23 @@ def demo_keyring() -> Keyring:
     )
 
 
+def approve(intent: ToolIntent) -> AgentEnvelope:
+    """The scripted approver's answer to an approval intent: approved, by ops@example.com, a
+    millisecond after the intent was made."""
+    envelope = AgentEnvelope(entity_key=intent.entity_key, event_time_ms=intent.created_at_ms + 1)
+    envelope.approval.intent_id = intent.intent_id
+    envelope.approval.approved = True
+    envelope.approval.approver = "ops@example.com"
+    envelope.approval.decided_at_ms = intent.created_at_ms + 1
+    return envelope
+
+
 class ScriptedApprover(beam.DoFn):
-    """A human stand-in: approves every approval intent, as ops@example.com, at its own time."""
+    """A human stand-in: approves every approval intent (`approve`)."""
 
     def process(self, element):
         key, intent = element
-        envelope = AgentEnvelope(entity_key=key, event_time_ms=intent.created_at_ms + 1)
-        envelope.approval.intent_id = intent.intent_id
-        envelope.approval.approved = True
-        envelope.approval.approver = "ops@example.com"
-        envelope.approval.decided_at_ms = intent.created_at_ms + 1
-        yield (key, envelope)
+        yield (key, approve(intent))
 
 
 class TriageRound(beam.PTransform):
@@ -103,6 +137,43 @@ def run_demo(
         return _Demo(out, workdir or scratch, options, t0).run()
 
 
+def add_triage_loop(
+    pipeline: beam.Pipeline,
+    *,
+    kafka_bootstrap: str,
+    topics: Topics,
+    expansion_service: str,
+    registry: MigrationRegistry | None = None,
+):
+    """Adds the support-triage agent's Kafka loop (AgentLoop, the scripted model, the demo
+    signing key) to `pipeline`; returns RunAgent's outputs."""
+    return pipeline | "TriageLoop" >> AgentLoop(
+        triage,
+        bootstrap_servers=kafka_bootstrap,
+        topics=topics,
+        expansion_service=expansion_service,
+        consumer_group=f"{topics.prefix}.agents",
+        llm_client=scripted_model(),
+        keyring_loader=demo_keyring,
+        registry=registry,
+    )
+
+
+def run_bus_demo(
+    options: PipelineOptions,
+    *,
+    kafka_bootstrap: str,
+    expansion_service: str,
+    out: TextIO = sys.stdout,
+    timeout_s: float = 300,
+) -> int:
+    """The demo over Kafka (module docstring); returns 0 when the agent completed."""
+    t0 = int(time.time() * 1000)
+    with tempfile.TemporaryDirectory(prefix="beam-agents-demo-") as scratch:
+        demo = _BusDemo(out, scratch, options, t0)
+        return demo.run_on_bus(kafka_bootstrap, expansion_service, timeout_s)
+
+
 class _Demo:
     def __init__(self, out: TextIO, workdir: str, options, t0: int) -> None:
         self.out = out
@@ -114,18 +185,22 @@ class _Demo:
     def say(self, text: str = "") -> None:
         print(text, file=self.out, flush=True)
 
-    def run(self) -> int:
+    def introduce(self, where: str) -> AgentEnvelope:
         ticket_id, customer_id, text = _TICKET
         self.say("beam_agents demo: support-ticket triage, one durable agent per customer key,")
-        self.say("on Apache Beam's DirectRunner. No network, no keys: a scripted model, stand-in")
+        self.say(f"{where}. No model, no keys: a scripted model, stand-in")
         self.say("tools, a scripted approver and a demo signing key made for this run.")
         self.say()
         self.say(f"ticket {ticket_id} from customer {customer_id}: {text!r}")
-        event = AgentEnvelope(
+        return AgentEnvelope(
             entity_key=CUSTOMER,
             event_time_ms=self.t0,
             external_event=ticket(ticket_id, customer_id, text),
         )
+
+    def run(self) -> int:
+        runner = (self.options or PipelineOptions()).view_as(StandardOptions).runner
+        event = self.introduce(f"on Apache Beam's {runner or 'DirectRunner'}")
         inputs: list = [event]
         for number in range(1, _MAX_ROUNDS + 1):
             now = self.t0 + number * 1000
@@ -246,15 +321,118 @@ class _Demo:
             self.say(f"{indent}  {kind.lower()} {detail}".rstrip())
 
 
+class _BusDemo(_Demo):
+    def run_on_bus(self, kafka_bootstrap: str, expansion_service: str, timeout_s: float) -> int:
+        event = self.introduce("as one streaming job with Kafka as its message bus")
+        topics = Topics(f"beam-agents-demo-{time.time_ns()}")
+        create_topics(kafka_bootstrap, topics)
+        self.say(f"topics {topics.prefix}.*; the effector runs as its own process")
+        effector = subprocess.Popen(
+            [sys.executable, "-m", "beam_agents.cli", "effector-service",
+             "--bootstrap-servers", kafka_bootstrap, "--topic-prefix", topics.prefix,
+             "--store", os.path.join(self.workdir, "effector.sqlite"),
+             "--tools", "beam_agents.examples.support_triage:TOOLS",
+             "--keyring", "beam_agents.demo:demo_keyring"],
+        )  # fmt: skip
+        reader = TopicReader(kafka_bootstrap, topics.all())
+        job = None
+        try:
+            # Before the job starts, so its first read finds the ticket waiting.
+            produce(kafka_bootstrap, [(topics.events, CUSTOMER, event, event.event_time_ms)])
+            pipeline = beam.Pipeline(options=self.options)
+            add_triage_loop(
+                pipeline,
+                kafka_bootstrap=kafka_bootstrap,
+                topics=topics,
+                expansion_service=expansion_service,
+            )
+            started = time.perf_counter()
+            job = pipeline.run()
+            self.say("job submitted; the conversation as it comes back from Kafka:")
+            return self._follow(reader, topics, kafka_bootstrap, started + timeout_s)
+        finally:
+            if job is not None:
+                job.cancel()
+            effector.terminate()
+            effector.wait(30)
+            reader.close()
+
+    def _follow(self, reader, topics: Topics, kafka_bootstrap: str, deadline: float) -> int:
+        seen = {topic: 0 for topic in topics.all()}
+        started = time.perf_counter()
+        while True:
+            try:
+                reader.read(
+                    lambda rows, seen=seen: any(len(rows[t]) > seen[t] for t in seen),
+                    max(0.0, deadline - time.perf_counter()),
+                )
+            except TimeoutError:
+                self.say("the agent did not complete in time")
+                return 1
+            time.sleep(0.5)  # let one step's records arrive together
+            reader.settle(0.5)
+            new = {t: reader.records[t][seen[t] :] for t in seen}
+            seen = {t: len(reader.records[t]) for t in seen}
+            # Every intent so far: a result names the intent that an earlier step emitted.
+            new[topics.intents] = reader.records[topics.intents]
+            outputs = _bus_outputs(topics, new)
+            approvals = [ToolIntent.FromString(v) for _, v in new[topics.approvals]]
+            answers = [approve(intent) for intent in approvals]
+            outputs.rows["approved"] = [(0, a.entity_key, a) for a in answers]
+            if any(outputs.values(tag) for tag in (TRACES, "results", ERRORS)):
+                self.say(f"at {time.perf_counter() - started:.1f} s:")
+                self._account(outputs)
+            produce(
+                kafka_bootstrap,
+                [(topics.events, a.entity_key, a, a.event_time_ms) for a in answers],
+            )
+            if outputs.values(ERRORS):
+                return 1
+            if outputs.values(COMPLETIONS):
+                self.say()
+                self._trace_tree()
+                return 0
+
+
+def _bus_outputs(topics: Topics, records) -> Outputs:
+    """Kafka records in the shape of a round's outputs, for `_Demo._account`."""
+    decoded = {
+        TRACES: [TraceEvent.FromString(v) for _, v in records[topics.traces]],
+        INTENTS: [ToolIntent.FromString(v) for _, v in records[topics.intents]],
+        COMPLETIONS: [v for _, v in records[topics.completions]],
+        ERRORS: [ActivationErrorRecord.FromString(v) for _, v in records[topics.dead_letters]],
+        "results": [
+            envelope
+            for envelope in (AgentEnvelope.FromString(v) for _, v in records[topics.events])
+            if envelope.HasField("tool_result")
+        ],
+    }
+    return Outputs({tag: [(0, b"", v) for v in values] for tag, values in decoded.items()})
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """`python -m beam_agents.demo [Beam pipeline options]`; 2 when Beam refuses the options."""
-    options = PipelineOptions(list(argv) if argv is not None else sys.argv[1:])
+    """`python -m beam_agents.demo [--bus kafka ...] [Beam pipeline options]`; 2 when Beam
+    refuses the options."""
+    parser = argparse.ArgumentParser(prog="beam-agents demo", add_help=False)
+    parser.add_argument("--bus", choices=["rounds", "kafka"], default="rounds")
+    parser.add_argument("--kafka_bootstrap")
+    parser.add_argument("--expansion_service")
+    args, pipeline_args = parser.parse_known_args(list(argv) if argv is not None else sys.argv[1:])
+    options = PipelineOptions(pipeline_args)
     try:
         beam.Pipeline(options=options)  # Beam checks the runner and its options here
     except ValueError as e:
         print(f"beam-agents demo: {e}", file=sys.stderr)
         return 2
-    return run_demo(options)
+    if args.bus == "rounds":
+        return run_demo(options)
+    if not args.kafka_bootstrap or not args.expansion_service:
+        print("beam-agents demo: --bus kafka needs --kafka_bootstrap and --expansion_service",
+              file=sys.stderr)  # fmt: skip
+        return 2
+    return run_bus_demo(
+        options, kafka_bootstrap=args.kafka_bootstrap, expansion_service=args.expansion_service
+    )
 
 
 if __name__ == "__main__":

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import importlib
 import tempfile
 from collections.abc import Sequence
 
@@ -33,6 +32,7 @@ from beam_agents._protos import AgentEnvelope, StateSnapshot, ToolIntent, TraceE
 from beam_agents.core.migration import MigrationRegistry
 from beam_agents.core.signing import SIGNATURE_FIELDS
 from beam_agents.core.wire import split_delimited
+from beam_agents.loading import load_object
 from beam_agents.preflight import report
 from beam_agents.runtime import ERRORS, INTENTS, TRACES, Agent, RefusingLlmClient, RunAgent
 from beam_agents.runtime.dead_letters import LLM_FAILED
@@ -54,14 +54,7 @@ class Replay:
 
 def load_agent(spec: str) -> Agent:
     """The Agent named "module:attribute". Raises ValueError naming what is wrong."""
-    module_name, _, attribute = spec.partition(":")
-    if not module_name or not attribute:
-        raise ValueError(f"{spec!r} is not MODULE:NAME")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as e:
-        raise ValueError(f"cannot import {module_name}: {e}") from None
-    found = getattr(module, attribute, None)
+    found = load_object(spec)
     if not isinstance(found, Agent):
         raise ValueError(f"{spec} is not an agent (adapter, start and resume)")
     return found

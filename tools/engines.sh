@@ -1,19 +1,45 @@
 #!/usr/bin/env bash
 # The real engines beam_agents runs on, fetched from the registries and cached under
-# .cache/engines/ (re-running is cheap: a cached engine is reused).
+# .cache/engines/ (re-running is cheap: what is cached is reused).
 #
+#   bash tools/engines.sh fetch           fetch and cache everything below (Go module, Maven jars)
 #   bash tools/engines.sh prism           build Beam's Prism runner, print its path
-#   bash tools/engines.sh prism-options   the pipeline options that run a pipeline on it
+#   bash tools/engines.sh prism-options   the pipeline options that run a pipeline on Prism
+#   bash tools/engines.sh start SERVICE   start kafka, java (expansion service and Java
+#                                         workers) or flink (session cluster and Beam job
+#                                         server); waits until it is ready
+#   bash tools/engines.sh stop SERVICE    stop it by the PIDs its start recorded
+#   bash tools/engines.sh status          which services run, with their PIDs
+#   bash tools/engines.sh endpoints       the addresses the services listen on (KEY=VALUE)
+#   bash tools/engines.sh flink-options   the pipeline options that run a pipeline on Flink
+#   bash tools/engines.sh flink-demo      start all three, run `beam-agents demo --bus kafka`
+#                                         on Flink, stop what it started
 #
 # Prism is github.com/apache/beam/sdks/v2/go/cmd/prism at the Beam version of
 # requirements_lock.txt, built from the Go module proxy; `go install` checks every module
-# against the Go checksum database. Pipelines start and stop it themselves (PrismRunner with
-# --prism_location), so no process is left behind.
+# against the Go checksum database. Pipelines start and stop Prism themselves.
+# The Java engines are the runtime closures of the POMs under tools/engines/, every version
+# pinned there, fetched with Maven's strict checksum policy (a jar whose registry checksum
+# does not match fails the fetch). Logs go to .cache/engines/logs/SERVICE*.log and PIDs to
+# .cache/engines/run/SERVICE.pids; everything listens on 127.0.0.1 only.
 set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cache="$root/.cache/engines"
+logs="$cache/logs"
+run="$cache/run"
 beam_version="$(sed -n 's/^apache-beam==\([0-9.]*\).*/\1/p' "$root/requirements_lock.txt")"
+
+kafka_port=19092
+kafka_controller_port=19093
+expansion_port=18096
+java_workers_port=18097
+flink_rest_port=18081
+flink_rpc_port=16123
+job_port=18099
+artifact_port=18098
+
+die() { echo "tools/engines.sh: $*" >&2; exit 1; }
 
 prism() {
   local home="$cache/prism-$beam_version"
@@ -26,9 +52,236 @@ prism() {
   echo "$home/prism"
 }
 
+# The runtime jars of tools/engines/NAME/pom.xml in .cache/engines/NAME/lib, fetched again
+# only when the POM changes.
+jars() {
+  local name="$1" pom="$root/tools/engines/$1/pom.xml" home="$cache/$1"
+  local want
+  want="$(sha256sum "$pom" | cut -d' ' -f1)"
+  if [[ "$(cat "$home/.pom-sha256" 2>/dev/null)" != "$want" ]]; then
+    echo "tools/engines.sh: fetching the $name jars from Maven Central" >&2
+    rm -rf "$home/lib"
+    mkdir -p "$home"
+    mvn -q -B -Dstyle.color=never --strict-checksums -f "$pom" dependency:copy-dependencies \
+      -DoutputDirectory="$home/lib" -DincludeScope=runtime >&2
+    echo "$want" >"$home/.pom-sha256"
+  fi
+  echo "$home/lib"
+}
+
+fetch() {
+  prism >/dev/null
+  for name in flink kafka beam-java; do jars "$name" >/dev/null; done
+}
+
+alive() { [[ -n "$1" ]] && kill -0 "$1" 2>/dev/null; }
+
+listening() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+
+# start_java SERVICE LOGNAME MAIN_CLASS ARGS...: one JVM in the background, its PID appended
+# to SERVICE's PID file. Extra JVM flags come in through JAVA_FLAGS (word-split on purpose).
+start_java() {
+  local service="$1" logname="$2" lib="$3"
+  shift 3
+  # shellcheck disable=SC2086
+  nohup java ${JAVA_FLAGS:-} -cp "$lib/*" "$@" >"$logs/$logname.log" 2>&1 </dev/null &
+  echo $! >>"$run/$service.pids"
+}
+
+# wait_for SERVICE WHAT CHECK...: runs CHECK every half second for 120 s while every PID of
+# SERVICE lives; on failure stops SERVICE and shows the end of its logs.
+wait_for() {
+  local service="$1" what="$2"
+  shift 2
+  local deadline=$((SECONDS + 120)) pid
+  until "$@"; do
+    for pid in $(cat "$run/$service.pids"); do
+      alive "$pid" || { stop "$service"; tail -n 30 "$logs/$service"*.log >&2; die "$service exited before $what"; }
+    done
+    ((SECONDS < deadline)) || { stop "$service"; tail -n 30 "$logs/$service"*.log >&2; die "$service: no $what in 120 s"; }
+    sleep 0.5
+  done
+}
+
+running() {
+  local pid
+  [[ -s "$run/$1.pids" ]] || return 1
+  for pid in $(cat "$run/$1.pids"); do alive "$pid" || return 1; done
+}
+
+start() {
+  local service="$1"
+  mkdir -p "$logs" "$run"
+  if running "$service"; then
+    echo "tools/engines.sh: $service is running already (PIDs $(tr '\n' ' ' <"$run/$service.pids"))" >&2
+    return 0
+  fi
+  stop "$service" 2>/dev/null || true
+  : >"$run/$service.pids"
+  case "$service" in
+    kafka) start_kafka ;;
+    java) start_beam_java ;;
+    flink) start_flink ;;
+    *) die "no service $service (kafka, java, flink)" ;;
+  esac
+  echo "tools/engines.sh: $service ready (PIDs $(tr '\n' ' ' <"$run/$service.pids"))" >&2
+}
+
+start_kafka() {
+  local lib data="$run/kafka-data" conf="$run/kafka.properties"
+  lib="$(jars kafka)"
+  # A new cluster at every start: the tests make their own topics, and nothing of an earlier
+  # run can leak into them.
+  rm -rf "$data"
+  cat >"$conf" <<EOF
+process.roles=broker,controller
+node.id=1
+controller.quorum.voters=1@127.0.0.1:$kafka_controller_port
+listeners=PLAINTEXT://127.0.0.1:$kafka_port,CONTROLLER://127.0.0.1:$kafka_controller_port
+advertised.listeners=PLAINTEXT://127.0.0.1:$kafka_port
+controller.listener.names=CONTROLLER
+listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT
+log.dirs=$data
+num.partitions=1
+offsets.topic.replication.factor=1
+transaction.state.log.replication.factor=1
+transaction.state.log.min.isr=1
+group.initial.rebalance.delay.ms=0
+auto.create.topics.enable=false
+EOF
+  java -cp "$lib/*" kafka.tools.StorageTool format -c "$conf" \
+    -t "$(python3 -c 'import base64, uuid; print(base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("="))')" \
+    >"$logs/kafka-format.log" 2>&1 || { cat "$logs/kafka-format.log" >&2; die "kafka: format failed"; }
+  JAVA_FLAGS="-Xms256m -Xmx512m" start_java kafka kafka "$lib" kafka.Kafka "$conf"
+  wait_for kafka "broker" grep -q "Kafka Server started" "$logs/kafka.log"
+}
+
+start_beam_java() {
+  local lib
+  lib="$(jars beam-java)"
+  # The worker pool reads its address from pipeline options in the environment.
+  PIPELINE_OPTIONS="{\"options\":{\"environmentOptions\":[\"external_service_address=127.0.0.1:$java_workers_port\"]}}" \
+    JAVA_FLAGS="-Xmx768m" start_java java java-workers "$lib" org.apache.beam.fn.harness.ExternalWorkerService
+  # Expanded Java transforms run in those workers (EXTERNAL), not in Docker, the default.
+  JAVA_FLAGS="-Xmx384m" start_java java java-expansion "$lib" \
+    org.apache.beam.sdk.expansion.service.ExpansionService "$expansion_port" \
+    --defaultEnvironmentType=EXTERNAL --defaultEnvironmentConfig="127.0.0.1:$java_workers_port"
+  wait_for java "worker pool" listening "$java_workers_port"
+  wait_for java "expansion service" listening "$expansion_port"
+}
+
+flink_ready() {
+  curl -sf "http://127.0.0.1:$flink_rest_port/overview" | grep -q '"taskmanagers":1' \
+    && listening "$job_port"
+}
+
+start_flink() {
+  local lib conf="$run/flink-conf"
+  lib="$(jars flink)"
+  mkdir -p "$conf" "$run/flink-tmp" "$run/flink-savepoints"
+  # Flink without flink-dist computes no memory defaults: every component is set, sized for
+  # a 2-core machine that runs Kafka and the Java workers too.
+  cat >"$conf/config.yaml" <<EOF
+jobmanager:
+  rpc: {address: 127.0.0.1, port: $flink_rpc_port}
+  bind-host: 127.0.0.1
+  memory: {heap.size: 512m, off-heap.size: 128m, jvm-metaspace.size: 256m, jvm-overhead.min: 128m, jvm-overhead.max: 128m}
+taskmanager:
+  host: 127.0.0.1
+  bind-host: 127.0.0.1
+  numberOfTaskSlots: 4
+  cpu.cores: 2
+  memory: {framework.heap.size: 128m, task.heap.size: 768m, managed.size: 128m, framework.off-heap.size: 128m, task.off-heap.size: 0m, network.min: 128m, network.max: 128m, jvm-metaspace.size: 256m, jvm-overhead.min: 192m, jvm-overhead.max: 192m}
+rest: {address: 127.0.0.1, bind-address: 127.0.0.1, port: $flink_rest_port}
+io.tmp.dirs: $run/flink-tmp
+parallelism.default: 1
+state.savepoints.dir: file://$run/flink-savepoints
+EOF
+  JAVA_FLAGS="-Xmx512m" start_java flink flink-jobmanager "$lib" \
+    org.apache.flink.runtime.entrypoint.StandaloneSessionClusterEntrypoint --configDir "$conf"
+  JAVA_FLAGS="-Xmx1280m -XX:MaxDirectMemorySize=512m" start_java flink flink-taskmanager "$lib" \
+    org.apache.flink.runtime.taskexecutor.TaskManagerRunner --configDir "$conf"
+  JAVA_FLAGS="-Xmx512m" start_java flink flink-jobserver "$lib" \
+    org.apache.beam.runners.flink.FlinkJobServerDriver --flink-master="127.0.0.1:$flink_rest_port" \
+    --job-host=127.0.0.1 --job-port="$job_port" --artifact-port="$artifact_port" --expansion-port=0
+  wait_for flink "task manager and job server" flink_ready
+}
+
+stop() {
+  local service="$1" pids pid deadline
+  [[ -f "$run/$service.pids" ]] || return 0
+  pids="$(cat "$run/$service.pids")"
+  for pid in $pids; do alive "$pid" && kill "$pid" 2>/dev/null || true; done
+  deadline=$((SECONDS + 30))
+  for pid in $pids; do
+    while alive "$pid" && ((SECONDS < deadline)); do sleep 0.2; done
+    alive "$pid" && kill -9 "$pid" 2>/dev/null || true
+  done
+  rm -f "$run/$service.pids"
+  echo "tools/engines.sh: $service stopped" >&2
+}
+
+endpoints() {
+  cat <<EOF
+KAFKA_BOOTSTRAP=127.0.0.1:$kafka_port
+EXPANSION_SERVICE=127.0.0.1:$expansion_port
+FLINK_REST=http://127.0.0.1:$flink_rest_port
+JOB_ENDPOINT=127.0.0.1:$job_port
+FLINK_SAVEPOINTS=$run/flink-savepoints
+EOF
+}
+
+flink_options() {
+  # Checkpointing keeps the sources alive and lets stop-with-savepoint complete; without it
+  # Beam's Flink runner finishes the Impulse source and a savepoint never completes.
+  echo "--runner=PortableRunner --job_endpoint=127.0.0.1:$job_port --environment_type=LOOPBACK" \
+    "--streaming --checkpointing_interval=2000"
+}
+
+flink_jobs() {
+  curl -sf "http://127.0.0.1:$flink_rest_port/jobs/overview" | python3 -c '
+import json, sys
+for job in json.load(sys.stdin)["jobs"]:
+    print(job["jid"], job["state"])'
+}
+
+flink_demo() {
+  local started=() service status=0 before jid state
+  for service in kafka java flink; do
+    running "$service" || started+=("$service")
+    start "$service"
+  done
+  before="$(flink_jobs | cut -d' ' -f1)"
+  # shellcheck disable=SC2046
+  "$root/.venv/bin/python" -m beam_agents.demo --bus=kafka \
+    --kafka_bootstrap="127.0.0.1:$kafka_port" --expansion_service="127.0.0.1:$expansion_port" \
+    $(flink_options) || status=$?
+  # The job server does not pass a cancel on to the cluster, and a LOOPBACK job outlives the
+  # process whose workers it used: cancel the demo's job through Flink's REST API.
+  while read -r jid state; do
+    if [[ "$state" == RUNNING || "$state" == RESTARTING ]] && ! grep -qx "$jid" <<<"$before"; then
+      curl -sf -X PATCH "http://127.0.0.1:$flink_rest_port/jobs/$jid?mode=cancel" >/dev/null
+      echo "tools/engines.sh: cancelled the demo's Flink job $jid" >&2
+    fi
+  done < <(flink_jobs)
+  for service in "${started[@]}"; do stop "$service"; done
+  return "$status"
+}
+
 case "${1:-}" in
+  fetch) fetch ;;
   prism) prism ;;
   prism-options)
     echo "--runner=PrismRunner --prism_location=$(prism) --environment_type=LOOPBACK" ;;
-  *) sed -n '2,12p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2; exit 2 ;;
+  start) start "${2:?which service}" ;;
+  stop) stop "${2:?which service}" ;;
+  status)
+    for service in kafka java flink; do
+      if running "$service"; then echo "$service running: $(tr '\n' ' ' <"$run/$service.pids")"
+      else echo "$service stopped"; fi
+    done ;;
+  endpoints) endpoints ;;
+  flink-options) flink_options ;;
+  flink-demo) flink_demo ;;
+  *) sed -n '2,25p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2; exit 2 ;;
 esac

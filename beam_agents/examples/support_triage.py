@@ -81,6 +81,10 @@ def ticket(ticket_id: str, customer_id: str, text: str) -> bytes:
 _CUSTOMERS = {
     "c-1": {"name": "Ada Lovelace", "tier": "gold"},
     "c-2": {"name": "Grace Hopper", "tier": "silver"},
+    "c-3": {"name": "Edsger Dijkstra", "tier": "bronze"},
+    "c-4": {"name": "Barbara Liskov", "tier": "gold"},
+    "c-5": {"name": "Alan Turing", "tier": "silver"},
+    "c-6": {"name": "Frances Allen", "tier": "bronze"},
 }
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import re
-import types
 
 import apache_beam as beam
 import pytest
@@ -16,7 +15,6 @@ from apache_beam.transforms import window
 from beam_agents._protos import (
     AgentEnvelope,
     Continuation,
-    LlmCacheBlob,
     MemoryBlob,
     StateSnapshot,
     ToolIntent,
@@ -38,6 +36,7 @@ from beam_agents.runtime import (
 )
 from beam_agents.testing.clock import ManualClock
 from beam_agents.testing.pipelines import Advance, run_round
+from beam_agents.testing.synthetic_v2 import registry_v2
 from tools import golden
 from tools.workspace import data_root
 
@@ -663,44 +662,6 @@ def test_an_agent_that_fails_anywhere_leaves_state_identical(tmp_path, point):
 # Migration on read, in the element path and both timers ---------------------------------------
 
 
-def _step(message_type, change=None):
-    """A v1 -> v2 step module of a synthetic next schema version."""
-    module = types.ModuleType(f"synthetic_{message_type.DESCRIPTOR.name.lower()}_v1_to_v2")
-    module.MESSAGE_TYPE, module.FROM_VERSION, module.TO_VERSION = message_type, 1, 2
-
-    def upgrade(old):
-        new = message_type()
-        new.CopyFrom(old)
-        new.state_schema_version = 2
-        if change is not None:
-            change(new)
-        return new
-
-    module.upgrade = upgrade
-    return module
-
-
-def _mark_migrated(blob):
-    blob.entries.add(key="migrated", value=b"v2", last_access_ms=0)
-    blob.total_value_bytes += 2
-
-
-def _count_ten_escalations(blob):
-    # A visible change, so a test sees whether the continuation really went through the step.
-    blob.escalations += 10
-
-
-def _registry_v2():
-    return MigrationRegistry.from_modules(
-        [
-            _step(MemoryBlob, _mark_migrated),
-            _step(Continuation, _count_ten_escalations),
-            _step(LlmCacheBlob),
-        ],
-        current_version=2,
-    )
-
-
 def _golden(name: str):
     (fixture,) = [f for f in golden.read_fixtures(data_root() / "golden" / "v1") if f.name == name]
     return message_type(fixture.type_name).FromString(fixture.data)
@@ -714,7 +675,7 @@ def test_golden_blobs_migrate_on_first_read_and_reach_state_only_through_a_commi
     snapshot.memory.CopyFrom(_golden(memory_fixture))
     snapshot.llm_cache.CopyFrom(_golden("llm_cache_blob"))
     outputs = run_round(
-        probe(registry=_registry_v2()),
+        probe(registry=registry_v2()),
         [
             snapshot,
             Advance(T0 + 1),
@@ -762,7 +723,7 @@ def test_the_deadline_timer_reads_golden_blobs_through_migration(tmp_path, resum
     fails = {"raise_at": "resume"} if resume_fails else {}
     snapshot = _suspended_snapshot(T0 + 50, memory, **fails)
     outputs = run_round(
-        probe(registry=_registry_v2()),
+        probe(registry=registry_v2()),
         [
             snapshot,
             Advance(T0 + 60),
@@ -785,7 +746,7 @@ def test_the_deadline_timer_reads_golden_blobs_through_migration(tmp_path, resum
 
 def test_an_answer_reads_a_golden_continuation_through_migration(tmp_path):
     outputs = run_round(
-        probe(registry=_registry_v2()),
+        probe(registry=registry_v2()),
         [
             _suspended_snapshot(FAR),
             Advance(T0 + 1),
@@ -806,7 +767,7 @@ def test_the_ttl_timer_reads_through_migration_before_it_wipes(tmp_path, memory)
     snapshot.memory.CopyFrom(_golden(memory))
     config = RuntimeConfig(ttl_ms=DAY)
     wiped = run_round(
-        probe(config, registry=_registry_v2()),
+        probe(config, registry=registry_v2()),
         [
             snapshot,
             Advance(T0 + 2 * DAY),
@@ -839,7 +800,7 @@ def test_state_from_a_newer_binary_wedges_the_key_until_that_binary_rolls_forwar
     (round_folder,) = (tmp_path / "wedged").iterdir()
     emitted = {path.name for path in round_folder.iterdir()}
     assert "completions" not in emitted and "snapshots" not in emitted
-    rolled_forward = run_round(probe(registry=_registry_v2()), inputs, tmp_path / "forward")
+    rolled_forward = run_round(probe(registry=registry_v2()), inputs, tmp_path / "forward")
     (done,) = rolled_forward.values("completions")
     assert done == b"done"
     (after,) = rolled_forward.values("snapshots")

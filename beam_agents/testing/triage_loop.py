@@ -1,0 +1,51 @@
+"""The support-triage agent as a Kafka loop job: `python -m beam_agents.testing.triage_loop`.
+
+    python -m beam_agents.testing.triage_loop --kafka_bootstrap HOST:PORT --topic_prefix P
+        --expansion_service HOST:PORT [--state_schema {1,2}] [BEAM PIPELINE OPTIONS]
+
+builds the demo's loop job (beam_agents.demo.add_triage_loop), runs it and waits until the
+runner ends the job. `--state_schema 2` is the second binary of the upgrade test: the same job
+with the synthetic version-2 migration steps registered (beam_agents.testing.synthetic_v2).
+The transform names, and so the state a savepoint holds, are the same in both.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+import apache_beam as beam
+from apache_beam.options.pipeline_options import PipelineOptions
+
+from beam_agents.demo import add_triage_loop
+from beam_agents.kafka_bus import Topics
+from beam_agents.testing.synthetic_v2 import registry_v2
+
+__all__ = ["main"]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m beam_agents.testing.triage_loop")
+    parser.add_argument("--kafka_bootstrap", required=True)
+    parser.add_argument("--topic_prefix", required=True)
+    parser.add_argument("--expansion_service", required=True)
+    parser.add_argument("--state_schema", type=int, choices=[1, 2], default=1)
+    args, pipeline_args = parser.parse_known_args(argv)
+    pipeline = beam.Pipeline(options=PipelineOptions(pipeline_args))
+    add_triage_loop(
+        pipeline,
+        kafka_bootstrap=args.kafka_bootstrap,
+        topics=Topics(args.topic_prefix),
+        expansion_service=args.expansion_service,
+        registry=registry_v2() if args.state_schema == 2 else None,
+    )
+    result = pipeline.run()
+    print(f"triage_loop: submitted, state schema {args.state_schema}", file=sys.stderr, flush=True)
+    result.wait_until_finish()
+    print(f"triage_loop: the job ended {result.state}", file=sys.stderr, flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
