@@ -1,6 +1,7 @@
 """The `beam-agents` operator command.
 
-    beam-agents demo [BEAM PIPELINE OPTIONS]
+    beam-agents demo [--bus=kafka --kafka_bootstrap HOST:PORT --expansion_service HOST:PORT]
+        [BEAM PIPELINE OPTIONS]
     beam-agents inspect FILE [--type NAME] [--max-bytes N]
     beam-agents dry-run DIR [--max-bytes N]
     beam-agents export-traces FILE [--endpoint URL]
@@ -12,7 +13,9 @@
 
 `demo` runs the support-triage agent end to end on local Beam pipelines (RunAgent,
 ExecuteIntents, a scripted approver), with no network and no keys, and prints an account of
-the conversation. Exit codes: 0 the agent completed; 1 it did not (a dead letter, named).
+the conversation; with `--bus=kafka`, the same conversation as one streaming job reading Kafka,
+with the effector as its own process (`bash tools/engines.sh flink-demo` runs it on Flink).
+Exit codes: 0 the agent completed; 1 it did not (a dead letter, named); 2 usage error.
 
 `inspect` decodes one serialized beam_agents message, guessing its type unless --type names
 it, and prints it as protobuf text, then lists any fields this binary's schema does not know.

@@ -182,7 +182,9 @@ class EffectorService:
 
     Each intent's records (a result to the events topic, an approval intent to the approvals
     topic, a dead letter) are produced and acknowledged before the intent's offset is
-    committed. `run` serves until `stop` is set; `serve_one` handles at most one intent.
+    committed; a record the broker does not acknowledge raises KafkaBusError with the offset
+    uncommitted. `run` serves until `stop` is set; `serve_one` handles at most one intent.
+    `producer_config` adds to or overrides the producer's librdkafka settings.
     """
 
     def __init__(
@@ -193,6 +195,7 @@ class EffectorService:
         topics: Topics,
         group_id: str = "beam-agents-effector",
         poll_timeout_s: float = 0.5,
+        producer_config: Mapping[str, Any] | None = None,
     ) -> None:
         from confluent_kafka import Consumer, Producer
 
@@ -210,7 +213,11 @@ class EffectorService:
         )
         self._consumer.subscribe([topics.intents])
         self._producer = Producer(
-            {"bootstrap.servers": bootstrap_servers, "enable.idempotence": True}
+            {
+                "bootstrap.servers": bootstrap_servers,
+                "enable.idempotence": True,
+                **(producer_config or {}),
+            }
         )
 
     def run(self, stop: threading.Event) -> None:

@@ -235,7 +235,7 @@ flink_options() {
   # Checkpointing keeps the sources alive and lets stop-with-savepoint complete; without it
   # Beam's Flink runner finishes the Impulse source and a savepoint never completes.
   echo "--runner=PortableRunner --job_endpoint=127.0.0.1:$job_port --environment_type=LOOPBACK" \
-    "--streaming --checkpointing_interval=2000"
+    "--streaming --checkpointing_interval=10000"
 }
 
 flink_jobs() {
