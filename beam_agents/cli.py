@@ -42,7 +42,8 @@ compatible; 1 not; 2 usage error.
 (beam_agents.kafka_bus.EffectorService), with its records in the SQLite store FILE, until
 SIGTERM or SIGINT; --tools names a dict of tool name to callable, --keyring a function returning
 the Keyring that verifies intents (required unless --mode off). It prints one line to stderr
-when it serves. Exit codes: 0 stopped by a signal; 1 the broker failed it; 2 usage error.
+when it serves. Exit codes: 0 stopped by a signal; 1 stopped by a failure (the broker, the
+store), named, with the intent it was serving left uncommitted; 2 usage error.
 
 `dry-run` is the pre-deploy check: it reads every regular file under DIR (dot-named ones
 included) as one exported StateSnapshot and reports, for the envelope and each blob inside, its
@@ -123,7 +124,7 @@ def _effector_service(args: argparse.Namespace) -> int:
     import threading
 
     from beam_agents.effector import Effector, VerifyMode
-    from beam_agents.kafka_bus import EffectorService, KafkaBusError, Topics
+    from beam_agents.kafka_bus import EffectorService, Topics
     from beam_agents.loading import load_object
 
     try:
@@ -152,8 +153,10 @@ def _effector_service(args: argparse.Namespace) -> int:
     )
     try:
         service.run(stop)
-    except KafkaBusError as e:
-        print(f"beam-agents effector-service: {e}", file=sys.stderr)
+    except Exception as e:
+        # The intent being served stays uncommitted: a restarted service gets it again, and
+        # the store answers it without running its tool twice.
+        print(f"beam-agents effector-service: stopped: {type(e).__name__}: {e}", file=sys.stderr)
         return EXIT_REJECTED
     return EXIT_OK
 

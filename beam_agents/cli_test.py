@@ -221,3 +221,30 @@ def test_dry_run_names_every_failure_in_a_hostile_folder(hostile_export):
 def test_dry_run_reads_a_dot_named_folder_given_relative(hostile_export):
     result = _cli("dry-run", ".export", cwd=hostile_export.parent)
     assert b".hidden/b.binpb: ready" in result.stdout
+
+
+_SERVICE = ["effector-service", "--bootstrap-servers", "127.0.0.1:1", "--store", ":memory:"]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--topic-prefix", "p", "--tools", "beam_agents.demo:DEMO_KEY_ID"], "not a dict"),
+        (["--topic-prefix", "p", "--tools", "no_such_module:TOOLS"], "cannot import"),
+        (["--topic-prefix", "p", "--tools", "beam_agents.demo"], "not MODULE:NAME"),
+        (
+            ["--topic-prefix", "p", "--tools", "beam_agents.examples.support_triage:TOOLS"],
+            "name a --keyring",
+        ),
+        (
+            ["--topic-prefix", "has space", "--tools", "beam_agents.examples.support_triage:TOOLS",
+             "--mode", "off"],
+            "no topic prefix",
+        ),
+    ],
+)  # fmt: skip
+def test_effector_service_refuses_what_it_cannot_serve_before_touching_a_broker(
+    args, message, capsys
+):
+    assert main([*_SERVICE, *args]) == EXIT_USAGE
+    assert message in capsys.readouterr().err

@@ -25,12 +25,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import TextIO
 
 import apache_beam as beam
@@ -53,6 +52,7 @@ from beam_agents.examples.support_triage import TOOLS, scripted_model, ticket, t
 from beam_agents.kafka_bus import AgentLoop, TopicReader, Topics, create_topics, produce
 from beam_agents.runtime import COMPLETIONS, ERRORS, INTENTS, SNAPSHOTS, TRACES, RunAgent
 from beam_agents.testing.clock import ManualClock
+from beam_agents.testing.engines import Launched
 from beam_agents.testing.pipelines import Advance, Outputs, run_round
 
 __all__ = [
@@ -188,7 +188,7 @@ class _Demo:
     def introduce(self, where: str) -> AgentEnvelope:
         ticket_id, customer_id, text = _TICKET
         self.say("beam_agents demo: support-ticket triage, one durable agent per customer key,")
-        self.say(f"{where}. No model, no keys: a scripted model, stand-in")
+        self.say(f"{where}. No model service, no keys: a scripted model, stand-in")
         self.say("tools, a scripted approver and a demo signing key made for this run.")
         self.say()
         self.say(f"ticket {ticket_id} from customer {customer_id}: {text!r}")
@@ -327,12 +327,14 @@ class _BusDemo(_Demo):
         topics = Topics(f"beam-agents-demo-{time.time_ns()}")
         create_topics(kafka_bootstrap, topics)
         self.say(f"topics {topics.prefix}.*; the effector runs as its own process")
-        effector = subprocess.Popen(
-            [sys.executable, "-m", "beam_agents.cli", "effector-service",
-             "--bootstrap-servers", kafka_bootstrap, "--topic-prefix", topics.prefix,
-             "--store", os.path.join(self.workdir, "effector.sqlite"),
+        workdir = Path(self.workdir)
+        effector = Launched.python(
+            "beam_agents.cli",
+            ["effector-service", "--bootstrap-servers", kafka_bootstrap,
+             "--topic-prefix", topics.prefix, "--store", str(workdir / "effector.sqlite"),
              "--tools", "beam_agents.examples.support_triage:TOOLS",
              "--keyring", "beam_agents.demo:demo_keyring"],
+            workdir / "effector.log",
         )  # fmt: skip
         reader = TopicReader(kafka_bootstrap, topics.all())
         job = None
@@ -349,26 +351,29 @@ class _BusDemo(_Demo):
             started = time.perf_counter()
             job = pipeline.run()
             self.say("job submitted; the conversation as it comes back from Kafka:")
-            return self._follow(reader, topics, kafka_bootstrap, started + timeout_s)
+            return self._follow(reader, topics, kafka_bootstrap, effector, started + timeout_s)
         finally:
             if job is not None:
                 job.cancel()
-            effector.terminate()
-            effector.wait(30)
+            effector.stop()
             reader.close()
 
-    def _follow(self, reader, topics: Topics, kafka_bootstrap: str, deadline: float) -> int:
+    def _follow(self, reader, topics: Topics, kafka_bootstrap: str, effector, deadline) -> int:
         seen = {topic: 0 for topic in topics.all()}
         started = time.perf_counter()
         while True:
             try:
-                reader.read(
-                    lambda rows, seen=seen: any(len(rows[t]) > seen[t] for t in seen),
-                    max(0.0, deadline - time.perf_counter()),
-                )
+                reader.read(lambda rows, seen=seen: any(len(rows[t]) > seen[t] for t in seen), 5)
             except TimeoutError:
-                self.say("the agent did not complete in time")
-                return 1
+                try:
+                    effector.check_alive()
+                except RuntimeError as e:
+                    self.say(f"the effector service stopped: {e}")
+                    return 1
+                if time.perf_counter() > deadline:
+                    self.say("the agent did not complete in time")
+                    return 1
+                continue
             time.sleep(0.5)  # let one step's records arrive together
             reader.settle(0.5)
             new = {t: reader.records[t][seen[t] :] for t in seen}

@@ -63,3 +63,8 @@ def test_the_demo_passes_pipeline_options_on_and_other_commands_refuse_them(caps
     assert raised.value.code == 2 and "unrecognized arguments" in capsys.readouterr().err
     assert main(["demo", "--runner=NoSuchRunner"]) == 2  # Beam refuses the runner
     assert "NoSuchRunner" in capsys.readouterr().err
+
+
+def test_the_kafka_demo_needs_its_broker_and_expansion_service(capsys):
+    assert main(["demo", "--bus=kafka"]) == 2
+    assert "--kafka_bootstrap and --expansion_service" in capsys.readouterr().err

@@ -41,10 +41,12 @@ import apache_beam as beam
 from apache_beam.io.kafka import ReadFromKafka, WriteToKafka
 from apache_beam.typehints import Tuple
 
+from beam_agents._protos import ActivationErrorRecord
 from beam_agents.beam_support import typed
 from beam_agents.effector import Effector, Route
 from beam_agents.errors import BeamAgentsError
 from beam_agents.runtime import COMPLETIONS, ERRORS, INTENTS, SNAPSHOTS, TRACES, RunAgent
+from beam_agents.runtime.dead_letters import UNDECODABLE, error_record
 
 __all__ = [
     "AgentLoop",
@@ -112,6 +114,20 @@ def create_topics(bootstrap_servers: str, topics: Topics, *, partitions: int = 1
                 raise KafkaBusError(f"cannot create topic {name}: {e}") from e
 
 
+class _RecordValues(beam.DoFn):
+    """A Kafka record's value, the bytes of an envelope; a record with no value (a tombstone,
+    which Kafka's compaction uses) is a dead letter, never a failed bundle."""
+
+    def process(self, record, timestamp=beam.DoFn.TimestampParam):
+        key, value = record
+        if value is not None:
+            yield value
+            return
+        detail = f"a record with no value (a tombstone, key {bytes(key or b'')[:64]!r})"
+        letter = error_record(b"", UNDECODABLE, detail, timestamp.micros // 1000)
+        yield beam.pvalue.TaggedOutput(ERRORS, (b"", letter))
+
+
 class _ToRecord(beam.DoFn):
     """(entity_key, message or bytes) as a Kafka record's (key, value)."""
 
@@ -156,8 +172,17 @@ class AgentLoop(beam.PTransform):
             timestamp_policy=ReadFromKafka.create_time_policy,
             expansion_service=self._expansion_service,
         )
-        envelopes = typed(records | "Envelopes" >> beam.Values(), bytes)
-        outputs = envelopes | "RunAgent" >> RunAgent(self._agent, **self._run_agent)
+        values = records | "Envelopes" >> beam.ParDo(_RecordValues()).with_outputs(
+            ERRORS, main="envelopes"
+        )
+        outputs = typed(values.envelopes, bytes) | "RunAgent" >> RunAgent(
+            self._agent, **self._run_agent
+        )
+        outputs = {
+            **outputs,
+            ERRORS: (outputs[ERRORS], typed(values[ERRORS], Tuple[bytes, ActivationErrorRecord]))
+            | "DeadLetters" >> beam.Flatten(),
+        }
         for output, topic in (
             (COMPLETIONS, self._topics.completions),
             (INTENTS, self._topics.intents),
@@ -256,8 +281,8 @@ class EffectorService:
 
 
 def produce(bootstrap_servers: str, records: Iterable[tuple[str, bytes, Any, int]]) -> None:
-    """Produces (topic, key, message, timestamp_ms) records; returns once every one of them
-    is acknowledged."""
+    """Produces (topic, key, value, timestamp_ms) records, a value being a message, bytes or
+    None (a tombstone); returns once every one of them is acknowledged."""
     from confluent_kafka import Producer
 
     producer = Producer({"bootstrap.servers": bootstrap_servers, "enable.idempotence": True})
@@ -271,11 +296,13 @@ def _send(producer, records: Iterable[tuple[str, bytes, Any, int]]) -> None:
         if error is not None:
             failures.append(f"{message.topic()}: {error}")
 
-    for topic, key, message, timestamp_ms in records:
+    for topic, key, value, timestamp_ms in records:
+        if value is not None and not isinstance(value, bytes):
+            value = value.SerializeToString(deterministic=True)
         producer.produce(
             topic,
             key=key,
-            value=message.SerializeToString(deterministic=True),
+            value=value,
             timestamp=timestamp_ms,
             on_delivery=delivered,
         )

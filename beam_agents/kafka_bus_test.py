@@ -166,8 +166,7 @@ def test_refused_intents_become_dead_letters_on_the_topic_and_are_committed(boot
     calls = Calls()
     unsigned = intent(intent_id="i-3", entity_key=b"c-3", expires_at_ms=FAR)
     produce(bootstrap, [(topics.intents, b"c-3", unsigned, 1)])
-    with_garbage = [(topics.intents, b"c-3", _Raw(b"\xff\xfe not a ToolIntent"), 2)]
-    produce(bootstrap, with_garbage)
+    produce(bootstrap, [(topics.intents, b"c-3", b"\xff\xfe not a ToolIntent", 2)])
     service = _service(bootstrap, topics, tmp_path / "effector.sqlite", calls)
     try:
         assert _serve_until(service, 2) == [Route.DEAD_LETTER, Route.DEAD_LETTER]
@@ -182,13 +181,3 @@ def test_refused_intents_become_dead_letters_on_the_topic_and_are_committed(boot
     reasons = [ActivationErrorRecord.FromString(v).reason for _, v in records]
     assert reasons == ["signature_unsigned", "undecodable_intent"]
     assert calls.intent_ids == []
-
-
-class _Raw:
-    """Bytes that `produce` sends as they are."""
-
-    def __init__(self, data: bytes) -> None:
-        self.data = data
-
-    def SerializeToString(self, deterministic: bool = False) -> bytes:
-        return self.data

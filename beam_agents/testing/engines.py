@@ -137,7 +137,13 @@ class Launched:
     def __init__(self, args: Sequence[str], log: Path, *, cwd: Path = ROOT) -> None:
         self.log = log
         self._out = open(log, "wb")  # noqa: SIM115 - closed in stop()
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        # The child imports what this process imports, however its launcher (pip's venv,
+        # Bazel's bootstrap) set up sys.path.
+        env = {
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join(p for p in sys.path if p),
+            "PYTHONUNBUFFERED": "1",
+        }
         self.process = subprocess.Popen(
             list(args),
             stdout=self._out,
