@@ -37,7 +37,6 @@ from apache_beam.options.pipeline_options import PipelineOptions, StandardOption
 from apache_beam.typehints import Tuple
 
 from beam_agents._protos import (
-    ActivationErrorRecord,
     AgentEnvelope,
     StateSnapshot,
     ToolIntent,
@@ -49,7 +48,14 @@ from beam_agents.core.migration import MigrationRegistry
 from beam_agents.core.signing import Keyring
 from beam_agents.effector import APPROVALS, DEAD_LETTERS, RESULTS, ExecuteIntents, VerifyMode
 from beam_agents.examples.support_triage import TOOLS, scripted_model, ticket, triage
-from beam_agents.kafka_bus import AgentLoop, TopicReader, Topics, create_topics, produce
+from beam_agents.kafka_bus import (
+    AgentLoop,
+    TopicReader,
+    Topics,
+    create_topics,
+    decode_dead_letter,
+    produce,
+)
 from beam_agents.runtime import COMPLETIONS, ERRORS, INTENTS, SNAPSHOTS, TRACES, RunAgent
 from beam_agents.testing.clock import ManualClock
 from beam_agents.testing.engines import Launched
@@ -405,7 +411,7 @@ def _bus_outputs(topics: Topics, records) -> Outputs:
         TRACES: [TraceEvent.FromString(v) for _, v in records[topics.traces]],
         INTENTS: [ToolIntent.FromString(v) for _, v in records[topics.intents]],
         COMPLETIONS: [v for _, v in records[topics.completions]],
-        ERRORS: [ActivationErrorRecord.FromString(v) for _, v in records[topics.dead_letters]],
+        ERRORS: [decode_dead_letter(v) for _, v in records[topics.dead_letters]],
         "results": [
             envelope
             for envelope in (AgentEnvelope.FromString(v) for _, v in records[topics.events])

@@ -25,7 +25,6 @@ from collections import Counter
 import pytest
 
 from beam_agents._protos import (
-    ActivationErrorRecord,
     AgentEnvelope,
     ExecutionRecord,
     StateSnapshot,
@@ -33,7 +32,7 @@ from beam_agents._protos import (
 )
 from beam_agents.demo import approve
 from beam_agents.examples.support_triage import ticket
-from beam_agents.kafka_bus import TopicReader, Topics, create_topics, produce
+from beam_agents.kafka_bus import TopicReader, Topics, create_topics, decode_dead_letter, produce
 from beam_agents.testing.engines import Engines, FlinkRest, Launched
 from beam_agents.testing.synthetic_v2 import MIGRATED_KEY
 
@@ -138,7 +137,7 @@ class Loop:
         return [message_type.FromString(v) for _, v in self.reader.records[topic]]
 
     def dead_letters(self) -> Counter:
-        letters = self.messages(self.topics.dead_letters, ActivationErrorRecord)
+        letters = [decode_dead_letter(v) for _, v in self.reader.records[self.topics.dead_letters]]
         return Counter((letter.entity_key, letter.reason) for letter in letters)
 
     def completions(self) -> list[tuple[bytes, dict]]:

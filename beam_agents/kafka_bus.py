@@ -10,7 +10,9 @@ uses one set of topics, named by a prefix (`Topics`), every record keyed by its 
     completions   bytes           each completed activation's output
     traces        TraceEvent
     snapshots     StateSnapshot   answers to export requests
-    dead_letters  ActivationErrorRecord, from RunAgent and from the effector alike
+    dead_letters  AgentEnvelope   an ActivationErrorRecord in external_event (the wire
+                                  convention of an errors sink), from RunAgent and from the
+                                  effector alike; `decode_dead_letter` reads one
 
 `AgentLoop` is the pipeline half: Beam's own cross-language Kafka IO (ReadFromKafka and
 WriteToKafka, expanded by a Java expansion service) around RunAgent. Record timestamps are the
@@ -41,12 +43,12 @@ import apache_beam as beam
 from apache_beam.io.kafka import ReadFromKafka, WriteToKafka
 from apache_beam.typehints import Tuple
 
-from beam_agents._protos import ActivationErrorRecord
+from beam_agents._protos import ActivationErrorRecord, AgentEnvelope
 from beam_agents.beam_support import typed
 from beam_agents.effector import Effector, Route
 from beam_agents.errors import BeamAgentsError
 from beam_agents.runtime import COMPLETIONS, ERRORS, INTENTS, SNAPSHOTS, TRACES, RunAgent
-from beam_agents.runtime.dead_letters import UNDECODABLE, error_record
+from beam_agents.runtime.dead_letters import UNDECODABLE, error_record, to_envelope
 
 __all__ = [
     "AgentLoop",
@@ -55,6 +57,7 @@ __all__ = [
     "TopicReader",
     "Topics",
     "create_topics",
+    "decode_dead_letter",
     "produce",
 ]
 
@@ -129,13 +132,21 @@ class _RecordValues(beam.DoFn):
 
 
 class _ToRecord(beam.DoFn):
-    """(entity_key, message or bytes) as a Kafka record's (key, value)."""
+    """(entity_key, message or bytes) as a Kafka record's (key, value); a dead letter inside
+    its envelope."""
 
     def process(self, element):
         key, value = element
+        if isinstance(value, ActivationErrorRecord):
+            value = to_envelope(value)
         if not isinstance(value, bytes):
             value = value.SerializeToString(deterministic=True)
         yield (key, value)
+
+
+def decode_dead_letter(value: bytes) -> ActivationErrorRecord:
+    """The ActivationErrorRecord of a dead_letters record."""
+    return ActivationErrorRecord.FromString(AgentEnvelope.FromString(value).external_event)
 
 
 class AgentLoop(beam.PTransform):
@@ -273,7 +284,12 @@ class EffectorService:
             yield self.topics.approvals, approval.entity_key, approval, approval.created_at_ms
         elif output.dead_letter is not None:
             letter = output.dead_letter
-            yield self.topics.dead_letters, letter.entity_key, letter, letter.event_time_ms
+            yield (
+                self.topics.dead_letters,
+                letter.entity_key,
+                to_envelope(letter),
+                letter.event_time_ms,
+            )
 
     def close(self) -> None:
         self._producer.flush(30)

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from beam_agents._protos import ActivationErrorRecord, AgentEnvelope, ToolIntent, ToolResult
+from beam_agents._protos import AgentEnvelope, ToolIntent, ToolResult
 from beam_agents.core.signing import Keyring, sign
 from beam_agents.effector import Effector, Route, VerifyMode
 from beam_agents.kafka_bus import (
@@ -16,6 +16,7 @@ from beam_agents.kafka_bus import (
     TopicReader,
     Topics,
     create_topics,
+    decode_dead_letter,
     produce,
 )
 from beam_agents.testing.engines import Engines
@@ -178,6 +179,9 @@ def test_refused_intents_become_dead_letters_on_the_topic_and_are_committed(boot
         records = reader.read(lambda r: len(r[topics.dead_letters]) >= 2, 30)[topics.dead_letters]
     finally:
         reader.close()
-    reasons = [ActivationErrorRecord.FromString(v).reason for _, v in records]
+    # The errors-sink convention: each record inside an envelope's external_event.
+    envelopes = [AgentEnvelope.FromString(v) for _, v in records]
+    assert [e.entity_key for e in envelopes] == [b"c-3", b""]
+    reasons = [decode_dead_letter(v).reason for _, v in records]
     assert reasons == ["signature_unsigned", "undecodable_intent"]
     assert calls.intent_ids == []
