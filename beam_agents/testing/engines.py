@@ -1,5 +1,6 @@
 """The real engines from tests: Kafka, the Java expansion service and workers, a Flink session
-cluster with Beam's job server, all started by `tools/engines.sh` and stopped by PID.
+cluster with Beam's job server, all started by `tools/engines.sh` of a source checkout and
+stopped by PID.
 
 `Engines.up(names)` starts those that are not running and remembers which it started;
 `down()` stops exactly those. `FlinkRest` is the part of Flink's REST API a test needs: the
@@ -134,7 +135,7 @@ class Launched:
     """A process started in its own session, its output in `log`; `stop` ends the whole
     process group: SIGTERM, then SIGKILL after `grace_s`."""
 
-    def __init__(self, args: Sequence[str], log: Path, *, cwd: Path = ROOT) -> None:
+    def __init__(self, args: Sequence[str], log: Path) -> None:
         self.log = log
         self._out = open(log, "wb")  # noqa: SIM115 - closed in stop()
         # The child imports what this process imports, however its launcher (pip's venv,
@@ -148,7 +149,6 @@ class Launched:
             list(args),
             stdout=self._out,
             stderr=subprocess.STDOUT,
-            cwd=cwd,
             env=env,
             start_new_session=True,
         )
