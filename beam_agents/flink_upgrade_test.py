@@ -73,7 +73,8 @@ class Loop:
         self._ids = itertools.count(1)
         self.effector_store = tmp_path / "effector.sqlite"
         self.effector = self._launch(
-            ["beam_agents.cli", "effector-service", "--bootstrap-servers", self.bootstrap,
+            "beam_agents.cli",
+            ["effector-service", "--bootstrap-servers", self.bootstrap,
              "--topic-prefix", self.topics.prefix, "--store", str(self.effector_store),
              "--tools", "beam_agents.examples.support_triage:TOOLS",
              "--keyring", "beam_agents.demo:demo_keyring"],
@@ -81,8 +82,9 @@ class Loop:
         )  # fmt: skip
         self.effector.wait_for_output("serving")
 
-    def _launch(self, args, name) -> Launched:
-        launched = Launched.python(args[0], args[1:], self.tmp_path / f"{name}.log")
+    def _launch(self, module: str, args: list[str], name: str) -> Launched:
+        """`python -m module args`, logged to name.log and stopped by close()."""
+        launched = Launched.python(module, args, self.tmp_path / f"{name}.log")
         self.launched.append(launched)
         return launched
 
@@ -98,10 +100,7 @@ class Loop:
         if savepoint is not None:
             args.append(f"--savepoint_path={savepoint}")
         name = f"job{len(self.jobs) + 1}-schema{state_schema}"
-        launcher = Launched.python(
-            "beam_agents.testing.triage_loop", args, self.tmp_path / f"{name}.log"
-        )
-        self.launched.append(launcher)
+        launcher = self._launch("beam_agents.testing.triage_loop", args, name)
         jid = self.rest.wait_for_new_job(known, launcher)
         self.jobs.append(jid)
         return jid, launcher
