@@ -10,7 +10,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class MemoryBlob(_message.Message):
-    __slots__ = ("state_schema_version", "entries", "total_value_bytes")
+    __slots__ = ("state_schema_version", "entries", "total_value_bytes", "recent_events", "last_activity_ms")
     class MemoryEntry(_message.Message):
         __slots__ = ("key", "value", "last_access_ms")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -20,13 +20,24 @@ class MemoryBlob(_message.Message):
         value: bytes
         last_access_ms: int
         def __init__(self, key: _Optional[str] = ..., value: _Optional[bytes] = ..., last_access_ms: _Optional[int] = ...) -> None: ...
+    class EventMark(_message.Message):
+        __slots__ = ("digest", "seen_at_ms")
+        DIGEST_FIELD_NUMBER: _ClassVar[int]
+        SEEN_AT_MS_FIELD_NUMBER: _ClassVar[int]
+        digest: bytes
+        seen_at_ms: int
+        def __init__(self, digest: _Optional[bytes] = ..., seen_at_ms: _Optional[int] = ...) -> None: ...
     STATE_SCHEMA_VERSION_FIELD_NUMBER: _ClassVar[int]
     ENTRIES_FIELD_NUMBER: _ClassVar[int]
     TOTAL_VALUE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    RECENT_EVENTS_FIELD_NUMBER: _ClassVar[int]
+    LAST_ACTIVITY_MS_FIELD_NUMBER: _ClassVar[int]
     state_schema_version: int
     entries: _containers.RepeatedCompositeFieldContainer[MemoryBlob.MemoryEntry]
     total_value_bytes: int
-    def __init__(self, state_schema_version: _Optional[int] = ..., entries: _Optional[_Iterable[_Union[MemoryBlob.MemoryEntry, _Mapping]]] = ..., total_value_bytes: _Optional[int] = ...) -> None: ...
+    recent_events: _containers.RepeatedCompositeFieldContainer[MemoryBlob.EventMark]
+    last_activity_ms: int
+    def __init__(self, state_schema_version: _Optional[int] = ..., entries: _Optional[_Iterable[_Union[MemoryBlob.MemoryEntry, _Mapping]]] = ..., total_value_bytes: _Optional[int] = ..., recent_events: _Optional[_Iterable[_Union[MemoryBlob.EventMark, _Mapping]]] = ..., last_activity_ms: _Optional[int] = ...) -> None: ...
 
 class ToolIntent(_message.Message):
     __slots__ = ("intent_id", "entity_key", "seq", "step_index", "tool_name", "args_json", "created_at_ms", "expires_at_ms", "attempt", "kind", "trace_id", "signature_scheme", "signing_key_id", "signature")
@@ -75,7 +86,7 @@ class ToolIntent(_message.Message):
     def __init__(self, intent_id: _Optional[str] = ..., entity_key: _Optional[bytes] = ..., seq: _Optional[int] = ..., step_index: _Optional[int] = ..., tool_name: _Optional[str] = ..., args_json: _Optional[str] = ..., created_at_ms: _Optional[int] = ..., expires_at_ms: _Optional[int] = ..., attempt: _Optional[int] = ..., kind: _Optional[_Union[ToolIntent.Kind, str]] = ..., trace_id: _Optional[bytes] = ..., signature_scheme: _Optional[_Union[ToolIntent.SignatureScheme, str]] = ..., signing_key_id: _Optional[str] = ..., signature: _Optional[bytes] = ...) -> None: ...
 
 class ToolResult(_message.Message):
-    __slots__ = ("intent_id", "entity_key", "seq", "status", "payload", "error_message", "completed_at_ms")
+    __slots__ = ("intent_id", "entity_key", "seq", "status", "payload", "error_message", "completed_at_ms", "intent_digest", "signature_scheme", "signing_key_id", "signature")
     class Status(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
         __slots__ = ()
         STATUS_UNSPECIFIED: _ClassVar[ToolResult.Status]
@@ -95,6 +106,10 @@ class ToolResult(_message.Message):
     PAYLOAD_FIELD_NUMBER: _ClassVar[int]
     ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
     COMPLETED_AT_MS_FIELD_NUMBER: _ClassVar[int]
+    INTENT_DIGEST_FIELD_NUMBER: _ClassVar[int]
+    SIGNATURE_SCHEME_FIELD_NUMBER: _ClassVar[int]
+    SIGNING_KEY_ID_FIELD_NUMBER: _ClassVar[int]
+    SIGNATURE_FIELD_NUMBER: _ClassVar[int]
     intent_id: str
     entity_key: bytes
     seq: int
@@ -102,7 +117,11 @@ class ToolResult(_message.Message):
     payload: bytes
     error_message: str
     completed_at_ms: int
-    def __init__(self, intent_id: _Optional[str] = ..., entity_key: _Optional[bytes] = ..., seq: _Optional[int] = ..., status: _Optional[_Union[ToolResult.Status, str]] = ..., payload: _Optional[bytes] = ..., error_message: _Optional[str] = ..., completed_at_ms: _Optional[int] = ...) -> None: ...
+    intent_digest: bytes
+    signature_scheme: ToolIntent.SignatureScheme
+    signing_key_id: str
+    signature: bytes
+    def __init__(self, intent_id: _Optional[str] = ..., entity_key: _Optional[bytes] = ..., seq: _Optional[int] = ..., status: _Optional[_Union[ToolResult.Status, str]] = ..., payload: _Optional[bytes] = ..., error_message: _Optional[str] = ..., completed_at_ms: _Optional[int] = ..., intent_digest: _Optional[bytes] = ..., signature_scheme: _Optional[_Union[ToolIntent.SignatureScheme, str]] = ..., signing_key_id: _Optional[str] = ..., signature: _Optional[bytes] = ...) -> None: ...
 
 class TraceEvent(_message.Message):
     __slots__ = ("trace_id", "span_id", "parent_span_id", "entity_key", "seq", "step_index", "event_type", "attributes", "start_ms", "end_ms")
@@ -156,16 +175,24 @@ class TraceEvent(_message.Message):
 class AgentEnvelope(_message.Message):
     __slots__ = ("entity_key", "event_time_ms", "external_event", "tool_result", "approval", "export_request")
     class Approval(_message.Message):
-        __slots__ = ("intent_id", "approved", "approver", "decided_at_ms")
+        __slots__ = ("intent_id", "approved", "approver", "decided_at_ms", "intent_digest", "signature_scheme", "signing_key_id", "signature")
         INTENT_ID_FIELD_NUMBER: _ClassVar[int]
         APPROVED_FIELD_NUMBER: _ClassVar[int]
         APPROVER_FIELD_NUMBER: _ClassVar[int]
         DECIDED_AT_MS_FIELD_NUMBER: _ClassVar[int]
+        INTENT_DIGEST_FIELD_NUMBER: _ClassVar[int]
+        SIGNATURE_SCHEME_FIELD_NUMBER: _ClassVar[int]
+        SIGNING_KEY_ID_FIELD_NUMBER: _ClassVar[int]
+        SIGNATURE_FIELD_NUMBER: _ClassVar[int]
         intent_id: str
         approved: bool
         approver: str
         decided_at_ms: int
-        def __init__(self, intent_id: _Optional[str] = ..., approved: bool = ..., approver: _Optional[str] = ..., decided_at_ms: _Optional[int] = ...) -> None: ...
+        intent_digest: bytes
+        signature_scheme: ToolIntent.SignatureScheme
+        signing_key_id: str
+        signature: bytes
+        def __init__(self, intent_id: _Optional[str] = ..., approved: bool = ..., approver: _Optional[str] = ..., decided_at_ms: _Optional[int] = ..., intent_digest: _Optional[bytes] = ..., signature_scheme: _Optional[_Union[ToolIntent.SignatureScheme, str]] = ..., signing_key_id: _Optional[str] = ..., signature: _Optional[bytes] = ...) -> None: ...
     class StateExportRequest(_message.Message):
         __slots__ = ("request_id",)
         REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
@@ -186,7 +213,7 @@ class AgentEnvelope(_message.Message):
     def __init__(self, entity_key: _Optional[bytes] = ..., event_time_ms: _Optional[int] = ..., external_event: _Optional[bytes] = ..., tool_result: _Optional[_Union[ToolResult, _Mapping]] = ..., approval: _Optional[_Union[AgentEnvelope.Approval, _Mapping]] = ..., export_request: _Optional[_Union[AgentEnvelope.StateExportRequest, _Mapping]] = ...) -> None: ...
 
 class Continuation(_message.Message):
-    __slots__ = ("state_schema_version", "seq", "step_index", "pending_intent_ids", "adapter", "snapshot", "suspended_at_ms", "deadline_ms", "escalations", "answers")
+    __slots__ = ("state_schema_version", "seq", "step_index", "pending_intent_ids", "adapter", "snapshot", "suspended_at_ms", "deadline_ms", "escalations", "answers", "resume_failures", "retry_at_ms", "mailbox")
     STATE_SCHEMA_VERSION_FIELD_NUMBER: _ClassVar[int]
     SEQ_FIELD_NUMBER: _ClassVar[int]
     STEP_INDEX_FIELD_NUMBER: _ClassVar[int]
@@ -197,6 +224,9 @@ class Continuation(_message.Message):
     DEADLINE_MS_FIELD_NUMBER: _ClassVar[int]
     ESCALATIONS_FIELD_NUMBER: _ClassVar[int]
     ANSWERS_FIELD_NUMBER: _ClassVar[int]
+    RESUME_FAILURES_FIELD_NUMBER: _ClassVar[int]
+    RETRY_AT_MS_FIELD_NUMBER: _ClassVar[int]
+    MAILBOX_FIELD_NUMBER: _ClassVar[int]
     state_schema_version: int
     seq: int
     step_index: int
@@ -207,7 +237,10 @@ class Continuation(_message.Message):
     deadline_ms: int
     escalations: int
     answers: _containers.RepeatedCompositeFieldContainer[AgentEnvelope]
-    def __init__(self, state_schema_version: _Optional[int] = ..., seq: _Optional[int] = ..., step_index: _Optional[int] = ..., pending_intent_ids: _Optional[_Iterable[str]] = ..., adapter: _Optional[str] = ..., snapshot: _Optional[bytes] = ..., suspended_at_ms: _Optional[int] = ..., deadline_ms: _Optional[int] = ..., escalations: _Optional[int] = ..., answers: _Optional[_Iterable[_Union[AgentEnvelope, _Mapping]]] = ...) -> None: ...
+    resume_failures: int
+    retry_at_ms: int
+    mailbox: _containers.RepeatedCompositeFieldContainer[AgentEnvelope]
+    def __init__(self, state_schema_version: _Optional[int] = ..., seq: _Optional[int] = ..., step_index: _Optional[int] = ..., pending_intent_ids: _Optional[_Iterable[str]] = ..., adapter: _Optional[str] = ..., snapshot: _Optional[bytes] = ..., suspended_at_ms: _Optional[int] = ..., deadline_ms: _Optional[int] = ..., escalations: _Optional[int] = ..., answers: _Optional[_Iterable[_Union[AgentEnvelope, _Mapping]]] = ..., resume_failures: _Optional[int] = ..., retry_at_ms: _Optional[int] = ..., mailbox: _Optional[_Iterable[_Union[AgentEnvelope, _Mapping]]] = ...) -> None: ...
 
 class LlmCacheBlob(_message.Message):
     __slots__ = ("state_schema_version", "entries", "total_response_bytes")
@@ -235,16 +268,20 @@ class LlmCacheBlob(_message.Message):
     def __init__(self, state_schema_version: _Optional[int] = ..., entries: _Optional[_Iterable[_Union[LlmCacheBlob.LlmCacheEntry, _Mapping]]] = ..., total_response_bytes: _Optional[int] = ...) -> None: ...
 
 class ActivationErrorRecord(_message.Message):
-    __slots__ = ("entity_key", "reason", "detail", "event_time_ms")
+    __slots__ = ("entity_key", "reason", "detail", "event_time_ms", "input", "answers")
     ENTITY_KEY_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
     DETAIL_FIELD_NUMBER: _ClassVar[int]
     EVENT_TIME_MS_FIELD_NUMBER: _ClassVar[int]
+    INPUT_FIELD_NUMBER: _ClassVar[int]
+    ANSWERS_FIELD_NUMBER: _ClassVar[int]
     entity_key: bytes
     reason: str
     detail: str
     event_time_ms: int
-    def __init__(self, entity_key: _Optional[bytes] = ..., reason: _Optional[str] = ..., detail: _Optional[str] = ..., event_time_ms: _Optional[int] = ...) -> None: ...
+    input: AgentEnvelope
+    answers: _containers.RepeatedCompositeFieldContainer[AgentEnvelope]
+    def __init__(self, entity_key: _Optional[bytes] = ..., reason: _Optional[str] = ..., detail: _Optional[str] = ..., event_time_ms: _Optional[int] = ..., input: _Optional[_Union[AgentEnvelope, _Mapping]] = ..., answers: _Optional[_Iterable[_Union[AgentEnvelope, _Mapping]]] = ...) -> None: ...
 
 class StateSnapshot(_message.Message):
     __slots__ = ("state_schema_version", "entity_key", "seq", "snapshot_at_ms", "memory", "llm_cache", "continuation", "pending", "request_id")
