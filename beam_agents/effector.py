@@ -52,7 +52,6 @@ from __future__ import annotations
 import abc
 import dataclasses
 import enum
-import hashlib
 import os
 import sqlite3
 import threading
@@ -76,9 +75,13 @@ from beam_agents._protos import (
     ToolResult,
 )
 from beam_agents.beam_support import timer_timestamp, typed
-from beam_agents.core.intent import effective_kind, parse_args_json
+from beam_agents.core.intent import (
+    DELIVERY_FIELDS,
+    content_digest,
+    effective_kind,
+    parse_args_json,
+)
 from beam_agents.core.signing import Keyring, Verification, verify
-from beam_agents.core.wire import strip_fields
 from beam_agents.errors import CanonicalJsonError
 
 __all__ = [
@@ -113,12 +116,6 @@ REASON_UNDECODABLE = "undecodable_intent"
 REASON_CONFLICT = "intent_id_conflict"
 
 DEFAULT_RETENTION_MS = 24 * 60 * 60 * 1000
-#: Fields a retry or redelivery of the same intent may change; the content digest omits them.
-DELIVERY_FIELDS = ("attempt", "created_at_ms", "expires_at_ms", "trace_id")
-_CONTENT_EXCLUDED = frozenset(
-    ToolIntent.DESCRIPTOR.fields_by_name[name].number
-    for name in (*DELIVERY_FIELDS, "signature_scheme", "signing_key_id", "signature")
-)
 _INT64_MAX = 2**63 - 1
 #: Longest error_message kept from a failing tool; exception texts can be unbounded.
 _MAX_ERROR_CHARS = 4096
@@ -126,12 +123,6 @@ _MAX_ERROR_CHARS = 4096
 
 def wall_clock_ms() -> int:
     return time.time_ns() // 1_000_000
-
-
-def content_digest(wire: bytes) -> bytes:
-    """SHA-256 of a serialized intent without its signature and delivery fields: what a copy
-    must share with the executed intent to be its duplicate."""
-    return hashlib.sha256(strip_fields(wire, _CONTENT_EXCLUDED)).digest()
 
 
 class VerifyMode(enum.Enum):

@@ -22,12 +22,19 @@ intent's bytes, so its signature and its replay-cache key are stable. `parse_arg
 reading side: the effector parses a received args_json with the same rules and the same limits,
 so a hostile 5,000-digit number or a 100,000-deep array is a refusal, never a crash.
 
+Content. `content_digest` is the SHA-256 of a serialized intent without its signature and
+delivery fields (attempt, created_at_ms, expires_at_ms, trace_id): what a copy must share with
+an intent to be the same intent. The effector remembers it per intent_id and stamps it on every
+ToolResult (`intent_digest`), so a result answers the content it was computed for, not just an
+id, and the runtime can refuse a result computed for other content under the same id.
+
 Kind. `kind` was added without a schema bump; TOOL_KIND_UNSPECIFIED (an intent written before
 it existed) reads as TOOL, and only an explicit APPROVAL goes to a human.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import re
@@ -37,13 +44,16 @@ from collections.abc import Mapping
 import rfc8785
 
 from beam_agents._protos import ToolIntent
+from beam_agents.core.wire import strip_fields
 from beam_agents.errors import CanonicalJsonError
 
 __all__ = [
+    "DELIVERY_FIELDS",
     "INTENT_NAMESPACE",
     "MAX_ARGS_DEPTH",
     "MAX_SAFE_INTEGER",
     "canonical_args_json",
+    "content_digest",
     "effective_kind",
     "intent_id",
     "intent_id_name",
@@ -52,6 +62,13 @@ __all__ = [
 
 #: Frozen. The uuid5 namespace of every intent_id.
 INTENT_NAMESPACE = uuid.UUID("ad73fd52-ef5c-497f-8bab-c8f837f2c57a")
+
+#: Fields a retry or redelivery of the same intent may change; the content digest omits them.
+DELIVERY_FIELDS = ("attempt", "created_at_ms", "expires_at_ms", "trace_id")
+_CONTENT_EXCLUDED = frozenset(
+    ToolIntent.DESCRIPTOR.fields_by_name[name].number
+    for name in (*DELIVERY_FIELDS, "signature_scheme", "signing_key_id", "signature")
+)
 
 #: How deep objects and arrays may nest in tool arguments ("$" itself is depth 1).
 MAX_ARGS_DEPTH = 64
@@ -82,6 +99,12 @@ def intent_id(entity_key: bytes, seq: int, step_index: int, call_index: int = 0)
     return str(
         uuid.uuid5(INTENT_NAMESPACE, intent_id_name(entity_key, seq, step_index, call_index))
     )
+
+
+def content_digest(wire: bytes) -> bytes:
+    """SHA-256 of a serialized intent without its signature and delivery fields: what a copy
+    must share with an intent to be the same intent (see the module docstring)."""
+    return hashlib.sha256(strip_fields(wire, _CONTENT_EXCLUDED)).digest()
 
 
 def canonical_args_json(args: Mapping[str, object]) -> str:

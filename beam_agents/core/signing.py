@@ -1,4 +1,11 @@
-"""The ToolIntent signature envelope: HMAC-SHA256 under rotatable keys.
+"""The signature envelope of ToolIntents, ToolResults and Approvals: HMAC-SHA256 under
+rotatable keys.
+
+Three messages are signed, each by the party that produces it: a ToolIntent by the runtime that
+emits it, a ToolResult by the effector, an AgentEnvelope.Approval by the approvals channel.
+Each carries the same three fields (signature_scheme, signing_key_id, signature) as its
+highest-numbered ones, so everything below holds for all three; the field numbers are read from
+each message's descriptor.
 
 Signing input. A signature covers the deterministic serialization of the intent with its three
 signature fields (signature_scheme, signing_key_id, signature) cleared. Unknown fields are part
@@ -39,6 +46,7 @@ import base64
 import binascii
 import dataclasses
 import enum
+import functools
 import hashlib
 import hmac
 import json
@@ -73,9 +81,17 @@ KEYS_FILE_ENV = "BEAM_AGENTS_SIGNING_KEYS_FILE"
 MIN_SECRET_BYTES = 32
 #: Length of an HMAC-SHA256 signature; any other length is refused before a MAC is computed.
 SIGNATURE_BYTES = 32
-_SIGNATURE_NUMBERS = frozenset(
-    ToolIntent.DESCRIPTOR.fields_by_name[name].number for name in SIGNATURE_FIELDS
-)
+
+
+@functools.cache
+def _layout(descriptor) -> tuple[frozenset[int], tuple[bytes, bytes, bytes]]:
+    """The signature fields' numbers of a signed message type, and their tags as encoded."""
+    numbers = [descriptor.fields_by_name[name].number for name in SIGNATURE_FIELDS]
+    tags = tuple(
+        encode_varint(number << 3 | wire_type)
+        for number, wire_type in zip(numbers, (0, 2, 2), strict=True)
+    )
+    return frozenset(numbers), tags
 
 
 class Verification(enum.Enum):
@@ -145,7 +161,7 @@ class Keyring:
                 raise KeyringError(f"active key {self.active!r} is not in the ring", source=source)
         object.__setattr__(self, "keys", dict(self.keys))
         object.__setattr__(self, "_pads", {key_id: _pads(s) for key_id, s in self.keys.items()})
-        object.__setattr__(self, "_envelopes", {k: _envelope_prefix(k) for k in self.keys})
+        object.__setattr__(self, "_envelopes", {})
 
     def mac(self, key_id: str, data: bytes) -> bytes:
         """HMAC-SHA256 of `data` under key `key_id` (equal to hmac.digest(secret, data,
@@ -157,10 +173,15 @@ class Keyring:
         outer.update(inner.digest())
         return outer.digest()
 
-    def envelope(self, key_id: str, signature: bytes) -> bytes:
+    def envelope(self, key_id: str, signature: bytes, descriptor=ToolIntent.DESCRIPTOR) -> bytes:
         """The deterministic encoding of the three signature fields of an HMAC_SHA256
-        signature (SIGNATURE_BYTES long) under key `key_id`."""
-        return self._envelopes[key_id] + signature
+        signature (SIGNATURE_BYTES long) under key `key_id`, for a message of `descriptor`."""
+        prefix = self._envelopes.get((descriptor, key_id))
+        if prefix is None:
+            if key_id not in self.keys:
+                raise KeyError(key_id)
+            prefix = self._envelopes[descriptor, key_id] = _envelope_prefix(descriptor, key_id)
+        return prefix + signature
 
     def __repr__(self) -> str:  # never print secrets
         return f"Keyring(keys={sorted(self.keys)}, active={self.active!r})"
@@ -215,13 +236,13 @@ class Keyring:
 
 
 def signing_input(intent: Message, *, wire: bytes | None = None) -> bytes:
-    """The bytes a signature covers. Accepts ToolIntent classes of any schema version.
+    """The bytes a signature covers. Accepts the signed message classes of any schema version.
 
     `wire`, when given, is the serialization `intent` was parsed from; the input is then those
     bytes without the signature fields, which also holds for fields this binary does not know.
     """
     if wire is not None:
-        return strip_signature(wire)
+        return strip_signature(wire, intent.DESCRIPTOR)
     if is_unsigned(intent) and not intent.signing_key_id:
         return intent.SerializeToString(deterministic=True)  # nothing to clear: skip the copy
     cleared = type(intent)()
@@ -231,10 +252,11 @@ def signing_input(intent: Message, *, wire: bytes | None = None) -> bytes:
     return cleared.SerializeToString(deterministic=True)
 
 
-def strip_signature(wire: bytes) -> bytes:
-    """A serialized ToolIntent without its signature fields (every occurrence), every other
-    byte kept in place. Raises ValueError on bytes that are not well-formed protobuf."""
-    return strip_fields(wire, _SIGNATURE_NUMBERS)
+def strip_signature(wire: bytes, descriptor=ToolIntent.DESCRIPTOR) -> bytes:
+    """A serialized signed message (a ToolIntent unless `descriptor` says otherwise) without
+    its signature fields (every occurrence), every other byte kept in place. Raises ValueError
+    on bytes that are not well-formed protobuf."""
+    return strip_fields(wire, _layout(descriptor)[0])
 
 
 def is_unsigned(intent: Message) -> bool:
@@ -253,7 +275,7 @@ def sign(intent: Message, keyring: Keyring) -> Message:
     # Parsing the input with the envelope appended builds the copy in one pass: field order
     # does not matter to the parser, and unknown fields stay unknown.
     return type(intent).FromString(
-        unsigned + keyring.envelope(key_id, keyring.mac(key_id, unsigned))
+        unsigned + keyring.envelope(key_id, keyring.mac(key_id, unsigned), intent.DESCRIPTOR)
     )
 
 
@@ -276,13 +298,13 @@ def verify(intent: Message, keyring: Keyring, *, wire: bytes | None = None) -> V
     if len(signature) != SIGNATURE_BYTES:
         return Verification.BAD_SIGNATURE
     try:
-        envelope = keyring.envelope(key_id, signature)
+        envelope = keyring.envelope(key_id, signature, intent.DESCRIPTOR)
         if wire is None:
             signed_bytes = _signing_input_of_signed(intent, envelope)
         elif wire.endswith(envelope):  # the signer's deterministic layout: envelope last
             signed_bytes = wire[: len(wire) - len(envelope)]
         else:
-            signed_bytes = strip_signature(wire)
+            signed_bytes = strip_signature(wire, intent.DESCRIPTOR)
     except ValueError:
         return Verification.BAD_SIGNATURE
     expected = keyring.mac(key_id, signed_bytes)
@@ -301,23 +323,18 @@ def _signing_input_of_signed(intent: Message, envelope: bytes) -> bytes:
     return signing_input(intent)
 
 
-_SCHEME_TAG, _KEY_ID_TAG, _SIGNATURE_TAG = (
-    bytes([ToolIntent.DESCRIPTOR.fields_by_name[name].number << 3 | wire_type])
-    for name, wire_type in zip(SIGNATURE_FIELDS, (0, 2, 2), strict=True)
-)
-
-
-def _envelope_prefix(key_id: str) -> bytes:
+def _envelope_prefix(descriptor, key_id: str) -> bytes:
     """The signature fields' encoding up to the signature bytes, for one key."""
+    scheme_tag, key_id_tag, signature_tag = _layout(descriptor)[1]
     key = key_id.encode("utf-8")
     return b"".join(
         (
-            _SCHEME_TAG,
+            scheme_tag,
             encode_varint(ToolIntent.HMAC_SHA256),
-            _KEY_ID_TAG,
+            key_id_tag,
             encode_varint(len(key)),
             key,
-            _SIGNATURE_TAG,
+            signature_tag,
             encode_varint(SIGNATURE_BYTES),
         )
     )

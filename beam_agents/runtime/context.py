@@ -396,7 +396,6 @@ class ActivationContext:
             snapshot=snapshot,
             suspended_at_ms=self.now_ms,
             deadline_ms=deadline,
-            escalations=self.resume_of.escalations if self.resume_of is not None else 0,
         )
 
     def suspend(self, *, snapshot: bytes = b"", deadline_ms: int | None = None) -> Suspension:

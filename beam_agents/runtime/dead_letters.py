@@ -9,22 +9,28 @@ constant says otherwise.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from beam_agents._protos import ActivationErrorRecord, AgentEnvelope
 
 __all__ = [
     "AFTER_DEADLINE",
     "AGENT_CONTRACT",
     "AGENT_RAISED",
+    "ANSWER_FOR_OTHER_CONTENT",
     "ANSWER_MISMATCH",
+    "BAD_ANSWER_SIGNATURE",
     "DEADLINE_EXCEEDED",
     "EMPTY_ENVELOPE",
-    "KEY_SUSPENDED",
     "LLM_FAILED",
+    "MAILBOX_FULL",
     "MEMORY_BUDGET",
     "NO_ENTITY_KEY",
     "NO_SUSPENSION",
     "REASONS",
     "RESTORE_CONFLICT",
+    "RESUME_FAILED",
+    "SNAPSHOT_FROM_FUTURE",
     "STALE_TIMER",
     "TTL_WIPED_SUSPENDED",
     "UNDECODABLE",
@@ -40,7 +46,6 @@ AGENT_RAISED = "agent_raised"
 AGENT_CONTRACT = "agent_contract"
 LLM_FAILED = "llm_failed"
 MEMORY_BUDGET = "memory_budget"
-KEY_SUSPENDED = "key_suspended"
 NO_SUSPENSION = "no_suspension"
 UNKNOWN_INTENT = "unknown_intent"
 AFTER_DEADLINE = "after_deadline"
@@ -49,6 +54,11 @@ DEADLINE_EXCEEDED = "deadline_exceeded"
 STALE_TIMER = "stale_timer"
 TTL_WIPED_SUSPENDED = "ttl_wiped_suspended"
 RESTORE_CONFLICT = "restore_conflict"
+RESUME_FAILED = "resume_failed"
+MAILBOX_FULL = "mailbox_full"
+BAD_ANSWER_SIGNATURE = "bad_answer_signature"
+ANSWER_FOR_OTHER_CONTENT = "answer_for_other_content"
+SNAPSHOT_FROM_FUTURE = "snapshot_from_future"
 
 #: Every reason with its meaning (the README's table is this one).
 REASONS = {
@@ -56,12 +66,12 @@ REASONS = {
     "input)",
     NO_ENTITY_KEY: "an envelope or snapshot with an empty entity_key: no agent to run",
     EMPTY_ENVELOPE: "the envelope carries no payload",
-    AGENT_RAISED: "the agent raised; the activation changed nothing",
+    AGENT_RAISED: "the agent raised; the activation changed nothing (a resume keeps its answers "
+    "and is tried again)",
     AGENT_CONTRACT: "the agent broke the contract (wrong return type, acted after it finished, "
     "suspended with nothing pending, a replay that diverged)",
     LLM_FAILED: "an LLM call failed or could not be made",
     MEMORY_BUDGET: "the agent stored a memory value larger than the whole memory budget",
-    KEY_SUSPENDED: "an event for a key that is waiting for answers; it was not processed",
     NO_SUSPENSION: "an answer for a key that is not suspended",
     UNKNOWN_INTENT: "an answer for an intent that is not pending (or whose pending intent is "
     "missing from the key's state)",
@@ -74,16 +84,36 @@ REASONS = {
     "suspension resolved already is only counted)",
     TTL_WIPED_SUSPENDED: "a suspended key idle past its TTL; its state was cleared",
     RESTORE_CONFLICT: "a StateSnapshot for a key that already has state; nothing restored",
+    RESUME_FAILED: "a resume failed on every retry; the suspension ended, its answers are in "
+    "the record",
+    MAILBOX_FULL: "an event for a suspended key whose mailbox is full; the event is in the record",
+    BAD_ANSWER_SIGNATURE: "an answer that is unsigned or not signed by a key of the answer "
+    "keyring; the key keeps waiting for the genuine one",
+    ANSWER_FOR_OTHER_CONTENT: "an answer computed for other content than the pending intent "
+    "of that id; the key keeps waiting",
+    SNAPSHOT_FROM_FUTURE: "a StateSnapshot holding state of a newer schema than this binary "
+    "reads; nothing restored",
 }
 
 
-def error_record(entity_key: bytes, reason: str, detail: str, event_time_ms: int):
+def error_record(
+    entity_key: bytes,
+    reason: str,
+    detail: str,
+    event_time_ms: int,
+    *,
+    input: AgentEnvelope | None = None,
+    answers: Iterable[AgentEnvelope] = (),
+):
+    """A dead letter; `input` is the refused envelope, `answers` those of an ended suspension."""
     return ActivationErrorRecord(
         entity_key=entity_key,
         reason=reason,
         # Details quote agents' exceptions, which may hold lone surrogates.
         detail=detail.encode("utf-8", "backslashreplace").decode("utf-8"),
         event_time_ms=event_time_ms,
+        input=input,
+        answers=answers,
     )
 
 

@@ -12,8 +12,13 @@ the top with the same event: calls already answered return their Answer at once 
 ask for the same tool with the same arguments as before, or the replay diverged and the
 activation fails), LLM calls replay from the cache, and the first unanswered call suspends
 again. So the function must be deterministic given its event, its answers, its memory and its
-LLM responses: no wall clock, no randomness, no I/O of its own. Memory writes made before a
-suspension are made again on the replay; that is harmless for writes that set values.
+LLM responses: no wall clock, no randomness, no I/O of its own.
+
+Memory. The function runs on a copy of the key's memory, which replaces the key's memory only
+when the function returns: at a suspension the writes made so far are dropped, because the
+replay makes them again. So every run sees the memory as it was when the activation began plus
+its own writes, and `visits = get + 1; put; call_tool(...)` counts one visit per event however
+many times the function suspends.
 
 The snapshot the adapter keeps in the Continuation is the event and every answer so far, as
 length-delimited protobuf messages (an external_event envelope, then a ToolIntent and its
@@ -55,10 +60,8 @@ class _ReplayingContext:
         self._answered = answered
         self._name = name
         self._step = 0
-
-    @property
-    def memory(self):
-        return self._ctx.memory
+        #: The function's working copy of the key's memory (see the module docstring).
+        self.memory = ctx.memory.copy()
 
     @property
     def now_ms(self) -> int:
@@ -130,6 +133,7 @@ class FunctionAgent:
             raise AgentContractError(
                 f"returned {type(output).__name__}, not bytes", agent=self.adapter
             )
+        ctx.memory = replaying.memory
         return ctx.complete(output)
 
 

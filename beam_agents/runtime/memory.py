@@ -21,7 +21,7 @@ import hashlib
 from collections.abc import Iterator
 
 from beam_agents._protos import LlmCacheBlob, MemoryBlob
-from beam_agents.core.migration import new_state_blob
+from beam_agents.core.migration import CURRENT_STATE_SCHEMA_VERSION, new_state_blob
 from beam_agents.errors import MemoryBudgetError
 
 __all__ = ["Memory", "ReplayCache"]
@@ -87,12 +87,19 @@ class Memory:
             del blob.entries[position]
         for key, entry in self._overlay.items():
             blob.entries.add(key=key, value=entry.value, last_access_ms=entry.last_access_ms)
-        blob.MergeFrom(new_state_blob(MemoryBlob, total_value_bytes=self._total))
+        # Set, not merged: MergeFrom skips proto3 zeros, so a total that dropped to 0 would
+        # keep its old value.
+        blob.state_schema_version = CURRENT_STATE_SCHEMA_VERSION
+        blob.total_value_bytes = self._total
         return blob
 
     @property
     def total_value_bytes(self) -> int:
         return self._total
+
+    def copy(self) -> Memory:
+        """An independent Memory with the same entries, order, budget and time."""
+        return Memory.from_blob(self.to_blob(), budget_bytes=self.budget_bytes, now_ms=self.now_ms)
 
     def get(self, key: str, default: bytes | None = None) -> bytes | None:
         entry = self._overlay.get(key)

@@ -1,0 +1,85 @@
+"""RuntimeConfig: the limits and policies of RunAgent, one frozen value carried to the workers.
+
+Every duration is event time in milliseconds: the runtime never reads a wall clock.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+
+__all__ = ["AtDeadline", "DeadlinePolicy", "RuntimeConfig"]
+
+
+class AtDeadline(enum.Enum):
+    #: Resume the agent with EXPIRED results for the intents still unanswered.
+    EXPIRE = "expire"
+    #: Put an APPROVAL intent before a human and extend the deadline, up to max_escalations
+    #: times per suspension; then EXPIRE.
+    ESCALATE = "escalate"
+    #: End the suspension (its state cleared) and dead-letter it, with its answers.
+    DEAD_LETTER = "dead_letter"
+
+
+@dataclasses.dataclass(frozen=True)
+class DeadlinePolicy:
+    action: AtDeadline = AtDeadline.EXPIRE
+    max_escalations: int = 1
+    #: How far each escalation moves the deadline.
+    extension_ms: int = 24 * 60 * 60 * 1000
+
+
+@dataclasses.dataclass(frozen=True)
+class RuntimeConfig:
+    #: Bytes of memory values a key may hold; LRU entries beyond it are evicted.
+    memory_budget_bytes: int | None = 1024 * 1024
+    cache_max_entries: int = 256
+    cache_max_bytes: int = 4 * 1024 * 1024
+    cache_max_response_bytes: int = 256 * 1024
+    #: expires_at_ms of an intent = its activation's event time + this.
+    intent_ttl_ms: int = 60 * 60 * 1000
+    #: A suspension's deadline unless the agent names one.
+    suspend_deadline_ms: int = 24 * 60 * 60 * 1000
+    #: An idle key's state is cleared this long after its latest activity (after its deadline,
+    #: when suspended). Its seq is kept, so it never re-issues an intent_id.
+    ttl_ms: int = 30 * 24 * 60 * 60 * 1000
+    deadline_policy: DeadlinePolicy = DeadlinePolicy()
+    #: How many times a resume that failed (the agent raised, broke the contract, or a model
+    #: call failed for good) is tried again with the same answers before it is dead-lettered
+    #: with them (`resume_failed`).
+    resume_retries: int = 3
+    #: The same for a resume that failed on LlmCallError(retryable=True): a busy or briefly
+    #: unreachable model is always tried again, this many times.
+    retryable_resume_retries: int = 10
+    #: Event time from a failed resume to its first retry; it doubles on every further failure
+    #: up to resume_backoff_max_ms.
+    resume_backoff_ms: int = 60 * 1000
+    resume_backoff_max_ms: int = 60 * 60 * 1000
+    #: External events seen within this much event time of the key's latest are recognised as
+    #: duplicates (by content, and by a transport's idempotency key where it has one).
+    dedupe_window_ms: int = 24 * 60 * 60 * 1000
+    #: At most this many recent events are remembered per key for deduplication.
+    dedupe_max_events: int = 1024
+    #: The mailbox of a suspended key: events beyond these bounds are dead letters
+    #: (`mailbox_full`) carrying the event.
+    mailbox_max_events: int = 100
+    mailbox_max_bytes: int = 1024 * 1024
+
+    def __post_init__(self) -> None:
+        for name in (
+            "resume_retries",
+            "retryable_resume_retries",
+            "resume_backoff_ms",
+            "resume_backoff_max_ms",
+            "dedupe_window_ms",
+            "dedupe_max_events",
+            "mailbox_max_events",
+            "mailbox_max_bytes",
+        ):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"RuntimeConfig.{name} must be a non-negative int, not {value!r}")
+
+    def backoff_ms(self, failures: int) -> int:
+        """Event time from the `failures`-th failed resume to its retry."""
+        return min(self.resume_backoff_ms << min(failures - 1, 40), self.resume_backoff_max_ms)
