@@ -13,8 +13,10 @@ effect:
    intent's content (its signing input without the delivery fields attempt, created_at_ms,
    expires_at_ms and trace_id, `content_digest`). A copy with the same entity and content is a
    duplicate: nothing runs and it gets the first decision again (`Route.DUPLICATE`); its expiry
-   extends the record's retention. Another entity or other content under a known id is a dead
-   letter (`intent_id_conflict`): never someone else's result.
+   extends the record's retention. Another entity or other content under a known id is never
+   run and never given the first content's result: it gets a REJECTED result naming the
+   conflict (`intent_id_conflict`) and bound to its own content, so whoever waits on it is
+   answered. (A failed bundle's retry whose model answered differently emits such a copy.)
 3. Expiry. expires_at_ms at or before now gives EXPIRED; no expiry (0) too: fail closed.
 4. Kind. An APPROVAL intent goes to the approvals output for a human, once. An unknown (newer)
    kind is REJECTED, never executed. TOOL_KIND_UNSPECIFIED reads as TOOL.
@@ -43,7 +45,10 @@ Two faces share the gate:
   runs the tool again on retry: tools with effects outside the pipeline should pass the
   intent_id to the system they call as its idempotency key.
 
-Results are AgentEnvelopes carrying the ToolResult, keyed by entity_key. Signing keys are loaded
+Results are AgentEnvelopes carrying the ToolResult, keyed by entity_key. Every ToolResult
+carries `intent_digest`, the content digest of the intent it answers, and is signed when the
+effector has a result key, so RunAgent can refuse a forged result or one computed for other
+content. Signing keys are loaded
 where the effector runs (`keyring_loader`), never carried in a pipeline's serialized graph.
 """
 
@@ -81,7 +86,7 @@ from beam_agents.core.intent import (
     effective_kind,
     parse_args_json,
 )
-from beam_agents.core.signing import Keyring, Verification, verify
+from beam_agents.core.signing import Keyring, Verification, sign, verify
 from beam_agents.errors import CanonicalJsonError
 
 __all__ = [
@@ -267,14 +272,18 @@ class _Gate:
         mode: VerifyMode,
         keyring: Keyring | None,
         retention_ms: int,
+        result_keyring: Keyring | None = None,
     ) -> None:
         if mode is not VerifyMode.OFF and keyring is None:
             raise ValueError(f"verify mode {mode.value} needs a keyring")
+        if result_keyring is not None and result_keyring.active is None:
+            raise ValueError("result_keyring needs an active key to sign results with")
         _check_retention(retention_ms)
         self.tools = dict(tools)
         self.mode = mode
         self.keyring = keyring
         self.retention_ms = retention_ms
+        self.result_keyring = result_keyring
 
     def keep_until(self, record: ExecutionRecord, now: int) -> int:
         return min(max(record.latest_expires_at_ms, now) + self.retention_ms, _INT64_MAX)
@@ -312,7 +321,7 @@ class _Gate:
         known = store.get(intent.intent_id)
         if known is not None:
             return self._again(known, intent, record, at, store, owner)
-        decided = self._refusal(intent, at)
+        decided = self._refusal(intent, record.content_digest, at)
         if decided is None:
             record.outcome = ExecutionRecord.OUTCOME_RUNNING
             record.claimed_by = owner
@@ -324,37 +333,53 @@ class _Gate:
         if known is not None:  # another caller decided this intent first
             return self._again(known, intent, record, at, store, owner)
         if record.outcome != ExecutionRecord.OUTCOME_RUNNING:
-            return _first_output(record, intent)
-        record.result.CopyFrom(self._run(intent, now))
+            return self._first_output(record, intent)
+        record.result.CopyFrom(self._run(intent, record.content_digest, now))
         record.outcome = ExecutionRecord.OUTCOME_RESULT
         record.ClearField("claimed_by")
         store.put(record, self.keep_until(record, now()))
-        return dataclasses.replace(_first_output(record, intent), ran_tool=True)
+        return dataclasses.replace(self._first_output(record, intent), ran_tool=True)
 
-    def _refusal(self, intent: ToolIntent, now: int):
+    def _first_output(self, record: ExecutionRecord, intent: ToolIntent) -> EffectorOutput:
+        if record.outcome == ExecutionRecord.OUTCOME_APPROVAL:
+            return EffectorOutput(Route.APPROVAL, approval=intent)
+        return EffectorOutput(Route.RESULT, result=self._envelope(record.result))
+
+    def _envelope(self, result: ToolResult) -> AgentEnvelope:
+        """The result as it leaves the effector: signed when the effector has a result key
+        (HMAC is deterministic, so every copy of one result carries the same bytes)."""
+        if self.result_keyring is not None:
+            result = sign(result, self.result_keyring)
+        return AgentEnvelope(
+            entity_key=result.entity_key, event_time_ms=result.completed_at_ms, tool_result=result
+        )
+
+    def _refusal(self, intent: ToolIntent, digest: bytes, now: int):
         """(outcome, result) of steps 3 to 5, or None when the tool is to run."""
         if intent.expires_at_ms <= now:
             return _decided(
-                intent, ToolResult.EXPIRED, now, error=f"expired at {intent.expires_at_ms}"
+                intent, digest, ToolResult.EXPIRED, now, error=f"expired at {intent.expires_at_ms}"
             )
         kind = effective_kind(intent)
         if kind is None:
             return _decided(
-                intent, ToolResult.REJECTED, now, error=f"unknown intent kind {intent.kind}"
+                intent, digest, ToolResult.REJECTED, now, error=f"unknown intent kind {intent.kind}"
             )
         if kind == ToolIntent.APPROVAL:
             return ExecutionRecord.OUTCOME_APPROVAL, None
         if intent.tool_name not in self.tools:
             return _decided(
-                intent, ToolResult.REJECTED, now, error=f"unknown tool {intent.tool_name!r}"
+                intent, digest, ToolResult.REJECTED, now, error=f"unknown tool {intent.tool_name!r}"
             )
         try:
             parse_args_json(intent.args_json)
         except CanonicalJsonError as e:
-            return _decided(intent, ToolResult.REJECTED, now, error=f"args_json refused: {e}")
+            return _decided(
+                intent, digest, ToolResult.REJECTED, now, error=f"args_json refused: {e}"
+            )
         return None
 
-    def _run(self, intent: ToolIntent, now: Callable[[], int]) -> ToolResult:
+    def _run(self, intent: ToolIntent, digest: bytes, now: Callable[[], int]) -> ToolResult:
         try:
             payload = self.tools[intent.tool_name](parse_args_json(intent.args_json), intent)
             if isinstance(payload, str):
@@ -362,8 +387,10 @@ class _Gate:
             if not isinstance(payload, bytes):
                 raise TypeError(f"tool returned {type(payload).__name__}, not bytes or str")
         except Exception as e:  # a tool's failure is its result, never the effector's
-            return _result(intent, ToolResult.ERROR, now(), error=f"{type(e).__name__}: {e}")
-        return _result(intent, ToolResult.OK, now(), payload=payload)
+            return _result(
+                intent, digest, ToolResult.ERROR, now(), error=f"{type(e).__name__}: {e}"
+            )
+        return _result(intent, digest, ToolResult.OK, now(), payload=payload)
 
     def _again(
         self,
@@ -374,21 +401,35 @@ class _Gate:
         store: ExecutionStore,
         owner: str,
     ) -> EffectorOutput:
-        """The output for an intent_id decided before."""
+        """The output for an intent_id decided before. `known` came from the store and is
+        never changed in place (a Beam state read may be the stored object itself)."""
         # The digest covers entity_key too; comparing it apart names the conflict.
         if known.entity_key != record.entity_key or known.content_digest != record.content_digest:
             what = "another entity" if known.entity_key != record.entity_key else "other content"
-            detail = (
-                f"intent {intent.intent_id} ({intent.tool_name}) reuses the id of an intent of "
-                f"{what}; it is not run and gets no result"
+            # The copy's sender waits on it: it gets a REJECTED result bound to its own content,
+            # never the first content's result and never silence. Nothing is remembered for it.
+            rejected = _result(
+                intent,
+                record.content_digest,
+                ToolResult.REJECTED,
+                now,
+                error=(
+                    f"{REASON_CONFLICT}: intent {intent.intent_id} ({intent.tool_name}) reuses "
+                    f"the id of an intent of {what} (its content "
+                    f"{known.content_digest.hex()}, this copy's {record.content_digest.hex()}); "
+                    "it is not run"
+                ),
             )
-            return _dead_letter(intent.entity_key, REASON_CONFLICT, detail, now)
+            return EffectorOutput(Route.RESULT, result=self._envelope(rejected))
+        updated = ExecutionRecord()
+        updated.CopyFrom(known)
         if known.outcome == ExecutionRecord.OUTCOME_RUNNING and not _running(known.claimed_by):
             # The effector that claimed it stopped mid-call: the tool may or may not have
             # acted, and running it again could act twice. The unknown outcome is the result.
-            known.result.CopyFrom(
+            updated.result.CopyFrom(
                 _result(
                     intent,
+                    known.content_digest,
                     ToolResult.ERROR,
                     now,
                     error=(
@@ -397,17 +438,17 @@ class _Gate:
                     ),
                 )
             )
-            known.outcome = ExecutionRecord.OUTCOME_RESULT
-            known.ClearField("claimed_by")
-            known.latest_expires_at_ms = max(known.latest_expires_at_ms, intent.expires_at_ms)
-            store.put(known, self.keep_until(known, now))
-            return _first_output(known, intent)
+            updated.outcome = ExecutionRecord.OUTCOME_RESULT
+            updated.ClearField("claimed_by")
+            updated.latest_expires_at_ms = max(known.latest_expires_at_ms, intent.expires_at_ms)
+            store.put(updated, self.keep_until(updated, now))
+            return self._first_output(updated, intent)
         if intent.expires_at_ms > known.latest_expires_at_ms:
-            known.latest_expires_at_ms = intent.expires_at_ms
-            store.put(known, self.keep_until(known, now))
+            updated.latest_expires_at_ms = intent.expires_at_ms
+            store.put(updated, self.keep_until(updated, now))
         result = None
         if known.outcome == ExecutionRecord.OUTCOME_RESULT:
-            result = _envelope(known.result)
+            result = self._envelope(known.result)
         return EffectorOutput(Route.DUPLICATE, result=result)
 
 
@@ -449,11 +490,14 @@ def _check_retention(retention_ms: int) -> None:
         raise ValueError(f"retention_ms must be a non-negative int, not {retention_ms!r}")
 
 
-def _decided(intent: ToolIntent, status, now: int, *, error: str):
-    return ExecutionRecord.OUTCOME_RESULT, _result(intent, status, now, error=error)
+def _decided(intent: ToolIntent, digest: bytes, status, now: int, *, error: str):
+    return ExecutionRecord.OUTCOME_RESULT, _result(intent, digest, status, now, error=error)
 
 
-def _result(intent: ToolIntent, status, now: int, *, payload: bytes = b"", error: str = ""):
+def _result(
+    intent: ToolIntent, digest: bytes, status, now: int, *, payload: bytes = b"", error: str = ""
+):
+    """A result of `intent`, bound to the content it was computed for by `digest`."""
     return ToolResult(
         intent_id=intent.intent_id,
         entity_key=intent.entity_key,
@@ -462,6 +506,7 @@ def _result(intent: ToolIntent, status, now: int, *, payload: bytes = b"", error
         payload=payload,
         error_message=_printable(error),
         completed_at_ms=now,
+        intent_digest=digest,
     )
 
 
@@ -469,18 +514,6 @@ def _printable(text: str) -> str:
     # Exception texts may hold lone surrogates, which a proto string cannot carry.
     text = text.encode("utf-8", "backslashreplace").decode("utf-8")
     return text if len(text) <= _MAX_ERROR_CHARS else text[:_MAX_ERROR_CHARS] + "..."
-
-
-def _envelope(result: ToolResult) -> AgentEnvelope:
-    return AgentEnvelope(
-        entity_key=result.entity_key, event_time_ms=result.completed_at_ms, tool_result=result
-    )
-
-
-def _first_output(record: ExecutionRecord, intent: ToolIntent) -> EffectorOutput:
-    if record.outcome == ExecutionRecord.OUTCOME_APPROVAL:
-        return EffectorOutput(Route.APPROVAL, approval=intent)
-    return EffectorOutput(Route.RESULT, result=_envelope(record.result))
 
 
 def _dead_letter(entity_key: bytes, reason: str, detail: str, now: int) -> EffectorOutput:
@@ -494,7 +527,8 @@ class Effector:
     """The gate of the module docstring as a plain callable: `effector(intent_or_bytes)`.
 
     `store` is an ExecutionStore, or a path for a SqliteExecutionStore (":memory:" keeps
-    nothing across restarts: tests only).
+    nothing across restarts: tests only). `keyring` verifies intents; `result_keyring`, with an
+    active key, signs every ToolResult (RunAgent verifies them with its answer keyring).
     """
 
     def __init__(
@@ -504,10 +538,11 @@ class Effector:
         mode: VerifyMode,
         store: ExecutionStore | str | os.PathLike,
         keyring: Keyring | None = None,
+        result_keyring: Keyring | None = None,
         clock: Callable[[], int] = wall_clock_ms,
         retention_ms: int = DEFAULT_RETENTION_MS,
     ) -> None:
-        self._gate = _Gate(tools, mode, keyring, retention_ms)
+        self._gate = _Gate(tools, mode, keyring, retention_ms, result_keyring)
         if isinstance(store, str | os.PathLike):
             store = SqliteExecutionStore(store)
         self.store = store
@@ -576,10 +611,13 @@ class _ExecuteOnce(beam.DoFn):
     RECORD = ReadModifyWriteStateSpec("execution", DeterministicProtoCoder(ExecutionRecord))
     RETENTION = TimerSpec("retention", TimeDomain.WATERMARK)
 
-    def __init__(self, tools, mode, keyring_loader, clock, retention_ms) -> None:
+    def __init__(
+        self, tools, mode, keyring_loader, result_keyring_loader, clock, retention_ms
+    ) -> None:
         self._tools = tools
         self._mode = mode
         self._keyring_loader = keyring_loader
+        self._result_keyring_loader = result_keyring_loader
         self._clock = clock
         self._retention_ms = retention_ms
         self._gate: _Gate | None = None
@@ -588,7 +626,14 @@ class _ExecuteOnce(beam.DoFn):
 
     def setup(self) -> None:
         keyring = None if self._mode is VerifyMode.OFF else self._keyring_loader()
-        self._gate = _Gate(self._tools, self._mode, keyring, self._retention_ms)
+        signer = self._result_keyring_loader
+        self._gate = _Gate(
+            self._tools,
+            self._mode,
+            keyring,
+            self._retention_ms,
+            None if signer is None else signer(),
+        )
 
     def process(
         self,
@@ -621,7 +666,9 @@ class _ExecuteOnce(beam.DoFn):
 class ExecuteIntents(beam.PTransform):
     """ToolIntents (messages or serialized bytes, in any windowing) in; a dict of three keyed
     PCollections out, in the global window: RESULTS (entity_key, AgentEnvelope), APPROVALS
-    (entity_key, ToolIntent) and DEAD_LETTERS (entity_key, ActivationErrorRecord)."""
+    (entity_key, ToolIntent) and DEAD_LETTERS (entity_key, ActivationErrorRecord).
+    `result_keyring_loader`, called on the worker, gives the ring whose active key signs every
+    ToolResult."""
 
     def __init__(
         self,
@@ -629,6 +676,7 @@ class ExecuteIntents(beam.PTransform):
         *,
         mode: VerifyMode,
         keyring_loader: Callable[[], Keyring] = Keyring.from_environment,
+        result_keyring_loader: Callable[[], Keyring] | None = None,
         clock: Callable[[], int] = wall_clock_ms,
         retention_ms: int = DEFAULT_RETENTION_MS,
     ) -> None:
@@ -637,6 +685,7 @@ class ExecuteIntents(beam.PTransform):
         self._tools = dict(tools)
         self._mode = mode
         self._keyring_loader = keyring_loader
+        self._result_keyring_loader = result_keyring_loader
         self._clock = clock
         self._retention_ms = retention_ms
 
@@ -649,7 +698,12 @@ class ExecuteIntents(beam.PTransform):
         by_intent_id = typed(keyed.intents, Tuple[str, bytes])
         gated = by_intent_id | "ExecuteOnce" >> beam.ParDo(
             _ExecuteOnce(
-                self._tools, self._mode, self._keyring_loader, self._clock, self._retention_ms
+                self._tools,
+                self._mode,
+                self._keyring_loader,
+                self._result_keyring_loader,
+                self._clock,
+                self._retention_ms,
             )
         ).with_outputs(APPROVALS, DEAD_LETTERS, main=RESULTS)
         typed(keyed[DEAD_LETTERS], Tuple[bytes, ActivationErrorRecord])

@@ -20,7 +20,7 @@ from apache_beam.testing.util import assert_that, equal_to
 from apache_beam.transforms import window
 
 from beam_agents._protos import ExecutionRecord, ToolIntent, ToolResult
-from beam_agents.core.signing import KEYS_ENV, Keyring, sign
+from beam_agents.core.signing import KEYS_ENV, Keyring, Verification, sign, verify
 from beam_agents.effector import (
     APPROVALS,
     DEAD_LETTERS,
@@ -246,17 +246,48 @@ def test_the_signature_is_checked_before_the_duplicate_check():
     ],
     ids=lambda o: next(iter(o)),
 )
-def test_another_intent_under_a_known_id_is_a_conflict_never_the_first_result(conflicting):
+def test_another_intent_under_a_known_id_is_rejected_bound_to_its_own_content(conflicting):
+    """The copy is never run and never handed the first content's result: whoever waits on
+    it gets a REJECTED result naming the conflict, bound to the copy's own content."""
     tool = Recording()
     gate = effector(**{"crm.lookup": tool, "crm.lookup_all": tool})
-    gate(signed())
-    output = gate(signed(**conflicting))
-    assert output.route is Route.DEAD_LETTER and output.result is None
-    assert output.dead_letter.reason == REASON_CONFLICT
-    assert output.dead_letter.entity_key == conflicting.get("entity_key", b"customer-42")
+    first = gate(signed()).result.tool_result
+    copy = signed(**conflicting)
+    output = gate(copy)
+    assert output.route is Route.RESULT and not output.ran_tool
+    rejected = output.result.tool_result
+    assert rejected.status == ToolResult.REJECTED and rejected.intent_id == copy.intent_id
+    assert rejected.entity_key == conflicting.get("entity_key", b"customer-42")
+    assert rejected.intent_digest == content_digest(copy.SerializeToString())
+    assert rejected.intent_digest != first.intent_digest
+    assert first.intent_digest == content_digest(signed().SerializeToString())
     what = "another entity" if "entity_key" in conflicting else "other content"
-    assert f"reuses the id of an intent of {what}" in output.dead_letter.detail
+    assert rejected.error_message.startswith(REASON_CONFLICT)
+    assert f"reuses the id of an intent of {what}" in rejected.error_message
     assert tool.calls == [intent().intent_id]
+    # The first content still gets its own result.
+    assert gate(signed()).result.tool_result == first
+
+
+def test_results_are_signed_by_the_result_key_and_verify_against_it():
+    ring = Keyring({"effector-1": bytes(range(1, 33))}, active="effector-1")
+    gate = Effector(
+        {"crm.lookup": Recording()},
+        mode=VerifyMode.REQUIRE,
+        store=":memory:",
+        keyring=RING,
+        result_keyring=ring,
+        clock=ManualClock(NOW),
+    )
+    result = gate(signed()).result.tool_result
+    assert verify(result, ring) is Verification.VALID
+    assert verify(result, RING) is Verification.UNKNOWN_KEY
+    forged = ToolResult()
+    forged.CopyFrom(result)
+    forged.payload = b"refunded 5000"
+    assert verify(forged, ring) is Verification.BAD_SIGNATURE
+    # A duplicate is answered with the very same signed bytes.
+    assert gate(signed()).result.tool_result == result
 
 
 @pytest.mark.parametrize(
@@ -607,23 +638,15 @@ def test_two_keys_sharing_an_intent_id_never_get_each_others_result(tmp_path):
     tool = AppendingTool(tmp_path / "executions.log")
     inputs = [signed(), signed(entity_key=b"customer-43")]
     pipeline, outputs = _run_batch(inputs, tool)
-    # Which copy the runner processes first is not fixed; the other one is the conflict.
+    # Which copy the runner processes first is not fixed; the other one is REJECTED, each
+    # result going to its own entity.
     assert_that(
-        outputs[RESULTS] | beam.Map(lambda s: s[1:]).with_output_types(tuple[str, str]),
-        equal_to([(intent().intent_id, "OK")]),
-        label="one result",
+        outputs[RESULTS] | beam.Map(lambda s: (s[1], s[2])).with_output_types(tuple[str, str]),
+        equal_to([(intent().intent_id, "OK"), (intent().intent_id, "REJECTED")]),
+        label="one result, one rejection",
     )
     assert_that(
-        outputs[DEAD_LETTERS] | beam.Map(lambda kv: kv[1]).with_output_types(str),
-        equal_to([REASON_CONFLICT]),
-        label="one conflict",
-    )
-    assert_that(
-        (
-            outputs[RESULTS] | "RK" >> beam.Map(lambda s: s[0]),
-            outputs[DEAD_LETTERS] | "DK" >> beam.Map(lambda kv: kv[0]),
-        )
-        | beam.Flatten(),
+        outputs[RESULTS] | "RK" >> beam.Map(lambda s: s[0]),
         equal_to([b"customer-42", b"customer-43"]),
         label="each output to its own entity",
     )
