@@ -24,7 +24,7 @@ from pathlib import Path
 __all__ = ["Target", "Workspace", "check", "load_workspace"]
 
 _LABEL_ATTRS = ("srcs", "deps", "data", "tools", "main", "file1", "file2", "runtime")
-_BUILTINS = ("genrule", "filegroup", "alias", "test_suite")
+_BUILTINS = ("genrule", "filegroup", "alias", "test_suite", "toolchain")
 _EXPANSION = re.compile(
     r"\$\((?:location|locations|execpath|execpaths|rootpath|rootpaths) ([^)]+)\)"
 )
@@ -37,6 +37,8 @@ class Target:
     rule: str
     attrs: dict
     visibility: list[str]
+    #: The .bzl label the rule was loaded from, as written in the BUILD file (None: a builtin).
+    origin: str | None = None
 
 
 @dataclasses.dataclass
@@ -50,26 +52,46 @@ class Workspace:
     problems: list[str]
     #: Labels MODULE.bazel passes to register_toolchains.
     toolchains: list[str] = dataclasses.field(default_factory=list)
+    #: bazel_dep module name -> version, and apparent repository name -> module name.
+    versions: dict[str, str] = dataclasses.field(default_factory=dict)
+    repo_modules: dict[str, str] = dataclasses.field(default_factory=dict)
+    #: Module extension tags MODULE.bazel calls: (extension .bzl label, extension, tag, kwargs).
+    extension_tags: list[tuple[str, str, str, dict]] = dataclasses.field(default_factory=list)
+
+
+@dataclasses.dataclass
+class _Module:
+    repos: set[str]
+    toolchains: list[str]
+    versions: dict[str, str]
+    repo_modules: dict[str, str]
+    extension_tags: list[tuple[str, str, str, dict]]
 
 
 def _normalize(name: str) -> str:
     return re.sub(r"[-_.]+", "_", name).lower()
 
 
-def _evaluate_module(root: Path, problems: list[str]) -> tuple[set[str], list[str]]:
-    """(repositories MODULE.bazel declares, toolchain labels it registers)."""
+def _evaluate_module(root: Path, problems: list[str]) -> _Module:
+    """What MODULE.bazel declares: repositories, toolchains, versions, extension tags."""
     repos: set[str] = set()
     versions: dict[str, str] = {}
+    repo_modules: dict[str, str] = {}
     overrides: dict[str, str] = {}
     toolchains: list[str] = []
+    tags: list[tuple[str, str, str, dict]] = []
 
     class _Extension:
-        def __getattr__(self, _name):
-            return lambda **kwargs: None
+        def __init__(self, bzl, name):
+            self.bzl, self.name = bzl, name
+
+        def __getattr__(self, tag):
+            return lambda **kwargs: tags.append((self.bzl, self.name, tag, kwargs))
 
     def bazel_dep(name, version, repo_name=None, **_):
         repos.add(repo_name or name)
         versions[name] = version
+        repo_modules[repo_name or name] = name
 
     def use_repo(_extension, *names, **aliases):
         repos.update(names)
@@ -81,7 +103,7 @@ def _evaluate_module(root: Path, problems: list[str]) -> tuple[set[str], list[st
     namespace = {
         "module": lambda **_: None,
         "bazel_dep": bazel_dep,
-        "use_extension": lambda *_a, **_k: _Extension(),
+        "use_extension": lambda bzl, name, **_: _Extension(bzl, name),
         "use_repo": use_repo,
         "register_toolchains": lambda *labels, **_: toolchains.extend(labels),
         "single_version_override": single_version_override,
@@ -98,7 +120,7 @@ def _evaluate_module(root: Path, problems: list[str]) -> tuple[set[str], list[st
                 f"MODULE.bazel: {module} is a bazel_dep at {versions[module]} but pinned at "
                 f"{version}"
             )
-    return repos, toolchains
+    return _Module(repos, toolchains, versions, repo_modules, tags)
 
 
 def _lock_packages(root: Path) -> set[str]:
@@ -134,16 +156,19 @@ def _package_dirs(root: Path) -> list[Path]:
 def load_workspace(root: Path) -> Workspace:
     """Evaluates MODULE.bazel and every BUILD.bazel under `root`."""
     problems: list[str] = []
-    repos, toolchains = _evaluate_module(root, problems)
+    module = _evaluate_module(root, problems)
     ws = Workspace(
         root=root,
         packages={},
         exported_files={},
         generated_files={},
-        repos=repos,
+        repos=module.repos,
         pypi=_lock_packages(root),
         problems=problems,
-        toolchains=toolchains,
+        toolchains=module.toolchains,
+        versions=module.versions,
+        repo_modules=module.repo_modules,
+        extension_tags=module.extension_tags,
     )
     for directory in _package_dirs(root):
         package = "" if directory == root else directory.relative_to(root).as_posix()
@@ -162,18 +187,24 @@ def _evaluate_build_file(ws: Workspace, directory: Path, package: str) -> None:
     ws.exported_files[package] = exported
     ws.generated_files[package] = generated
 
-    def record(rule):
+    def record(rule, origin=None):
         def call(name, **attrs):
             if name in targets:
                 ws.problems.append(f"{where}: two targets named {name!r}")
             visibility = attrs.pop("visibility", defaults["visibility"])
-            targets[name] = Target(package, name, rule, attrs, visibility)
+            targets[name] = Target(package, name, rule, attrs, visibility, origin)
             if rule == "genrule":
                 generated.update(attrs.get("outs", []))
-            if rule == "proto_lang_toolchain" and attrs.get("toolchain_type"):
-                # protobuf's macro also declares toolchain(name = name + "_toolchain").
+            if rule in ("proto_lang_toolchain", "proto_toolchain") and (
+                rule == "proto_toolchain" or attrs.get("toolchain_type")
+            ):
+                # protobuf's macros also declare toolchain(name = name + "_toolchain"), of the
+                # given type (proto_lang_toolchain) or of protobuf's own (proto_toolchain).
                 toolchain = f"{name}_toolchain"
-                targets[toolchain] = Target(package, toolchain, "toolchain", {}, visibility)
+                declared = {"toolchain": f":{name}", "declared_by": f"{origin}%{rule}"}
+                if attrs.get("toolchain_type"):
+                    declared["toolchain_type"] = attrs["toolchain_type"]
+                targets[toolchain] = Target(package, toolchain, "toolchain", declared, visibility)
 
         return call
 
@@ -192,9 +223,9 @@ def _evaluate_build_file(ws: Workspace, directory: Path, package: str) -> None:
             if repo not in ws.repos:
                 ws.problems.append(f"{where}: load from undeclared repository @{repo}")
         for symbol in symbols:
-            namespace[symbol] = record(symbol)
+            namespace[symbol] = record(symbol, label)
         for alias, symbol in aliases.items():
-            namespace[alias] = record(symbol)
+            namespace[alias] = record(symbol, label)
 
     def exports_files(files, visibility=("//visibility:public",), **_):
         for file in files:

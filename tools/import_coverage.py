@@ -1,0 +1,184 @@
+"""Each py_test imports only what its declared deps put in its runfiles.
+
+Bazel runs a py_test with the sources of its transitive py_library deps and the wheels of its
+transitive @pypi deps on the path, nothing else; pytest on the pip path sees the whole .venv, so
+a missing dep only shows under Bazel. This module rebuilds that path from the installed
+distributions: each @pypi//name maps to the installed distribution of that normalized name and
+the distributions it requires (its METADATA), whose files (RECORD) are linked into a folder of
+their own; the workspace sources of the deps into another. Each test module is then imported in
+a fresh interpreter (`-S -E -s`: no site-packages, no PYTHONPATH) with only those folders after
+the standard library.
+
+Tests that collect every test file (bump_drill_test runs `pytest --collect-only` over the tree)
+or import every test module (this module's test) need the @pypi packages of every py_test.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import importlib.metadata
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from tools.build_files import Target, Workspace, _normalize, _parse_label
+
+__all__ = ["check", "pypi_closure", "runfiles"]
+
+_PYTEST_MACRO = "//tools:pytest.bzl"
+_WHOLE_TREE = re.compile(r"--collect-only|tools\.import_coverage|from tools import import_coverage")
+
+
+def runfiles(ws: Workspace, target: Target) -> tuple[set[str], set[str]]:
+    """(workspace files, normalized @pypi names) that `target`'s deps bring, transitively."""
+    files: set[str] = set()
+    pypi: set[str] = set()
+    seen: set[tuple[str, str]] = set()
+
+    def visit(package: str, attrs: dict, origin: str | None) -> None:
+        srcs = list(attrs.get("srcs", []))
+        deps = list(attrs.get("deps", []))
+        if origin == _PYTEST_MACRO:
+            srcs.append("//tools:pytest_main.py")
+            deps.append("@pypi//pytest")
+        for src in srcs:
+            _, src_package, name = _parse_label(src, package)
+            files.add(f"{src_package}/{name}" if src_package else name)
+        for dep in deps:
+            repo, dep_package, name = _parse_label(dep, package)
+            if repo == "pypi":
+                pypi.add(_normalize(dep_package))
+            elif repo is None and (dep_package, name) not in seen:
+                seen.add((dep_package, name))
+                dep_target = ws.packages.get(dep_package, {}).get(name)
+                if dep_target is not None:
+                    visit(dep_package, dep_target.attrs, dep_target.origin)
+
+    visit(target.package, target.attrs, target.origin)
+    return files, pypi
+
+
+def _installed() -> dict[str, importlib.metadata.Distribution]:
+    found: dict[str, importlib.metadata.Distribution] = {}
+    for dist in importlib.metadata.distributions():
+        found.setdefault(_normalize(dist.metadata["Name"]), dist)
+    return found
+
+
+def pypi_closure(names: set[str], installed: dict) -> tuple[set[str], set[str]]:
+    """(distributions `names` bring with their requirements, names not installed here).
+
+    Requirements behind an extra are left out, as the hub's wheels leave them out; markers on
+    the platform are kept (a wheel absent here is simply skipped)."""
+    closure: set[str] = set()
+    missing = {name for name in names if name not in installed}
+    todo = [name for name in names if name in installed]
+    while todo:
+        name = todo.pop()
+        if name in closure:
+            continue
+        closure.add(name)
+        for requirement in installed[name].requires or []:
+            requirement_name, _, marker = requirement.partition(";")
+            if "extra" in marker:
+                continue
+            match = re.match(r"\s*([A-Za-z0-9][A-Za-z0-9._-]*)", requirement_name)
+            dependency = _normalize(match.group(1))
+            if dependency in installed:
+                todo.append(dependency)
+    return closure, missing
+
+
+def _link_distribution(dist: importlib.metadata.Distribution, folder: Path) -> None:
+    for file in dist.files or []:
+        if file.parts and file.parts[0] == "..":
+            continue  # scripts and data outside site-packages
+        source = Path(dist.locate_file(file))
+        if source.exists():
+            target = folder / file
+            target.parent.mkdir(parents=True, exist_ok=True)
+            if not target.exists():
+                target.symlink_to(source)
+
+
+def _module_name(test_file: str) -> str:
+    return test_file.removesuffix(".py").replace("/", ".")
+
+
+def _import(python_path: list[Path], module: str) -> str | None:
+    # `-c` puts the working directory first on the path; only the standard library stays.
+    code = (
+        "import sys\n"
+        f"sys.path[:] = [p for p in sys.path if p] + {[str(p) for p in python_path]!r}\n"
+        f"import importlib; importlib.import_module({module!r})\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-S", "-E", "-s", "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=python_path[0],
+    )
+    if result.returncode == 0:
+        return None
+    lines = [line for line in result.stderr.strip().splitlines() if line.strip()]
+    return lines[-1] if lines else f"exit {result.returncode}"
+
+
+def check(ws: Workspace, names: list[str] | None = None) -> list[str]:
+    """Problems of the py_tests named `names` (every one by default), each naming the test."""
+    installed = _installed()
+    tests = [
+        target
+        for targets in ws.packages.values()
+        for target in targets.values()
+        if target.rule == "py_test" and (names is None or target.name in names)
+    ]
+    every_test_pypi = set()
+    closures = {}
+    for target in tests:
+        closures[target.package, target.name] = runfiles(ws, target)
+    for package, targets in ws.packages.items():
+        for target in targets.values():
+            if target.rule == "py_test":
+                every_test_pypi |= (closures.get((package, target.name)) or runfiles(ws, target))[1]
+    problems = []
+    with tempfile.TemporaryDirectory(prefix="import_coverage") as tmp:
+        linked: dict[str, Path] = {}
+
+        def job(target: Target) -> list[str]:
+            where = f"{target.package}/BUILD.bazel {target.name}"
+            files, pypi = closures[target.package, target.name]
+            found = []
+            first = target.attrs["srcs"][0]
+            test_file = f"{target.package}/{first}" if target.package else first
+            if _WHOLE_TREE.search((ws.root / test_file).read_text()):
+                lacking = sorted(every_test_pypi - pypi)
+                if lacking:
+                    found.append(
+                        f"{where}: runs or imports every test, but its deps lack the packages "
+                        f"other py_tests declare: {', '.join('@pypi//' + n for n in lacking)}"
+                    )
+            closure, missing = pypi_closure(pypi, installed)
+            for name in sorted(missing):
+                found.append(f"{where}: @pypi//{name}: no installed distribution to check against")
+            local = Path(tmp) / "tests" / target.package / target.name
+            for file in files:
+                (local / file).parent.mkdir(parents=True, exist_ok=True)
+                (local / file).symlink_to((ws.root / file).resolve())
+            error = _import([local, *(linked[n] for n in sorted(closure))], _module_name(test_file))
+            if error:
+                found.append(f"{where}: importing {test_file} with only its deps: {error}")
+            return found
+
+        for name in sorted(set().union(*(closures[k][1] for k in closures))):
+            closure, _ = pypi_closure({name}, installed)
+            for dist in closure - linked.keys():
+                linked[dist] = Path(tmp) / "pypi" / dist
+                _link_distribution(installed[dist], linked[dist])
+        with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
+            for found in pool.map(job, tests):
+                problems.extend(found)
+    return problems
