@@ -16,6 +16,7 @@ __all__ = [
     "AGENT_CONTRACT",
     "AGENT_RAISED",
     "ANSWER_MISMATCH",
+    "CHECKPOINT_REJECTED",
     "DEADLINE_EXCEEDED",
     "EMPTY_ENVELOPE",
     "KEY_SUSPENDED",
@@ -49,6 +50,7 @@ DEADLINE_EXCEEDED = "deadline_exceeded"
 STALE_TIMER = "stale_timer"
 TTL_WIPED_SUSPENDED = "ttl_wiped_suspended"
 RESTORE_CONFLICT = "restore_conflict"
+CHECKPOINT_REJECTED = "checkpoint_rejected"
 
 #: Every reason with its meaning (the README's table is this one).
 REASONS = {
@@ -74,6 +76,8 @@ REASONS = {
     "suspension resolved already is only counted)",
     TTL_WIPED_SUSPENDED: "a suspended key idle past its TTL; its state was cleared",
     RESTORE_CONFLICT: "a StateSnapshot for a key that already has state; nothing restored",
+    CHECKPOINT_REJECTED: "the key's stored checkpoint (a LangGraph graph's) names a type its "
+    "allowlist does not hold, or is in another encoding; nothing was imported or run",
 }
 
 

@@ -44,6 +44,7 @@ from beam_agents.core.migration import (
 from beam_agents.core.signing import Keyring
 from beam_agents.errors import (
     AgentContractError,
+    CheckpointRejectedError,
     LlmCallError,
     MemoryBudgetError,
 )
@@ -61,6 +62,7 @@ from beam_agents.runtime.dead_letters import (
     AGENT_CONTRACT,
     AGENT_RAISED,
     ANSWER_MISMATCH,
+    CHECKPOINT_REJECTED,
     DEADLINE_EXCEEDED,
     EMPTY_ENVELOPE,
     KEY_SUSPENDED,
@@ -471,6 +473,7 @@ class _AgentDoFn(beam.DoFn):
             MemoryBudgetError: MEMORY_BUDGET,
             AgentContractError: AGENT_CONTRACT,
             LlmCallError: LLM_FAILED,
+            CheckpointRejectedError: CHECKPOINT_REJECTED,
         }.get(type(error), AGENT_RAISED)
         detail = f"seq {ctx.seq}: {type(error).__name__}: {error}"
         ctx.traces.clear()
