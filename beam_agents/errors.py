@@ -10,6 +10,7 @@ __all__ = [
     "AgentContractError",
     "BeamAgentsError",
     "CanonicalJsonError",
+    "CheckpointRejectedError",
     "DuplicateMigrationError",
     "InputFileError",
     "InvalidMigrationStepError",
@@ -170,3 +171,17 @@ class LlmCallError(BeamAgentsError):
         self.reason = reason
         #: True when the same call may succeed later (rate limits, timeouts, 5xx).
         self.retryable = retryable
+
+
+class CheckpointRejectedError(BeamAgentsError):
+    """Raised when a stored agent checkpoint names a type outside its allowlist (or is not in
+    the one encoding the adapter writes): decoding it could import and call anything, so it is
+    refused before anything named by the data is imported."""
+
+    def __init__(self, reason: str, *, type_names: tuple[str, ...], agent: str) -> None:
+        super().__init__(f"agent {agent}: checkpoint rejected: {reason}")
+        #: What the data named that is not allowed, "module.name" (or "kind:..." for a stored
+        #: encoding other than msgpack).
+        self.type_names = type_names
+        self.agent = agent
+        self.reason = reason

@@ -48,5 +48,5 @@ def test_the_runtime_dead_letter_table_lists_every_reason():
 def test_the_effector_dead_letter_table_lists_every_reason():
     signature = {"signature_" + outcome.name.lower() for outcome in Verification}
     signature.discard("signature_valid")
-    expected = {effector.REASON_UNDECODABLE, effector.REASON_CONFLICT} | signature
+    expected = {effector.REASON_UNDECODABLE} | signature
     assert _table_reasons(_section("Tool intents, signatures and the effector")) == expected

@@ -15,7 +15,8 @@ Verdicts and exit codes: 0 reproduced (the same intents and traces, or, with not
 an activation that ran without calling the model); 1 diverged (a unified diff of what
 differs, or the agent failing); 3 could not be reproduced (the activation needed the model: a
 cache miss, or an entry kept only as a digest; or the state needs a migration this binary lacks,
-or comes from a newer binary); 2 usage error.
+or comes from a newer binary; or the agent refused the key's stored checkpoint, which names a
+type outside its allowlist: `checkpoint_rejected`); 2 usage error.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from beam_agents.core.wire import split_delimited
 from beam_agents.loading import load_object
 from beam_agents.preflight import report
 from beam_agents.runtime import ERRORS, INTENTS, TRACES, Agent, RefusingLlmClient, RunAgent
-from beam_agents.runtime.dead_letters import LLM_FAILED
+from beam_agents.runtime.dead_letters import CHECKPOINT_REJECTED, LLM_FAILED
 from beam_agents.testing.pipelines import Advance, run_round
 
 __all__ = ["DIVERGED", "REPRODUCED", "UNREPRODUCIBLE", "Replay", "load_agent", "replay"]
@@ -97,6 +98,11 @@ def replay(
             f"the snapshot's replay cache{why}",
             intents,
             traces,
+        )
+    rejected = [e for e in errors if e.reason == CHECKPOINT_REJECTED]
+    if rejected:
+        return Replay(
+            UNREPRODUCIBLE, f"cannot read the state: {rejected[0].detail}", intents, traces
         )
     if errors:
         (error, *_) = errors

@@ -10,6 +10,18 @@ latest checkpoint, and the pending writes that record interrupts, in the key's M
 graph's progress lives in the same keyed state, and commits or rolls back with the activation.
 Serialization is LangGraph's own JsonPlusSerializer (msgpack), with its pickle fallback off.
 
+A checkpoint is data from the key's state, and state arrives from outside (a restored or
+replayed StateSnapshot), so reading one never imports or calls what the data names. LangGraph's
+msgpack carries objects as extension records naming a module and a callable, which its
+serializer imports and calls (in permissive mode, any of them). Reading is therefore two passes:
+the first walks every extension record, at any depth, without importing anything, and refuses
+(CheckpointRejectedError, the `checkpoint_rejected` dead letter) a record naming a type outside
+the allowlist, or any encoding but msgpack whatever the stored kind says; only then does
+LangGraph's serializer, in strict mode with the same allowlist, build the objects. The
+allowlist is what LangGraph itself writes into a checkpoint (interrupts, sends, commands), plain
+value types, every class the graph's schemas declare (walked through their fields: a Pydantic
+model, dataclass or enum in state round-trips with no configuration), and `allowed_types`.
+
 A node acts on the world through LangGraph's `interrupt`: `call_tool(name, args)` and
 `request_approval(question, ...)` interrupt the graph with a request the adapter turns into a
 ToolIntent (all of a step's parallel interrupts become intents of one suspension, tool calls in
@@ -27,9 +39,11 @@ Memory entry between retries, never the intents, traces or outputs.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator, Mapping, Sequence
+import typing
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
+import ormsgpack
 from langgraph.checkpoint.base import (
     WRITES_IDX_MAP,
     BaseCheckpointSaver,
@@ -40,19 +54,31 @@ from langgraph.checkpoint.base import (
     get_checkpoint_id,
     get_checkpoint_metadata,
 )
-from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
+from langgraph.checkpoint.serde.jsonplus import (
+    EXT_CONSTRUCTOR_KW_ARGS,
+    EXT_CONSTRUCTOR_POS_ARGS,
+    EXT_CONSTRUCTOR_SINGLE_ARG,
+    EXT_DELTA_SNAPSHOT,
+    EXT_METHOD_SINGLE_ARG,
+    EXT_NUMPY_ARRAY,
+    EXT_PYDANTIC_V1,
+    EXT_PYDANTIC_V2,
+    JsonPlusSerializer,
+)
 from langgraph.types import Command, interrupt
 
 from beam_agents._protos import ToolIntent, ToolResult
-from beam_agents.errors import AgentContractError
+from beam_agents.errors import AgentContractError, CheckpointRejectedError
 from beam_agents.runtime.context import ActivationContext, Answer, Completion, Suspension
 from beam_agents.runtime.memory import Memory
 
 __all__ = [
+    "BASE_ALLOWED_TYPES",
     "CONTEXT_KEY",
     "LangGraphAgent",
     "MemoryCheckpointer",
     "call_tool",
+    "declared_types",
     "llm",
     "request_approval",
 ]
@@ -63,26 +89,157 @@ CONTEXT_KEY = "__beam_agents_context"
 _MEMORY_PREFIX = "langgraph/checkpoint/"
 _THREAD = "agent"  # one graph thread per key: the key is the conversation
 _REQUESTS = frozenset({"tool", "approval"})
+_KIND = "msgpack"  # the one encoding _save writes, and so the only one _load reads
+
+#: (module, name) of what a checkpoint may name without being declared: what LangGraph writes
+#: into its own checkpoints, and value types whose constructors have no side effects.
+BASE_ALLOWED_TYPES = frozenset(
+    {
+        ("langgraph.types", "Interrupt"),
+        ("langgraph.types", "Send"),
+        ("langgraph.types", "Command"),
+        ("langgraph.types", "Overwrite"),
+        ("datetime", "datetime"),
+        ("datetime", "date"),
+        ("datetime", "time"),
+        ("datetime", "timedelta"),
+        ("datetime", "timezone"),
+        ("uuid", "UUID"),
+        ("decimal", "Decimal"),
+        ("builtins", "set"),
+        ("builtins", "frozenset"),
+        ("collections", "deque"),
+    }
+)
+# The one method call LangGraph writes (datetimes); any other is refused.
+_ALLOWED_METHODS = frozenset({("datetime", "datetime", "fromisoformat")})
+_NAMED_RECORDS = frozenset(
+    {
+        EXT_CONSTRUCTOR_SINGLE_ARG,
+        EXT_CONSTRUCTOR_POS_ARGS,
+        EXT_CONSTRUCTOR_KW_ARGS,
+        EXT_PYDANTIC_V1,
+        EXT_PYDANTIC_V2,
+    }
+)
+
+
+def declared_types(schemas: Iterable[object]) -> set[tuple[str, str]]:
+    """(module, name) of every class the schemas declare, through their fields, container
+    and union arguments and Annotated types; builtins and TypedDicts (plain dicts in a
+    checkpoint) are walked but not listed."""
+    found: set[tuple[str, str]] = set()
+    seen: set[int] = set()
+
+    def visit(annotation: object) -> None:
+        if id(annotation) in seen:
+            return
+        seen.add(id(annotation))
+        if typing.get_origin(annotation) is not None:
+            for argument in typing.get_args(annotation):
+                visit(argument)  # metadata such as a reducer is no type and is skipped below
+            return
+        if not isinstance(annotation, type):
+            return
+        if annotation.__module__ != "builtins" and not typing.is_typeddict(annotation):
+            found.add((annotation.__module__, annotation.__name__))
+        try:
+            hints = typing.get_type_hints(annotation, include_extras=True)
+        except Exception:  # an unresolvable forward reference: its fields stay undeclared
+            hints = {}
+        for hint in hints.values():
+            visit(hint)
+
+    for schema in schemas:
+        visit(schema)
+    return found
+
+
+def _allowlist(allowed_types: Iterable[type | tuple[str, str]]) -> frozenset[tuple[str, str]]:
+    return BASE_ALLOWED_TYPES | {
+        (t.__module__, t.__name__) if isinstance(t, type) else tuple(t) for t in allowed_types
+    }
+
+
+def _refused_names(body: bytes, allowed: frozenset[tuple[str, str]]) -> list[str]:
+    """What the msgpack `body` names outside `allowed`, found without importing anything."""
+    refused: list[str] = []
+
+    def inspect(code: int, data: bytes) -> None:
+        record = ormsgpack.unpackb(data, ext_hook=inspect, option=ormsgpack.OPT_NON_STR_KEYS)
+        if code == EXT_DELTA_SNAPSHOT:
+            return
+        if code == EXT_NUMPY_ARRAY:
+            if ("numpy", "ndarray") not in allowed:
+                refused.append("numpy.ndarray")
+            return
+        named = isinstance(record, list | tuple) and len(record) >= 3
+        module, name = (record[0], record[1]) if named else (None, None)
+        if not (isinstance(module, str) and isinstance(name, str)):
+            refused.append(f"<extension record {code} naming no type>")
+        elif code == EXT_METHOD_SINGLE_ARG:
+            method = record[3] if len(record) > 3 else None
+            if (module, name, method) not in _ALLOWED_METHODS:
+                refused.append(f"{module}.{name}.{method}")
+        elif code not in _NAMED_RECORDS:
+            refused.append(f"<extension record {code}> {module}.{name}")
+        elif (module, name) not in allowed:
+            refused.append(f"{module}.{name}")
+
+    try:
+        ormsgpack.unpackb(body, ext_hook=inspect, option=ormsgpack.OPT_NON_STR_KEYS)
+    except ValueError as e:  # ormsgpack's decode error
+        refused.append(f"<not msgpack: {e}>")
+    return refused
 
 
 class MemoryCheckpointer(BaseCheckpointSaver):
     """A LangGraph checkpointer over a key's Memory: the latest checkpoint of each namespace
     and its pending writes, nothing older (an agent resumes from where it is, never from a
-    past checkpoint)."""
+    past checkpoint).
 
-    def __init__(self, memory: Memory) -> None:
-        super().__init__(serde=JsonPlusSerializer())
+    Reading a checkpoint builds only types in the allowlist (`BASE_ALLOWED_TYPES` and
+    `allowed_types`, classes or (module, name) pairs); anything else raises
+    CheckpointRejectedError naming it, before anything is imported (see the module docstring).
+    """
+
+    def __init__(
+        self,
+        memory: Memory,
+        *,
+        allowed_types: Iterable[type | tuple[str, str]] = (),
+        agent: str = "langgraph",
+    ) -> None:
+        self._allowed = _allowlist(allowed_types)
+        super().__init__(serde=JsonPlusSerializer(allowed_msgpack_modules=tuple(self._allowed)))
         self._memory = memory
+        self._agent = agent
 
     def _load(self, namespace: str) -> dict | None:
         data = self._memory.get(_MEMORY_PREFIX + namespace)
         if data is None:
             return None
         kind, _, body = data.partition(b"\n")
-        return self.serde.loads_typed((kind.decode(), body))
+        if kind != _KIND.encode():
+            shown = kind[:40].decode("utf-8", "backslashreplace")
+            raise CheckpointRejectedError(
+                f"stored as {shown!r}, not {_KIND}",
+                type_names=(f"kind:{shown}",),
+                agent=self._agent,
+            )
+        refused = _refused_names(body, self._allowed)
+        if refused:
+            names = tuple(sorted(set(refused)))
+            raise CheckpointRejectedError(
+                f"names {', '.join(names)}, not in the allowlist (declare the type in the "
+                "graph's state schema or pass it in allowed_types)",
+                type_names=names,
+                agent=self._agent,
+            )
+        return self.serde.loads_typed((_KIND, body))
 
     def _save(self, namespace: str, record: dict) -> None:
-        kind, body = self.serde.dumps_typed(record)
+        kind, body = self.serde.dumps_typed(record)  # a dict is always msgpack
         self._memory.put(_MEMORY_PREFIX + namespace, kind.encode() + b"\n" + body)
 
     def get_tuple(self, config) -> CheckpointTuple | None:
@@ -190,7 +347,9 @@ class LangGraphAgent:
 
     `to_input(event)` makes the graph's input from an event's bytes (default: {"event": the
     bytes decoded as UTF-8}); `to_output(state)` the completion's bytes from the final state
-    (default: the state as JSON).
+    (default: the state as JSON). A restored checkpoint may hold the classes the builder's
+    schemas declare and `allowed_types` (classes or (module, name) pairs); see the module
+    docstring.
     """
 
     def __init__(
@@ -200,9 +359,11 @@ class LangGraphAgent:
         name: str,
         to_input: Callable[[bytes], dict] | None = None,
         to_output: Callable[[dict], bytes] | None = None,
+        allowed_types: Iterable[type | tuple[str, str]] = (),
     ) -> None:
         self._builder = builder
         self.adapter = name
+        self._allowed_types = tuple(declared_types(builder.schemas)) + tuple(allowed_types)
         self._to_input = to_input or (lambda event: {"event": event.decode("utf-8")})
         self._to_output = to_output or (
             lambda state: json.dumps(state, sort_keys=True, default=str).encode()
@@ -217,7 +378,10 @@ class LangGraphAgent:
         return self._run(ctx, Command(resume=resume))
 
     def _run(self, ctx: ActivationContext, graph_input) -> Completion | Suspension:
-        graph = self._builder.compile(checkpointer=MemoryCheckpointer(ctx.memory))
+        checkpointer = MemoryCheckpointer(
+            ctx.memory, allowed_types=self._allowed_types, agent=self.adapter
+        )
+        graph = self._builder.compile(checkpointer=checkpointer)
         config = {"configurable": {"thread_id": _THREAD, CONTEXT_KEY: _NodeContext(ctx)}}
         state = graph.invoke(graph_input, config)
         pending = state.get("__interrupt__") if isinstance(state, dict) else None

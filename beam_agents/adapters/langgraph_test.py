@@ -1,16 +1,23 @@
 """A real LangGraph graph as a beam_agents agent on the DirectRunner: its checkpoint in the
-key's Memory, parallel interrupts as one suspension answered together, an approval."""
+key's Memory, parallel interrupts as one suspension answered together, an approval; and a
+checkpoint edited to name a callable, refused before anything it names runs."""
 
 from __future__ import annotations
 
 import json
 import operator
+import pickle
+from pathlib import Path
 from typing import Annotated, TypedDict
 
+import ormsgpack
+import pydantic
+import pytest
+from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 from langgraph.graph import END, START, StateGraph
 from langgraph.types import Command, interrupt
 
-from beam_agents._protos import AgentEnvelope, ToolIntent, ToolResult, TraceEvent
+from beam_agents._protos import AgentEnvelope, StateSnapshot, ToolIntent, ToolResult, TraceEvent
 from beam_agents.adapters.langgraph import (
     LangGraphAgent,
     MemoryCheckpointer,
@@ -18,7 +25,10 @@ from beam_agents.adapters.langgraph import (
     llm,
     request_approval,
 )
+from beam_agents.cli import main
 from beam_agents.core.intent import intent_id
+from beam_agents.core.migration import CURRENT_STATE_SCHEMA_VERSION
+from beam_agents.errors import CheckpointRejectedError
 from beam_agents.runtime import (
     COMPLETIONS,
     ERRORS,
@@ -188,3 +198,226 @@ def test_an_interrupt_that_is_no_tool_call_or_approval_is_a_contract_dead_letter
     (error,) = outputs.values(ERRORS)
     assert error.reason == "agent_contract" and "use call_tool or request_approval" in error.detail
     assert outputs.values(INTENTS) == []
+
+
+# -- hostile checkpoints ----------------------------------------------------------------------
+
+
+def leave_mark(path: str, text: str = "ran") -> None:
+    """A callable a hostile checkpoint names: if it ever runs, the file exists."""
+    Path(path).write_text(text)
+
+
+ASKER = LangGraphAgent(
+    StateGraph(Asked).add_node("ask", ask).add_edge(START, "ask").add_edge("ask", END),
+    name="tests.asker/v1",
+)
+
+
+def _ext(code: int, *fields) -> ormsgpack.Ext:
+    return ormsgpack.Ext(code, ormsgpack.packb(list(fields)))
+
+
+def _hostile_records(marker: Path) -> dict[str, tuple[ormsgpack.Ext, str]]:
+    """Extension records as LangGraph's msgpack writes them, each naming something that would
+    create `marker` if it were imported and called, with the name a rejection must give."""
+    shell = f"touch {marker}"
+    mark = (leave_mark.__module__, "leave_mark")
+    dotted = ".".join(mark)
+    return {
+        "os.system, one argument": (_ext(0, "os", "system", shell), "os.system"),
+        "os.system, positional": (_ext(1, "os", "system", [shell]), "os.system"),
+        "a marker callable, keywords": (_ext(2, *mark, {"path": str(marker)}), dotted),
+        "a method call": (_ext(3, "os", "system", shell, "__call__"), "os.system.__call__"),
+        "a pydantic model": (_ext(5, *mark, {"path": str(marker)}, "model_validate"), dotted),
+        "inside a delta snapshot": (
+            ormsgpack.Ext(7, ormsgpack.packb(_ext(0, "os", "system", shell))),
+            "os.system",
+        ),
+        "inside an allowed interrupt": (
+            _ext(
+                2,
+                "langgraph.types",
+                "Interrupt",
+                {"value": _ext(0, "os", "system", shell), "id": "i"},
+            ),
+            "os.system",
+        ),
+    }
+
+
+def _interrupted_memory() -> Memory:
+    """A key's Memory holding the genuine checkpoint of a graph waiting on a tool call."""
+    memory = Memory()
+    ASKER._builder.compile(checkpointer=MemoryCheckpointer(memory)).invoke(
+        {}, {"configurable": {"thread_id": "agent"}}
+    )
+    return memory
+
+
+def _tampered(memory: Memory, value) -> Memory:
+    """`memory` with its checkpoint edited as an attacker would: `value` as a channel value,
+    re-encoded with LangGraph's own serializer."""
+    (key,) = memory.keys()
+    record = MemoryCheckpointer(memory)._load("")
+    record["checkpoint"]["channel_values"]["answer"] = value
+    kind, body = JsonPlusSerializer().dumps_typed(record)
+    edited = Memory.from_blob(memory.to_blob())
+    edited.put(key, kind.encode() + b"\n" + body)
+    return edited
+
+
+@pytest.mark.parametrize("case", list(_hostile_records(Path("unused"))))
+def test_a_checkpoint_naming_a_callable_is_refused_before_anything_it_names_runs(tmp_path, case):
+    marker = tmp_path / "marker"
+    record, name = _hostile_records(marker)[case]
+    memory = _tampered(_interrupted_memory(), record)
+    checkpointer = MemoryCheckpointer(memory, agent="tests.asker/v1")
+    with pytest.raises(CheckpointRejectedError) as raised:
+        checkpointer.get_tuple({"configurable": {"thread_id": "agent", "checkpoint_ns": ""}})
+    assert name in raised.value.type_names and name in str(raised.value)
+    assert not marker.exists()
+
+
+def test_the_stored_kind_is_not_trusted_pickle_and_json_are_refused(tmp_path):
+    marker = tmp_path / "marker"
+
+    class Marks:
+        def __reduce__(self):
+            return leave_mark, (str(marker),)
+
+    memory = _interrupted_memory()
+    (key,) = memory.keys()
+    lc_constructor = {"lc": 2, "type": "constructor", "id": [leave_mark.__module__, "leave_mark"]}
+    for kind, body in [
+        (b"pickle", pickle.dumps(Marks())),
+        (b"json", json.dumps({**lc_constructor, "kwargs": {"path": str(marker)}}).encode()),
+        (b"", b""),
+    ]:
+        memory.put(key, kind + b"\n" + body)
+        with pytest.raises(CheckpointRejectedError) as raised:
+            MemoryCheckpointer(memory).get_tuple({"configurable": {"thread_id": "agent"}})
+        assert raised.value.type_names == (f"kind:{kind.decode()}",)
+    assert not marker.exists()
+
+
+def test_bytes_that_are_not_msgpack_are_refused_not_a_crash():
+    memory = Memory()
+    memory.put("langgraph/checkpoint/", b"msgpack\n\xc1")  # 0xc1 is never used in msgpack
+    with pytest.raises(CheckpointRejectedError, match="not msgpack"):
+        MemoryCheckpointer(memory).get_tuple({"configurable": {"thread_id": "agent"}})
+
+
+def _hostile_snapshot(marker: Path) -> StateSnapshot:
+    memory = _tampered(_interrupted_memory(), _ext(0, "os", "system", f"touch {marker}"))
+    snapshot = StateSnapshot(
+        state_schema_version=CURRENT_STATE_SCHEMA_VERSION,
+        entity_key=KEY,
+        seq=SEQ,
+        snapshot_at_ms=T0,
+    )
+    snapshot.memory.CopyFrom(memory.to_blob())
+    snapshot.memory.state_schema_version = CURRENT_STATE_SCHEMA_VERSION
+    return snapshot
+
+
+def test_a_hostile_snapshot_restored_through_run_agent_is_a_checkpoint_rejected_dead_letter(
+    tmp_path,
+):
+    marker = tmp_path / "marker"
+    outputs = run_round(
+        RunAgent(ASKER),
+        [
+            _hostile_snapshot(marker),
+            Advance(T0),
+            AgentEnvelope(entity_key=KEY, event_time_ms=T0 + 1, external_event=b"again"),
+            Advance(T0 + 2),
+        ],
+        tmp_path,
+    ).before(T0 + 2)
+    (error,) = outputs.values(ERRORS)
+    assert error.reason == "checkpoint_rejected" and "os.system" in error.detail
+    assert outputs.values(INTENTS) == [] and outputs.values(COMPLETIONS) == []
+    assert not marker.exists()
+
+
+def test_beam_agents_replay_of_a_hostile_snapshot_cannot_reproduce_and_runs_nothing(
+    tmp_path, capsys
+):
+    marker = tmp_path / "marker"
+    snapshot, envelope = tmp_path / "snapshot.binpb", tmp_path / "envelope.binpb"
+    snapshot.write_bytes(_hostile_snapshot(marker).SerializeToString())
+    envelope.write_bytes(
+        AgentEnvelope(
+            entity_key=KEY, event_time_ms=T0 + 1, external_event=b"again"
+        ).SerializeToString()
+    )
+    agent = f"{__name__}:ASKER"
+    assert main(["replay", str(snapshot), str(envelope), "--agent", agent]) == 3
+    out = capsys.readouterr().out
+    assert "checkpoint rejected" in out and "os.system" in out
+    assert not marker.exists()
+
+
+class Order(pydantic.BaseModel):
+    order_id: str
+    cents: int
+
+
+class Refund(TypedDict, total=False):
+    order: Order
+    answer: str
+
+
+def asks_about_it(state: Refund) -> dict:
+    answer = call_tool("refunds.check", {"order": state["order"].order_id})
+    # Runs again on resume, from the restored checkpoint: the model must come back whole.
+    order = state["order"]
+    return {"answer": f"{type(order).__name__} {order.cents}: {answer['payload']}"}
+
+
+def refund_graph() -> StateGraph:
+    graph = StateGraph(Refund)
+    graph.add_node("asks_about_it", asks_about_it)
+    graph.add_edge(START, "asks_about_it")
+    graph.add_edge("asks_about_it", END)
+    return graph
+
+
+def _order_input(event: bytes) -> dict:
+    return {"order": Order(order_id=event.decode(), cents=1200)}
+
+
+def test_a_pydantic_model_the_state_declares_round_trips_through_a_restored_checkpoint(tmp_path):
+    agent = LangGraphAgent(
+        refund_graph(),
+        name="tests.refund/v1",
+        to_input=_order_input,
+        to_output=lambda state: state["answer"].encode(),
+    )
+    outputs = run_round(
+        RunAgent(agent),
+        [
+            AgentEnvelope(entity_key=KEY, event_time_ms=T0, external_event=b"o-1"),
+            Advance(T0 + 1),
+            _result(T0 + 2, intent_id(KEY, SEQ, 0), b"eligible"),
+            Advance(T0 + 3),
+        ],
+        tmp_path,
+    ).before(T0 + 3)
+    assert outputs.values(ERRORS) == []
+    assert outputs.values(COMPLETIONS) == [b"Order 1200: eligible"]
+
+
+def test_an_undeclared_pydantic_model_is_refused_and_allowed_types_admits_it():
+    memory = Memory()
+    graph = refund_graph()
+    config = {"configurable": {"thread_id": "agent"}}
+    graph.compile(checkpointer=MemoryCheckpointer(memory, allowed_types=[Order])).invoke(
+        _order_input(b"o-1"), config
+    )
+    with pytest.raises(CheckpointRejectedError) as raised:
+        MemoryCheckpointer(memory).get_tuple(config)
+    assert raised.value.type_names == (f"{Order.__module__}.Order",)
+    saved = MemoryCheckpointer(memory, allowed_types=[Order]).get_tuple(config)
+    assert saved.checkpoint["channel_values"]["order"] == Order(order_id="o-1", cents=1200)

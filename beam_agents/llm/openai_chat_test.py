@@ -169,3 +169,123 @@ def test_a_resumed_agent_replays_its_llm_answer_instead_of_calling_the_server_ag
         ).before(t0 + 20)
     assert outputs.values("completions") == [b"search terms / found"]
     assert len(server.requests) == 1  # the resume replayed the answer from the key's cache
+
+
+def _body(reply: Reply) -> bytes:
+    return reply.body
+
+
+def test_a_dripping_server_cannot_stretch_an_attempt_past_its_deadline():
+    body = _body(completion())
+    drip_s = 8 / len(body)  # the whole body would take 8 s, one byte at a time
+    dripping = Reply(
+        200,
+        headers={"content-type": "application/json"},
+        drip_s=drip_s,
+        pieces=lambda: (body[i : i + 1] for i in range(len(body))),
+    )
+    with LocalHttpServer(lambda request: dripping) as server:
+        started = time.monotonic()
+        with pytest.raises(LlmCallError) as raised:
+            client(server, timeout_s=1, max_attempts=1).complete(REQUEST)
+        elapsed = time.monotonic() - started
+    assert raised.value.retryable and "Timeout" in raised.value.reason
+    assert elapsed < 8 / 2
+    assert server.sent_bytes[0] < len(body)
+
+
+def test_the_calls_deadline_bounds_its_retries_and_waits():
+    body = _body(completion())
+    dripping = Reply(
+        200, drip_s=8 / len(body), pieces=lambda: (body[i : i + 1] for i in range(len(body)))
+    )
+    with LocalHttpServer(lambda request: dripping) as server:
+        started = time.monotonic()
+        with pytest.raises(LlmCallError) as raised:
+            client(
+                server, timeout_s=1, total_timeout_s=1.5, max_attempts=5, sleep=Sleeps()
+            ).complete(REQUEST)
+        elapsed = time.monotonic() - started
+    assert raised.value.retryable and "deadline" in raised.value.reason
+    # The second attempt had only what was left of the call's 1.5 s; no third started.
+    assert len(server.requests) == 2 and elapsed < 8 / 2
+
+
+HUGE = 50 * 1024 * 1024
+
+
+def _huge(announced: bool) -> Reply:
+    chunk = b" " * 65536
+    headers = {"content-type": "application/json"}
+    if announced:
+        headers["content-length"] = str(HUGE)
+    return Reply(200, headers=headers, pieces=lambda: (chunk for _ in range(HUGE // len(chunk))))
+
+
+@pytest.mark.parametrize("announced", [True, False], ids=["content-length", "streamed"])
+def test_a_huge_response_is_refused_before_it_is_read_whole(announced):
+    with LocalHttpServer(lambda request: _huge(announced)) as server:
+        with pytest.raises(LlmCallError) as raised:
+            client(server, max_attempts=3).complete(REQUEST)
+        # Until the server has noticed the client hung up: its count stops growing.
+        seen = -1
+        while seen != server.sent_bytes[0]:
+            seen = server.sent_bytes[0]
+            time.sleep(0.2)
+    assert not raised.value.retryable and "refused" in raised.value.reason
+    assert len(server.requests) == 1
+    # What the server managed to send before the client hung up: socket buffers, no more.
+    assert server.sent_bytes[0] < HUGE / 4
+
+
+def test_a_compressed_response_is_refused():
+    gzip = Reply(200, b"\x1f\x8b", {"content-type": "application/json", "content-encoding": "gzip"})
+    with LocalHttpServer(scripted(gzip)) as server, pytest.raises(LlmCallError) as raised:
+        client(server).complete(REQUEST)
+    assert not raised.value.retryable and "gzip" in raised.value.reason
+    assert server.requests[0].headers["Accept-Encoding"] == "identity"
+
+
+def test_a_refused_response_never_reaches_the_replay_cache(tmp_path):
+    @agent(name="tests.asks/v1")
+    def asks(ctx, event: bytes) -> bytes:
+        return ctx.llm([{"role": "user", "content": "hi"}], model="local-model").text.encode()
+
+    t0, key = 1_764_460_800_000, b"k-1"
+    export = AgentEnvelope(entity_key=key, event_time_ms=t0 + 2)
+    export.export_request.request_id = "after"
+    with LocalHttpServer(lambda request: _huge(False)) as server:
+        outputs = run_round(
+            RunAgent(asks, llm_client=client(server, max_response_bytes=4096)),
+            [
+                AgentEnvelope(entity_key=key, event_time_ms=t0, external_event=b"q"),
+                Advance(t0 + 1),
+                export,
+                Advance(t0 + 3),
+            ],
+            tmp_path,
+        ).before(t0 + 3)
+    (failed,) = outputs.values("errors")
+    assert failed.reason == "llm_failed" and "refused" in failed.detail
+    (snapshot,) = outputs.values("snapshots")
+    assert list(snapshot.llm_cache.entries) == []
+
+
+def test_tool_calls_without_text_are_an_error_naming_them():
+    body = json.loads(_body(completion()))
+    body["choices"][0]["message"] = {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {
+                "id": "call_1",
+                "type": "function",
+                "function": {"name": "kb.search", "arguments": '{"q": "x"}'},
+            }
+        ],
+    }
+    body["choices"][0]["finish_reason"] = "tool_calls"
+    reply = Reply(200, json.dumps(body).encode(), {"content-type": "application/json"})
+    with LocalHttpServer(scripted(reply)) as server, pytest.raises(LlmCallError) as raised:
+        client(server).complete(REQUEST)
+    assert not raised.value.retryable and "kb.search(call_1)" in raised.value.reason

@@ -20,6 +20,7 @@ __all__ = [
     "ANSWER_FOR_OTHER_CONTENT",
     "ANSWER_MISMATCH",
     "BAD_ANSWER_SIGNATURE",
+    "CHECKPOINT_REJECTED",
     "DEADLINE_EXCEEDED",
     "EMPTY_ENVELOPE",
     "LLM_FAILED",
@@ -59,6 +60,7 @@ MAILBOX_FULL = "mailbox_full"
 BAD_ANSWER_SIGNATURE = "bad_answer_signature"
 ANSWER_FOR_OTHER_CONTENT = "answer_for_other_content"
 SNAPSHOT_FROM_FUTURE = "snapshot_from_future"
+CHECKPOINT_REJECTED = "checkpoint_rejected"
 
 #: Every reason with its meaning (the README's table is this one).
 REASONS = {
@@ -93,6 +95,8 @@ REASONS = {
     "of that id; the key keeps waiting",
     SNAPSHOT_FROM_FUTURE: "a StateSnapshot holding state of a newer schema than this binary "
     "reads; nothing restored",
+    CHECKPOINT_REJECTED: "the key's stored checkpoint (a LangGraph graph's) names a type its "
+    "allowlist does not hold, or is in another encoding; nothing was imported or run",
 }
 
 

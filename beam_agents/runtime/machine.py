@@ -51,7 +51,12 @@ from beam_agents.beam_support import timer_timestamp
 from beam_agents.core.intent import content_digest
 from beam_agents.core.migration import MigrationRegistry, migrate_to_current
 from beam_agents.core.signing import Keyring, Verification, verify
-from beam_agents.errors import AgentContractError, LlmCallError, MemoryBudgetError
+from beam_agents.errors import (
+    AgentContractError,
+    CheckpointRejectedError,
+    LlmCallError,
+    MemoryBudgetError,
+)
 from beam_agents.runtime import dead_letters as dl
 from beam_agents.runtime.config import AtDeadline, RuntimeConfig
 from beam_agents.runtime.context import (
@@ -638,6 +643,7 @@ class KeyMachine:
         ctx, error = run.ctx, run.error
         work.count("failed_activations")
         reason = reason or {
+            CheckpointRejectedError: dl.CHECKPOINT_REJECTED,
             MemoryBudgetError: dl.MEMORY_BUDGET,
             AgentContractError: dl.AGENT_CONTRACT,
             LlmCallError: dl.LLM_FAILED,

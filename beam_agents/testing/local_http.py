@@ -3,6 +3,7 @@
     with LocalHttpServer(lambda request: Reply(200, body=b"ok")) as server:
         call(server.url)
     server.requests  # [Request(method, path, headers, body), ...]
+    server.sent_bytes  # body bytes written for each request before it ended or the client left
 
 The server binds an ephemeral port on the loopback interface only, answers from a thread,
 and is shut down (and its port freed) when the block ends.
@@ -14,7 +15,7 @@ import dataclasses
 import http.server
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 __all__ = ["LocalHttpServer", "Reply", "Request"]
 
@@ -34,11 +35,16 @@ class Reply:
     headers: Mapping[str, str] = dataclasses.field(default_factory=dict)
     #: Seconds to wait before answering (a slow server).
     delay_s: float = 0.0
+    #: The body in pieces, each sent `drip_s` after the last (a dripping or endless server);
+    #: no Content-Length unless `headers` gives one, so the body ends when the server closes.
+    pieces: Callable[[], Iterable[bytes]] | None = None
+    drip_s: float = 0.0
 
 
 class LocalHttpServer:
     def __init__(self, reply: Callable[[Request], Reply]) -> None:
         self.requests: list[Request] = []
+        self.sent_bytes: list[int] = []
         server = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
@@ -51,15 +57,21 @@ class LocalHttpServer:
                 answer = reply(request)
                 if answer.delay_s:
                     time.sleep(answer.delay_s)
+                server.sent_bytes.append(0)
                 try:
                     self.send_response(answer.status)
                     for name, value in answer.headers.items():
                         self.send_header(name, value)
-                    self.send_header("content-length", str(len(answer.body)))
+                    if answer.pieces is None:
+                        self.send_header("content-length", str(len(answer.body)))
                     self.end_headers()
-                    self.wfile.write(answer.body)
+                    for piece in [answer.body] if answer.pieces is None else answer.pieces():
+                        time.sleep(answer.drip_s)
+                        self.wfile.write(piece)
+                        self.wfile.flush()
+                        server.sent_bytes[-1] += len(piece)
                 except (BrokenPipeError, ConnectionResetError):
-                    pass  # the client gave up (a timeout test)
+                    pass  # the client gave up (a timeout or size test)
 
             do_GET = do_POST = _answer
 
