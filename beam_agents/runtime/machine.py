@@ -470,12 +470,6 @@ class KeyMachine:
         if suspended is None:
             refuse(dl.NO_SUSPENSION, f"an answer to {answered_id}, but the key is not suspended")
             return
-        if answered_id not in suspended.pending_intent_ids:
-            refuse(
-                dl.UNKNOWN_INTENT,
-                f"{answered_id} is not pending ({list(suspended.pending_intent_ids)})",
-            )
-            return
         if any(_answered_id(a) == answered_id for a in suspended.answers):
             # A copy of an answer already recorded (a redelivery): the recorded one stands.
             if _same_answer(envelope, suspended.answers, answered_id):
@@ -491,8 +485,13 @@ class KeyMachine:
             )
             return
         intent = next((i for i in work.state.pending if i.intent_id == answered_id), None)
-        if intent is None:  # a continuation whose pending intents were not all restored
-            refuse(dl.UNKNOWN_INTENT, f"{answered_id} is pending but its intent is missing")
+        if intent is None or answered_id not in suspended.pending_intent_ids:
+            refuse(
+                dl.UNKNOWN_INTENT,
+                f"{answered_id} is pending but its intent is missing"  # a partial restore
+                if answered_id in suspended.pending_intent_ids
+                else f"{answered_id} is not pending ({list(suspended.pending_intent_ids)})",
+            )
             return
         mismatch = _mismatch(work.key, intent, envelope, payload)
         if mismatch:
