@@ -35,7 +35,8 @@ Two faces share the gate:
 * `Effector`, a plain callable for a service reading intents from a topic, keeps its records in
   an `ExecutionStore`: `SqliteExecutionStore` (standard library sqlite3, WAL, fsync on commit)
   by default. A claim naming the effector's process is committed before the tool runs. A copy
-  that finds the claim of a process still running is a duplicate in flight (no result yet);
+  that finds the claim of a process still running is in flight (`Route.IN_FLIGHT`, no result
+  yet: deliver it again later);
   one that finds the claim of a process that is gone (an effector killed mid-call) gets an
   ERROR result saying the outcome is unknown, and the tool is not run again: at most once.
 * `ExecuteIntents`, a Beam transform, re-windows intents into the global window (the same
@@ -145,9 +146,13 @@ class Route(enum.Enum):
     RESULT = "result"
     APPROVAL = "approval"
     DEAD_LETTER = "dead letter"
-    #: Decided before: nothing ran. `result` is the first result (None for an approval, or
-    #: while an effector process is still running the first copy: deliver this one later).
+    #: Decided before: nothing ran. `result` is the first result, or `approval` the intent
+    #: put before a human: what was sent for the first copy, to be sent again (a receiver
+    #: dedupes by intent_id), since the first sending may never have been acknowledged.
     DUPLICATE = "duplicate"
+    #: Another effector process that is still running holds the claim: nothing ran and there
+    #: is no result yet. Deliver this copy again later; never acknowledge it as done.
+    IN_FLIGHT = "in flight"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -446,10 +451,11 @@ class _Gate:
         if intent.expires_at_ms > known.latest_expires_at_ms:
             updated.latest_expires_at_ms = intent.expires_at_ms
             store.put(updated, self.keep_until(updated, now))
-        result = None
         if known.outcome == ExecutionRecord.OUTCOME_RESULT:
-            result = self._envelope(known.result)
-        return EffectorOutput(Route.DUPLICATE, result=result)
+            return EffectorOutput(Route.DUPLICATE, result=self._envelope(known.result))
+        if known.outcome == ExecutionRecord.OUTCOME_APPROVAL:
+            return EffectorOutput(Route.DUPLICATE, approval=intent)
+        return EffectorOutput(Route.IN_FLIGHT)
 
 
 def _instance_id() -> str:
@@ -644,7 +650,9 @@ class _ExecuteOnce(beam.DoFn):
         _, data = element
         store = _StateStore(record, retention)
         output = self._gate.decide(data, now=self._clock, store=store, owner="")
-        if output.route is Route.DUPLICATE:
+        # Beam retries a bundle with its state, so a copy here follows a committed decision
+        # whose outputs were committed with it: nothing to send again.
+        if output.route in (Route.DUPLICATE, Route.IN_FLIGHT):
             self._duplicates.inc()
             return
         if output.ran_tool:

@@ -322,7 +322,10 @@ def test_a_duplicate_approval_reaches_a_human_once():
     first = gate(signed(kind=ToolIntent.APPROVAL))
     again = gate(signed(kind=ToolIntent.APPROVAL, attempt=5))
     assert first.route is Route.APPROVAL
-    assert again.route is Route.DUPLICATE and again.approval is None and again.result is None
+    # The recorded request is sent again (the approvals channel dedupes by intent_id): an
+    # effector killed before the first sending was acknowledged never loses it.
+    assert again.route is Route.DUPLICATE and again.result is None
+    assert again.approval.intent_id == first.approval.intent_id
 
 
 @pytest.mark.parametrize("kind", [3, 99])
@@ -772,7 +775,7 @@ def _running_claim(claimed_by):
     )
 
 
-def test_an_intent_in_flight_in_another_live_effector_is_a_duplicate_not_a_lost_call(tmp_path):
+def test_an_intent_in_flight_in_another_live_effector_is_in_flight_not_a_lost_call(tmp_path):
     store = tmp_path / "shared.sqlite"
     tool = Recording()
     busy = Effector(
@@ -787,7 +790,7 @@ def test_an_intent_in_flight_in_another_live_effector_is_a_duplicate_not_a_lost_
     other = effector(store=store, **{"crm.lookup": tool})
     assert other.instance_id != busy.instance_id
     output = other(signed())
-    assert output.route is Route.DUPLICATE and output.result is None
+    assert output.route is Route.IN_FLIGHT and output.result is None
     assert tool.calls == []
     assert other.store.get(intent().intent_id).outcome == ExecutionRecord.OUTCOME_RUNNING
 

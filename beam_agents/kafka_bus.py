@@ -219,7 +219,9 @@ class EffectorService:
     Each intent's records (a result to the events topic, an approval intent to the approvals
     topic, a dead letter) are produced and acknowledged before the intent's offset is
     committed; a record the broker does not acknowledge raises KafkaBusError with the offset
-    uncommitted. `run` serves until `stop` is set; `serve_one` handles at most one intent.
+    uncommitted. A copy of a decided intent sends its recorded result or approval request
+    again; an intent another live effector is running is left uncommitted and read again.
+    `run` serves until `stop` is set; `serve_one` handles at most one intent.
     `producer_config` adds to or overrides the producer's librdkafka settings.
     """
 
@@ -271,6 +273,16 @@ class EffectorService:
         if message.error():
             raise KafkaBusError(f"reading {self.topics.intents}: {message.error()}")
         output = self.effector(message.value() or b"")
+        if output.route is Route.IN_FLIGHT:
+            from confluent_kafka import TopicPartition
+
+            # Another live effector runs it now: read it again later, so that if that process
+            # dies this one answers it (outcome unknown) instead of leaving it unanswered.
+            self._consumer.seek(
+                TopicPartition(message.topic(), message.partition(), message.offset())
+            )
+            time.sleep(self._poll_timeout_s)
+            return output.route
         _send(self._producer, self._records(output))
         self._consumer.commit(message=message, asynchronous=False)
         return output.route

@@ -3,13 +3,16 @@ its result is acknowledged, and a redelivered intent never runs its tool again."
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 
 import pytest
 
-from beam_agents._protos import AgentEnvelope, ToolIntent, ToolResult
+from beam_agents._protos import AgentEnvelope, ExecutionRecord, ToolIntent, ToolResult
+from beam_agents.core.intent import content_digest
 from beam_agents.core.signing import Keyring, sign
-from beam_agents.effector import Effector, Route, VerifyMode
+from beam_agents.effector import Effector, Route, VerifyMode, _process_start
 from beam_agents.kafka_bus import (
     EffectorService,
     KafkaBusError,
@@ -185,3 +188,50 @@ def test_refused_intents_become_dead_letters_on_the_topic_and_are_committed(boot
     reasons = [decode_dead_letter(v).reason for _, v in records]
     assert reasons == ["signature_unsigned", "undecodable_intent"]
     assert calls.intent_ids == []
+
+
+@pytest.mark.engines
+def test_an_intent_another_live_effector_holds_is_answered_once_that_effector_dies(
+    bootstrap, tmp_path
+):
+    """The in-flight copy is never committed as done: while the claimant lives the service
+    reads it again; once it is gone, the service answers it (outcome unknown) without running
+    the tool."""
+    topics = _fresh_topics(bootstrap)
+    store, calls = tmp_path / "effector.sqlite", Calls()
+    held = _intent("i-9", b"c-9")
+    claimant = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    try:
+        pid = claimant.pid
+        planted = Effector({}, mode=VerifyMode.OFF, store=store)
+        planted.store.claim(
+            ExecutionRecord(
+                intent_id="i-9",
+                entity_key=b"c-9",
+                content_digest=content_digest(held.SerializeToString(deterministic=True)),
+                outcome=ExecutionRecord.OUTCOME_RUNNING,
+                latest_expires_at_ms=held.expires_at_ms,
+                claimed_by=f"{pid}:{_process_start(pid)}:planted",
+            ),
+            FAR,
+        )
+        produce(bootstrap, [(topics.intents, b"c-9", held, 1)])
+        service = _service(bootstrap, topics, store, calls)
+        try:
+            assert _serve_until(service, 2) == [Route.IN_FLIGHT, Route.IN_FLIGHT]
+            claimant.kill()
+            claimant.wait()
+            assert _serve_until(service, 1) == [Route.RESULT]
+        finally:
+            service.close()
+    finally:
+        claimant.kill()
+    assert calls.intent_ids == []
+    reader = TopicReader(bootstrap, [topics.events])
+    try:
+        reader.read(lambda r: len(r[topics.events]) >= 1, 30)
+        (record,) = reader.settle(1)[topics.events]
+    finally:
+        reader.close()
+    result = AgentEnvelope.FromString(record[1]).tool_result
+    assert result.status == ToolResult.ERROR and result.error_message.startswith("outcome unknown")
