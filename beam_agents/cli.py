@@ -9,7 +9,8 @@
         [--recorded-traces FILE]
     beam-agents update-check OLD NEW
     beam-agents effector-service --bootstrap-servers HOST:PORT --topic-prefix PREFIX
-        --store FILE --tools MODULE:NAME [--keyring MODULE:NAME] [--mode MODE]
+        --store FILE --tools MODULE:NAME [--keyring MODULE:NAME] [--result-keyring MODULE:NAME]
+        [--mode MODE]
 
 `demo` runs the support-triage agent end to end on local Beam pipelines (RunAgent,
 ExecuteIntents, a scripted approver), with no network and no keys, and prints an account of
@@ -41,7 +42,8 @@ compatible; 1 not; 2 usage error.
 `effector-service` runs the effector of beam_agents.effector on a Kafka loop's intents topic
 (beam_agents.kafka_bus.EffectorService), with its records in the SQLite store FILE, until
 SIGTERM or SIGINT; --tools names a dict of tool name to callable, --keyring a function returning
-the Keyring that verifies intents (required unless --mode off). It prints one line to stderr
+the Keyring that verifies intents (required unless --mode off), --result-keyring one whose active
+key signs every result. It prints one line to stderr
 when it serves. Exit codes: 0 stopped by a signal; 1 stopped by a failure (the broker, the
 store), named, with the intent it was serving left uncommitted; 2 usage error.
 
@@ -135,11 +137,14 @@ def _effector_service(args: argparse.Namespace) -> int:
         if args.keyring is None and mode is not VerifyMode.OFF:
             raise ValueError(f"--mode {args.mode} verifies signatures: name a --keyring")
         keyring = None if args.keyring is None else load_object(args.keyring)()
+        result_keyring = None if args.result_keyring is None else load_object(args.result_keyring)()
         topics = Topics(args.topic_prefix)
     except (KeyError, ValueError) as e:
         print(f"beam-agents effector-service: {e}", file=sys.stderr)
         return EXIT_USAGE
-    effector = Effector(tools, mode=mode, store=args.store, keyring=keyring)
+    effector = Effector(
+        tools, mode=mode, store=args.store, keyring=keyring, result_keyring=result_keyring
+    )
     service = EffectorService(
         effector, bootstrap_servers=args.bootstrap_servers, topics=topics, group_id=args.group_id
     )
@@ -339,6 +344,10 @@ def _parser() -> argparse.ArgumentParser:
     service.add_argument("--store", required=True, help="the SQLite file of execution records")
     service.add_argument("--tools", required=True, help="a dict of tools, as MODULE:NAME")
     service.add_argument("--keyring", help="a function returning the Keyring, as MODULE:NAME")
+    service.add_argument(
+        "--result-keyring",
+        help="a function returning the Keyring whose active key signs results, as MODULE:NAME",
+    )
     service.add_argument(
         "--mode",
         choices=["off", "permissive", "require"],

@@ -44,8 +44,9 @@ from beam_agents._protos import (
     TraceEvent,
 )
 from beam_agents.beam_support import typed
+from beam_agents.core.intent import content_digest
 from beam_agents.core.migration import MigrationRegistry
-from beam_agents.core.signing import Keyring
+from beam_agents.core.signing import Keyring, sign
 from beam_agents.effector import APPROVALS, DEAD_LETTERS, RESULTS, ExecuteIntents, VerifyMode
 from beam_agents.examples.support_triage import TOOLS, scripted_model, ticket, triage
 from beam_agents.kafka_bus import (
@@ -67,6 +68,9 @@ __all__ = [
     "TriageRound",
     "add_triage_loop",
     "approve",
+    "demo_answer_keyring",
+    "demo_approver_keyring",
+    "demo_effector_keyring",
     "demo_keyring",
     "run_bus_demo",
     "run_demo",
@@ -85,15 +89,41 @@ def demo_keyring() -> Keyring:
     )
 
 
+def demo_effector_keyring() -> Keyring:
+    """The demo effector's key, which signs its results (as fixed and as public as the rest)."""
+    return Keyring(
+        {"demo-effector": b"beam_agents demo effector key, not a secret"}, active="demo-effector"
+    )
+
+
+def demo_approver_keyring() -> Keyring:
+    """The demo approvals channel's key, which signs its decisions."""
+    return Keyring(
+        {"demo-approver": b"beam_agents demo approver key, not a secret"}, active="demo-approver"
+    )
+
+
+def demo_answer_keyring() -> Keyring:
+    """What the demo's RunAgent verifies answers with: the effector's and the approver's keys,
+    so a result or approval that neither signed is refused."""
+    return Keyring({**demo_effector_keyring().keys, **demo_approver_keyring().keys})
+
+
 def approve(intent: ToolIntent) -> AgentEnvelope:
     """The scripted approver's answer to an approval intent: approved, by ops@example.com, a
-    millisecond after the intent was made."""
-    envelope = AgentEnvelope(entity_key=intent.entity_key, event_time_ms=intent.created_at_ms + 1)
-    envelope.approval.intent_id = intent.intent_id
-    envelope.approval.approved = True
-    envelope.approval.approver = "ops@example.com"
-    envelope.approval.decided_at_ms = intent.created_at_ms + 1
-    return envelope
+    millisecond after the intent was made, bound to the intent's content and signed."""
+    decision = AgentEnvelope.Approval(
+        intent_id=intent.intent_id,
+        approved=True,
+        approver="ops@example.com",
+        decided_at_ms=intent.created_at_ms + 1,
+        intent_digest=content_digest(intent.SerializeToString(deterministic=True)),
+    )
+    return AgentEnvelope(
+        entity_key=intent.entity_key,
+        event_time_ms=intent.created_at_ms + 1,
+        approval=sign(decision, demo_approver_keyring()),
+    )
 
 
 class ScriptedApprover(beam.DoFn):
@@ -115,14 +145,21 @@ class TriageRound(beam.PTransform):
 
     def expand(self, inputs):
         outputs = inputs | "RunAgent" >> RunAgent(
-            triage, llm_client=scripted_model(), keyring_loader=demo_keyring
+            triage,
+            llm_client=scripted_model(),
+            keyring_loader=demo_keyring,
+            answer_keyring_loader=demo_answer_keyring,
         )
         effected = (
             outputs[INTENTS]
             | "Intents" >> beam.Values()
             | "ExecuteIntents"
             >> ExecuteIntents(
-                TOOLS, mode=VerifyMode.REQUIRE, keyring_loader=demo_keyring, clock=self._clock
+                TOOLS,
+                mode=VerifyMode.REQUIRE,
+                keyring_loader=demo_keyring,
+                result_keyring_loader=demo_effector_keyring,
+                clock=self._clock,
             )
         )
         approved = effected[APPROVALS] | "Approve" >> beam.ParDo(ScriptedApprover())
@@ -161,6 +198,7 @@ def add_triage_loop(
         consumer_group=f"{topics.prefix}.agents",
         llm_client=scripted_model(),
         keyring_loader=demo_keyring,
+        answer_keyring_loader=demo_answer_keyring,
         registry=registry,
     )
 
@@ -339,7 +377,8 @@ class _BusDemo(_Demo):
             ["effector-service", "--bootstrap-servers", kafka_bootstrap,
              "--topic-prefix", topics.prefix, "--store", str(workdir / "effector.sqlite"),
              "--tools", "beam_agents.examples.support_triage:TOOLS",
-             "--keyring", "beam_agents.demo:demo_keyring"],
+             "--keyring", "beam_agents.demo:demo_keyring",
+             "--result-keyring", "beam_agents.demo:demo_effector_keyring"],
             workdir / "effector.log",
         )  # fmt: skip
         reader = TopicReader(kafka_bootstrap, topics.all())

@@ -77,7 +77,8 @@ class Loop:
             ["effector-service", "--bootstrap-servers", self.bootstrap,
              "--topic-prefix", self.topics.prefix, "--store", str(self.effector_store),
              "--tools", "beam_agents.examples.support_triage:TOOLS",
-             "--keyring", "beam_agents.demo:demo_keyring"],
+             "--keyring", "beam_agents.demo:demo_keyring",
+             "--result-keyring", "beam_agents.demo:demo_effector_keyring"],
             "effector",
         )  # fmt: skip
         self.effector.wait_for_output("serving")
