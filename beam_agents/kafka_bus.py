@@ -119,12 +119,25 @@ def create_topics(bootstrap_servers: str, topics: Topics, *, partitions: int = 1
 
 class _RecordValues(beam.DoFn):
     """A Kafka record's value, the bytes of an envelope; a record with no value (a tombstone,
-    which Kafka's compaction uses) is a dead letter, never a failed bundle."""
+    which Kafka's compaction uses) is a dead letter, never a failed bundle. With
+    `idempotency_header`, records come with their metadata (a Row with key, value and headers)
+    and each value leaves paired with that header's bytes (b"" where the record has none): the
+    producer's idempotency key, by which RunAgent drops a second copy of an event."""
+
+    def __init__(self, idempotency_header: str | None = None) -> None:
+        self._header = idempotency_header
 
     def process(self, record, timestamp=beam.DoFn.TimestampParam):
-        key, value = record
+        if self._header is None:
+            key, value = record
+        else:
+            key, value = record.key, record.value
         if value is not None:
-            yield value
+            if self._header is None:
+                yield value
+            else:
+                headers = [h.value for h in (record.headers or ()) if h.key == self._header]
+                yield (value, bytes(headers[-1] or b"") if headers else b"")
             return
         detail = f"a record with no value (a tombstone, key {bytes(key or b'')[:64]!r})"
         letter = error_record(b"", UNDECODABLE, detail, timestamp.micros // 1000)
@@ -151,7 +164,13 @@ def decode_dead_letter(value: bytes) -> ActivationErrorRecord:
 
 class AgentLoop(beam.PTransform):
     """Applied to a pipeline: reads the events topic, runs `agent` with RunAgent, and writes its
-    five outputs to their topics. `run_agent` takes RunAgent's keyword arguments."""
+    five outputs to their topics. `run_agent` takes RunAgent's keyword arguments.
+
+    `idempotency_header` names a record header a producer sets to its own idempotency key for
+    an event; RunAgent then drops a second copy of the event carrying the same key even if its
+    bytes differ (copies with the same time and bytes are dropped without it). Setting it reads
+    the topic with its metadata, which changes the read's output type: choose it before the
+    first launch, since `--update` or a savepoint restore needs the same graph."""
 
     def __init__(
         self,
@@ -161,9 +180,11 @@ class AgentLoop(beam.PTransform):
         topics: Topics,
         expansion_service: str,
         consumer_group: str,
+        idempotency_header: str | None = None,
         **run_agent: Any,
     ) -> None:
         super().__init__()
+        self._idempotency_header = idempotency_header
         self._agent = agent
         self._bootstrap_servers = bootstrap_servers
         self._topics = topics
@@ -182,11 +203,13 @@ class AgentLoop(beam.PTransform):
             topics=[self._topics.events],
             timestamp_policy=ReadFromKafka.create_time_policy,
             expansion_service=self._expansion_service,
+            **({"with_metadata": True} if self._idempotency_header else {}),
         )
-        values = records | "Envelopes" >> beam.ParDo(_RecordValues()).with_outputs(
-            ERRORS, main="envelopes"
-        )
-        outputs = typed(values.envelopes, bytes) | "RunAgent" >> RunAgent(
+        values = records | "Envelopes" >> beam.ParDo(
+            _RecordValues(self._idempotency_header)
+        ).with_outputs(ERRORS, main="envelopes")
+        envelope_type = bytes if self._idempotency_header is None else Tuple[bytes, bytes]
+        outputs = typed(values.envelopes, envelope_type) | "RunAgent" >> RunAgent(
             self._agent, **self._run_agent
         )
         outputs = {

@@ -235,3 +235,41 @@ def test_an_intent_another_live_effector_holds_is_answered_once_that_effector_di
         reader.close()
     result = AgentEnvelope.FromString(record[1]).tool_result
     assert result.status == ToolResult.ERROR and result.error_message.startswith("outcome unknown")
+
+
+def test_a_producers_idempotency_header_drops_a_second_copy_through_the_loops_read_path():
+    """Records as ReadFromKafka gives them with their metadata, through the loop's own read
+    step and RunAgent: a copy re-sent with the same idempotency header runs once, though its
+    bytes (a re-stamped time) differ; a record without the header still runs."""
+    import apache_beam as beam
+    from apache_beam.testing.util import assert_that, equal_to
+
+    from beam_agents.kafka_bus import _RecordValues
+    from beam_agents.runtime import COMPLETIONS, RunAgent, agent
+
+    @agent(name="tests.echo/v1")
+    def echo(ctx, event: bytes) -> bytes:
+        return b"echo " + event
+
+    def record(at: int, data: bytes, key: bytes | None):
+        value = AgentEnvelope(entity_key=b"c-1", event_time_ms=at, external_event=data)
+        headers = [] if key is None else [beam.Row(key="idempotency-key", value=key)]
+        return beam.Row(key=b"c-1", value=value.SerializeToString(), headers=headers)
+
+    with beam.Pipeline() as pipeline:
+        values = (
+            pipeline
+            | beam.Create(
+                [
+                    record(1, b"refund 42", b"order-42"),
+                    record(2, b"refund 42", b"order-42"),
+                    record(3, b"other", None),
+                ],
+                reshuffle=False,
+            )
+            | beam.ParDo(_RecordValues("idempotency-key")).with_outputs("errors", main="values")
+        )
+        outputs = values.values | RunAgent(echo)
+        assert_that(
+            outputs[COMPLETIONS] | beam.Values(), equal_to([b"echo refund 42", b"echo other"])
+        )
