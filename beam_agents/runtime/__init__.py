@@ -28,13 +28,19 @@ timers fire when the watermark passes them, so a source must advance its waterma
 quiet keys wait for the next event.
 
 Activations. An external_event starts an activation (`agent.start`); answers (ToolResults, or
-Approvals for APPROVAL intents) to a suspension are recorded in its Continuation, and when every
-pending intent has one the agent resumes once with all of them in intent order
-(`agent.resume`). At the deadline the unanswered ones resume as EXPIRED (or the policy
-escalates to a human, or dead-letters the suspension). An export_request emits a StateSnapshot
-of the committed blobs, verbatim, and changes nothing; a StateSnapshot input restores an empty
-key. An idle key's state is cleared `ttl_ms` after its last activity (after its deadline, when
-suspended); its seq survives, so it never re-issues an intent_id.
+Approvals for APPROVAL intents) to a suspension are checked (pending, in time, of the right
+kind, signed and bound to the intent's content when an answer keyring is configured) and
+recorded in its Continuation, and when every pending intent of the agent has one the agent
+resumes once with all of them in intent order (`agent.resume`). A resume that fails keeps its
+answers and is tried again on the deadline timer with backoff, then dead-lettered with them.
+At the deadline the unanswered ones resume as EXPIRED (or the policy escalates to a human, or
+dead-letters the suspension). Events that arrive while the key is suspended wait in the
+Continuation's mailbox and run in event-time order when it ends; a copy of an event already
+accepted (same time and bytes, or same transport idempotency key) does nothing. An
+export_request emits a StateSnapshot of the committed blobs, verbatim, and changes nothing; a
+StateSnapshot input restores an empty key. An idle key's state is cleared `ttl_ms` after its
+latest activity (after its deadline, when suspended); its seq survives, so it never re-issues
+an intent_id.
 
 Time and determinism. Inside an activation "now" is the envelope's event_time_ms (a timer's
 firing time in a timer), never the wall clock; intent, trace and span ids and replay-cache keys
@@ -45,12 +51,15 @@ ids either. A resume continues its suspended activation's seq and trace.
 Read path and commit. Every read of the three blobs, in the element path and in both timers,
 goes through `migrate_to_current` before any field is used; a blob from a newer binary raises
 StateSchemaFromFutureError, which is never caught: the bundle fails and the key waits,
-untouched, for that binary. Only a successful activation writes state (every blob stamped with
-the current version, so a migrated view reaches state then and only then) and only then are its
-intents, traces and completion emitted. A failing agent, a refused answer or a stale timer
-writes nothing and emits its dead letter (and, for a failing agent, one ERROR trace event).
+untouched, for that binary. Every decision is the per-key state machine's (`machine`), which
+never changes what it read (a portable harness hands back the stored object) and returns the
+whole new state; the DoFn writes the blobs it replaced (each stamped with the current version,
+so a migrated view reaches state with a change of its own) and the timers that state implies,
+and only then emits. A failing agent, a refused answer or a stale timer writes nothing but its
+durable inputs and emits its dead letter (and, for a failing agent, one ERROR trace event).
 """
 
+from beam_agents.runtime.config import AtDeadline, DeadlinePolicy, RuntimeConfig
 from beam_agents.runtime.context import (
     APPROVAL_TOOL,
     ActivationContext,
@@ -72,10 +81,7 @@ from beam_agents.runtime.run_agent import (
     INTENTS,
     SNAPSHOTS,
     TRACES,
-    AtDeadline,
-    DeadlinePolicy,
     RunAgent,
-    RuntimeConfig,
 )
 
 __all__ = [

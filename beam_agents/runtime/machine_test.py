@@ -36,7 +36,7 @@ from beam_agents.runtime import (
     agent,
 )
 from beam_agents.runtime.machine import ERRORS, KeyMachine, KeyState
-from beam_agents.runtime.run_agent import _read, write
+from beam_agents.runtime.run_agent import _read, _write
 
 KEY = b"k-1"
 T0 = 1_764_460_800_000
@@ -119,7 +119,7 @@ class Harness:
         effects = call(stored)
         assert _frozen(stored) == before, "the machine changed a state read in place"
         if effects.state is not None:
-            write(effects, stored, self.states, self.timers)
+            _write(effects, stored, self.states, self.timers)
         self.outputs += [(tag, value) for tag, (_, value) in effects.outputs]
         return effects
 

@@ -39,7 +39,7 @@ from beam_agents.beam_support import timer_timestamp, typed
 from beam_agents.core.migration import CURRENT_STATE_SCHEMA_VERSION, MigrationRegistry
 from beam_agents.core.signing import Keyring
 from beam_agents.core.wire import encode_varint, read_varint
-from beam_agents.runtime.config import AtDeadline, DeadlinePolicy, RuntimeConfig
+from beam_agents.runtime.config import RuntimeConfig
 from beam_agents.runtime.context import Agent, LlmClient
 from beam_agents.runtime.dead_letters import NO_ENTITY_KEY, UNDECODABLE, error_record
 from beam_agents.runtime.machine import (
@@ -59,10 +59,7 @@ __all__ = [
     "INTENTS",
     "SNAPSHOTS",
     "TRACES",
-    "AtDeadline",
-    "DeadlinePolicy",
     "RunAgent",
-    "RuntimeConfig",
 ]
 
 # The tag of each element between _KeyAndTag and the DoFn: an envelope, an envelope with a
@@ -237,7 +234,7 @@ class _AgentDoFn(beam.DoFn):
         """Writes what the machine replaced (before any output: Beam commits both with the
         bundle), sets the timers, counts, and yields the outputs."""
         if effects.state is not None:
-            write(effects, stored, states, timers)
+            _write(effects, stored, states, timers)
         for name in effects.counters:
             self._counters[name].inc()
         for tag, value in effects.outputs:
@@ -255,7 +252,7 @@ def _read(states) -> KeyState:
     )
 
 
-def write(effects: Effects, stored: KeyState, states, timers) -> None:
+def _write(effects: Effects, stored: KeyState, states, timers) -> None:
     """Writes the components of `effects.state` that are not the objects `stored` holds (a
     machine never changes a blob in place, so identity tells what changed), and the timers."""
     new = effects.state
