@@ -454,6 +454,9 @@ def test_a_function_agent_resumes_across_an_escalation(tmp_path):
             Advance(T0 + 1),
             Advance(T0 + DAY + 10),  # the default deadline passes: escalated
             _escalation(T0 + DAY + 20, approved=True),
+            # Its own step: a runner may reorder the elements of one step, and the agent's own
+            # answer resumes it whether or not the escalation was answered.
+            Advance(T0 + DAY + 25),
             answer,
             Advance(T0 + DAY + 30),
         ],
