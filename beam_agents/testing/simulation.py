@@ -104,7 +104,7 @@ class _Note:
 class Simulation:
     """One seed's world; `run()` raises SimulationFailure on a violated invariant."""
 
-    def __init__(self, seed: int, *, steps: int = 60, keys: int = 3) -> None:
+    def __init__(self, seed: int, *, steps: int = 80, keys: int = 3) -> None:
         self.seed = seed
         self.rng = rng = random.Random(seed)
         self.steps = steps
@@ -453,7 +453,7 @@ class Simulation:
                 continue
             elif tag == run_agent.ERRORS:
                 if value.input.WhichOneof("payload") in ("tool_result", "approval"):
-                    self.dead_lettered.add(_answer_bytes(value.input))
+                    self._refused(value)
                 self.dead_lettered.update(_answer_bytes(a) for a in value.answers)
             elif tag == run_agent.COMPLETIONS:
                 done = json.loads(value)
@@ -464,6 +464,19 @@ class Simulation:
                         self.fail(f"visits {done['visits']}, the model says {self.visits[key]}")
             elif tag == run_agent.SNAPSHOTS:
                 self.snapshot = value
+
+    def _refused(self, letter) -> None:
+        """A refused answer is carried by its letter; a genuine one is never refused as
+        forged, nor as computed for other content when it was computed for the intent's."""
+        answer = _answer_bytes(letter.input)
+        self.dead_lettered.add(answer)
+        payload = letter.input.WhichOneof("payload")
+        message = getattr(letter.input, payload)
+        if letter.reason == dl.BAD_ANSWER_SIGNATURE and answer in self.produced:
+            self.fail(f"a genuine {payload} for {message.intent_id} was refused as forged")
+        committed = self.committed_content.get(message.intent_id)
+        if letter.reason == dl.ANSWER_FOR_OTHER_CONTENT and message.intent_digest == committed:
+            self.fail(f"the {payload} for {message.intent_id} was refused for its own content")
 
     def _new_job(self, key: bytes) -> None:
         """Exports the key, starts a new job without its state, restores the snapshot there
