@@ -34,6 +34,7 @@ from beam_agents._protos import (
     AgentEnvelope,
     Continuation,
     ExecutionRecord,
+    MemoryBlob,
     StateSnapshot,
     ToolIntent,
     ToolResult,
@@ -61,6 +62,11 @@ DEAD_CLAIMANT = f"{2**22 + 7}:0:crashed"
 _FAILED = {dl.AGENT_RAISED, dl.AGENT_CONTRACT, dl.LLM_FAILED, dl.MEMORY_BUDGET}
 #: What may end a suspension in an input whose activations all failed.
 _ENDINGS = {dl.RESUME_FAILED, dl.DEADLINE_EXCEEDED}
+_ANSWERS = ("tool_result", "approval")
+
+
+class _Crash(BaseException):
+    """The effector's process dies inside a tool."""
 
 
 class SimulationFailure(BaseException):
@@ -153,8 +159,8 @@ class Simulation:
         self.committed_content: dict[str, bytes] = {}
         self.produced: set[bytes] = set()
         self.forged: set[bytes] = set()
-        #: The intents the effector or the human answered.
-        self.answered: set[str] = set()
+        #: (intent_id, content digest) of every answer of the effector or the human.
+        self.answered: set[tuple[str, bytes]] = set()
         self.reached: set[bytes] = set()
         self.dead_lettered: set[bytes] = set()
         self.visits: collections.Counter = collections.Counter()
@@ -175,7 +181,7 @@ class Simulation:
 
     def _new_effector(self) -> Effector:
         tools = {name: self._tool(name) for name in agents.TOOLS}
-        return Effector(
+        effector = Effector(
             tools,
             mode=VerifyMode.REQUIRE,
             store=self.store,
@@ -183,12 +189,18 @@ class Simulation:
             result_keyring=RESULT_RING,
             clock=lambda: self.now,
         )
+        # Its claims name a process that is gone by the time anyone reads them: effectors here
+        # run one call at a time, and one that crashed must be seen as dead.
+        effector.instance_id = DEAD_CLAIMANT
+        return effector
 
     def _tool(self, name: str):
         def run(args: dict, intent: ToolIntent) -> bytes:
             self.executions[intent.intent_id] += 1
             if self.executions[intent.intent_id] > 1:
                 self.fail(f"tool {name} ran twice for {intent.intent_id}")
+            if self.rng.random() < 0.05:
+                raise _Crash  # the effector process dies while the tool acts
             if name == "flaky":
                 raise ValueError("flaky tool failed")
             return f"{name}:{args['i']}:{args['llm']}".encode()
@@ -228,13 +240,25 @@ class Simulation:
             self.intent_bus.append(data)
             self.effector = self._new_effector()
             return
-        output = self.effector(data)
+        try:
+            output = self.effector(data)
+        except _Crash:
+            self.intent_bus.append(data)
+            self.effector = self._new_effector()
+            return
+        # It dies after its record, before its result is sent. (Not an approval's: the gate
+        # puts an approval before a human once, and a lost one is never sent again.)
+        if output.route is not Route.APPROVAL and self.rng.random() < 0.05:
+            self.intent_bus.append(data)
+            self.effector = self._new_effector()
+            return
         if output.route is Route.DEAD_LETTER:
             self.fail(f"the effector refused {intent.intent_id}: {output.dead_letter.detail}")
         if output.route is Route.APPROVAL:
             self.approval_bus.append(output.approval)
         elif output.result is not None:
-            self.answered.add(intent.intent_id)
+            result = output.result.tool_result
+            self.answered.add((result.intent_id, result.intent_digest))
             self._deliver(output.result)
 
     def _human(self) -> None:
@@ -251,7 +275,7 @@ class Simulation:
             event_time_ms=self.now,
             approval=sign(approval, APPROVAL_RING),
         )
-        self.answered.add(intent.intent_id)
+        self.answered.add((intent.intent_id, approval.intent_digest))
         # The runtime's own escalations are answered to the runtime, not to the agent.
         self._deliver(envelope, produced=intent.tool_name != ESCALATION_TOOL)
         if self.rng.random() < 0.1:  # a human who changes their mind: a second answer
@@ -409,16 +433,32 @@ class Simulation:
                 self.fail(f"the answer to {answer.intent.intent_id} is for other content")
 
     def _check_input(self, item, before, after, outputs, counted) -> None:
-        if item[0] == "E" and AgentEnvelope.FromString(item[1]).HasField("export_request"):
+        envelope = AgentEnvelope.FromString(item[1]) if item[0] == "E" else None
+        if envelope is not None and envelope.HasField("export_request"):
             if before != after:
                 self.fail("an export changed the key's state")
             return
+        if (after[3] is None) != (not after[4]):
+            self.fail("pending intents without a suspension, or a suspension without them")
+        reasons = {value.reason for tag, (_, value) in outputs if tag == run_agent.ERRORS}
+        if before[1] is not None and after[1] is None:
+            idle = MemoryBlob.FromString(before[1]).last_activity_ms + self.config.ttl_ms
+            if item[0] not in ("T", "G") or item[2] < idle:
+                self.fail(f"{item[:2]} wiped the key's memory before its TTL {idle}")
+        if dl.AFTER_DEADLINE in reasons and before[3] is not None:
+            deadline = Continuation.FromString(before[3]).deadline_ms
+            if envelope.event_time_ms <= deadline:
+                self.fail(f"an answer at {envelope.event_time_ms} refused as after {deadline}")
         if "failed_activations" not in counted or "activations" in counted:
             return
         # A failed activation changes nothing but its durable inputs (the answers).
         if before[:3] != after[:3]:
             self.fail(f"a failed activation ({item[:2]}) changed seq, memory or cache")
-        reasons = {value.reason for tag, (_, value) in outputs if tag == run_agent.ERRORS}
+        answer = envelope is not None and envelope.WhichOneof("payload") in _ANSWERS
+        if answer and after[3] is not None:
+            kept = {_answer_bytes(a) for a in Continuation.FromString(after[3]).answers}
+            if _answer_bytes(envelope) not in kept:
+                self.fail("a failed resume dropped the answer that started it")
         if not reasons & _FAILED and dl.RESUME_FAILED not in reasons:
             self.fail(f"a failed activation without its dead letter: {reasons}")
         if after[3] is None:
@@ -496,6 +536,8 @@ class Simulation:
         self.durable[key] = state.Durable()
         self.ghosts[key] = []
         self._bundle(key, [("S", _bytes(first), b"")], faults=False)
+        if self.rng.random() < 0.3:  # delivered twice: refused onto the restored key
+            self._bundle(key, [("S", _bytes(first), b"")], faults=False)
         second = export("after")
         if _bytes(first) != _bytes(second):
             self.fail(f"export, restore, export is lossy:\n{first}\n!=\n{second}")
@@ -570,7 +612,7 @@ class Simulation:
         for key, durable in self.durable.items():
             if "continuation" in durable.blobs:
                 self.fail(f"{key!r} is suspended with no deadline timer")
-        unanswered = set(self.committed_content) - self.answered
+        unanswered = set(self.committed_content.items()) - self.answered
         if unanswered:
             self.fail(f"the effector never answered {sorted(unanswered)}")
         lost = self.produced - self.reached - self.dead_lettered
