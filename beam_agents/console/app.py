@@ -56,7 +56,10 @@ _HEADERS = {
 def _ms(value: int) -> str:
     if not value:
         return "-"
-    moment = datetime.datetime.fromtimestamp(value / 1000, datetime.UTC)
+    try:
+        moment = datetime.datetime.fromtimestamp(value / 1000, datetime.UTC)
+    except (ValueError, OverflowError, OSError):  # beyond year 9999: "never" in practice
+        return f"{value} ms (beyond year 9999)"
     return moment.strftime("%Y-%m-%d %H:%M:%S.%f")[:-3] + " UTC"
 
 
