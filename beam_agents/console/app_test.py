@@ -69,8 +69,12 @@ def test_the_session_cookie_is_secure_httponly_and_samesite(console):
     url, *_ = console
     browser = Browser(url)
     page = browser.get("/login")
-    reply = browser.post("/login", {"csrf": page.csrf(), "user": "alice", "password": "correct horse battery staple"})  # noqa: E501
-    (cookie,) = [c for c in reply.headers.get_all("Set-Cookie") if c.startswith(SESSION_COOKIE + "=")]
+    reply = browser.post(
+        "/login", {"csrf": page.csrf(), "user": "alice", "password": "correct horse battery staple"}
+    )
+    (cookie,) = [
+        c for c in reply.headers.get_all("Set-Cookie") if c.startswith(SESSION_COOKIE + "=")
+    ]
     flags = {part.strip().lower() for part in cookie.split(";")}
     assert {"secure", "httponly", "samesite=strict", "path=/"} <= flags
     assert browser.get("/").status == 200
@@ -127,7 +131,7 @@ def test_a_post_without_the_sessions_csrf_token_is_refused(console, token):
 
 
 def test_an_approvers_decision_is_produced_once_and_shown(console):
-    url, bus, recorder, _ = console
+    url, _, recorder, _ = console
     browser = _signed_in(url, "alice")
     page = browser.get("/approvals/a-1")
     assert "Refund 42.00 EUR to customer c-1?" in page.text
@@ -148,7 +152,7 @@ def test_an_approvers_decision_is_produced_once_and_shown(console):
 
 
 def test_an_expired_approval_is_refused_with_a_message(console):
-    url, bus, recorder, clock = console
+    url, bus, _, clock = console
     bus.inbox.receive(approval_intent("a-2", expires_at_ms=NOW + 10).SerializeToString())
     browser = _signed_in(url, "alice")
     page = browser.get("/approvals/a-2")
@@ -174,7 +178,13 @@ def test_script_in_a_question_a_memory_value_or_a_key_is_shown_escaped(console):
     snapshot.memory.entries.add(key=SCRIPT, value=SCRIPT.encode())
     bus.observations.add_snapshot(snapshot.SerializeToString())
     browser = _signed_in(url, "alice")
-    for path in ("/", "/approvals/a-x", f"/agents/{key.hex()}", f"/fragments/agents/{key.hex()}", "/agents"):  # noqa: E501
+    for path in (
+        "/",
+        "/approvals/a-x",
+        f"/agents/{key.hex()}",
+        f"/fragments/agents/{key.hex()}",
+        "/agents",
+    ):
         page = browser.get(path)
         assert page.status == 200
         assert SCRIPT not in page.text, path
@@ -185,7 +195,9 @@ def test_script_in_a_question_a_memory_value_or_a_key_is_shown_escaped(console):
 def test_every_list_pages(console):
     url, bus, *_ = console
     for number in range(24):
-        bus.inbox.receive(approval_intent(f"b-{number:02}", created_at_ms=2_000 + number).SerializeToString())  # noqa: E501
+        bus.inbox.receive(
+            approval_intent(f"b-{number:02}", created_at_ms=2_000 + number).SerializeToString()
+        )
     browser = _signed_in(url, "alice")
     first, second = browser.get("/"), browser.get("/?page=2")
     assert first.text.count('class="approvable"') == 20
@@ -209,14 +221,18 @@ def test_dead_letters_filter_by_reason(console):
 def test_the_viewer_draws_an_activations_spans_as_bars(console):
     url, bus, *_ = console
     topics = Topics("loop")
-    root = TraceEvent(trace_id=b"t" * 16, span_id=b"r" * 8, entity_key=b"c-1", seq=3,
-                      event_type=TraceEvent.ACTIVATION_START, start_ms=NOW, end_ms=NOW + 400)  # fmt: skip
-    child = TraceEvent(trace_id=b"t" * 16, span_id=b"c" * 8, parent_span_id=b"r" * 8,
-                       entity_key=b"c-1", seq=3, event_type=TraceEvent.LLM_CALL,
-                       attributes={"gen_ai.request.model": "m-1"},
-                       start_ms=NOW + 100, end_ms=NOW + 350)  # fmt: skip
+    common = {"trace_id": b"t" * 16, "entity_key": b"c-1", "seq": 3}
+    root = TraceEvent(
+        span_id=b"r" * 8, event_type=TraceEvent.ACTIVATION_START, start_ms=NOW, end_ms=NOW + 400,
+        **common,
+    )  # fmt: skip
+    child = TraceEvent(
+        span_id=b"c" * 8, parent_span_id=b"r" * 8, event_type=TraceEvent.LLM_CALL,
+        attributes={"gen_ai.request.model": "m-1"}, start_ms=NOW + 100, end_ms=NOW + 350,
+        **common,
+    )  # fmt: skip
     for event in (root, child):
         bus.handle(topics.traces, event.SerializeToString())
     page = _signed_in(url, "vera").get(f"/agents/{b'c-1'.hex()}").text
-    assert page.count('<rect class="bar') == 2 and page.count('<line class="link"') == 1
+    assert page.count('<rect class="bar') == 2 and page.count('<line class="link"') == 2
     assert "llm_call m-1" in page and "250 ms" in page and "activation seq 3" in page

@@ -101,9 +101,7 @@ def test_two_console_processes_on_one_file_make_one_decision(tmp_path, clock):
         start.wait()
         made.append(_decide(bus, approved=approved)[1])
 
-    threads = [
-        threading.Thread(target=click, args=(buses[i % 2], i % 2 == 0)) for i in range(8)
-    ]
+    threads = [threading.Thread(target=click, args=(buses[i % 2], i % 2 == 0)) for i in range(8)]
     for thread in threads:
         thread.start()
     for thread in threads:
@@ -145,7 +143,16 @@ def test_a_decision_the_broker_did_not_acknowledge_is_produced_on_restart_once(t
         (VerifyMode.REQUIRE, approval_intent(ring=None), False),
         (VerifyMode.PERMISSIVE, approval_intent(ring=None), True),
         (VerifyMode.PERMISSIVE, approval_intent(ring=Keyring({"x": b"y" * 32}, active="x")), False),
-        (VerifyMode.REQUIRE, ToolIntent(**{**{f.name: v for f, v in approval_intent(ring=None).ListFields()}, "kind": ToolIntent.TOOL}), False),  # noqa: E501
+        (
+            VerifyMode.REQUIRE,
+            ToolIntent(
+                **{
+                    **{f.name: v for f, v in approval_intent(ring=None).ListFields()},
+                    "kind": ToolIntent.TOOL,
+                }
+            ),
+            False,
+        ),
     ],
     ids=["signed", "unsigned-require", "unsigned-permissive", "unknown-key", "tool-kind"],
 )
