@@ -11,6 +11,8 @@
     beam-agents effector-service --bootstrap-servers HOST:PORT --topic-prefix PREFIX
         --store FILE --tools MODULE:NAME [--keyring MODULE:NAME] [--result-keyring MODULE:NAME]
         [--mode MODE]
+    beam-agents console --bus=kafka --config FILE
+    beam-agents console hash-password
 
 `demo` runs the support-triage agent end to end on local Beam pipelines (RunAgent,
 ExecuteIntents, a scripted approver), with no network and no keys, and prints an account of
@@ -46,6 +48,11 @@ the Keyring that verifies intents (required unless --mode off), --result-keyring
 key signs every result. It prints one line to stderr
 when it serves. Exit codes: 0 stopped by a signal; 1 stopped by a failure (the broker, the
 store), named, with the intent it was serving left uncommitted; 2 usage error.
+
+`console` serves the approvals inbox and agent viewer of a Kafka loop in the browser
+(beam_agents.console; the beam-agents[console] extra), configured by a TOML file of the loop's
+topics, its keys and its users; `console hash-password` prints the argon2id hash of a password
+read from standard input. Exit codes: 0 stopped; 2 a configuration error, named.
 
 `dry-run` is the pre-deploy check: it reads every regular file under DIR (dot-named ones
 included) as one exported StateSnapshot and reports, for the envelope and each blob inside, its
@@ -118,6 +125,13 @@ def _demo(args: argparse.Namespace) -> int:
     from beam_agents.demo import main as demo_main
 
     return demo_main(args.pipeline_args)
+
+
+def _console(args: argparse.Namespace) -> int:
+    # Deferred: the console needs the beam-agents[console] extra, which nothing else needs.
+    from beam_agents.console.service import main as console_main
+
+    return console_main(args.pipeline_args)
 
 
 def _effector_service(args: argparse.Namespace) -> int:
@@ -358,6 +372,11 @@ def _parser() -> argparse.ArgumentParser:
         "--group-id", default="beam-agents-effector", help="the Kafka consumer group"
     )
     service.set_defaults(run=_effector_service)
+    console = commands.add_parser(
+        "console", help="serve the approvals inbox and agent viewer of a Kafka loop", add_help=False
+    )
+    # Its own options (beam_agents.console.service.main) are whatever follows `console`.
+    console.set_defaults(run=_console, takes_pipeline_options=True)
     return parser
 
 

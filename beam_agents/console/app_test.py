@@ -1,0 +1,238 @@
+"""The console over real HTTP on 127.0.0.1: nobody gets past the sign-in page without a
+session, a viewer cannot decide, a post without the session's CSRF token is refused, sign-in is
+rate-limited, an approver's decision is produced once, and text from the loop is escaped."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from beam_agents._protos import AgentEnvelope, StateSnapshot, TraceEvent
+from beam_agents.console.app import SESSION_COOKIE, create_app
+from beam_agents.console.auth import MAX_FAILURES
+from beam_agents.console.service import serving
+from beam_agents.console.testing import Browser, Recorder, approval_intent, make_bus
+from beam_agents.kafka_bus import Topics
+from beam_agents.runtime.dead_letters import error_record, to_envelope
+from beam_agents.testing.clock import ManualClock
+
+NOW = 1_000_000
+SCRIPT = "<script>alert(1)</script>"
+
+
+@pytest.fixture
+def console(tmp_path):
+    clock = ManualClock(NOW)
+    recorder = Recorder()
+    bus, auth = make_bus(tmp_path / "console.sqlite", recorder, clock)
+    bus.inbox.receive(approval_intent().SerializeToString(deterministic=True))
+    recorder.records.clear()  # the export request a new approval asks for
+    with serving(create_app(bus, auth, clock=clock)) as url:
+        yield url, bus, recorder, clock
+
+
+def _signed_in(url, user):
+    browser = Browser(url)
+    reply = browser.sign_in(user)
+    assert reply.status == 303, reply.text
+    return browser
+
+
+PAGES = ["/", "/fragments/inbox", "/approvals/a-1", "/agents", "/agents/632d31",
+         "/fragments/agents/632d31", "/dead-letters", "/audit"]  # fmt: skip
+
+
+@pytest.mark.parametrize("path", PAGES)
+def test_an_anonymous_request_is_sent_to_the_login_page(console, path):
+    url, *_ = console
+    reply = Browser(url).get(path)
+    assert reply.status == 303 and reply.headers["Location"] == "/login"
+    assert "Refund" not in reply.text
+
+
+@pytest.mark.parametrize("path", ["/approvals/a-1", "/logout", "/agents/632d31/export"])
+def test_an_anonymous_post_is_refused(console, path):
+    url, bus, recorder, _ = console
+    reply = Browser(url).post(path, {"decision": "approve", "csrf": "x"})
+    assert reply.status == 401
+    assert bus.inbox.decision("a-1") is None and recorder.records == []
+
+
+def test_the_login_page_is_the_one_page_an_anonymous_user_sees(console):
+    url, *_ = console
+    reply = Browser(url).get("/login")
+    assert reply.status == 200 and 'name="password"' in reply.text
+
+
+def test_the_session_cookie_is_secure_httponly_and_samesite(console):
+    url, *_ = console
+    browser = Browser(url)
+    page = browser.get("/login")
+    reply = browser.post(
+        "/login", {"csrf": page.csrf(), "user": "alice", "password": "correct horse battery staple"}
+    )
+    (cookie,) = [
+        c for c in reply.headers.get_all("Set-Cookie") if c.startswith(SESSION_COOKIE + "=")
+    ]
+    flags = {part.strip().lower() for part in cookie.split(";")}
+    assert {"secure", "httponly", "samesite=strict", "path=/"} <= flags
+    assert browser.get("/").status == 200
+
+
+def test_a_wrong_password_and_an_unknown_user_are_refused_alike(console):
+    url, *_ = console
+    for user, password in (("alice", "wrong"), ("mallory", "correct horse battery staple")):
+        browser = Browser(url)
+        page = browser.get("/login")
+        reply = browser.post("/login", {"csrf": page.csrf(), "user": user, "password": password})
+        assert reply.status == 401 and "Wrong user name or password" in reply.text
+        assert SESSION_COOKIE not in browser.cookies
+        assert browser.get("/").status == 303
+
+
+def test_sign_in_is_rate_limited_even_for_the_right_password(console):
+    url, *_ = console
+    browser = Browser(url)
+    for _ in range(MAX_FAILURES):
+        assert browser.sign_in("alice", "wrong").status == 401
+    reply = browser.sign_in("alice")
+    assert reply.status == 429 and SESSION_COOKIE not in browser.cookies
+
+
+def test_a_login_post_without_its_form_token_is_refused(console):
+    url, *_ = console
+    browser = Browser(url)
+    browser.get("/login")
+    reply = browser.post("/login", {"user": "alice", "password": "correct horse battery staple"})
+    assert reply.status == 403 and SESSION_COOKIE not in browser.cookies
+
+
+def test_a_viewers_approve_is_forbidden(console):
+    url, bus, recorder, _ = console
+    browser = _signed_in(url, "vera")
+    page = browser.get("/approvals/a-1")
+    assert page.status == 200 and 'id="approve"' not in page.text
+    reply = browser.post("/approvals/a-1", {"csrf": page.csrf(), "decision": "approve"})
+    assert reply.status == 403 and "only approvers may decide" in reply.text
+    assert bus.inbox.decision("a-1") is None and recorder.records == []
+
+
+@pytest.mark.parametrize("token", [None, "", "forged"])
+def test_a_post_without_the_sessions_csrf_token_is_refused(console, token):
+    url, bus, recorder, _ = console
+    browser = _signed_in(url, "alice")
+    form = {"decision": "approve"}
+    if token is not None:
+        form["csrf"] = token
+    reply = browser.post("/approvals/a-1", form)
+    assert reply.status == 403 and "CSRF" in reply.text
+    assert bus.inbox.decision("a-1") is None and recorder.records == []
+
+
+def test_an_approvers_decision_is_produced_once_and_shown(console):
+    url, _, recorder, _ = console
+    browser = _signed_in(url, "alice")
+    page = browser.get("/approvals/a-1")
+    assert "Refund 42.00 EUR to customer c-1?" in page.text
+    form = {"csrf": page.csrf(), "decision": "approve", "comment": "checked the charge"}
+    reply = browser.post("/approvals/a-1", form)
+    assert reply.status == 303
+    shown = browser.get("/approvals/a-1").text
+    assert re.search(r"Approved by alice at .*: checked the charge", shown)
+    # The same form posted again (a double click, a replay) decides nothing new.
+    again = browser.post("/approvals/a-1", form)
+    assert again.status == 409 and "Already decided" in again.text
+    (data,) = recorder.on("loop.events")
+    assert AgentEnvelope.FromString(data).approval.approver == "alice"
+    (trace,) = [TraceEvent.FromString(v) for v in recorder.on("loop.traces")]
+    assert trace.attributes["beam_agents.approval.address"] == "127.0.0.1"
+    assert trace.attributes["beam_agents.approval.comment"] == "checked the charge"
+    assert "Nothing is waiting" in browser.get("/").text
+
+
+def test_an_expired_approval_is_refused_with_a_message(console):
+    url, bus, _, clock = console
+    bus.inbox.receive(approval_intent("a-2", expires_at_ms=NOW + 10).SerializeToString())
+    browser = _signed_in(url, "alice")
+    page = browser.get("/approvals/a-2")
+    clock.advance(10)
+    reply = browser.post("/approvals/a-2", {"csrf": page.csrf(), "decision": "decline"})
+    assert reply.status == 409 and "expired" in reply.text
+    assert bus.inbox.decision("a-2") is None
+
+
+def test_the_audit_log_is_for_admins(console):
+    url, bus, *_ = console
+    bus.decide("a-1", approved=False, user="alice", comment="no", address="10.1.2.3")
+    assert _signed_in(url, "alice").get("/audit").status == 403
+    page = _signed_in(url, "ada").get("/audit")
+    assert page.status == 200 and "decline" in page.text and "10.1.2.3" in page.text
+
+
+def test_script_in_a_question_a_memory_value_or_a_key_is_shown_escaped(console):
+    url, bus, *_ = console
+    key = f"k{SCRIPT}".encode()
+    bus.inbox.receive(approval_intent("a-x", key=key, question=SCRIPT).SerializeToString())
+    snapshot = StateSnapshot(entity_key=key, snapshot_at_ms=NOW)
+    snapshot.memory.entries.add(key=SCRIPT, value=SCRIPT.encode())
+    bus.observations.add_snapshot(snapshot.SerializeToString())
+    browser = _signed_in(url, "alice")
+    for path in (
+        "/",
+        "/approvals/a-x",
+        f"/agents/{key.hex()}",
+        f"/fragments/agents/{key.hex()}",
+        "/agents",
+    ):
+        page = browser.get(path)
+        assert page.status == 200
+        assert SCRIPT not in page.text, path
+        assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page.text, path
+    assert "script-src 'self'" in page.headers["Content-Security-Policy"]
+
+
+def test_every_list_pages(console):
+    url, bus, *_ = console
+    for number in range(24):
+        bus.inbox.receive(
+            approval_intent(f"b-{number:02}", created_at_ms=2_000 + number).SerializeToString()
+        )
+    browser = _signed_in(url, "alice")
+    first, second = browser.get("/"), browser.get("/?page=2")
+    assert first.text.count('class="approvable"') == 20
+    assert second.text.count('class="approvable"') == 5
+    assert "page 2 of 2 (25 in all)" in second.text and "b-23" in second.text
+
+
+def test_dead_letters_filter_by_reason(console):
+    url, bus, *_ = console
+    topics = Topics("loop")
+    for reason, key in (("unknown_intent", b"k-1"), ("after_deadline", b"k-2")):
+        letter = to_envelope(error_record(key, reason, f"detail of {reason}", NOW))
+        bus.handle(topics.dead_letters, letter.SerializeToString())
+    browser = _signed_in(url, "vera")
+    everything = browser.get("/dead-letters").text
+    assert "detail of unknown_intent" in everything and "detail of after_deadline" in everything
+    filtered = browser.get("/dead-letters?reason=after_deadline").text
+    assert "detail of after_deadline" in filtered and "detail of unknown_intent" not in filtered
+
+
+def test_the_viewer_draws_an_activations_spans_as_bars(console):
+    url, bus, *_ = console
+    topics = Topics("loop")
+    common = {"trace_id": b"t" * 16, "entity_key": b"c-1", "seq": 3}
+    root = TraceEvent(
+        span_id=b"r" * 8, event_type=TraceEvent.ACTIVATION_START, start_ms=NOW, end_ms=NOW + 400,
+        **common,
+    )  # fmt: skip
+    child = TraceEvent(
+        span_id=b"c" * 8, parent_span_id=b"r" * 8, event_type=TraceEvent.LLM_CALL,
+        attributes={"gen_ai.request.model": "m-1"}, start_ms=NOW + 100, end_ms=NOW + 350,
+        **common,
+    )  # fmt: skip
+    for event in (root, child):
+        bus.handle(topics.traces, event.SerializeToString())
+    page = _signed_in(url, "vera").get(f"/agents/{b'c-1'.hex()}").text
+    assert page.count('<rect class="bar') == 2 and page.count('<line class="link"') == 2
+    assert "llm_call m-1" in page and "250 ms" in page and "activation seq 3" in page

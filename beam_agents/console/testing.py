@@ -1,0 +1,167 @@
+"""Test support for the console: keys, signed APPROVAL intents, a publisher that records what
+the console produces, and an HTTP client that speaks to a console on 127.0.0.1 the way a
+browser does (cookies, the CSRF token from the page) with the standard library only."""
+
+from __future__ import annotations
+
+import dataclasses
+import http.client
+import re
+import urllib.parse
+from collections.abc import Iterable
+from pathlib import Path
+
+from beam_agents._protos import ToolIntent
+from beam_agents.console.auth import Auth, hash_password
+from beam_agents.console.bus import ConsoleBus
+from beam_agents.console.config import Role, User
+from beam_agents.console.db import Database
+from beam_agents.console.inbox import Inbox
+from beam_agents.console.observed import Observations
+from beam_agents.core.intent import canonical_args_json
+from beam_agents.core.signing import Keyring, sign
+from beam_agents.effector import VerifyMode
+from beam_agents.kafka_bus import KafkaBusError, Topics
+from beam_agents.testing.samples import TRACE_ID
+
+__all__ = [
+    "APPROVALS_RING",
+    "INTENT_RING",
+    "PASSWORD",
+    "USERS",
+    "Browser",
+    "Recorder",
+    "approval_intent",
+    "make_bus",
+]
+
+INTENT_RING = Keyring(
+    {"intents-1": b"intent key of the console tests, 32+ bytes"}, active="intents-1"
+)
+APPROVALS_RING = Keyring(
+    {"approvals-1": b"approvals key of the console tests, 32+ bytes"}, active="approvals-1"
+)
+PASSWORD = "correct horse battery staple"
+_HASH = hash_password(PASSWORD)
+USERS = {
+    name: User(name, role, _HASH)
+    for name, role in (("vera", Role.VIEWER), ("alice", Role.APPROVER), ("ada", Role.ADMIN))
+}
+
+
+def approval_intent(
+    intent_id: str = "a-1",
+    *,
+    key: bytes = b"c-1",
+    question: str = "Refund 42.00 EUR to customer c-1?",
+    created_at_ms: int = 1_000,
+    expires_at_ms: int = 2**62,
+    ring: Keyring | None = INTENT_RING,
+) -> ToolIntent:
+    """An APPROVAL intent asking `question`, signed with `ring` (unsigned for None)."""
+    intent = ToolIntent(
+        intent_id=intent_id,
+        entity_key=key,
+        seq=3,
+        step_index=1,
+        tool_name="human.approval",
+        args_json=canonical_args_json({"amount": 42, "question": question}),
+        created_at_ms=created_at_ms,
+        expires_at_ms=expires_at_ms,
+        kind=ToolIntent.APPROVAL,
+        trace_id=TRACE_ID,
+    )
+    return intent if ring is None else sign(intent, ring)
+
+
+class Recorder:
+    """A publisher that keeps what it was given; `fail` makes it refuse like a broker that does
+    not acknowledge."""
+
+    def __init__(self) -> None:
+        self.records: list[tuple[str, bytes, bytes, int]] = []
+        self.fail = False
+
+    def __call__(self, records: Iterable) -> None:
+        records = list(records)
+        if self.fail:
+            raise KafkaBusError("records not acknowledged: the test broker is down")
+        for topic, key, value, at in records:
+            if not isinstance(value, bytes):
+                value = value.SerializeToString(deterministic=True)
+            self.records.append((topic, key, value, at))
+
+    def on(self, topic: str) -> list[bytes]:
+        return [value for t, _, value, _ in self.records if t == topic]
+
+
+def make_bus(
+    path: Path, publish, clock, *, mode: VerifyMode = VerifyMode.REQUIRE
+) -> tuple[ConsoleBus, Auth]:
+    """A console's bus and auth over the SQLite file `path`, as `service.build` makes them."""
+    db = Database(path)
+    inbox = Inbox(
+        db,
+        mode=mode,
+        intent_keyring=INTENT_RING,
+        approvals_keyring=APPROVALS_RING,
+        clock=clock,
+    )
+    bus = ConsoleBus(inbox, Observations(db, clock=clock), Topics("loop"), publish, clock=clock)
+    return bus, Auth(db, USERS, clock=clock)
+
+
+@dataclasses.dataclass
+class Reply:
+    status: int
+    headers: http.client.HTTPMessage
+    text: str
+
+    def csrf(self) -> str:
+        match = re.search(r'name="csrf" value="([^"]+)"', self.text)
+        assert match, f"no CSRF token in the page:\n{self.text[:2000]}"
+        return match.group(1)
+
+
+class Browser:
+    """Real HTTP to a console; keeps cookies by name (Secure ones too: the console is on
+    127.0.0.1, which browsers treat as a secure origin)."""
+
+    def __init__(self, base_url: str) -> None:
+        parsed = urllib.parse.urlsplit(base_url)
+        self._host, self._port = parsed.hostname, parsed.port
+        self.cookies: dict[str, str] = {}
+
+    def request(self, method: str, path: str, form: dict | None = None) -> Reply:
+        connection = http.client.HTTPConnection(self._host, self._port, timeout=30)
+        headers = {}
+        if self.cookies:
+            headers["Cookie"] = "; ".join(f"{k}={v}" for k, v in self.cookies.items())
+        body = None
+        if form is not None:
+            body = urllib.parse.urlencode(form)
+            headers["Content-Type"] = "application/x-www-form-urlencoded"
+        try:
+            connection.request(method, path, body=body, headers=headers)
+            response = connection.getresponse()
+            text = response.read().decode("utf-8")
+        finally:
+            connection.close()
+        for header in response.headers.get_all("Set-Cookie") or []:
+            name, _, rest = header.partition("=")
+            value = rest.split(";", 1)[0]
+            if value in ("", '""') or "max-age=0" in header.lower():
+                self.cookies.pop(name, None)
+            else:
+                self.cookies[name] = value
+        return Reply(response.status, response.headers, text)
+
+    def get(self, path: str) -> Reply:
+        return self.request("GET", path)
+
+    def post(self, path: str, form: dict) -> Reply:
+        return self.request("POST", path, form)
+
+    def sign_in(self, user: str, password: str = PASSWORD) -> Reply:
+        page = self.get("/login")
+        return self.post("/login", {"csrf": page.csrf(), "user": user, "password": password})
