@@ -153,6 +153,8 @@ class Simulation:
         self.ghosts: dict[bytes, list] = {key: [] for key in self.keys}
         self.intent_bus: list[bytes] = []
         self.approval_bus: list[ToolIntent] = []
+        #: The approvals channel's recorded decision per intent_id.
+        self.decisions: dict[str, AgentEnvelope] = {}
         self.note = _Note()
         # The reference model.
         self.executions: collections.Counter = collections.Counter()
@@ -246,15 +248,15 @@ class Simulation:
             self.intent_bus.append(data)
             self.effector = self._new_effector()
             return
-        # It dies after its record, before its result is sent. (Not an approval's: the gate
-        # puts an approval before a human once, and a lost one is never sent again.)
-        if output.route is not Route.APPROVAL and self.rng.random() < 0.05:
+        # It dies after its record, before its result or approval request is acknowledged: the
+        # redelivered copy must send the recorded output again.
+        if self.rng.random() < 0.05:
             self.intent_bus.append(data)
             self.effector = self._new_effector()
             return
         if output.route is Route.DEAD_LETTER:
             self.fail(f"the effector refused {intent.intent_id}: {output.dead_letter.detail}")
-        if output.route is Route.APPROVAL:
+        if output.approval is not None:  # put before a human, or sent again on a redelivery
             self.approval_bus.append(output.approval)
         elif output.result is not None:
             result = output.result.tool_result
@@ -263,6 +265,12 @@ class Simulation:
 
     def _human(self) -> None:
         intent = self.approval_bus.pop(self.rng.randrange(len(self.approval_bus)))
+        decided = self.decisions.get(intent.intent_id)
+        if decided is not None:
+            # The approvals channel dedupes by intent_id: a request sent again gets the
+            # recorded decision again.
+            self._deliver(decided, produced=intent.tool_name != ESCALATION_TOOL)
+            return
         approval = AgentEnvelope.Approval(
             intent_id=intent.intent_id,
             approved=self.rng.random() < 0.7,
@@ -276,6 +284,7 @@ class Simulation:
             approval=sign(approval, APPROVAL_RING),
         )
         self.answered.add((intent.intent_id, approval.intent_digest))
+        self.decisions[intent.intent_id] = envelope
         # The runtime's own escalations are answered to the runtime, not to the agent.
         self._deliver(envelope, produced=intent.tool_name != ESCALATION_TOOL)
         if self.rng.random() < 0.1:  # a human who changes their mind: a second answer
