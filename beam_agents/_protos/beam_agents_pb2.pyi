@@ -10,7 +10,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class MemoryBlob(_message.Message):
-    __slots__ = ("state_schema_version", "entries", "total_value_bytes", "recent_events", "last_activity_ms")
+    __slots__ = ("state_schema_version", "entries", "total_value_bytes", "event_marks", "last_activity_ms")
     class MemoryEntry(_message.Message):
         __slots__ = ("key", "value", "last_access_ms")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -20,24 +20,17 @@ class MemoryBlob(_message.Message):
         value: bytes
         last_access_ms: int
         def __init__(self, key: _Optional[str] = ..., value: _Optional[bytes] = ..., last_access_ms: _Optional[int] = ...) -> None: ...
-    class EventMark(_message.Message):
-        __slots__ = ("digest", "seen_at_ms")
-        DIGEST_FIELD_NUMBER: _ClassVar[int]
-        SEEN_AT_MS_FIELD_NUMBER: _ClassVar[int]
-        digest: bytes
-        seen_at_ms: int
-        def __init__(self, digest: _Optional[bytes] = ..., seen_at_ms: _Optional[int] = ...) -> None: ...
     STATE_SCHEMA_VERSION_FIELD_NUMBER: _ClassVar[int]
     ENTRIES_FIELD_NUMBER: _ClassVar[int]
     TOTAL_VALUE_BYTES_FIELD_NUMBER: _ClassVar[int]
-    RECENT_EVENTS_FIELD_NUMBER: _ClassVar[int]
+    EVENT_MARKS_FIELD_NUMBER: _ClassVar[int]
     LAST_ACTIVITY_MS_FIELD_NUMBER: _ClassVar[int]
     state_schema_version: int
     entries: _containers.RepeatedCompositeFieldContainer[MemoryBlob.MemoryEntry]
     total_value_bytes: int
-    recent_events: _containers.RepeatedCompositeFieldContainer[MemoryBlob.EventMark]
+    event_marks: bytes
     last_activity_ms: int
-    def __init__(self, state_schema_version: _Optional[int] = ..., entries: _Optional[_Iterable[_Union[MemoryBlob.MemoryEntry, _Mapping]]] = ..., total_value_bytes: _Optional[int] = ..., recent_events: _Optional[_Iterable[_Union[MemoryBlob.EventMark, _Mapping]]] = ..., last_activity_ms: _Optional[int] = ...) -> None: ...
+    def __init__(self, state_schema_version: _Optional[int] = ..., entries: _Optional[_Iterable[_Union[MemoryBlob.MemoryEntry, _Mapping]]] = ..., total_value_bytes: _Optional[int] = ..., event_marks: _Optional[bytes] = ..., last_activity_ms: _Optional[int] = ...) -> None: ...
 
 class ToolIntent(_message.Message):
     __slots__ = ("intent_id", "entity_key", "seq", "step_index", "tool_name", "args_json", "created_at_ms", "expires_at_ms", "attempt", "kind", "trace_id", "signature_scheme", "signing_key_id", "signature")

@@ -16,7 +16,7 @@ with it: a resume that fails keeps every answer, dead-letters the failure (with 
 and is tried again on the deadline timer (`retry_at_ms`, backoff per RuntimeConfig); only when
 its retries are spent is the suspension ended, its answers inside a `resume_failed` dead letter.
 An intent that has an answer is never presented as EXPIRED. An accepted external event is
-marked in the key's MemoryBlob (`recent_events`, a digest of its time and bytes, and of a
+marked in the key's MemoryBlob (`event_marks`, a digest of its time and bytes, and of a
 transport's idempotency key), so a copy within `dedupe_window_ms` does nothing; events for a
 suspended key wait in the Continuation's mailbox and run in event-time order when it ends.
 
@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import struct
 from collections.abc import Iterable
 
 from beam_agents._protos import (
@@ -128,14 +129,43 @@ class Effects:
 
 
 def event_digests(envelope: AgentEnvelope, idempotency_key: bytes = b"") -> list[bytes]:
-    """What marks an external event as seen: its time and bytes, and a transport's
-    idempotency key where it has one."""
+    """What marks an external event as seen (16 bytes each): its time and bytes, and a
+    transport's idempotency key where it has one."""
     digests = [
         hashlib.sha256(b"event|%d|" % envelope.event_time_ms + envelope.external_event).digest()
     ]
     if idempotency_key:
         digests.append(hashlib.sha256(b"idempotency|" + idempotency_key).digest())
-    return digests
+    return [d[:_DIGEST] for d in digests]
+
+
+# MemoryBlob.event_marks: 24-byte marks, the time (8 bytes, big-endian) and the digest.
+_DIGEST = 16
+_MARK = 8 + _DIGEST
+_TIME = struct.Struct(">q")
+
+
+def _seen(marks: bytes, digest: bytes) -> bool:
+    """Whether `digest` is one of the marks' digests (a match must sit at a mark's digest)."""
+    at = marks.find(digest, 8)
+    while at != -1:
+        if at % _MARK == 8:
+            return True
+        at = marks.find(digest, at + 1)
+    return False
+
+
+def _first_after(marks: bytes, horizon: int) -> int:
+    """The byte offset of the first mark made at or after `horizon` (marks are in time
+    order)."""
+    low, high = 0, len(marks) // _MARK
+    while low < high:
+        middle = (low + high) // 2
+        if _TIME.unpack_from(marks, middle * _MARK)[0] < horizon:
+            low = middle + 1
+        else:
+            high = middle
+    return low * _MARK
 
 
 class _Work:
@@ -382,15 +412,16 @@ class KeyMachine:
         blob.state_schema_version = self._version
         latest = max(blob.last_activity_ms, now)
         blob.last_activity_ms = latest
-        for digest in digests:
-            blob.recent_events.add(digest=digest, seen_at_ms=latest)
-        horizon = latest - self._config.dedupe_window_ms
-        keep = [m for m in blob.recent_events if m.seen_at_ms >= horizon]
-        keep = keep[max(0, len(keep) - self._config.dedupe_max_events) :]
-        if len(keep) != len(blob.recent_events):
-            kept = [MemoryBlob.EventMark(digest=m.digest, seen_at_ms=m.seen_at_ms) for m in keep]
-            del blob.recent_events[:]
-            blob.recent_events.extend(kept)
+        marks = blob.event_marks
+        if digests or marks:
+            config = self._config
+            stamp = _TIME.pack(latest)
+            marks += b"".join(stamp + digest for digest in digests)
+            start = max(
+                _first_after(marks, latest - config.dedupe_window_ms),
+                len(marks) - config.dedupe_max_events * _MARK,
+            )
+            blob.event_marks = marks[start:]
         return blob
 
     # -- external events --------------------------------------------------------------------
@@ -399,8 +430,8 @@ class KeyMachine:
         now = envelope.event_time_ms
         state = work.state
         digests = event_digests(envelope, idempotency_key)
-        seen = {m.digest for m in state.memory.recent_events} if state.memory else set()
-        if any(d in seen for d in digests):
+        marks = state.memory.event_marks if state.memory is not None else b""
+        if any(_seen(marks, d) for d in digests):
             work.count("duplicate_events")
             return
         suspended = state.continuation

@@ -364,6 +364,18 @@ def test_the_same_event_twice_runs_once_within_the_dedupe_window():
     assert h.values("completions") == [b"echo a", b"echo b", b"echo c", b"echo a"]
 
 
+def test_dedupe_marks_stay_within_their_count_and_window():
+    h = Harness(echo, config=RuntimeConfig(dedupe_window_ms=1000, dedupe_max_events=3))
+    for n in range(5):
+        h.send(event(T0 + n, b"e%d" % n))
+    assert len(h.memory.event_marks) == 3 * 24  # the three latest
+    h.send(event(T0 + 1, b"e1"))  # forgotten by count: runs again
+    h.send(event(T0 + 4, b"e4"))  # remembered
+    assert h.values("completions")[-1] == b"echo e1" and len(h.values("completions")) == 6
+    h.send(event(T0 + 5000, b"later"))
+    assert len(h.memory.event_marks) == 24  # the window dropped the rest
+
+
 def test_a_transport_idempotency_key_dedupes_copies_whose_bytes_differ():
     h = Harness(echo)
     h.send(event(T0, b"a"), idempotency_key=b"kafka:events/0@17")
