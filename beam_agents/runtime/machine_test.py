@@ -576,3 +576,12 @@ def test_a_memory_total_that_drops_to_zero_is_written_as_zero():
     assert h.memory.total_value_bytes == 5
     h.send(event(T0 + 1, b"delete"))
     assert h.memory.total_value_bytes == 0 and list(h.memory.entries) == []
+
+
+def test_a_digest_matches_only_where_a_mark_holds_one():
+    from beam_agents.runtime.machine import _seen
+
+    digest = bytes(range(16))
+    straddling = b"\x00" * 4 + digest + b"\x00" * 4  # inside one mark's time and digest
+    assert not _seen(straddling, digest)
+    assert _seen(straddling + b"\x00" * 8 + digest, digest)
