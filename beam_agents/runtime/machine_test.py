@@ -582,6 +582,6 @@ def test_a_digest_matches_only_where_a_mark_holds_one():
     from beam_agents.runtime.machine import _seen
 
     digest = bytes(range(16))
-    straddling = b"\x00" * 4 + digest + b"\x00" * 4  # inside one mark's time and digest
+    straddling = b"\x00" * 12 + digest + b"\x00" * 20  # across two marks' digests
     assert not _seen(straddling, digest)
-    assert _seen(straddling + b"\x00" * 8 + digest, digest)
+    assert _seen(straddling + b"\x00" * 8 + digest, digest)  # the third mark's
