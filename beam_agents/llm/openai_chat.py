@@ -20,8 +20,11 @@ never read whole nor reaches the replay cache. It asks for an uncompressed body 
 compressed one, whose decoded size the cap could not bound. HTTP proxies from the environment
 are not used (their connections would not carry the deadline).
 
-A completion whose message carries tool calls (or a function call) and no text is refused,
-naming the calls: tool calling is not part of LlmResponse yet, and nothing is dropped silently.
+Tool calling: `LlmRequest.tools` go out as OpenAI `tools` (functions); the message's
+`tool_calls` come back as `LlmResponse.tool_calls`, their JSON-text arguments parsed under the
+I-JSON rules of tool intents (arguments that are no such object are a non-retryable error
+naming the call). Conversations already use OpenAI's format (`beam_agents.runtime.tool_calling`),
+so messages go out unchanged. A legacy `function_call` answer is refused, naming it.
 
 The runtime calls `complete` only on a replay-cache miss: a resumed or replayed activation gets
 its earlier answers from the key's cache and pays for nothing twice. The client is picklable
@@ -41,8 +44,10 @@ from collections.abc import Callable, Iterator
 import httpcore
 import httpx
 
-from beam_agents.errors import LlmCallError
+from beam_agents.core.intent import parse_args_json
+from beam_agents.errors import CanonicalJsonError, LlmCallError
 from beam_agents.runtime.context import LlmRequest, LlmResponse
+from beam_agents.runtime.tool_calling import ToolCall
 
 __all__ = ["OpenAIChatClient"]
 
@@ -252,9 +257,11 @@ class OpenAIChatClient:
         for attempt in range(1, self.max_attempts + 1):
             token = _DEADLINE.set(min(time.monotonic() + self.timeout_s, call_ends))
             try:
+                tools = [{"function": t.to_json(), "type": "function"} for t in request.tools]
                 completion = self._openai().chat.completions.create(
                     model=request.model,
                     messages=[dict(m) for m in request.messages],
+                    **({"tools": tools} if tools else {}),
                     **dict(request.params),
                 )
                 return _response(completion, request.model)
@@ -318,18 +325,33 @@ def _response(completion, model: str) -> LlmResponse:
     if not getattr(completion, "choices", None):
         raise ValueError(f"no choices in {type(completion).__name__}")
     choice = completion.choices[0]
-    calls = getattr(choice.message, "tool_calls", None) or []
     function_call = getattr(choice.message, "function_call", None)
-    if choice.message.content is None and (calls or function_call):
-        named = [f"{c.function.name}({c.id})" for c in calls if getattr(c, "function", None)]
-        if function_call is not None:
-            named.append(f"function_call {function_call.name}")
+    if function_call is not None:
         raise LlmCallError(
-            f"the model answered with tool calls and no text ({', '.join(named) or calls}): "
-            "tool calling is not implemented, and they are not dropped silently",
+            f"the model answered with a legacy function_call ({function_call.name}): "
+            "ask with tools instead; it is not dropped silently",
             model=model,
             retryable=False,
         )
+    calls = []
+    for call in getattr(choice.message, "tool_calls", None) or []:
+        function = getattr(call, "function", None)
+        if function is None:
+            raise LlmCallError(
+                f"the model asked for a {call.type} tool call ({call.id}), not a function",
+                model=model,
+                retryable=False,
+            )
+        try:
+            arguments = parse_args_json(function.arguments)
+        except CanonicalJsonError as e:
+            raise LlmCallError(
+                f"the arguments of tool call {function.name}({call.id}) are no JSON object "
+                f"a tool intent can carry: {e}",
+                model=model,
+                retryable=False,
+            ) from e
+        calls.append(ToolCall(call.id, function.name, arguments))
     usage = getattr(completion, "usage", None)
     return LlmResponse(
         text=choice.message.content or "",
@@ -337,6 +359,7 @@ def _response(completion, model: str) -> LlmResponse:
         input_tokens=getattr(usage, "prompt_tokens", 0) or 0,
         output_tokens=getattr(usage, "completion_tokens", 0) or 0,
         finish_reason=choice.finish_reason or "",
+        tool_calls=tuple(calls),
     )
 
 

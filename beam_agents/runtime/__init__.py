@@ -66,6 +66,7 @@ from beam_agents.runtime.context import (
 )
 from beam_agents.runtime.function_agent import FunctionAgent, agent
 from beam_agents.runtime.memory import Memory, ReplayCache
+from beam_agents.runtime.react import react_agent
 from beam_agents.runtime.run_agent import (
     COMPLETIONS,
     ERRORS,
@@ -77,6 +78,7 @@ from beam_agents.runtime.run_agent import (
     RunAgent,
     RuntimeConfig,
 )
+from beam_agents.runtime.tool_calling import ToolCall, ToolDefinition
 
 __all__ = [
     "APPROVAL_TOOL",
@@ -102,5 +104,8 @@ __all__ = [
     "RuntimeConfig",
     "ScriptedLlmClient",
     "Suspension",
+    "ToolCall",
+    "ToolDefinition",
     "agent",
+    "react_agent",
 ]
