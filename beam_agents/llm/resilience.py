@@ -30,12 +30,11 @@ from __future__ import annotations
 import contextvars
 import dataclasses
 import email.utils
+import functools
+import importlib
 import random
 import time
 from collections.abc import Callable, Iterator
-
-import httpcore
-import httpx
 
 from beam_agents.core.intent import canonical_args_json
 from beam_agents.errors import CanonicalJsonError, LlmCallError
@@ -60,130 +59,133 @@ class _Refused(Exception):
     """A response this client will not read (too large, compressed): never retried."""
 
 
-def _remaining(timeout: float | None) -> float:
-    """The timeout for one network operation: the SDK's, cut to what the attempt has left."""
-    left = _DEADLINE.get(float("inf")) - time.monotonic()
-    if left <= 0:
-        raise httpcore.ReadTimeout("the attempt's deadline passed")
-    return left if timeout is None else min(timeout, left)
+@functools.cache
+def _transport_type(httpx, httpcore) -> type:
+    """The bounded transport class for one httpx family: `httpx` over `httpcore`, or its fork
+    `httpx2` over `httpcore2` (the SDKs differ in which they take)."""
 
+    def _remaining(timeout: float | None) -> float:
+        """The timeout for one network operation: the SDK's, cut to what the attempt has left."""
+        left = _DEADLINE.get(float("inf")) - time.monotonic()
+        if left <= 0:
+            raise httpcore.ReadTimeout("the attempt's deadline passed")
+        return left if timeout is None else min(timeout, left)
 
-class _DeadlineStream(httpcore.NetworkStream):
-    def __init__(self, stream: httpcore.NetworkStream) -> None:
-        self._stream = stream
+    class _DeadlineStream(httpcore.NetworkStream):
+        def __init__(self, stream: httpcore.NetworkStream) -> None:
+            self._stream = stream
 
-    def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
-        return self._stream.read(max_bytes, _remaining(timeout))
+        def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
+            return self._stream.read(max_bytes, _remaining(timeout))
 
-    def write(self, buffer: bytes, timeout: float | None = None) -> None:
-        self._stream.write(buffer, _remaining(timeout))
+        def write(self, buffer: bytes, timeout: float | None = None) -> None:
+            self._stream.write(buffer, _remaining(timeout))
 
-    def close(self) -> None:
-        self._stream.close()
+        def close(self) -> None:
+            self._stream.close()
 
-    def start_tls(self, ssl_context, server_hostname=None, timeout=None):
-        tls = self._stream.start_tls(ssl_context, server_hostname, _remaining(timeout))
-        return _DeadlineStream(tls)
+        def start_tls(self, ssl_context, server_hostname=None, timeout=None):
+            tls = self._stream.start_tls(ssl_context, server_hostname, _remaining(timeout))
+            return _DeadlineStream(tls)
 
-    def get_extra_info(self, info: str):
-        return self._stream.get_extra_info(info)
+        def get_extra_info(self, info: str):
+            return self._stream.get_extra_info(info)
 
+    class _DeadlineBackend(httpcore.NetworkBackend):
+        def __init__(self) -> None:
+            self._backend = httpcore.SyncBackend()
 
-class _DeadlineBackend(httpcore.NetworkBackend):
-    def __init__(self) -> None:
-        self._backend = httpcore.SyncBackend()
-
-    def connect_tcp(self, host, port, timeout=None, local_address=None, socket_options=None):
-        stream = self._backend.connect_tcp(
-            host, port, _remaining(timeout), local_address, socket_options
-        )
-        return _DeadlineStream(stream)
-
-    def connect_unix_socket(self, path, timeout=None, socket_options=None):
-        stream = self._backend.connect_unix_socket(path, _remaining(timeout), socket_options)
-        return _DeadlineStream(stream)
-
-    def sleep(self, seconds: float) -> None:
-        self._backend.sleep(seconds)
-
-
-class _BoundedTransport(httpx.BaseTransport):
-    """Direct HTTP connections whose every network operation keeps the attempt's deadline,
-    and whose response bodies stop at `max_bytes`."""
-
-    def __init__(self, max_bytes: int) -> None:
-        self._pool = httpcore.ConnectionPool(network_backend=_DeadlineBackend())
-        self._max_bytes = max_bytes
-
-    def handle_request(self, request: httpx.Request) -> httpx.Response:
-        headers = [(k, v) for k, v in request.headers.raw if k.lower() != b"accept-encoding"]
-        core = httpcore.Request(
-            method=request.method,
-            url=httpcore.URL(
-                scheme=request.url.raw_scheme,
-                host=request.url.raw_host,
-                port=request.url.port,
-                target=request.url.raw_path,
-            ),
-            headers=[*headers, (b"Accept-Encoding", b"identity")],
-            content=request.stream,
-            extensions=request.extensions,
-        )
-        with _as_httpx(request):
-            response = self._pool.handle_request(core)
-        found = httpx.Headers(response.headers)
-        problem = None
-        if found.get("content-encoding", "identity").lower() != "identity":
-            problem = f"a {found['content-encoding']} body, whose decoded size cannot be bounded"
-        elif int(found.get("content-length") or 0) > self._max_bytes:
-            problem = (
-                f"{found['content-length']} bytes announced, over the limit of {self._max_bytes}"
+        def connect_tcp(self, host, port, timeout=None, local_address=None, socket_options=None):
+            stream = self._backend.connect_tcp(
+                host, port, _remaining(timeout), local_address, socket_options
             )
-        if problem:
-            response.close()
-            raise _Refused(problem)
-        return httpx.Response(
-            status_code=response.status,
-            headers=response.headers,
-            stream=_BoundedBody(response, request, self._max_bytes),
-            extensions=response.extensions,
-        )
+            return _DeadlineStream(stream)
 
-    def close(self) -> None:
-        self._pool.close()
+        def connect_unix_socket(self, path, timeout=None, socket_options=None):
+            stream = self._backend.connect_unix_socket(path, _remaining(timeout), socket_options)
+            return _DeadlineStream(stream)
 
+        def sleep(self, seconds: float) -> None:
+            self._backend.sleep(seconds)
 
-class _BoundedBody(httpx.SyncByteStream):
-    def __init__(self, response: httpcore.Response, request: httpx.Request, max_bytes: int):
-        self._response, self._request, self._max_bytes = response, request, max_bytes
+    class _BoundedTransport(httpx.BaseTransport):
+        """Direct HTTP connections whose every network operation keeps the attempt's deadline,
+        and whose response bodies stop at `max_bytes`."""
 
-    def __iter__(self) -> Iterator[bytes]:
-        received = 0
-        with _as_httpx(self._request):
-            for chunk in self._response.stream:
-                received += len(chunk)
-                if received > self._max_bytes:
-                    raise _Refused(f"the body passed the limit of {self._max_bytes} bytes")
-                yield chunk
+        def __init__(self, max_bytes: int) -> None:
+            self._pool = httpcore.ConnectionPool(network_backend=_DeadlineBackend())
+            self._max_bytes = max_bytes
 
-    def close(self) -> None:
-        self._response.close()
+        def handle_request(self, request: httpx.Request) -> httpx.Response:
+            headers = [(k, v) for k, v in request.headers.raw if k.lower() != b"accept-encoding"]
+            core = httpcore.Request(
+                method=request.method,
+                url=httpcore.URL(
+                    scheme=request.url.raw_scheme,
+                    host=request.url.raw_host,
+                    port=request.url.port,
+                    target=request.url.raw_path,
+                ),
+                headers=[*headers, (b"Accept-Encoding", b"identity")],
+                content=request.stream,
+                extensions=request.extensions,
+            )
+            with _as_httpx(request):
+                response = self._pool.handle_request(core)
+            found = httpx.Headers(response.headers)
+            problem = None
+            if found.get("content-encoding", "identity").lower() != "identity":
+                problem = (
+                    f"a {found['content-encoding']} body, whose decoded size cannot be bounded"
+                )
+            elif int(found.get("content-length") or 0) > self._max_bytes:
+                announced, limit = found["content-length"], self._max_bytes
+                problem = f"{announced} bytes announced, over the limit of {limit}"
+            if problem:
+                response.close()
+                raise _Refused(problem)
+            return httpx.Response(
+                status_code=response.status,
+                headers=response.headers,
+                stream=_BoundedBody(response, request, self._max_bytes),
+                extensions=response.extensions,
+            )
 
+        def close(self) -> None:
+            self._pool.close()
 
-class _as_httpx:
-    """httpcore's timeouts and network errors as httpx's, which the SDK knows."""
+    class _BoundedBody(httpx.SyncByteStream):
+        def __init__(self, response: httpcore.Response, request: httpx.Request, max_bytes: int):
+            self._response, self._request, self._max_bytes = response, request, max_bytes
 
-    def __init__(self, request: httpx.Request) -> None:
-        self._request = request
+        def __iter__(self) -> Iterator[bytes]:
+            received = 0
+            with _as_httpx(self._request):
+                for chunk in self._response.stream:
+                    received += len(chunk)
+                    if received > self._max_bytes:
+                        raise _Refused(f"the body passed the limit of {self._max_bytes} bytes")
+                    yield chunk
 
-    def __enter__(self) -> None:
-        return None
+        def close(self) -> None:
+            self._response.close()
 
-    def __exit__(self, kind, error, traceback) -> None:
-        if isinstance(error, httpcore.TimeoutException):
-            raise httpx.TimeoutException(str(error), request=self._request) from error
-        if isinstance(error, httpcore.NetworkError | httpcore.ProtocolError):
-            raise httpx.TransportError(str(error)) from error
+    class _as_httpx:
+        """httpcore's timeouts and network errors as httpx's, which the SDK knows."""
+
+        def __init__(self, request: httpx.Request) -> None:
+            self._request = request
+
+        def __enter__(self) -> None:
+            return None
+
+        def __exit__(self, kind, error, traceback) -> None:
+            if isinstance(error, httpcore.TimeoutException):
+                raise httpx.TimeoutException(str(error), request=self._request) from error
+            if isinstance(error, httpcore.NetworkError | httpcore.ProtocolError):
+                raise httpx.TransportError(str(error)) from error
+
+    return _BoundedTransport
 
 
 def _refusal(error: BaseException) -> str | None:
@@ -264,7 +266,11 @@ class ResilientClient:
 
     # -- what a provider supplies ----------------------------------------------------------
 
-    def _make_sdk(self, http: httpx.Client):
+    #: The HTTP library the SDK takes a client of: httpx over httpcore, or the fork httpx2
+    #: over httpcore2.
+    _http_family = ("httpx", "httpcore")
+
+    def _make_sdk(self, http):
         """The provider's SDK client, talking through `http`, its own retries off."""
         raise NotImplementedError
 
@@ -282,8 +288,9 @@ class ResilientClient:
 
     def _sdk(self):
         if self._client is None:
+            httpx, httpcore = map(importlib.import_module, self._http_family)
             http = httpx.Client(
-                transport=_BoundedTransport(self.max_response_bytes),
+                transport=_transport_type(httpx, httpcore)(self.max_response_bytes),
                 trust_env=False,
                 timeout=self.timeout_s,
             )
@@ -328,6 +335,7 @@ class ResilientClient:
         refused = _refusal(error)
         if refused is not None:
             return Failure(f"response refused: {refused}", retryable=False)
+        httpx = importlib.import_module(self._http_family[0])
         if isinstance(error, httpx.TimeoutException | httpx.TransportError):
             return connection_failure(error)
         failure = self._failure(error)
@@ -335,7 +343,8 @@ class ResilientClient:
             return failure
         if isinstance(error, ValueError | TypeError | KeyError | AttributeError):
             return Failure(
-                f"the response is not a chat completion: {_short(str(error))}", retryable=False
+                f"the SDK could not make the call or read its answer: {_short(str(error))}",
+                retryable=False,
             )
         raise error
 
