@@ -21,6 +21,8 @@ __all__ = [
     "MigrationStepError",
     "MissingMigrationError",
     "StateSchemaFromFutureError",
+    "ToolCallError",
+    "TurnLimitError",
     "UnversionedMessageError",
 ]
 
@@ -185,3 +187,27 @@ class CheckpointRejectedError(BeamAgentsError):
         self.type_names = type_names
         self.agent = agent
         self.reason = reason
+
+
+class ToolCallError(BeamAgentsError):
+    """Raised by a tool when its call failed; the effector makes it the intent's ERROR result,
+    whose error_message says whether the same call may succeed if asked again."""
+
+    def __init__(self, reason: str, *, tool: str, retryable: bool) -> None:
+        verdict = "retryable" if retryable else "not retryable"
+        super().__init__(f"tool {tool!r} failed ({verdict}): {reason}")
+        self.tool = tool
+        self.reason = reason
+        #: True when the call did not reach the tool (its server was down or unreachable).
+        self.retryable = retryable
+
+
+class TurnLimitError(BeamAgentsError):
+    """Raised when an agent's model keeps asking for tools past the agent's turn limit."""
+
+    def __init__(self, *, agent: str, turns: int) -> None:
+        super().__init__(
+            f"agent {agent}: the model still asked for tools after {turns} turns, its limit"
+        )
+        self.agent = agent
+        self.turns = turns

@@ -13,6 +13,12 @@ from beam_agents.core.intent import intent_id
 from beam_agents.errors import LlmCallError
 from beam_agents.llm.openai_chat import OpenAIChatClient
 from beam_agents.runtime import LlmRequest, RunAgent, agent
+from beam_agents.runtime.tool_calling import (
+    ToolCall,
+    ToolDefinition,
+    assistant_message,
+    tool_message,
+)
 from beam_agents.testing.local_http import LocalHttpServer, Reply
 from beam_agents.testing.pipelines import Advance, run_round
 
@@ -271,21 +277,77 @@ def test_a_refused_response_never_reaches_the_replay_cache(tmp_path):
     assert list(snapshot.llm_cache.entries) == []
 
 
-def test_tool_calls_without_text_are_an_error_naming_them():
+def tool_calls_reply(*calls, content=None) -> Reply:
+    body = json.loads(_body(completion()))
+    body["choices"][0]["message"] = {
+        "role": "assistant",
+        "content": content,
+        "tool_calls": [
+            {"id": call_id, "type": "function", "function": {"name": name, "arguments": args}}
+            for call_id, name, args in calls
+        ],
+    }
+    body["choices"][0]["finish_reason"] = "tool_calls"
+    return Reply(200, json.dumps(body).encode(), {"content-type": "application/json"})
+
+
+SEARCH = ToolDefinition(
+    "kb_search", "Searches.", {"type": "object", "properties": {"q": {"type": "string"}}}
+)
+
+
+def test_tools_go_out_as_functions_and_parallel_tool_calls_come_back_in_order():
+    reply = tool_calls_reply(
+        ("call_1", "kb_search", '{"q": "refund"}'), ("call_2", "kb_search", '{"q":"fee"}')
+    )
+    conversation = (
+        {"role": "user", "content": "hi"},
+        assistant_message("", (ToolCall("call_0", "kb_search", {"q": "x"}),)),
+        tool_message("call_0", "nothing"),
+    )
+    with LocalHttpServer(scripted(reply)) as server:
+        response = client(server).complete(LlmRequest("local-model", conversation, {}, (SEARCH,)))
+    assert response.text == "" and response.finish_reason == "tool_calls"
+    assert response.tool_calls == (
+        ToolCall("call_1", "kb_search", {"q": "refund"}),
+        ToolCall("call_2", "kb_search", {"q": "fee"}),
+    )
+    body = json.loads(server.requests[0].body)
+    assert body["tools"] == [
+        {
+            "type": "function",
+            "function": {
+                "name": "kb_search",
+                "description": "Searches.",
+                "parameters": {"type": "object", "properties": {"q": {"type": "string"}}},
+            },
+        }
+    ]
+    assert body["messages"] == [dict(m) for m in conversation]
+
+
+def test_a_request_without_tools_sends_no_tools_field():
+    with LocalHttpServer(scripted(completion())) as server:
+        client(server).complete(REQUEST)
+    assert "tools" not in json.loads(server.requests[0].body)
+
+
+@pytest.mark.parametrize("arguments", ['{"q": ', "[1, 2]", '{"n": 12345678901234567890}'])
+def test_tool_call_arguments_that_are_no_i_json_object_are_an_error_naming_the_call(arguments):
+    reply = tool_calls_reply(("call_9", "kb_search", arguments))
+    with LocalHttpServer(scripted(reply)) as server, pytest.raises(LlmCallError) as raised:
+        client(server).complete(REQUEST)
+    assert not raised.value.retryable and "kb_search(call_9)" in raised.value.reason
+
+
+def test_a_legacy_function_call_is_refused_naming_it():
     body = json.loads(_body(completion()))
     body["choices"][0]["message"] = {
         "role": "assistant",
         "content": None,
-        "tool_calls": [
-            {
-                "id": "call_1",
-                "type": "function",
-                "function": {"name": "kb.search", "arguments": '{"q": "x"}'},
-            }
-        ],
+        "function_call": {"name": "kb_search", "arguments": "{}"},
     }
-    body["choices"][0]["finish_reason"] = "tool_calls"
     reply = Reply(200, json.dumps(body).encode(), {"content-type": "application/json"})
     with LocalHttpServer(scripted(reply)) as server, pytest.raises(LlmCallError) as raised:
         client(server).complete(REQUEST)
-    assert not raised.value.retryable and "kb.search(call_1)" in raised.value.reason
+    assert not raised.value.retryable and "function_call (kb_search)" in raised.value.reason

@@ -75,6 +75,7 @@ from beam_agents.runtime.context import (
 )
 from beam_agents.runtime.function_agent import FunctionAgent, agent
 from beam_agents.runtime.memory import Memory, ReplayCache
+from beam_agents.runtime.react import react_agent
 from beam_agents.runtime.run_agent import (
     COMPLETIONS,
     ERRORS,
@@ -83,6 +84,7 @@ from beam_agents.runtime.run_agent import (
     TRACES,
     RunAgent,
 )
+from beam_agents.runtime.tool_calling import ToolCall, ToolDefinition
 
 __all__ = [
     "APPROVAL_TOOL",
@@ -108,5 +110,8 @@ __all__ = [
     "RuntimeConfig",
     "ScriptedLlmClient",
     "Suspension",
+    "ToolCall",
+    "ToolDefinition",
     "agent",
+    "react_agent",
 ]

@@ -37,6 +37,7 @@ from beam_agents.core.migration import new_state_blob
 from beam_agents.core.signing import Keyring, sign
 from beam_agents.errors import AgentContractError, LlmCallError
 from beam_agents.runtime.memory import Memory, ReplayCache
+from beam_agents.runtime.tool_calling import ToolCall, ToolDefinition
 
 __all__ = [
     "APPROVAL_TOOL",
@@ -128,37 +129,52 @@ class Agent(Protocol):
 
 @dataclasses.dataclass(frozen=True)
 class LlmRequest:
-    """A chat request: JSON-able messages and parameters, canonicalized for the cache key."""
+    """A chat request: JSON-able messages and parameters, and the tools the model may call
+    (`beam_agents.runtime.tool_calling`), canonicalized for the cache key."""
 
     model: str
     messages: tuple[Mapping[str, object], ...]
     params: Mapping[str, object] = dataclasses.field(default_factory=dict)
+    tools: tuple[ToolDefinition, ...] = ()
 
     def canonical(self) -> str:
-        return canonical_args_json(
-            {
-                "messages": [dict(m) for m in self.messages],
-                "model": self.model,
-                "params": dict(self.params),
-            }
-        )
+        request = {
+            "messages": [dict(m) for m in self.messages],
+            "model": self.model,
+            "params": dict(self.params),
+        }
+        # Only when there are tools: a request without them keeps the cache key it had before
+        # tool calling existed, so recorded answers still replay.
+        if self.tools:
+            request["tools"] = [t.to_json() for t in self.tools]
+        return canonical_args_json(request)
 
 
 @dataclasses.dataclass(frozen=True)
 class LlmResponse:
+    """A model's answer: its text and the tools it asked to call (`tool_calls`, in order)."""
+
     text: str
     model: str = ""
     input_tokens: int = 0
     output_tokens: int = 0
     finish_reason: str = ""
+    tool_calls: tuple[ToolCall, ...] = ()
 
     def to_bytes(self) -> bytes:
-        """RFC 8785 JSON: how a response is kept in the replay cache (never pickle)."""
-        return canonical_args_json(dataclasses.asdict(self)).encode("utf-8")
+        """RFC 8785 JSON: how a response is kept in the replay cache (never pickle). An answer
+        without tool calls has the bytes it had before they existed."""
+        fields = dataclasses.asdict(self)
+        fields["tool_calls"] = list(fields["tool_calls"])
+        if not self.tool_calls:
+            del fields["tool_calls"]
+        return canonical_args_json(fields).encode("utf-8")
 
     @classmethod
     def from_bytes(cls, data: bytes) -> LlmResponse:
-        return cls(**json.loads(data))
+        fields = json.loads(data)
+        calls = tuple(ToolCall(**call) for call in fields.pop("tool_calls", ()))
+        return cls(**fields, tool_calls=calls)
 
 
 class LlmClient(Protocol):
@@ -330,14 +346,16 @@ class ActivationContext:
         *,
         model: str,
         replay_key: str | None = None,
+        tools: Sequence[ToolDefinition] = (),
         **params: object,
     ) -> LlmResponse:
         """One chat completion, answered from the replay cache when this activation made the
         same call before. The cache key is the key, seq, the call's position in the activation
         and the request; an adapter whose resumes re-run only part of the agent (a LangGraph
-        node) names the position itself with `replay_key`."""
+        node) names the position itself with `replay_key`. With `tools`, the model may answer
+        with `tool_calls` instead of (or beside) text."""
         self._check_open()
-        request = LlmRequest(model, tuple(messages), params)
+        request = LlmRequest(model, tuple(messages), params, tuple(tools))
         canonical = request.canonical()
         position = self._llm_calls if replay_key is None else f"key:{replay_key}"
         self._llm_calls += 1

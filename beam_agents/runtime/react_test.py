@@ -1,0 +1,143 @@
+"""The ReAct agent through RunAgent on real Beam pipelines: parallel tool calls of one model turn
+are one suspension of signed intents, the effector answers them, and a key restored from its
+exported snapshot resumes, replays the first turn from its cache and feeds the results back."""
+
+from __future__ import annotations
+
+import pytest
+
+from beam_agents._protos import AgentEnvelope, TraceEvent
+from beam_agents.core.intent import intent_id
+from beam_agents.core.signing import Keyring, Verification, verify
+from beam_agents.effector import Effector, Route, VerifyMode
+from beam_agents.errors import ToolCallError
+from beam_agents.runtime import LlmRequest, LlmResponse, RunAgent, ScriptedLlmClient
+from beam_agents.runtime.react import react_agent
+from beam_agents.runtime.tool_calling import ToolCall, ToolDefinition
+from beam_agents.testing.clock import ManualClock
+from beam_agents.testing.pipelines import Advance, run_round
+
+KEY = b"c-1"
+T0 = 1_764_460_800_000
+SEQ = T0 * 1000  # a fresh key's first seq
+RING = Keyring({"runtime-2026-11": bytes(range(32))}, active="runtime-2026-11")
+OBJECT = {"type": "object", "properties": {"q": {"type": "string"}}}
+TOOLS = (
+    ToolDefinition("kb_search", "Searches the knowledge base.", OBJECT),
+    ToolDefinition("crm_lookup", "Looks a customer up.", OBJECT),
+)
+SYSTEM = "You answer support tickets."
+
+
+def load_ring() -> Keyring:
+    return RING
+
+
+def model(request: LlmRequest) -> LlmResponse:
+    """The first turn asks for three tools at once (one unknown); the second answers from what
+    the tool messages say."""
+    assert [t.name for t in request.tools] == ["kb_search", "crm_lookup"]
+    assert request.messages[0] == {"role": "system", "content": SYSTEM}
+    if request.messages[-1]["role"] == "user":
+        calls = (
+            ToolCall("call_a", "kb_search", {"q": request.messages[-1]["content"]}),
+            ToolCall("call_b", "crm_lookup", {"q": "c-1"}),
+            ToolCall("call_c", "weather", {}),
+        )
+        return LlmResponse("Let me look.", "m-1", finish_reason="tool_calls", tool_calls=calls)
+    said = [f"{m['tool_call_id']}={m['content']}" for m in request.messages if m["role"] == "tool"]
+    return LlmResponse("answer: " + " | ".join(said), "m-1", finish_reason="stop")
+
+
+def kb_search(args: dict, intent) -> str:
+    return f"kb says {args['q']!r}"
+
+
+def crm_lookup(args: dict, intent) -> str:
+    raise ToolCallError("the CRM is down", tool="crm_lookup", retryable=True)
+
+
+def export(at: int, request_id: str) -> AgentEnvelope:
+    envelope = AgentEnvelope(entity_key=KEY, event_time_ms=at)
+    envelope.export_request.request_id = request_id
+    return envelope
+
+
+def run_agent(agent) -> RunAgent:
+    return RunAgent(agent, llm_client=ScriptedLlmClient(model), keyring_loader=load_ring)
+
+
+def llm_replays(outputs) -> list[str]:
+    traces = outputs.values("traces")
+    return [
+        t.attributes["beam_agents.replayed"] for t in traces if t.event_type == TraceEvent.LLM_CALL
+    ]
+
+
+def test_parallel_tool_calls_are_one_suspension_and_a_restored_key_feeds_the_results_back(
+    tmp_path,
+):
+    agent = react_agent(model="m-1", tools=TOOLS, system=SYSTEM)
+    event = AgentEnvelope(entity_key=KEY, event_time_ms=T0, external_event=b"refund?")
+    first = run_round(run_agent(agent), [event, export(T0 + 100, "r1")], tmp_path).before(T0 + 101)
+    assert first.errors == [] and first.completions == []
+    intents = first.values("intents")
+    # The two known tools of one turn: one step, call indexes 0 and 1, signed.
+    assert [(i.tool_name, i.args_json) for i in intents] == [
+        ("kb_search", '{"q":"refund?"}'),
+        ("crm_lookup", '{"q":"c-1"}'),
+    ]
+    assert [i.intent_id for i in intents] == [intent_id(KEY, SEQ, 0, c) for c in (0, 1)]
+    assert all(verify(i, RING) is Verification.VALID for i in intents)
+    assert llm_replays(first) == ["false"]
+    (snapshot,) = first.values("snapshots")
+    assert list(snapshot.continuation.pending_intent_ids) == [i.intent_id for i in intents]
+
+    effector = Effector(
+        {"kb_search": kb_search, "crm_lookup": crm_lookup},
+        mode=VerifyMode.REQUIRE,
+        store=tmp_path / "effector.sqlite",
+        keyring=RING,
+        clock=ManualClock(T0 + 150),
+    )
+    answers = []
+    for emitted in intents:
+        decided = effector(emitted.SerializeToString())
+        assert decided.route is Route.RESULT
+        answers.append(decided.result)
+        answers[-1].event_time_ms = T0 + 200
+    # A new pipeline: the key exists only in its exported snapshot.
+    second = run_round(run_agent(agent), [snapshot, *answers, Advance(T0 + 300)], tmp_path)
+    second = second.before(T0 + 300)
+    assert second.errors == [] and second.intents == []
+    (completion,) = second.values("completions")
+    assert completion.decode() == (
+        "answer: call_a=kb says 'refund?' | "
+        "call_b=error (ERROR): ToolCallError: tool 'crm_lookup' failed (retryable): "
+        "the CRM is down | "
+        "call_c=error: there is no tool 'weather'; the tools are ['crm_lookup', 'kb_search']"
+    )
+    # The resume replayed the first turn from the restored cache and asked only the second.
+    assert llm_replays(second) == ["true", "false"]
+
+
+def looping_model(request: LlmRequest) -> LlmResponse:
+    return LlmResponse("", "m-1", tool_calls=(ToolCall("call_x", "weather", {}),))
+
+
+def test_a_model_that_keeps_calling_tools_past_the_turn_limit_is_a_dead_letter(tmp_path):
+    agent = react_agent(model="m-1", tools=TOOLS, max_turns=3)
+    event = AgentEnvelope(entity_key=KEY, event_time_ms=T0, external_event=b"weather?")
+    outputs = run_round(
+        RunAgent(agent, llm_client=ScriptedLlmClient(looping_model)),
+        [event, Advance(T0 + 100)],
+        tmp_path,
+    ).before(T0 + 100)
+    (error,) = outputs.values("errors")
+    assert error.reason == "agent_raised" and "after 3 turns" in error.detail
+    assert outputs.completions == [] and outputs.intents == []
+
+
+def test_tools_must_have_distinct_names():
+    with pytest.raises(ValueError, match="share a name"):
+        react_agent(model="m", tools=(TOOLS[0], TOOLS[0]))
