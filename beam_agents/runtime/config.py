@@ -48,9 +48,14 @@ class RuntimeConfig:
     #: call failed for good) is tried again with the same answers before it is dead-lettered
     #: with them (`resume_failed`).
     resume_retries: int = 3
-    #: The same for a resume that failed on LlmCallError(retryable=True): a busy or briefly
-    #: unreachable model is always tried again, this many times.
+    #: The same for an activation that failed on LlmCallError(retryable=True), a model still
+    #: busy or unreachable after its client's own retries: a resume keeps its answers, a start
+    #: waits with its event first in the key's mailbox, and either is tried again with backoff
+    #: this many times before it is a dead letter.
     retryable_resume_retries: int = 10
+    #: At most this many calls to one model at once per worker process (None: no cap), so a
+    #: burst of keys does not storm a provider.
+    llm_concurrency: int | None = None
     #: Event time from a failed resume to its first retry; it doubles on every further failure
     #: up to resume_backoff_max_ms.
     resume_backoff_ms: int = 60 * 1000
@@ -79,6 +84,9 @@ class RuntimeConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ValueError(f"RuntimeConfig.{name} must be a non-negative int, not {value!r}")
+        cap = self.llm_concurrency
+        if cap is not None and (isinstance(cap, bool) or not isinstance(cap, int) or cap < 1):
+            raise ValueError(f"RuntimeConfig.llm_concurrency must be None or >= 1, not {cap!r}")
 
     def backoff_ms(self, failures: int) -> int:
         """Event time from the `failures`-th failed resume to its retry."""

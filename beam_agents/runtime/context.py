@@ -25,9 +25,11 @@ then.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol, runtime_checkable
 
@@ -52,6 +54,7 @@ __all__ = [
     "RefusingLlmClient",
     "ScriptedLlmClient",
     "Suspension",
+    "model_slot",
     "span_id",
     "trace_id",
 ]
@@ -213,6 +216,23 @@ class RefusingLlmClient:
         )
 
 
+_SLOTS: dict[tuple[str, int], threading.BoundedSemaphore] = {}
+_SLOTS_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def model_slot(model: str, concurrency: int | None):
+    """Holds one of `concurrency` slots for calls to `model` in this process (none: no cap);
+    a call past the cap waits for a slot, so a burst of keys cannot storm the provider."""
+    if concurrency is None:
+        yield
+        return
+    with _SLOTS_LOCK:
+        slots = _SLOTS.setdefault((model, concurrency), threading.BoundedSemaphore(concurrency))
+    with slots:
+        yield
+
+
 def trace_id(entity_key: bytes, seq: int) -> bytes:
     """The 16-byte trace id of activation `seq` of a key (its resumes share it)."""
     return _id(16, "trace", entity_key.hex(), seq)
@@ -252,6 +272,7 @@ class ActivationContext:
         keyring: Keyring | None = None,
         intent_ttl_ms: int = 60 * 60 * 1000,
         suspend_deadline_ms: int = 24 * 60 * 60 * 1000,
+        llm_concurrency: int | None = None,
     ) -> None:
         self.entity_key = entity_key
         self.seq = seq
@@ -265,6 +286,7 @@ class ActivationContext:
         self._keyring = keyring
         self._intent_ttl_ms = intent_ttl_ms
         self._suspend_deadline_ms = suspend_deadline_ms
+        self._llm_concurrency = llm_concurrency
         self._next_step = first_step
         self._llm_calls = 0
         self._closed = False
@@ -368,7 +390,9 @@ class ActivationContext:
         else:
             if self._llm_client is None:
                 raise LlmCallError("no LLM client is configured", model=model, retryable=False)
-            response, replayed = self._llm_client.complete(request), False
+            with model_slot(model, self._llm_concurrency):
+                response = self._llm_client.complete(request)
+            replayed = False
             self.cache.put(key, response.to_bytes())
         attributes = {
             "gen_ai.operation.name": "chat",

@@ -50,7 +50,7 @@ from beam_agents._protos import (
 )
 from beam_agents.beam_support import timer_timestamp
 from beam_agents.core.intent import content_digest
-from beam_agents.core.migration import MigrationRegistry, migrate_to_current
+from beam_agents.core.migration import MigrationRegistry, migrate_to_current, new_state_blob
 from beam_agents.core.signing import Keyring, Verification, verify
 from beam_agents.errors import (
     AgentContractError,
@@ -463,15 +463,60 @@ class KeyMachine:
             )
         )
 
-    def _start(self, work: _Work, envelope: AgentEnvelope, digests, anchor: int) -> None:
+    def _start(
+        self, work: _Work, envelope: AgentEnvelope, digests, anchor: int, failures: int = 0
+    ) -> None:
         now = envelope.event_time_ms
         state = work.state
         seq = _next_seq(state.seq, now)
         run = self._run(work, now, seq, lambda ctx: self._agent.start(ctx, envelope.external_event))
-        if run.error is not None:
+        if run.error is None:
+            self._commit_run(work, run, now, marks=digests, anchor=anchor, mailbox=())
+        elif _busy(run.error) and failures < self._config.retryable_resume_retries:
+            self._defer(work, envelope, digests, anchor, failures + 1)
+        else:
             self._failed(work, run, now)
-            return
-        self._commit_run(work, run, now, marks=digests, anchor=anchor, mailbox=())
+
+    def _defer(self, work: _Work, envelope: AgentEnvelope, digests, anchor: int, failures: int):
+        """A start whose model stayed busy past its client's retries: the key waits on its
+        deadline timer, the event first in its mailbox (events after it queue behind), and
+        the start is tried again with backoff. Nothing else changes, so the retry runs the
+        same seq and emits the same ids."""
+        work.count("deferred_activations")
+        retry_at = _saturating_add(
+            max(anchor, envelope.event_time_ms), self._config.backoff_ms(failures)
+        )
+        deferred = new_state_blob(
+            Continuation,
+            adapter=self._agent.adapter,
+            suspended_at_ms=envelope.event_time_ms,
+            deadline_ms=retry_at,
+            retry_at_ms=retry_at,
+            resume_failures=failures,
+            mailbox=[envelope],
+        )
+        deferred.state_schema_version = self._version
+        work.commit(
+            dataclasses.replace(
+                work.state,
+                memory=self._marked(work.state.memory, digests, anchor, owned=False),
+                continuation=deferred,
+                pending=(),
+            )
+        )
+
+    def _retry_start(self, work: _Work, deferred: Continuation, fired_ms: int) -> None:
+        """The deferred start is due: its event runs again, then the events queued after it."""
+        first, *rest = deferred.mailbox
+        work.commit(dataclasses.replace(work.state, continuation=None, pending=()))
+        self._start(work, first, (), max(work.anchor, fired_ms), deferred.resume_failures)
+        suspended = work.state.continuation
+        if suspended is None:
+            self._drain(work, rest, work.anchor)
+        elif rest:
+            waiting = self._copy(suspended)
+            waiting.mailbox.extend(rest)
+            work.commit(dataclasses.replace(work.state, continuation=waiting))
 
     def _drain(self, work: _Work, mailbox, anchor: int) -> None:
         """Runs the events queued during a suspension that just ended, in event-time order,
@@ -590,6 +635,7 @@ class KeyMachine:
             keyring=self._keyring,
             intent_ttl_ms=config.intent_ttl_ms,
             suspend_deadline_ms=config.suspend_deadline_ms,
+            llm_concurrency=config.llm_concurrency,
         )
         ctx.trace_activation(
             TraceEvent.ACTIVATION_START,
@@ -706,8 +752,11 @@ class KeyMachine:
             )
             return
         failures = suspended.resume_failures + 1
-        retryable = isinstance(run.error, LlmCallError) and run.error.retryable
-        limit = self._config.retryable_resume_retries if retryable else self._config.resume_retries
+        limit = (
+            self._config.retryable_resume_retries
+            if _busy(run.error)
+            else self._config.resume_retries
+        )
         if failures > limit:
             self._failed(
                 work,
@@ -722,7 +771,11 @@ class KeyMachine:
             return
         retry = self._copy(suspended)
         retry.resume_failures = failures
-        retry.retry_at_ms = _saturating_add(now, self._config.backoff_ms(failures))
+        # From the later of the answer's time and the input's, so an answer stamped far behind
+        # does not make its retries due at once.
+        retry.retry_at_ms = _saturating_add(
+            max(now, work.anchor), self._config.backoff_ms(failures)
+        )
         self._failed(
             work,
             run,
@@ -756,7 +809,9 @@ class KeyMachine:
             )
             return
         work.anchor = max(work.anchor, fired_ms)
-        if suspended.retry_at_ms:
+        if suspended.retry_at_ms and not suspended.pending_intent_ids:
+            self._retry_start(work, suspended, fired_ms)
+        elif suspended.retry_at_ms:
             retry = self._copy(suspended)
             retry.retry_at_ms = 0
             self._resume(work, retry, fired_ms)
@@ -858,6 +913,11 @@ class KeyMachine:
             if blob is not None:
                 getattr(snapshot, field).CopyFrom(blob)
         return snapshot
+
+
+def _busy(error: Exception) -> bool:
+    """A model that stayed busy or unreachable past its client's own retries."""
+    return isinstance(error, LlmCallError) and error.retryable
 
 
 def _due_at(suspended: Continuation) -> int:

@@ -585,3 +585,62 @@ def test_a_digest_matches_only_where_a_mark_holds_one():
     straddling = b"\x00" * 12 + digest + b"\x00" * 20  # across two marks' digests
     assert not _seen(straddling, digest)
     assert _seen(straddling + b"\x00" * 8 + digest, digest)  # the third mark's
+
+
+# Issue 19 point 5: a busy model is not a failure ------------------------------------------------
+
+
+@agent(name="tests.summarise/v1")
+def summarise_event(ctx, event: bytes) -> bytes:
+    return ctx.llm([{"role": "user", "content": event.decode()}], model="m").text.encode()
+
+
+def test_a_start_whose_model_stays_busy_waits_on_a_timer_and_keeps_its_place():
+    config = RuntimeConfig(resume_backoff_ms=100, resume_backoff_max_ms=100)
+    h = Harness(summarise_event, llm=_DownOnce(2), config=config)
+    h.send(event(T0, b"first"), arrival_ms=T0)
+    assert h.values(ERRORS) == [] and h.values("completions") == []
+    assert h.timers[0].at_ms == T0 + 100
+    h.send(event(T0 + 10, b"second"))  # waits behind the deferred one
+    h.send(event(T0, b"first"))  # a copy of the deferred event: dropped
+    assert [e.external_event for e in h.continuation.mailbox] == [b"first", b"second"]
+    h.fire_deadline()  # busy again: a second deferral
+    assert h.values("completions") == [] and h.continuation.resume_failures == 2
+    h.fire_deadline()
+    assert h.values("completions") == [b"summary of first", b"summary of second"]
+    assert h.continuation is None and h.values(ERRORS) == []
+
+
+def test_a_model_busy_past_the_retries_is_a_dead_letter_then_the_queue_runs():
+    config = RuntimeConfig(retryable_resume_retries=1, resume_backoff_ms=10)
+    h = Harness(summarise_event, llm=_DownOnce(2), config=config)
+    h.send(event(T0, b"first"))
+    h.send(event(T0 + 1, b"second"))
+    h.fire_deadline()
+    assert [e.reason for e in h.values(ERRORS)] == ["llm_failed"]
+    assert h.values("completions") == [b"summary of second"] and h.continuation is None
+
+
+def test_calls_to_one_model_are_capped_per_worker():
+    import threading
+    import time
+
+    from beam_agents.runtime.context import model_slot
+
+    running, peak, lock = [0], [0], threading.Lock()
+
+    def call():
+        with model_slot("capped-model", 2):
+            with lock:
+                running[0] += 1
+                peak[0] = max(peak[0], running[0])
+            time.sleep(0.02)
+            with lock:
+                running[0] -= 1
+
+    threads = [threading.Thread(target=call) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert peak[0] == 2

@@ -71,6 +71,7 @@ _COUNTERS = (
     "duplicate_answers",
     "duplicate_events",
     "queued_events",
+    "deferred_activations",
     "stale_ttl_timers",
     "deadline_timers_after_resolution",
 )
