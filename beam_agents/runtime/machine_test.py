@@ -275,6 +275,23 @@ def test_a_deadline_past_a_failed_resume_does_not_expire_the_answered_intent():
     assert h.values("completions") == [b"summary of ok after 1 visit(s)"]
 
 
+def test_a_result_on_time_while_an_expired_resume_awaits_its_retry_reaches_the_agent():
+    """The human let the agent go on without the answer, but its resume failed: the refund's
+    result arrives before the agent has seen anything and must not be presented as EXPIRED."""
+    policy = DeadlinePolicy(AtDeadline.ESCALATE, max_escalations=1, extension_ms=10**6)
+    config = RuntimeConfig(deadline_policy=policy, suspend_deadline_ms=10, resume_backoff_ms=1000)
+    h = Harness(refund, llm=_DownOnce(1), config=config)
+    h.send(event(T0, b"4200"))
+    (paid,) = _pending(h)
+    h.fire_deadline()  # escalates
+    escalation = _pending(h)[1]
+    h.send(approve(T0 + 20, escalation, approved=False))  # go on without it: the resume fails
+    assert h.continuation.retry_at_ms
+    h.send(answer(T0 + 30, paid, b"refunded 4200"))  # on time, before any resume succeeded
+    h.fire_deadline()
+    assert h.values("completions") == [b"summary of refunded 4200 after 1 visit(s)"]
+
+
 # Point 2: never mutate what was read --------------------------------------------------------
 
 
@@ -380,6 +397,14 @@ def test_a_duplicate_of_a_queued_event_is_recognised_while_suspended():
     assert [e.external_event for e in h.continuation.mailbox] == [b"2"]
 
 
+def test_dedupe_max_events_counts_events_not_marks_when_they_carry_an_idempotency_key():
+    h = Harness(echo, config=RuntimeConfig(dedupe_max_events=2))
+    h.send(event(T0, b"a"), idempotency_key=b"kafka:events/0@1")
+    h.send(event(T0 + 1, b"b"), idempotency_key=b"kafka:events/0@2")
+    h.send(event(T0, b"a"), idempotency_key=b"kafka:events/0@1")  # one of the last 2 events
+    assert h.values("completions") == [b"echo a", b"echo b"]
+
+
 # Point 7: the mailbox -------------------------------------------------------------------------
 
 
@@ -412,6 +437,26 @@ def test_a_full_mailbox_dead_letters_the_event_with_the_event_inside():
     h.send(event(T0 + 2, b"3"))
     (full,) = h.values(ERRORS)
     assert full.reason == "mailbox_full" and full.input.external_event == b"3"
+
+
+@agent(name="tests.fragile/v1")
+def fragile(ctx, event: bytes) -> bytes:
+    if event == b"boom":
+        raise RuntimeError("the agent cannot handle this event")
+    decided = ctx.request_approval("go on?", event=event.decode())
+    return b"approved" if decided.ok else b"declined"
+
+
+def test_a_queued_event_whose_activation_fails_is_in_its_dead_letter():
+    """A queued event was marked as seen when it was queued, so its redelivery does nothing:
+    when its activation fails after the mailbox drains, the dead letter is all that holds it."""
+    h = Harness(fragile)
+    h.send(event(T0, b"first"))
+    (question,) = _pending(h)
+    h.send(event(T0 + 1, b"boom"))
+    h.send(approve(T0 + 2, question, ring=None))
+    (failed,) = h.values(ERRORS)
+    assert failed.reason == "agent_raised" and failed.input.external_event == b"boom"
 
 
 # Point 8: the TTL only moves forward ------------------------------------------------------------
@@ -473,6 +518,17 @@ def test_a_signed_approval_resumes_and_a_forged_one_does_not():
     assert [e.reason for e in h.values(ERRORS)] == ["bad_answer_signature"]
     h.send(approve(T0 + 2, question))
     assert h.values("completions") == [b"approved"]
+
+
+def test_an_approval_signed_with_the_effectors_key_is_refused():
+    """The effector's result key is in the answer ring to verify its results; an approval it
+    signs is not the approvals channel's, and must not open an approval gate."""
+    h = Harness(asks, answer_keyring=ANSWERS)
+    h.send(event(T0, b"10"))
+    (question,) = _pending(h)
+    h.send(approve(T0 + 1, question, ring=EFFECTOR))
+    assert [e.reason for e in h.values(ERRORS)] == ["bad_answer_signature"]
+    assert h.values("completions") == [] and h.continuation is not None
 
 
 # Point 10: contract, future snapshots, seq ------------------------------------------------------
