@@ -438,7 +438,9 @@ class KeyMachine:
         seq = _next_seq(state.seq, now)
         run = self._run(work, now, seq, lambda ctx: self._agent.start(ctx, envelope.external_event))
         if run.error is not None:
-            self._failed(work, run, now)
+            # The record carries the event: one drained from a mailbox was marked as seen, so
+            # nothing else holds it.
+            self._failed(work, run, now, event=envelope)
             return
         self._commit_run(work, run, now, marks=digests, anchor=anchor, mailbox=())
 
@@ -635,7 +637,14 @@ class KeyMachine:
                 self._drain(work, mailbox, anchor)
 
     def _failed(
-        self, work: _Work, run: _Run, now: int, note: str = "", answers=(), reason: str = ""
+        self,
+        work: _Work,
+        run: _Run,
+        now: int,
+        note: str = "",
+        answers=(),
+        reason: str = "",
+        event: AgentEnvelope | None = None,
     ) -> None:
         """Dead-letters a failed activation (under `reason`, else the error's own) with one
         ERROR trace event."""
@@ -654,7 +663,7 @@ class KeyMachine:
             {"error.type": type(error).__name__, "beam_agents.reason": reason},
         )
         detail = f"seq {ctx.seq}: {type(error).__name__}: {error}{note}"
-        work.dead(reason, detail, now, answers=answers)
+        work.dead(reason, detail, now, answers=answers, input=event)
         for trace in ctx.traces:
             work.emit(TRACES, trace)
 
