@@ -472,7 +472,17 @@ class KeyMachine:
         if suspended is None:
             refuse(dl.NO_SUSPENSION, f"an answer to {answered_id}, but the key is not suspended")
             return
-        if any(_answered_id(a) == answered_id for a in suspended.answers):
+        # An EXPIRED the runtime made, while the resume it was for awaits its retry: the agent
+        # has seen nothing yet, so a genuine answer on time takes its place.
+        stand_in = next(
+            (
+                a
+                for a in suspended.answers
+                if _answered_id(a) == answered_id and suspended.retry_at_ms and _made_here(a)
+            ),
+            None,
+        )
+        if stand_in is None and any(_answered_id(a) == answered_id for a in suspended.answers):
             # A copy of an answer already recorded (a redelivery): the recorded one stands.
             if _same_answer(envelope, suspended.answers, answered_id):
                 work.count("duplicate_answers")
@@ -520,6 +530,8 @@ class KeyMachine:
                 )
                 return
         recorded = self._copy(suspended)
+        if stand_in is not None:
+            recorded.answers.remove(stand_in)
         recorded.answers.append(envelope)
         if intent.tool_name == ESCALATION_TOOL:
             if not envelope.approval.approved:
@@ -865,6 +877,17 @@ def _answered_id(envelope: AgentEnvelope) -> str:
     if envelope.WhichOneof("payload") == "approval":
         return envelope.approval.intent_id
     return envelope.tool_result.intent_id
+
+
+def _made_here(answer: AgentEnvelope) -> bool:
+    """An EXPIRED result `_expire_and_resume` made (unsigned, bound to no content)."""
+    result = answer.tool_result
+    return (
+        answer.WhichOneof("payload") == "tool_result"
+        and result.status == ToolResult.EXPIRED
+        and not result.signature
+        and not result.intent_digest
+    )
 
 
 def _same_answer(envelope: AgentEnvelope, answers, answered_id: str) -> bool:
