@@ -472,14 +472,11 @@ class KeyMachine:
         if suspended is None:
             refuse(dl.NO_SUSPENSION, f"an answer to {answered_id}, but the key is not suspended")
             return
-        # An EXPIRED the runtime made, while the resume it was for awaits its retry: the agent
-        # has seen nothing yet, so a genuine answer on time takes its place.
+        # An EXPIRED the runtime made is still recorded only while the resume it was made for
+        # awaits its retry: the agent has seen nothing yet, so a genuine answer on time takes
+        # its place.
         stand_in = next(
-            (
-                a
-                for a in suspended.answers
-                if _answered_id(a) == answered_id and suspended.retry_at_ms and _made_here(a)
-            ),
+            (a for a in suspended.answers if _answered_id(a) == answered_id and _made_here(a)),
             None,
         )
         if stand_in is None and any(_answered_id(a) == answered_id for a in suspended.answers):
