@@ -439,6 +439,16 @@ def test_a_full_mailbox_dead_letters_the_event_with_the_event_inside():
     assert full.reason == "mailbox_full" and full.input.external_event == b"3"
 
 
+def test_a_mailbox_over_its_byte_bound_dead_letters_the_event_that_would_overflow_it():
+    h = Harness(asks, config=RuntimeConfig(mailbox_max_bytes=3))
+    h.send(event(T0, b"1"))
+    h.send(event(T0 + 1, b"22"))
+    h.send(event(T0 + 2, b"33"))  # 2 + 2 bytes > 3
+    (full,) = h.values(ERRORS)
+    assert full.reason == "mailbox_full" and full.input.external_event == b"33"
+    assert [e.external_event for e in h.continuation.mailbox] == [b"22"]
+
+
 @agent(name="tests.fragile/v1")
 def fragile(ctx, event: bytes) -> bytes:
     if event == b"boom":
