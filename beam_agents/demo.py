@@ -68,7 +68,6 @@ __all__ = [
     "TriageRound",
     "add_triage_loop",
     "approve",
-    "demo_answer_keyring",
     "demo_approver_keyring",
     "demo_effector_keyring",
     "demo_keyring",
@@ -101,12 +100,6 @@ def demo_approver_keyring() -> Keyring:
     return Keyring(
         {"demo-approver": b"beam_agents demo approver key, not a secret"}, active="demo-approver"
     )
-
-
-def demo_answer_keyring() -> Keyring:
-    """What the demo's RunAgent verifies answers with: the effector's and the approver's keys,
-    so a result or approval that neither signed is refused."""
-    return Keyring({**demo_effector_keyring().keys, **demo_approver_keyring().keys})
 
 
 def approve(intent: ToolIntent) -> AgentEnvelope:
@@ -148,7 +141,8 @@ class TriageRound(beam.PTransform):
             triage,
             llm_client=scripted_model(),
             keyring_loader=demo_keyring,
-            answer_keyring_loader=demo_answer_keyring,
+            result_keyring_loader=demo_effector_keyring,
+            approval_keyring_loader=demo_approver_keyring,
         )
         effected = (
             outputs[INTENTS]
@@ -198,7 +192,8 @@ def add_triage_loop(
         consumer_group=f"{topics.prefix}.agents",
         llm_client=scripted_model(),
         keyring_loader=demo_keyring,
-        answer_keyring_loader=demo_answer_keyring,
+        result_keyring_loader=demo_effector_keyring,
+        approval_keyring_loader=demo_approver_keyring,
         registry=registry,
     )
 

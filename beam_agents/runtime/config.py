@@ -63,7 +63,9 @@ class RuntimeConfig:
     #: External events seen within this much event time of the key's latest are recognised as
     #: duplicates (by content, and by a transport's idempotency key where it has one).
     dedupe_window_ms: int = 24 * 60 * 60 * 1000
-    #: At most this many recent events are remembered per key for deduplication.
+    #: At most this many marks of recent events are kept per key for deduplication (the most
+    #: recent): an event leaves one, and a second when it carries a transport's idempotency
+    #: key, so this many plain events, or half as many keyed ones, are remembered.
     dedupe_max_events: int = 1024
     #: The mailbox of a suspended key: events beyond these bounds are dead letters
     #: (`mailbox_full`) carrying the event.

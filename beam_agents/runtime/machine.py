@@ -218,7 +218,8 @@ class KeyMachine:
         *,
         llm_client: LlmClient | None,
         keyring: Keyring | None,
-        answer_keyring: Keyring | None,
+        result_keyring: Keyring | None,
+        approval_keyring: Keyring | None,
         config: RuntimeConfig,
         registry: MigrationRegistry | None,
         current_version: int,
@@ -226,7 +227,9 @@ class KeyMachine:
         self._agent = agent
         self._llm_client = llm_client
         self._keyring = keyring
-        self._answer_keyring = answer_keyring
+        #: Verify ToolResults (the effectors' keys) and Approvals (the approvals channel's):
+        #: two rings, so that no effector can approve what it is asked to wait for.
+        self._answer_keyrings = {"tool_result": result_keyring, "approval": approval_keyring}
         self._config = config
         self._registry = registry
         self._version = current_version
@@ -475,7 +478,9 @@ class KeyMachine:
         elif _busy(run.error) and failures < self._config.retryable_resume_retries:
             self._defer(work, envelope, digests, anchor, failures + 1)
         else:
-            self._failed(work, run, now)
+            # The record carries the event: one drained from a mailbox was marked as seen, so
+            # nothing else holds it.
+            self._failed(work, run, now, event=envelope)
 
     def _defer(self, work: _Work, envelope: AgentEnvelope, digests, anchor: int, failures: int):
         """A start whose model stayed busy past its client's retries: the key waits on its
@@ -546,7 +551,14 @@ class KeyMachine:
         if suspended is None:
             refuse(dl.NO_SUSPENSION, f"an answer to {answered_id}, but the key is not suspended")
             return
-        if any(_answered_id(a) == answered_id for a in suspended.answers):
+        # An EXPIRED the runtime made is still recorded only while the resume it was made for
+        # awaits its retry: the agent has seen nothing yet, so a genuine answer on time takes
+        # its place.
+        stand_in = next(
+            (a for a in suspended.answers if _answered_id(a) == answered_id and _made_here(a)),
+            None,
+        )
+        if stand_in is None and any(_answered_id(a) == answered_id for a in suspended.answers):
             # A copy of an answer already recorded (a redelivery): the recorded one stands.
             if _same_answer(envelope, suspended.answers, answered_id):
                 work.count("duplicate_answers")
@@ -574,8 +586,9 @@ class KeyMachine:
             refuse(dl.ANSWER_MISMATCH, mismatch)
             return
         answer = getattr(envelope, payload)
-        if self._answer_keyring is not None:
-            outcome = verify(answer, self._answer_keyring)
+        ring = self._answer_keyrings[payload]
+        if ring is not None:
+            outcome = verify(answer, ring)
             if outcome is not Verification.VALID:
                 refuse(
                     dl.BAD_ANSWER_SIGNATURE,
@@ -583,7 +596,7 @@ class KeyMachine:
                     f"(key id {answer.signing_key_id!r})",
                 )
                 return
-        if answer.intent_digest or self._answer_keyring is not None:
+        if answer.intent_digest or ring is not None:
             want = content_digest(intent.SerializeToString(deterministic=True))
             if answer.intent_digest != want:
                 refuse(
@@ -594,6 +607,8 @@ class KeyMachine:
                 )
                 return
         recorded = self._copy(suspended)
+        if stand_in is not None:
+            recorded.answers.remove(stand_in)
         recorded.answers.append(envelope)
         if intent.tool_name == ESCALATION_TOOL:
             if not envelope.approval.approved:
@@ -712,7 +727,14 @@ class KeyMachine:
                 self._drain(work, mailbox, anchor)
 
     def _failed(
-        self, work: _Work, run: _Run, now: int, note: str = "", answers=(), reason: str = ""
+        self,
+        work: _Work,
+        run: _Run,
+        now: int,
+        note: str = "",
+        answers=(),
+        reason: str = "",
+        event: AgentEnvelope | None = None,
     ) -> None:
         """Dead-letters a failed activation (under `reason`, else the error's own) with one
         ERROR trace event."""
@@ -731,7 +753,7 @@ class KeyMachine:
             {"error.type": type(error).__name__, "beam_agents.reason": reason},
         )
         detail = f"seq {ctx.seq}: {type(error).__name__}: {error}{note}"
-        work.dead(reason, detail, now, answers=answers)
+        work.dead(reason, detail, now, answers=answers, input=event)
         for trace in ctx.traces:
             work.emit(TRACES, trace)
 
@@ -947,6 +969,17 @@ def _answered_id(envelope: AgentEnvelope) -> str:
     if envelope.WhichOneof("payload") == "approval":
         return envelope.approval.intent_id
     return envelope.tool_result.intent_id
+
+
+def _made_here(answer: AgentEnvelope) -> bool:
+    """An EXPIRED result `_expire_and_resume` made (unsigned, bound to no content)."""
+    result = answer.tool_result
+    return (
+        answer.WhichOneof("payload") == "tool_result"
+        and result.status == ToolResult.EXPIRED
+        and not result.signature
+        and not result.intent_digest
+    )
 
 
 def _same_answer(envelope: AgentEnvelope, answers, answered_id: str) -> bool:

@@ -43,7 +43,6 @@ T0 = 1_764_460_800_000
 SEQ = T0 * 1000
 EFFECTOR = Keyring({"effector-1": bytes(range(32))}, active="effector-1")
 HUMANS = Keyring({"approvals-1": bytes(range(1, 33))}, active="approvals-1")
-ANSWERS = Keyring({**EFFECTOR.keys, **HUMANS.keys})
 #: Keys with the right ids and the wrong secrets.
 FORGED = Keyring({"effector-1": b"x" * 32, "approvals-1": b"y" * 32}, active="effector-1")
 FORGED_HUMAN = Keyring(FORGED.keys, active="approvals-1")
@@ -99,14 +98,15 @@ class Harness:
     """One key's state cells and timers, and the machine; every step checks that nothing it
     read was changed in place."""
 
-    def __init__(self, agent_, *, llm=None, config=None, answer_keyring=None, keyring=None):
+    def __init__(self, agent_, *, llm=None, config=None, verify_answers=False, keyring=None):
         self.states = (Cell(), Cell(), Cell(), Cell(), Bag())
         self.timers = (Timer(), Timer())
         self.machine = KeyMachine(
             agent_,
             llm_client=llm,
             keyring=keyring,
-            answer_keyring=answer_keyring,
+            result_keyring=EFFECTOR if verify_answers else None,
+            approval_keyring=HUMANS if verify_answers else None,
             config=config or RuntimeConfig(),
             registry=None,
             current_version=CURRENT_STATE_SCHEMA_VERSION,
@@ -275,6 +275,23 @@ def test_a_deadline_past_a_failed_resume_does_not_expire_the_answered_intent():
     assert h.values("completions") == [b"summary of ok after 1 visit(s)"]
 
 
+def test_a_result_on_time_while_an_expired_resume_awaits_its_retry_reaches_the_agent():
+    """The human let the agent go on without the answer, but its resume failed: the refund's
+    result arrives before the agent has seen anything and must not be presented as EXPIRED."""
+    policy = DeadlinePolicy(AtDeadline.ESCALATE, max_escalations=1, extension_ms=10**6)
+    config = RuntimeConfig(deadline_policy=policy, suspend_deadline_ms=10, resume_backoff_ms=1000)
+    h = Harness(refund, llm=_DownOnce(1), config=config)
+    h.send(event(T0, b"4200"))
+    (paid,) = _pending(h)
+    h.fire_deadline()  # escalates
+    escalation = _pending(h)[1]
+    h.send(approve(T0 + 20, escalation, approved=False))  # go on without it: the resume fails
+    assert h.continuation.retry_at_ms
+    h.send(answer(T0 + 30, paid, b"refunded 4200"))  # on time, before any resume succeeded
+    h.fire_deadline()
+    assert h.values("completions") == [b"summary of refunded 4200 after 1 visit(s)"]
+
+
 # Point 2: never mutate what was read --------------------------------------------------------
 
 
@@ -334,7 +351,7 @@ def test_answers_in_any_order_and_a_shuffled_restore_resume_in_the_continuations
 
 
 def test_a_result_for_other_content_under_the_same_id_is_refused_and_the_key_keeps_waiting():
-    h = Harness(refund, llm=summarise(""), answer_keyring=ANSWERS)
+    h = Harness(refund, llm=summarise(""), verify_answers=True)
     h.send(event(T0, b"4200"))
     (paid,) = _pending(h)
     other = ToolIntent()
@@ -392,6 +409,19 @@ def test_a_duplicate_of_a_queued_event_is_recognised_while_suspended():
     assert [e.external_event for e in h.continuation.mailbox] == [b"2"]
 
 
+def test_an_event_with_an_idempotency_key_leaves_two_of_the_dedupe_marks():
+    """dedupe_max_events bounds marks (RuntimeConfig says so): a keyed event leaves two."""
+    h = Harness(echo, config=RuntimeConfig(dedupe_max_events=4))
+    h.send(event(T0, b"a"), idempotency_key=b"kafka:events/0@1")
+    h.send(event(T0 + 1, b"b"), idempotency_key=b"kafka:events/0@2")
+    assert len(h.memory.event_marks) == 4 * 24
+    h.send(event(T0, b"a"), idempotency_key=b"kafka:events/0@1")  # one of the last two
+    assert h.values("completions") == [b"echo a", b"echo b"]
+    h.send(event(T0 + 2, b"c"), idempotency_key=b"kafka:events/0@3")
+    h.send(event(T0, b"a"), idempotency_key=b"kafka:events/0@1")  # forgotten: runs again
+    assert h.values("completions") == [b"echo a", b"echo b", b"echo c", b"echo a"]
+
+
 # Point 7: the mailbox -------------------------------------------------------------------------
 
 
@@ -424,6 +454,36 @@ def test_a_full_mailbox_dead_letters_the_event_with_the_event_inside():
     h.send(event(T0 + 2, b"3"))
     (full,) = h.values(ERRORS)
     assert full.reason == "mailbox_full" and full.input.external_event == b"3"
+
+
+def test_a_mailbox_over_its_byte_bound_dead_letters_the_event_that_would_overflow_it():
+    h = Harness(asks, config=RuntimeConfig(mailbox_max_bytes=3))
+    h.send(event(T0, b"1"))
+    h.send(event(T0 + 1, b"22"))
+    h.send(event(T0 + 2, b"33"))  # 2 + 2 bytes > 3
+    (full,) = h.values(ERRORS)
+    assert full.reason == "mailbox_full" and full.input.external_event == b"33"
+    assert [e.external_event for e in h.continuation.mailbox] == [b"22"]
+
+
+@agent(name="tests.fragile/v1")
+def fragile(ctx, event: bytes) -> bytes:
+    if event == b"boom":
+        raise RuntimeError("the agent cannot handle this event")
+    decided = ctx.request_approval("go on?", event=event.decode())
+    return b"approved" if decided.ok else b"declined"
+
+
+def test_a_queued_event_whose_activation_fails_is_in_its_dead_letter():
+    """A queued event was marked as seen when it was queued, so its redelivery does nothing:
+    when its activation fails after the mailbox drains, the dead letter is all that holds it."""
+    h = Harness(fragile)
+    h.send(event(T0, b"first"))
+    (question,) = _pending(h)
+    h.send(event(T0 + 1, b"boom"))
+    h.send(approve(T0 + 2, question, ring=None))
+    (failed,) = h.values(ERRORS)
+    assert failed.reason == "agent_raised" and failed.input.external_event == b"boom"
 
 
 # Point 8: the TTL only moves forward ------------------------------------------------------------
@@ -464,7 +524,7 @@ def test_a_new_key_whose_first_event_is_stamped_zero_counts_its_ttl_from_arrival
     ids=["unsigned result", "result under a forged key", "unsigned approval"],
 )
 def test_an_unsigned_or_forged_answer_is_refused_and_the_genuine_one_still_resumes(forge):
-    h = Harness(refund, llm=summarise(""), answer_keyring=ANSWERS)
+    h = Harness(refund, llm=summarise(""), verify_answers=True)
     h.send(event(T0, b"10"))
     (paid,) = _pending(h)
     forged = forge(paid)
@@ -478,13 +538,24 @@ def test_an_unsigned_or_forged_answer_is_refused_and_the_genuine_one_still_resum
 
 
 def test_a_signed_approval_resumes_and_a_forged_one_does_not():
-    h = Harness(asks, answer_keyring=ANSWERS)
+    h = Harness(asks, verify_answers=True)
     h.send(event(T0, b"10"))
     (question,) = _pending(h)
     h.send(approve(T0 + 1, question, ring=FORGED_HUMAN))
     assert [e.reason for e in h.values(ERRORS)] == ["bad_answer_signature"]
     h.send(approve(T0 + 2, question))
     assert h.values("completions") == [b"approved"]
+
+
+def test_an_approval_signed_with_the_effectors_key_is_refused():
+    """The effector's result key is in the answer ring to verify its results; an approval it
+    signs is not the approvals channel's, and must not open an approval gate."""
+    h = Harness(asks, verify_answers=True)
+    h.send(event(T0, b"10"))
+    (question,) = _pending(h)
+    h.send(approve(T0 + 1, question, ring=EFFECTOR))
+    assert [e.reason for e in h.values(ERRORS)] == ["bad_answer_signature"]
+    assert h.values("completions") == [] and h.continuation is not None
 
 
 # Point 10: contract, future snapshots, seq ------------------------------------------------------

@@ -129,13 +129,11 @@ class _AgentDoFn(beam.DoFn):
     DEADLINE = TimerSpec("deadline", TimeDomain.WATERMARK)
     TTL = TimerSpec("ttl", TimeDomain.WATERMARK)
 
-    def __init__(
-        self, agent: Agent, llm_client, keyring_loader, answer_keyring_loader, config, registry
-    ) -> None:
+    def __init__(self, agent: Agent, llm_client, keyring_loaders, config, registry) -> None:
         self._agent = agent
         self._llm_client = llm_client
-        self._keyring_loader = keyring_loader
-        self._answer_keyring_loader = answer_keyring_loader
+        #: Loaders of the rings that sign intents and verify results and approvals.
+        self._keyring_loaders = keyring_loaders
         self._config = config
         self._registry = registry
         self._machine: KeyMachine | None = None
@@ -144,13 +142,16 @@ class _AgentDoFn(beam.DoFn):
         }
 
     def setup(self) -> None:
+        rings = {
+            name: None if loader is None else loader()
+            for name, loader in self._keyring_loaders.items()
+        }
         self._machine = KeyMachine(
             self._agent,
             llm_client=self._llm_client,
-            keyring=None if self._keyring_loader is None else self._keyring_loader(),
-            answer_keyring=(
-                None if self._answer_keyring_loader is None else self._answer_keyring_loader()
-            ),
+            keyring=rings["intent"],
+            result_keyring=rings["result"],
+            approval_keyring=rings["approval"],
             config=self._config,
             registry=self._registry,
             current_version=(
@@ -299,9 +300,11 @@ class RunAgent(beam.PTransform):
     SNAPSHOTS (entity_key, StateSnapshot).
 
     `keyring_loader` is called on the worker (DoFn.setup) to sign intents;
-    `answer_keyring_loader`, likewise, for the ring that verifies answers (the effector's
-    ToolResult keys and the approvals channel's Approval keys): with it, an unsigned or forged
-    answer is a `bad_answer_signature` dead letter and the key keeps waiting. `registry`
+    `result_keyring_loader` and `approval_keyring_loader`, likewise, for the rings that verify
+    answers: ToolResults under the effectors' keys, Approvals under the approvals channel's
+    (two rings, so that an effector cannot approve an intent it is asked to wait for). With a
+    ring, an answer of its kind that is unsigned or forged is a `bad_answer_signature` dead
+    letter, and the key keeps waiting for the genuine one. `registry`
     replaces the default migration registry (tests of a future schema version).
     """
 
@@ -311,7 +314,8 @@ class RunAgent(beam.PTransform):
         *,
         llm_client: LlmClient | None = None,
         keyring_loader: Callable[[], Keyring] | None = None,
-        answer_keyring_loader: Callable[[], Keyring] | None = None,
+        result_keyring_loader: Callable[[], Keyring] | None = None,
+        approval_keyring_loader: Callable[[], Keyring] | None = None,
         config: RuntimeConfig | None = None,
         registry: MigrationRegistry | None = None,
     ) -> None:
@@ -320,8 +324,11 @@ class RunAgent(beam.PTransform):
             raise TypeError(f"{agent!r} has no adapter, start and resume: not an Agent")
         self._agent = agent
         self._llm_client = llm_client
-        self._keyring_loader = keyring_loader
-        self._answer_keyring_loader = answer_keyring_loader
+        self._keyring_loaders = {
+            "intent": keyring_loader,
+            "result": result_keyring_loader,
+            "approval": approval_keyring_loader,
+        }
         self._config = RuntimeConfig() if config is None else config
         self._registry = registry
 
@@ -353,8 +360,7 @@ class RunAgent(beam.PTransform):
             _AgentDoFn(
                 self._agent,
                 self._llm_client,
-                self._keyring_loader,
-                self._answer_keyring_loader,
+                self._keyring_loaders,
                 self._config,
                 self._registry,
             )

@@ -55,7 +55,6 @@ T0 = 1_764_460_800_000
 INTENT_RING = Keyring({"rt": b"r" * 32}, active="rt")
 RESULT_RING = Keyring({"fx": b"f" * 32}, active="fx")
 APPROVAL_RING = Keyring({"ap": b"a" * 32}, active="ap")
-ANSWER_RING = Keyring({"fx": b"f" * 32, "ap": b"a" * 32})
 FORGER_RING = Keyring({"fx": b"x" * 32}, active="fx")
 #: A claimant that cannot be running: beyond any pid_max.
 DEAD_CLAIMANT = f"{2**22 + 7}:0:crashed"
@@ -73,6 +72,15 @@ class SimulationFailure(BaseException):
     """A violated invariant. Not an Exception: the runtime and the effector turn an agent's or
     a tool's exceptions into dead letters and results, and a check made inside an agent or a
     tool must stop the run instead."""
+
+
+def _deferred(continuation: bytes) -> bool:
+    suspended = Continuation.FromString(continuation)
+    return (
+        not suspended.pending_intent_ids
+        and suspended.retry_at_ms > 0
+        and len(suspended.mailbox) > 0
+    )
 
 
 def _answer_bytes(envelope: AgentEnvelope) -> bytes:
@@ -138,8 +146,11 @@ class Simulation:
         self.dofn = run_agent._AgentDoFn(
             _Recording(agent, self),
             self.model,
-            lambda: INTENT_RING,
-            lambda: ANSWER_RING,
+            {
+                "intent": lambda: INTENT_RING,
+                "result": lambda: RESULT_RING,
+                "approval": lambda: APPROVAL_RING,
+            },
             self.config,
             None,
         )
@@ -293,7 +304,21 @@ class Simulation:
             self._deliver(envelope, produced=intent.tool_name != ESCALATION_TOOL)
 
     def _forge(self, key: bytes, intent: ToolIntent) -> None:
-        """Someone who can write to the events topic answers a pending intent."""
+        """Someone who can write to the events topic answers a pending intent: with a key of
+        their own, unsigned, or, holding an effector's key, approving an approval intent."""
+        if intent.kind == ToolIntent.APPROVAL and self.rng.random() < 0.5:
+            approval = AgentEnvelope.Approval(
+                intent_id=intent.intent_id,
+                approved=True,
+                approver="an effector",
+                intent_digest=content_digest(_bytes(intent)),
+            )
+            envelope = AgentEnvelope(
+                entity_key=key, event_time_ms=self.now, approval=sign(approval, RESULT_RING)
+            )
+            self.forged.add(_answer_bytes(envelope))
+            self._deliver(envelope, produced=False)
+            return
         result = ToolResult(
             intent_id=intent.intent_id,
             entity_key=key,
@@ -436,7 +461,8 @@ class Simulation:
                 continue
             if _answer_bytes(answer.envelope()) in self.forged:
                 self.fail(f"a forged answer to {answer.intent.intent_id} reached the agent")
-            if verify(message, ANSWER_RING) is not Verification.VALID:
+            ring = APPROVAL_RING if answer.approval is not None else RESULT_RING
+            if verify(message, ring) is not Verification.VALID:
                 self.fail(f"an unsigned answer to {answer.intent.intent_id} reached the agent")
             if message.intent_digest != content_digest(_bytes(answer.intent)):
                 self.fail(f"the answer to {answer.intent.intent_id} is for other content")
@@ -447,7 +473,10 @@ class Simulation:
             if before != after:
                 self.fail("an export changed the key's state")
             return
-        if (after[3] is None) != (not after[4]):
+        # A suspension with no pending intent is a start deferred while its model was busy:
+        # its event waits first in the mailbox, on a retry.
+        deferred = after[3] is not None and not after[4] and _deferred(after[3])
+        if (after[3] is None) != (not after[4]) and not deferred:
             self.fail("pending intents without a suspension, or a suspension without them")
         reasons = {value.reason for tag, (_, value) in outputs if tag == run_agent.ERRORS}
         if before[1] is not None and after[1] is None:
@@ -458,7 +487,11 @@ class Simulation:
             deadline = Continuation.FromString(before[3]).deadline_ms
             if envelope.event_time_ms <= deadline:
                 self.fail(f"an answer at {envelope.event_time_ms} refused as after {deadline}")
-        if "failed_activations" not in counted or "activations" in counted:
+        # Only an input whose every activation failed is held to "changes nothing"; one that
+        # also ran or deferred another (a drained mailbox) changed state on purpose.
+        if "failed_activations" not in counted or {"activations", "deferred_activations"} & set(
+            counted
+        ):
             return
         # A failed activation changes nothing but its durable inputs (the answers).
         if before[:3] != after[:3]:
@@ -471,7 +504,9 @@ class Simulation:
         if not reasons & _FAILED and dl.RESUME_FAILED not in reasons:
             self.fail(f"a failed activation without its dead letter: {reasons}")
         if after[3] is None:
-            if before[3] is not None and not reasons & _ENDINGS:
+            # A deferred start that fails for good ends as the start's own failure.
+            ended = before[3] is not None and not _deferred(before[3])
+            if ended and not reasons & _ENDINGS:
                 self.fail(
                     f"a failed activation ended a suspension without resume_failed: {reasons}"
                 )
@@ -479,8 +514,13 @@ class Simulation:
         if before[3] is None:
             self.fail("a failed activation created a suspension")
         old, new = (Continuation.FromString(b) for b in (before[3], after[3]))
-        if list(new.answers[: len(old.answers)]) != list(old.answers):
-            self.fail("a failed activation lost an answer")
+        answered = {_answered_id(a) for a in new.answers}
+        for kept in old.answers:
+            # Only an EXPIRED the runtime made may give way, to a genuine answer for its intent.
+            result = kept.tool_result
+            made_here = result.status == ToolResult.EXPIRED and not result.signature
+            if kept not in new.answers and not (made_here and _answered_id(kept) in answered):
+                self.fail("a failed activation lost an answer")
         for blob in (old, new):
             for name in ("answers", "resume_failures", "retry_at_ms", "state_schema_version"):
                 blob.ClearField(name)
