@@ -30,14 +30,17 @@ logs="$cache/logs"
 run="$cache/run"
 beam_version="$(sed -n 's/^apache-beam==\([0-9.]*\).*/\1/p' "$root/requirements_lock.txt")"
 
-kafka_port=19092
-kafka_controller_port=19093
-expansion_port=18096
-java_workers_port=18097
-flink_rest_port=18081
-flink_rpc_port=16123
-job_port=18099
-artifact_port=18098
+# BEAM_AGENTS_ENGINES_PORT_OFFSET moves every port, so two checkouts on one machine can each
+# run their own engines.
+offset="${BEAM_AGENTS_ENGINES_PORT_OFFSET:-0}"
+kafka_port=$((19092 + offset))
+kafka_controller_port=$((19093 + offset))
+expansion_port=$((18096 + offset))
+java_workers_port=$((18097 + offset))
+flink_rest_port=$((18081 + offset))
+flink_rpc_port=$((16123 + offset))
+job_port=$((18099 + offset))
+artifact_port=$((18098 + offset))
 
 die() { echo "tools/engines.sh: $*" >&2; exit 1; }
 
