@@ -301,10 +301,12 @@ class EffectorService:
             }
         )
 
-    def run(self, stop: threading.Event) -> None:
+    def run(self, stop: threading.Event, on_served: Callable[[Route], None] | None = None) -> None:
         try:
             while not stop.is_set():
-                self.serve_one()
+                route = self.serve_one()
+                if route is not None and on_served is not None:
+                    on_served(route)
                 if self._backoff_s:
                     stop.wait(self._backoff_s)
         finally:
@@ -462,6 +464,10 @@ def _retriable(error) -> bool:
         KafkaError._WAIT_COORD,
         KafkaError.UNKNOWN_MEMBER_ID,
         KafkaError.ILLEGAL_GENERATION,
+        # Metadata a restarted broker has not loaded yet, or a topic being made.
+        KafkaError.UNKNOWN_TOPIC_OR_PART,
+        KafkaError.LEADER_NOT_AVAILABLE,
+        KafkaError.NOT_LEADER_FOR_PARTITION,
     }
 
 
