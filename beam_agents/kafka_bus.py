@@ -43,6 +43,7 @@ from typing import Any
 
 import apache_beam as beam
 from apache_beam.io.kafka import ReadFromKafka, WriteToKafka
+from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.typehints import Tuple
 from google.protobuf.message import DecodeError
 
@@ -57,6 +58,7 @@ __all__ = [
     "RECORD_ID_HEADER",
     "AgentLoop",
     "EffectorService",
+    "FlinkCheckpointOptions",
     "KafkaBusError",
     "TopicReader",
     "Topics",
@@ -66,6 +68,21 @@ __all__ = [
     "record_id",
     "record_id_of",
 ]
+
+
+class FlinkCheckpointOptions(PipelineOptions):
+    """`--checkpointing_interval` (ms), read by Beam's Flink runner on the job server. Python's
+    own options do not declare it, so without this class Beam warns `Unparseable argument`
+    for an option that works."""
+
+    @classmethod
+    def _add_argparse_args(cls, parser) -> None:
+        parser.add_argument(
+            "--checkpointing_interval",
+            type=int,
+            default=None,
+            help="Flink checkpoint interval in milliseconds (Beam's Flink runner)",
+        )
 
 
 class KafkaBusError(BeamAgentsError):

@@ -286,11 +286,15 @@ flink_demo() {
     running "$service" || started+=("$service")
     start "$service"
   done
+  # A clean clone has no venv yet: make it (about a minute, once).
+  [[ -x "$root/.venv/bin/python" ]] || bash "$root/tools/dev.sh" setup >&2
   before="$(flink_jobs | cut -d' ' -f1)"
+  # `import apache_beam` warns that apitools, a Google Cloud dependency the demo never uses,
+  # is missing (before any logging is configured): that one line is dropped.
   # shellcheck disable=SC2046
   "$root/.venv/bin/python" -m beam_agents.demo --bus=kafka \
     --kafka_bootstrap="127.0.0.1:$kafka_port" --expansion_service="127.0.0.1:$expansion_port" \
-    $(flink_options) || status=$?
+    $(flink_options) 2> >(grep -v '^WARNING:root:apitools not found' >&2) || status=$?
   # The job server does not pass a cancel on to the cluster, and a LOOPBACK job outlives the
   # process whose workers it used: cancel the demo's job through Flink's REST API.
   while read -r jid state; do
