@@ -226,19 +226,33 @@ start_taskmanager() {
     org.apache.flink.runtime.taskexecutor.TaskManagerRunner --configDir "$run/flink-conf"
 }
 
+taskmanager_ids() {
+  curl -sf "http://127.0.0.1:$flink_rest_port/taskmanagers" | python3 -c '
+import json, sys
+print(" ".join(sorted(t["id"] for t in json.load(sys.stdin)["taskmanagers"])))'
+}
+
+new_taskmanager() {
+  local id
+  for id in $(taskmanager_ids); do [[ " $1 " == *" $id "* ]] || return 0; done
+  return 1
+}
+
 # The task manager is the second PID of flink's start; a new one takes its place in the file.
 restart_taskmanager() {
-  local signal=TERM pids old lib
+  local signal=TERM pids old lib known
   [[ "${1:-}" == --kill ]] && signal=KILL
   running flink || die "flink is not running"
   mapfile -t pids <"$run/flink.pids"
   old="${pids[1]}"
+  known="$(taskmanager_ids)"
   kill "-$signal" "$old"
   while alive "$old"; do sleep 0.2; done
   lib="$(jars flink)"
   printf '%s\n' "${pids[0]}" "${pids[2]}" >"$run/flink.pids"
   start_taskmanager "$lib"
-  wait_for flink "a task manager" flink_ready
+  # Ready once a task manager the cluster did not know before has registered.
+  wait_for flink "a new task manager" new_taskmanager "$known"
   echo "tools/engines.sh: task manager $old stopped (SIG$signal), new one ready" >&2
 }
 
