@@ -10,7 +10,8 @@
     beam-agents update-check OLD NEW
     beam-agents effector-service --bootstrap-servers HOST:PORT --topic-prefix PREFIX
         --store FILE --tools MODULE:NAME [--keyring MODULE:NAME] [--result-keyring MODULE:NAME]
-        [--mode MODE]
+        [--approval-keyring MODULE:NAME] [--mode MODE] [--instance-id ID]
+        [--session-timeout-ms MS]
     beam-agents console --bus=kafka --config FILE
     beam-agents console hash-password
 
@@ -45,9 +46,14 @@ compatible; 1 not; 2 usage error.
 (beam_agents.kafka_bus.EffectorService), with its records in the SQLite store FILE, until
 SIGTERM or SIGINT; --tools names a dict of tool name to callable, --keyring a function returning
 the Keyring that verifies intents (required unless --mode off), --result-keyring one whose active
-key signs every result. It prints one line to stderr
-when it serves. Exit codes: 0 stopped by a signal; 1 stopped by a failure (the broker, the
-store), named, with the intent it was serving left uncommitted; 2 usage error.
+key signs every result and inquiry, --approval-keyring one that verifies people's answers to
+inquiries about calls whose outcome was unknown (a tool is a callable or a ToolSpec). --instance-id
+makes it a static member of its consumer group, so a restart under the same id serves at once;
+--session-timeout-ms (default 10000) bounds how long a crashed member holds the intents. It
+prints one line to stderr when it serves, and one per retried broker error (backoff up to 10 s).
+On SIGTERM it leaves the group at once. Exit codes: 0 stopped by a signal; 1 stopped by a fatal
+or permanent failure (the broker error named, or the store), with the intent it was serving
+left uncommitted; 2 usage error.
 
 `console` serves the approvals inbox and agent viewer of a Kafka loop in the browser
 (beam_agents.console; the beam-agents[console] extra), configured by a TOML file of the loop's
@@ -152,15 +158,28 @@ def _effector_service(args: argparse.Namespace) -> int:
             raise ValueError(f"--mode {args.mode} verifies signatures: name a --keyring")
         keyring = None if args.keyring is None else load_object(args.keyring)()
         result_keyring = None if args.result_keyring is None else load_object(args.result_keyring)()
+        approval_keyring = (
+            None if args.approval_keyring is None else load_object(args.approval_keyring)()
+        )
         topics = Topics(args.topic_prefix)
     except (KeyError, ValueError) as e:
         print(f"beam-agents effector-service: {e}", file=sys.stderr)
         return EXIT_USAGE
     effector = Effector(
-        tools, mode=mode, store=args.store, keyring=keyring, result_keyring=result_keyring
+        tools,
+        mode=mode,
+        store=args.store,
+        keyring=keyring,
+        result_keyring=result_keyring,
+        approval_keyring=approval_keyring,
     )
     service = EffectorService(
-        effector, bootstrap_servers=args.bootstrap_servers, topics=topics, group_id=args.group_id
+        effector,
+        bootstrap_servers=args.bootstrap_servers,
+        topics=topics,
+        group_id=args.group_id,
+        instance_id=args.instance_id,
+        session_timeout_ms=args.session_timeout_ms,
     )
     stop = threading.Event()
     for number in (signal.SIGTERM, signal.SIGINT):
@@ -369,7 +388,20 @@ def _parser() -> argparse.ArgumentParser:
         help="signature verification (default require)",
     )
     service.add_argument(
+        "--approval-keyring",
+        help="a function returning the Keyring that verifies answers to inquiries, MODULE:NAME",
+    )
+    service.add_argument(
         "--group-id", default="beam-agents-effector", help="the Kafka consumer group"
+    )
+    service.add_argument(
+        "--instance-id", help="a static group member id, the same across restarts of one service"
+    )
+    service.add_argument(
+        "--session-timeout-ms",
+        type=int,
+        default=10_000,
+        help="how long the group waits for a member that stopped heartbeating",
     )
     service.set_defaults(run=_effector_service)
     console = commands.add_parser(

@@ -37,8 +37,10 @@ Two faces share the gate:
   by default. A claim naming the effector's process is committed before the tool runs. A copy
   that finds the claim of a process still running is in flight (`Route.IN_FLIGHT`, no result
   yet: deliver it again later);
-  one that finds the claim of a process that is gone (an effector killed mid-call) gets an
-  ERROR result saying the outcome is unknown, and the tool is not run again: at most once.
+  one that finds the claim of a process that is gone (an effector killed mid-call) has an
+  unknown outcome, settled by the tool's `ToolSpec`: run again if idempotent, its reconciler,
+  or a person asked through an APPROVAL intent (`resolve` records their answer). The agent is
+  never told a call failed that may have acted.
 * `ExecuteIntents`, a Beam transform, re-windows intents into the global window (the same
   intent in two windows is still one intent) and keeps each record in keyed state under its
   intent_id, cleared by an event-time timer at the end of retention. Beam commits state with
@@ -83,6 +85,7 @@ from beam_agents._protos import (
 from beam_agents.beam_support import timer_timestamp, typed
 from beam_agents.core.intent import (
     DELIVERY_FIELDS,
+    canonical_args_json,
     content_digest,
     effective_kind,
     parse_args_json,
@@ -95,6 +98,8 @@ __all__ = [
     "DEAD_LETTERS",
     "DEFAULT_RETENTION_MS",
     "DELIVERY_FIELDS",
+    "INQUIRY_SUFFIX",
+    "INQUIRY_TOOL",
     "REASON_CONFLICT",
     "REASON_UNDECODABLE",
     "RESULTS",
@@ -105,13 +110,53 @@ __all__ = [
     "Route",
     "SqliteExecutionStore",
     "Tool",
+    "ToolSpec",
     "VerifyMode",
     "content_digest",
     "wall_clock_ms",
 ]
 
 #: A tool: called with the parsed args_json object and the intent; returns the result payload.
+#: The intent's intent_id is the call's idempotency key: pass it to the system the tool calls.
 Tool = Callable[[dict, ToolIntent], bytes | str]
+
+#: The tool name and intent_id suffix of the APPROVAL intent that asks a person whether a call
+#: whose outcome is unknown took effect (the id is the original intent's id + the suffix).
+INQUIRY_TOOL = "beam_agents.outcome_unknown"
+INQUIRY_SUFFIX = "#outcome"
+
+
+@dataclasses.dataclass(frozen=True)
+class ToolSpec:
+    """A tool with what the effector may do when a call's outcome is unknown (its effector
+    died mid-call). A plain callable is `ToolSpec(fn)`.
+
+    * `idempotent`: the tool is run again with the same intent (so the same intent_id as its
+      idempotency key); the system it calls makes the second call a no-op.
+    * `reconcile(intent)`: asks the system whether the call took effect: the payload (bytes or
+      str) when it did, which becomes the OK result, or None when it did not, and the tool is
+      run. An exception from it leaves the outcome unknown.
+    * neither, or a reconciler that fails: the outcome goes to a person as an APPROVAL intent
+      (`INQUIRY_TOOL`) asking whether it took effect; the agent hears nothing until they
+      answer (`Effector.resolve`). An agent is never told a call failed that may have acted.
+    """
+
+    fn: Tool
+    idempotent: bool = False
+    reconcile: Callable[[ToolIntent], bytes | str | None] | None = None
+
+    def __post_init__(self) -> None:
+        if not callable(self.fn):
+            raise TypeError(f"a tool must be callable, not {type(self.fn).__name__}")
+        if self.idempotent and self.reconcile is not None:
+            raise ValueError("an idempotent tool needs no reconciler: give one or the other")
+        if self.reconcile is not None and not callable(self.reconcile):
+            raise TypeError("reconcile must be callable")
+
+
+def _spec(tool: Tool | ToolSpec) -> ToolSpec:
+    return tool if isinstance(tool, ToolSpec) else ToolSpec(tool)
+
 
 RESULTS = "results"
 APPROVALS = "approvals"
@@ -185,6 +230,12 @@ class ExecutionStore(abc.ABC):
     def put(self, record: ExecutionRecord, keep_until_ms: int) -> None:
         """Stores `record`, replacing intent_id's record. Durable on return."""
 
+    @abc.abstractmethod
+    def take_over(self, record: ExecutionRecord, claimed_by: str, keep_until_ms: int) -> bool:
+        """Stores `record` if intent_id's record is still the RUNNING claim of `claimed_by`
+        (a claimant that died); False when another caller took it over first. Durable on
+        return."""
+
 
 class SqliteExecutionStore(ExecutionStore):
     """An ExecutionStore in one SQLite file (WAL, synchronous=FULL), safe to share between
@@ -245,6 +296,30 @@ class SqliteExecutionStore(ExecutionStore):
                 (record.intent_id, keep_until_ms, _serialize(record)),
             )
 
+    def take_over(self, record: ExecutionRecord, claimed_by: str, keep_until_ms: int) -> bool:
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                row = self._db.execute(
+                    "SELECT record FROM executions WHERE intent_id = ?", (record.intent_id,)
+                ).fetchone()
+                held = None if row is None else ExecutionRecord.FromString(row[0])
+                taken = (
+                    held is not None
+                    and held.outcome == ExecutionRecord.OUTCOME_RUNNING
+                    and held.claimed_by == claimed_by
+                )
+                if taken:
+                    self._db.execute(
+                        "INSERT OR REPLACE INTO executions VALUES (?, ?, ?)",
+                        (record.intent_id, keep_until_ms, _serialize(record)),
+                    )
+                self._db.execute("COMMIT")
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+        return taken
+
     def prune(self, now_ms: int) -> int:
         """Deletes the records kept until before now_ms (at most once a minute); returns how
         many."""
@@ -278,17 +353,19 @@ class _Gate:
         keyring: Keyring | None,
         retention_ms: int,
         result_keyring: Keyring | None = None,
+        approval_keyring: Keyring | None = None,
     ) -> None:
         if mode is not VerifyMode.OFF and keyring is None:
             raise ValueError(f"verify mode {mode.value} needs a keyring")
         if result_keyring is not None and result_keyring.active is None:
             raise ValueError("result_keyring needs an active key to sign results with")
         _check_retention(retention_ms)
-        self.tools = dict(tools)
+        self.tools = {name: _spec(tool) for name, tool in tools.items()}
         self.mode = mode
         self.keyring = keyring
         self.retention_ms = retention_ms
         self.result_keyring = result_keyring
+        self.approval_keyring = approval_keyring
 
     def keep_until(self, record: ExecutionRecord, now: int) -> int:
         return min(max(record.latest_expires_at_ms, now) + self.retention_ms, _INT64_MAX)
@@ -325,7 +402,7 @@ class _Gate:
         )
         known = store.get(intent.intent_id)
         if known is not None:
-            return self._again(known, intent, record, at, store, owner)
+            return self._again(known, intent, record, now, store, owner)
         decided = self._refusal(intent, record.content_digest, at)
         if decided is None:
             record.outcome = ExecutionRecord.OUTCOME_RUNNING
@@ -336,9 +413,16 @@ class _Gate:
                 record.result.CopyFrom(result)
         known = store.claim(record, self.keep_until(record, at))
         if known is not None:  # another caller decided this intent first
-            return self._again(known, intent, record, at, store, owner)
+            return self._again(known, intent, record, now, store, owner)
         if record.outcome != ExecutionRecord.OUTCOME_RUNNING:
             return self._first_output(record, intent)
+        return self._run_claimed(record, intent, now, store)
+
+    def _run_claimed(
+        self, record: ExecutionRecord, intent: ToolIntent, now: Callable[[], int], store
+    ) -> EffectorOutput:
+        """Runs the tool of `record`, a RUNNING claim this caller holds, and records its
+        result."""
         record.result.CopyFrom(self._run(intent, record.content_digest, now))
         record.outcome = ExecutionRecord.OUTCOME_RESULT
         record.ClearField("claimed_by")
@@ -347,7 +431,7 @@ class _Gate:
 
     def _first_output(self, record: ExecutionRecord, intent: ToolIntent) -> EffectorOutput:
         if record.outcome == ExecutionRecord.OUTCOME_APPROVAL:
-            return EffectorOutput(Route.APPROVAL, approval=intent)
+            return EffectorOutput(Route.APPROVAL, approval=_approval_of(record, intent))
         return EffectorOutput(Route.RESULT, result=self._envelope(record.result))
 
     def _envelope(self, result: ToolResult) -> AgentEnvelope:
@@ -386,7 +470,7 @@ class _Gate:
 
     def _run(self, intent: ToolIntent, digest: bytes, now: Callable[[], int]) -> ToolResult:
         try:
-            payload = self.tools[intent.tool_name](parse_args_json(intent.args_json), intent)
+            payload = self.tools[intent.tool_name].fn(parse_args_json(intent.args_json), intent)
             if isinstance(payload, str):
                 payload = payload.encode("utf-8")
             if not isinstance(payload, bytes):
@@ -402,12 +486,13 @@ class _Gate:
         known: ExecutionRecord,
         intent: ToolIntent,
         record: ExecutionRecord,
-        now: int,
+        clock: Callable[[], int],
         store: ExecutionStore,
         owner: str,
     ) -> EffectorOutput:
         """The output for an intent_id decided before. `known` came from the store and is
         never changed in place (a Beam state read may be the stored object itself)."""
+        now = clock()
         # The digest covers entity_key too; comparing it apart names the conflict.
         if known.entity_key != record.entity_key or known.content_digest != record.content_digest:
             what = "another entity" if known.entity_key != record.entity_key else "other content"
@@ -429,33 +514,153 @@ class _Gate:
         updated = ExecutionRecord()
         updated.CopyFrom(known)
         if known.outcome == ExecutionRecord.OUTCOME_RUNNING and not _running(known.claimed_by):
-            # The effector that claimed it stopped mid-call: the tool may or may not have
-            # acted, and running it again could act twice. The unknown outcome is the result.
-            updated.result.CopyFrom(
-                _result(
-                    intent,
-                    known.content_digest,
-                    ToolResult.ERROR,
-                    now,
-                    error=(
-                        f"outcome unknown: effector {known.claimed_by} stopped while running "
-                        "this intent's tool; it is not run again"
-                    ),
-                )
-            )
-            updated.outcome = ExecutionRecord.OUTCOME_RESULT
-            updated.ClearField("claimed_by")
-            updated.latest_expires_at_ms = max(known.latest_expires_at_ms, intent.expires_at_ms)
-            store.put(updated, self.keep_until(updated, now))
-            return self._first_output(updated, intent)
+            return self._unknown_outcome(known, intent, clock, store, owner)
         if intent.expires_at_ms > known.latest_expires_at_ms:
             updated.latest_expires_at_ms = intent.expires_at_ms
             store.put(updated, self.keep_until(updated, now))
         if known.outcome == ExecutionRecord.OUTCOME_RESULT:
             return EffectorOutput(Route.DUPLICATE, result=self._envelope(known.result))
         if known.outcome == ExecutionRecord.OUTCOME_APPROVAL:
-            return EffectorOutput(Route.DUPLICATE, approval=intent)
+            return EffectorOutput(Route.DUPLICATE, approval=_approval_of(known, intent))
         return EffectorOutput(Route.IN_FLIGHT)
+
+    def _unknown_outcome(
+        self,
+        known: ExecutionRecord,
+        intent: ToolIntent,
+        clock: Callable[[], int],
+        store: ExecutionStore,
+        owner: str,
+    ) -> EffectorOutput:
+        """The claimant of `known` stopped mid-call: the tool may or may not have acted. What
+        the tool's ToolSpec allows decides: run it again (idempotent), ask its reconciler, or
+        ask a person. Every path takes the dead claim over first, so one caller acts."""
+        now = clock()
+        spec = self.tools.get(intent.tool_name)
+        updated = ExecutionRecord()
+        updated.CopyFrom(known)
+        updated.latest_expires_at_ms = max(known.latest_expires_at_ms, intent.expires_at_ms)
+        run_again = spec is not None and spec.idempotent
+        if spec is not None and spec.reconcile is not None:
+            try:
+                payload = spec.reconcile(intent)
+                if isinstance(payload, str):
+                    payload = payload.encode("utf-8")
+                if payload is not None and not isinstance(payload, bytes):
+                    raise TypeError(f"reconcile returned {type(payload).__name__}")
+            except Exception:  # the system cannot say now: a person decides
+                pass
+            else:
+                if payload is not None:
+                    updated.ClearField("claimed_by")
+                    updated.outcome = ExecutionRecord.OUTCOME_RESULT
+                    updated.result.CopyFrom(
+                        _result(intent, known.content_digest, ToolResult.OK, now, payload=payload)
+                    )
+                    return self._take_over(known, updated, intent, clock, store, owner)
+                run_again = True  # it did not act: running it is the first effect
+        if run_again:
+            updated.claimed_by = owner
+            if not store.take_over(updated, known.claimed_by, self.keep_until(updated, now)):
+                return self._again(
+                    store.get(intent.intent_id), intent, updated, clock, store, owner
+                )
+            return self._run_claimed(updated, intent, clock, store)
+        updated.ClearField("claimed_by")
+        updated.outcome = ExecutionRecord.OUTCOME_APPROVAL
+        inquiry = _inquiry(intent, now)
+        if self.result_keyring is not None:
+            inquiry = sign(inquiry, self.result_keyring)
+        # The record keeps the inquiry, so a copy re-sends the very same one.
+        updated.result.CopyFrom(
+            ToolResult(intent_id=inquiry.intent_id, payload=_serialize(inquiry))
+        )
+        return self._take_over(known, updated, intent, clock, store, owner)
+
+    def resolve(
+        self, answer: AgentEnvelope, *, now: int, store: ExecutionStore
+    ) -> EffectorOutput | None:
+        """A person's answer to an inquiry (`_inquiry`) as the result of the call it asked
+        about: approved, it took effect (OK); denied, it did not (ERROR saying so, not run:
+        the agent may ask again). None when `answer` answers no inquiry of this store."""
+        approval = answer.approval
+        if not answer.HasField("approval") or not approval.intent_id.endswith(INQUIRY_SUFFIX):
+            return None
+        known = store.get(approval.intent_id.removesuffix(INQUIRY_SUFFIX))
+        if known is None:
+            return None
+        if known.outcome == ExecutionRecord.OUTCOME_RESULT:
+            # Answered before; this is a copy: the recorded result again.
+            return EffectorOutput(Route.DUPLICATE, result=self._envelope(known.result))
+        if known.outcome != ExecutionRecord.OUTCOME_APPROVAL or not known.result.payload:
+            return None
+        inquiry = ToolIntent.FromString(known.result.payload)
+        refusal = None
+        if self.approval_keyring is not None:
+            outcome = verify(approval, self.approval_keyring)
+            if outcome is not Verification.VALID:
+                refusal = f"answer_signature_{outcome.name.lower()}"
+        if refusal is None and approval.intent_digest != content_digest(known.result.payload):
+            refusal = "answer_for_other_content"
+        if refusal is not None:
+            detail = f"answer to inquiry {approval.intent_id} by {approval.approver!r} refused"
+            return _dead_letter(inquiry.entity_key, refusal, detail, now)
+        original = ToolIntent(
+            intent_id=known.intent_id, entity_key=known.entity_key, seq=inquiry.seq
+        )
+        if approval.approved:
+            payload = canonical_args_json({"took_effect": True, "confirmed_by": approval.approver})
+            result = _result(
+                original, known.content_digest, ToolResult.OK, now, payload=payload.encode()
+            )
+        else:
+            error = (
+                f"not done: {approval.approver} confirmed that {inquiry.intent_id} did not take "
+                "effect; it was not run"
+            )
+            result = _result(original, known.content_digest, ToolResult.ERROR, now, error=error)
+        updated = ExecutionRecord()
+        updated.CopyFrom(known)
+        updated.outcome = ExecutionRecord.OUTCOME_RESULT
+        updated.result.CopyFrom(result)
+        store.put(updated, self.keep_until(updated, now))
+        return EffectorOutput(Route.RESULT, result=self._envelope(result))
+
+    def _take_over(self, known, updated, intent, clock, store, owner) -> EffectorOutput:
+        if not store.take_over(updated, known.claimed_by, self.keep_until(updated, clock())):
+            return self._again(store.get(intent.intent_id), intent, updated, clock, store, owner)
+        return self._first_output(updated, intent)
+
+
+def _approval_of(record: ExecutionRecord, intent: ToolIntent) -> ToolIntent:
+    """What goes before a person for an APPROVAL record: the intent itself, or for a tool call
+    whose outcome was unknown, the inquiry the record keeps."""
+    if record.result.payload:
+        return ToolIntent.FromString(record.result.payload)
+    return intent
+
+
+def _inquiry(intent: ToolIntent, now: int) -> ToolIntent:
+    """The APPROVAL intent asking whether `intent`'s call took effect; deterministic but for
+    its creation time."""
+    question = (
+        f"The effector stopped while running {intent.tool_name} {intent.args_json} "
+        f"(intent {intent.intent_id}). Did it take effect? Approve if it did; deny if it did "
+        "not, and it is then run."
+    )
+    args = {"question": question, "intent_id": intent.intent_id, "tool": intent.tool_name}
+    return ToolIntent(
+        intent_id=intent.intent_id + INQUIRY_SUFFIX,
+        entity_key=intent.entity_key,
+        seq=intent.seq,
+        step_index=intent.step_index,
+        tool_name=INQUIRY_TOOL,
+        args_json=canonical_args_json(args),
+        created_at_ms=now,
+        expires_at_ms=intent.expires_at_ms,
+        kind=ToolIntent.APPROVAL,
+        trace_id=intent.trace_id,
+    )
 
 
 def _instance_id() -> str:
@@ -532,9 +737,11 @@ def _dead_letter(entity_key: bytes, reason: str, detail: str, now: int) -> Effec
 class Effector:
     """The gate of the module docstring as a plain callable: `effector(intent_or_bytes)`.
 
-    `store` is an ExecutionStore, or a path for a SqliteExecutionStore (":memory:" keeps
-    nothing across restarts: tests only). `keyring` verifies intents; `result_keyring`, with an
-    active key, signs every ToolResult (RunAgent verifies them with its answer keyring).
+    `tools` maps names to callables or `ToolSpec`s. `store` is an ExecutionStore, or a path for
+    a SqliteExecutionStore (":memory:" keeps nothing across restarts: tests only). `keyring`
+    verifies intents; `result_keyring`, with an active key, signs every ToolResult (RunAgent
+    verifies them with its answer keyring) and every inquiry; `approval_keyring` verifies the
+    answers to inquiries (`resolve`).
     """
 
     def __init__(
@@ -545,10 +752,11 @@ class Effector:
         store: ExecutionStore | str | os.PathLike,
         keyring: Keyring | None = None,
         result_keyring: Keyring | None = None,
+        approval_keyring: Keyring | None = None,
         clock: Callable[[], int] = wall_clock_ms,
         retention_ms: int = DEFAULT_RETENTION_MS,
     ) -> None:
-        self._gate = _Gate(tools, mode, keyring, retention_ms, result_keyring)
+        self._gate = _Gate(tools, mode, keyring, retention_ms, result_keyring, approval_keyring)
         if isinstance(store, str | os.PathLike):
             store = SqliteExecutionStore(store)
         self.store = store
@@ -563,6 +771,13 @@ class Effector:
         if prune is not None:
             prune(self._clock())
         return self._gate.decide(intent, now=self._clock, store=self.store, owner=self.instance_id)
+
+    def resolve(self, answer: AgentEnvelope) -> EffectorOutput | None:
+        """A person's answer (an AgentEnvelope with an approval) to an inquiry this effector
+        sent about a call whose outcome was unknown: the call's result (RESULT, or DUPLICATE
+        for a copy of an answer), a dead letter for an answer whose signature or content does
+        not hold, or None when it answers no inquiry of this store."""
+        return self._gate.resolve(answer, now=self._clock(), store=self.store)
 
 
 # Beam -------------------------------------------------------------------------------------
@@ -608,6 +823,14 @@ class _StateStore(ExecutionStore):
     def put(self, record: ExecutionRecord, keep_until_ms: int) -> None:
         self._state.write(record)
         self._timer.set(timer_timestamp(keep_until_ms))
+
+    def take_over(self, record: ExecutionRecord, claimed_by: str, keep_until_ms: int) -> bool:
+        # One key's state is read and written by one bundle at a time.
+        held = self._state.read()
+        if held is None or held.claimed_by != claimed_by:
+            return False
+        self.put(record, keep_until_ms)
+        return True
 
 
 class _ExecuteOnce(beam.DoFn):

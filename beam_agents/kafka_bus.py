@@ -34,6 +34,8 @@ Java expansion service and workers (`bash tools/engines.sh start java`).
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -41,25 +43,46 @@ from typing import Any
 
 import apache_beam as beam
 from apache_beam.io.kafka import ReadFromKafka, WriteToKafka
+from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.typehints import Tuple
+from google.protobuf.message import DecodeError
 
 from beam_agents._protos import ActivationErrorRecord, AgentEnvelope
 from beam_agents.beam_support import typed
-from beam_agents.effector import Effector, Route
+from beam_agents.effector import Effector, EffectorOutput, Route
 from beam_agents.errors import BeamAgentsError
 from beam_agents.runtime import COMPLETIONS, ERRORS, INTENTS, SNAPSHOTS, TRACES, RunAgent
 from beam_agents.runtime.dead_letters import UNDECODABLE, error_record, to_envelope
 
 __all__ = [
+    "RECORD_ID_HEADER",
     "AgentLoop",
     "EffectorService",
+    "FlinkCheckpointOptions",
     "KafkaBusError",
     "TopicReader",
     "Topics",
     "create_topics",
     "decode_dead_letter",
     "produce",
+    "record_id",
+    "record_id_of",
 ]
+
+
+class FlinkCheckpointOptions(PipelineOptions):
+    """`--checkpointing_interval` (ms), read by Beam's Flink runner on the job server. Python's
+    own options do not declare it, so without this class Beam warns `Unparseable argument`
+    for an option that works."""
+
+    @classmethod
+    def _add_argparse_args(cls, parser) -> None:
+        parser.add_argument(
+            "--checkpointing_interval",
+            type=int,
+            default=None,
+            help="Flink checkpoint interval in milliseconds (Beam's Flink runner)",
+        )
 
 
 class KafkaBusError(BeamAgentsError):
@@ -237,15 +260,23 @@ class AgentLoop(beam.PTransform):
 
 
 class EffectorService:
-    """An `Effector` serving the intents topic of `topics`.
+    """An `Effector` serving the intents topic of `topics`, and the events topic for people's
+    answers to its inquiries about calls whose outcome was unknown (`Effector.resolve`).
 
     Each intent's records (a result to the events topic, an approval intent to the approvals
     topic, a dead letter) are produced and acknowledged before the intent's offset is
-    committed; a record the broker does not acknowledge raises KafkaBusError with the offset
-    uncommitted. A copy of a decided intent sends its recorded result or approval request
+    committed. A copy of a decided intent sends its recorded result or approval request
     again; an intent another live effector is running is left uncommitted and read again.
-    `run` serves until `stop` is set; `serve_one` handles at most one intent.
-    `producer_config` adds to or overrides the producer's librdkafka settings.
+    Every record carries its id (`RECORD_ID_HEADER`, `record_id`), the same for every copy.
+
+    Faults: an error the broker or client calls retriable (a coordinator loading, a broker
+    that is down, a record not acknowledged in time) is retried with backoff, the message
+    read again from its offset; a fatal one raises KafkaBusError naming it, offset
+    uncommitted. `instance_id` makes the service a static member of its group, so a restart
+    under the same id takes its partitions back at once instead of after the session timeout
+    (`session_timeout_ms`, which also bounds how long a crashed member holds them).
+    `run` serves until `stop` is set, then leaves the group; `serve_one` handles at most one
+    message. `producer_config` adds to or overrides the producer's librdkafka settings.
     """
 
     def __init__(
@@ -257,12 +288,15 @@ class EffectorService:
         group_id: str = "beam-agents-effector",
         poll_timeout_s: float = 0.5,
         producer_config: Mapping[str, Any] | None = None,
+        instance_id: str | None = None,
+        session_timeout_ms: int = 10_000,
     ) -> None:
         from confluent_kafka import Consumer, Producer
 
         self.effector = effector
         self.topics = topics
         self._poll_timeout_s = poll_timeout_s
+        self._backoff_s = 0.0
         self._consumer = Consumer(
             {
                 "bootstrap.servers": bootstrap_servers,
@@ -270,9 +304,12 @@ class EffectorService:
                 "auto.offset.reset": "earliest",
                 # Offsets are committed by hand, after the intent's records are acknowledged.
                 "enable.auto.commit": False,
+                "session.timeout.ms": session_timeout_ms,
+                "heartbeat.interval.ms": max(session_timeout_ms // 5, 100),
+                **({"group.instance.id": instance_id} if instance_id else {}),
             }
         )
-        self._consumer.subscribe([topics.intents])
+        self._consumer.subscribe([topics.intents, topics.events])
         self._producer = Producer(
             {
                 "bootstrap.servers": bootstrap_servers,
@@ -281,36 +318,83 @@ class EffectorService:
             }
         )
 
-    def run(self, stop: threading.Event) -> None:
+    def run(self, stop: threading.Event, on_served: Callable[[Route], None] | None = None) -> None:
         try:
             while not stop.is_set():
-                self.serve_one()
+                route = self.serve_one()
+                if route is not None and on_served is not None:
+                    on_served(route)
+                if self._backoff_s:
+                    stop.wait(self._backoff_s)
         finally:
             self.close()
 
     def serve_one(self) -> Route | None:
-        """Polls once; handles the intent it got. Returns the effector's route, or None."""
+        """Polls once; handles the intent (or answer to an inquiry) it got. Returns the
+        effector's route, or None. A retriable failure returns None and sets a backoff that
+        `run` waits out; the message is read again."""
+        from confluent_kafka import KafkaException, TopicPartition
+
         message = self._consumer.poll(self._poll_timeout_s)
         if message is None:
             return None
         if message.error():
-            raise KafkaBusError(f"reading {self.topics.intents}: {message.error()}")
-        output = self.effector(message.value() or b"")
-        if output.route is Route.IN_FLIGHT:
-            from confluent_kafka import TopicPartition
-
-            # Another live effector runs it now: read it again later, so that if that process
-            # dies this one answers it (outcome unknown) instead of leaving it unanswered.
+            self._failed(message.error(), f"reading {message.topic()}")
+            return None
+        try:
+            if message.topic() == self.topics.events:
+                output = self._answer(message.value())
+            else:
+                output = self.effector(message.value() or b"")
+            if output is not None and output.route is Route.IN_FLIGHT:
+                # Another live effector runs it now: read it again later, so that if that
+                # process dies this one answers it instead of leaving it unanswered.
+                self._consumer.seek(
+                    TopicPartition(message.topic(), message.partition(), message.offset())
+                )
+                time.sleep(self._poll_timeout_s)
+                return output.route
+            if output is not None:
+                _send(self._producer, self._records(output))
+            # Events that answer no inquiry are the loop's, not this service's: no wait.
+            self._consumer.commit(message=message, asynchronous=output is None)
+        except KafkaException as e:
+            self._failed(e.args[0], f"serving {message.topic()} offset {message.offset()}")
             self._consumer.seek(
                 TopicPartition(message.topic(), message.partition(), message.offset())
             )
-            time.sleep(self._poll_timeout_s)
-            return output.route
-        _send(self._producer, self._records(output))
-        self._consumer.commit(message=message, asynchronous=False)
-        return output.route
+            return None
+        except _Unacknowledged as e:
+            self._failed(None, str(e))
+            self._consumer.seek(
+                TopicPartition(message.topic(), message.partition(), message.offset())
+            )
+            return None
+        self._backoff_s = 0.0
+        return None if output is None else output.route
 
-    def _records(self, output) -> Iterable[tuple[str, bytes, Any, int]]:
+    def _answer(self, value: bytes | None) -> EffectorOutput | None:
+        try:
+            envelope = AgentEnvelope.FromString(value or b"")
+        except DecodeError:
+            return None  # RunAgent dead-letters it; it answers nothing of ours
+        return self.effector.resolve(envelope)
+
+    def _failed(self, error, what: str) -> None:
+        """Raises KafkaBusError for a fatal or permanent error; sets the next backoff for a
+        retriable one (0.5 s doubling to 10 s)."""
+        if error is not None and (error.fatal() or not _retriable(error)):
+            kind = "fatal" if error.fatal() else "permanent"
+            raise KafkaBusError(f"{what}: {kind} broker error {error.name()}: {error.str()}")
+        self._backoff_s = min(max(self._backoff_s * 2, 0.5), 10.0)
+        detail = what if error is None else f"{what}: {error.name()}"
+        print(
+            f"beam_agents.kafka_bus: retrying in {self._backoff_s:.1f} s after {detail}",
+            file=sys.stderr,
+            flush=True,
+        )
+
+    def _records(self, output: EffectorOutput) -> Iterable[tuple[str, bytes, Any, int]]:
         if output.result is not None:
             result = output.result
             yield self.topics.events, result.entity_key, result, result.event_time_ms
@@ -327,8 +411,10 @@ class EffectorService:
             )
 
     def close(self) -> None:
-        self._producer.flush(30)
+        """Leaves the consumer group now (a static member only closes: its id keeps its
+        partitions for a restart within the session timeout)."""
         self._consumer.close()
+        self._producer.flush(10)
 
 
 def produce(bootstrap_servers: str, records: Iterable[tuple[str, bytes, Any, int]]) -> None:
@@ -340,12 +426,74 @@ def produce(bootstrap_servers: str, records: Iterable[tuple[str, bytes, Any, int
     _send(producer, records)
 
 
+#: The header carrying a record's id (`record_id`): every copy of one record has the same.
+RECORD_ID_HEADER = "beam-agents-id"
+
+
+def record_id(role: str, key: bytes | None, value: bytes | None) -> str:
+    """The id of a record of the topic role `role` (`events`, `intents`, ...): hex SHA-256 of
+    the role, key and value. Deterministic because what we produce is: an activation's outputs
+    are a function of its state and input (RunAgent replays, never re-asks, a model), and a
+    result or approval request the effector sends again is its recorded bytes. ToolIntents,
+    results and traces name their entity_key, seq and step inside the value, so ids of records
+    of different steps never meet."""
+    digest = hashlib.sha256()
+    for part in (role.encode(), key or b"", value or b""):
+        digest.update(len(part).to_bytes(8, "big"))
+        digest.update(part)
+    return digest.hexdigest()
+
+
+def record_id_of(message) -> str:
+    """A consumed record's id: its header when it has one (records the effector service and
+    `produce` write), else computed from its topic's role, key and value (records the Beam
+    pipeline writes), which is the same value."""
+    for name, value in message.headers() or ():
+        if name == RECORD_ID_HEADER and value:
+            return bytes(value).decode("ascii", "replace")
+    return record_id(_role(message.topic()), message.key(), message.value())
+
+
+def _role(topic: str) -> str:
+    return topic.rpartition(".")[2]
+
+
+class _Unacknowledged(KafkaBusError):
+    """Records the broker did not acknowledge for a retriable reason (a timeout, a broker
+    down): sending them again is safe, their ids make copies recognisable."""
+
+
+def _retriable(error) -> bool:
+    from confluent_kafka import KafkaError
+
+    # librdkafka marks a broker outage's local errors (transport, all brokers down, timed
+    # out) as not retriable; for a service that waits the broker out they are.
+    return error.retriable() or error.code() in {
+        KafkaError._TRANSPORT,
+        KafkaError._ALL_BROKERS_DOWN,
+        KafkaError._TIMED_OUT,
+        KafkaError._MSG_TIMED_OUT,
+        KafkaError.REQUEST_TIMED_OUT,
+        KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
+        KafkaError.COORDINATOR_NOT_AVAILABLE,
+        KafkaError.NOT_COORDINATOR,
+        KafkaError.REBALANCE_IN_PROGRESS,
+        KafkaError._WAIT_COORD,
+        KafkaError.UNKNOWN_MEMBER_ID,
+        KafkaError.ILLEGAL_GENERATION,
+        # Metadata a restarted broker has not loaded yet, or a topic being made.
+        KafkaError.UNKNOWN_TOPIC_OR_PART,
+        KafkaError.LEADER_NOT_AVAILABLE,
+        KafkaError.NOT_LEADER_FOR_PARTITION,
+    }
+
+
 def _send(producer, records: Iterable[tuple[str, bytes, Any, int]]) -> None:
-    failures: list[str] = []
+    failures: list = []
 
     def delivered(error, message) -> None:
         if error is not None:
-            failures.append(f"{message.topic()}: {error}")
+            failures.append((message.topic(), error))
 
     for topic, key, value, timestamp_ms in records:
         if value is not None and not isinstance(value, bytes):
@@ -355,18 +503,28 @@ def _send(producer, records: Iterable[tuple[str, bytes, Any, int]]) -> None:
             key=key,
             value=value,
             timestamp=timestamp_ms,
+            headers=[(RECORD_ID_HEADER, record_id(_role(topic), key, value))],
             on_delivery=delivered,
         )
-    if producer.flush(30) or failures:
-        raise KafkaBusError(f"records not acknowledged: {failures or 'flush timed out'}")
+    if producer.flush(30):
+        raise _Unacknowledged("records not acknowledged: flush timed out")
+    if failures:
+        named = [f"{topic}: {error.name()} {error.str()}" for topic, error in failures]
+        if all(_retriable(error) for _, error in failures):
+            raise _Unacknowledged(f"records not acknowledged: {named}")
+        raise KafkaBusError(f"records not acknowledged: {named}")
 
 
 class TopicReader:
     """Reads topics from their start, outside any pipeline: how tests and the demo see what a
     loop produced. `read(until, timeout_s)` returns {topic: [(key, value bytes)]} once
-    `until(records)` is true, or raises TimeoutError with what it has."""
+    `until(records)` is true, or raises TimeoutError with what it has. A record whose id
+    (`record_id_of`) was read before is a repeat of an at-least-once sink: it is counted in
+    `repeats` and, with `dedupe` (the default), left out."""
 
-    def __init__(self, bootstrap_servers: str, topics: Iterable[str]) -> None:
+    def __init__(
+        self, bootstrap_servers: str, topics: Iterable[str], *, dedupe: bool = True
+    ) -> None:
         from confluent_kafka import Consumer
 
         self._consumer = Consumer(
@@ -380,6 +538,9 @@ class TopicReader:
         self._topics = list(topics)
         self._consumer.subscribe(self._topics)
         self.records: dict[str, list[tuple[bytes, bytes]]] = {t: [] for t in self._topics}
+        self.repeats: dict[str, int] = dict.fromkeys(self._topics, 0)
+        self._dedupe = dedupe
+        self._seen: set[str] = set()
 
     def read(
         self, until: Callable[[Mapping[str, list]], bool], timeout_s: float
@@ -392,6 +553,12 @@ class TopicReader:
             message = self._consumer.poll(0.5)
             if message is None or message.error():
                 continue
+            seen = record_id_of(message)
+            if seen in self._seen:
+                self.repeats[message.topic()] += 1
+                if self._dedupe:
+                    continue
+            self._seen.add(seen)
             self.records[message.topic()].append((message.key(), message.value()))
         return self.records
 

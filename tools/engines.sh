@@ -8,7 +8,12 @@
 #   bash tools/engines.sh start SERVICE   start kafka, java (expansion service and Java
 #                                         workers) or flink (session cluster and Beam job
 #                                         server); waits until it is ready
+#   bash tools/engines.sh start kafka --keep-data
+#                                         restart the broker on the data of its last run
 #   bash tools/engines.sh stop SERVICE    stop it by the PIDs its start recorded
+#   bash tools/engines.sh restart-taskmanager [--kill]
+#                                         stop (SIGTERM, or SIGKILL) the Flink task manager
+#                                         alone and start a new one
 #   bash tools/engines.sh status          which services run, with their PIDs
 #   bash tools/engines.sh endpoints       the addresses the services listen on (KEY=VALUE)
 #   bash tools/engines.sh flink-options   the pipeline options that run a pipeline on Flink
@@ -30,14 +35,17 @@ logs="$cache/logs"
 run="$cache/run"
 beam_version="$(sed -n 's/^apache-beam==\([0-9.]*\).*/\1/p' "$root/requirements_lock.txt")"
 
-kafka_port=19092
-kafka_controller_port=19093
-expansion_port=18096
-java_workers_port=18097
-flink_rest_port=18081
-flink_rpc_port=16123
-job_port=18099
-artifact_port=18098
+# BEAM_AGENTS_ENGINES_PORT_OFFSET moves every port, so two checkouts on one machine can each
+# run their own engines.
+offset="${BEAM_AGENTS_ENGINES_PORT_OFFSET:-0}"
+kafka_port=$((19092 + offset))
+kafka_controller_port=$((19093 + offset))
+expansion_port=$((18096 + offset))
+java_workers_port=$((18097 + offset))
+flink_rest_port=$((18081 + offset))
+flink_rpc_port=$((16123 + offset))
+job_port=$((18099 + offset))
+artifact_port=$((18098 + offset))
 
 die() { echo "tools/engines.sh: $*" >&2; exit 1; }
 
@@ -119,7 +127,7 @@ start() {
   stop "$service" 2>/dev/null || true
   : >"$run/$service.pids"
   case "$service" in
-    kafka) start_kafka ;;
+    kafka) start_kafka "${2:-}" ;;
     java) start_beam_java ;;
     flink) start_flink ;;
     *) die "no service $service (kafka, java, flink)" ;;
@@ -130,6 +138,13 @@ start() {
 start_kafka() {
   local lib data="$run/kafka-data" conf="$run/kafka.properties"
   lib="$(jars kafka)"
+  if [[ "${1:-}" == --keep-data && -f "$data/meta.properties" ]]; then
+    # A restart (a broker outage ends): the same cluster, topics and offsets.
+    JAVA_FLAGS="-Xms256m -Xmx512m" start_java kafka kafka "$lib" kafka.Kafka "$conf"
+    wait_for kafka "broker" grep -q "Kafka Server started" "$logs/kafka.log"
+    return
+  fi
+  [[ -z "${1:-}" || "$1" == --keep-data ]] || die "start kafka: unknown option $1"
   # A new cluster at every start: the tests make their own topics, and nothing of an earlier
   # run can leak into them.
   rm -rf "$data"
@@ -199,12 +214,46 @@ state.savepoints.dir: file://$run/flink-savepoints
 EOF
   JAVA_FLAGS="-Xmx512m" start_java flink flink-jobmanager "$lib" \
     org.apache.flink.runtime.entrypoint.StandaloneSessionClusterEntrypoint --configDir "$conf"
-  JAVA_FLAGS="-Xmx1280m -XX:MaxDirectMemorySize=512m" start_java flink flink-taskmanager "$lib" \
-    org.apache.flink.runtime.taskexecutor.TaskManagerRunner --configDir "$conf"
+  start_taskmanager "$lib"
   JAVA_FLAGS="-Xmx512m" start_java flink flink-jobserver "$lib" \
     org.apache.beam.runners.flink.FlinkJobServerDriver --flink-master="127.0.0.1:$flink_rest_port" \
     --job-host=127.0.0.1 --job-port="$job_port" --artifact-port="$artifact_port" --expansion-port=0
   wait_for flink "task manager and job server" flink_ready
+}
+
+start_taskmanager() {
+  JAVA_FLAGS="-Xmx1280m -XX:MaxDirectMemorySize=512m" start_java flink flink-taskmanager "$1" \
+    org.apache.flink.runtime.taskexecutor.TaskManagerRunner --configDir "$run/flink-conf"
+}
+
+taskmanager_ids() {
+  curl -sf "http://127.0.0.1:$flink_rest_port/taskmanagers" | python3 -c '
+import json, sys
+print(" ".join(sorted(t["id"] for t in json.load(sys.stdin)["taskmanagers"])))'
+}
+
+new_taskmanager() {
+  local id
+  for id in $(taskmanager_ids); do [[ " $1 " == *" $id "* ]] || return 0; done
+  return 1
+}
+
+# The task manager is the second PID of flink's start; a new one takes its place in the file.
+restart_taskmanager() {
+  local signal=TERM pids old lib known
+  [[ "${1:-}" == --kill ]] && signal=KILL
+  running flink || die "flink is not running"
+  mapfile -t pids <"$run/flink.pids"
+  old="${pids[1]}"
+  known="$(taskmanager_ids)"
+  kill "-$signal" "$old"
+  while alive "$old"; do sleep 0.2; done
+  lib="$(jars flink)"
+  printf '%s\n' "${pids[0]}" "${pids[2]}" >"$run/flink.pids"
+  start_taskmanager "$lib"
+  # Ready once a task manager the cluster did not know before has registered.
+  wait_for flink "a new task manager" new_taskmanager "$known"
+  echo "tools/engines.sh: task manager $old stopped (SIG$signal), new one ready" >&2
 }
 
 stop() {
@@ -251,11 +300,15 @@ flink_demo() {
     running "$service" || started+=("$service")
     start "$service"
   done
+  # A clean clone has no venv yet: make it (about a minute, once).
+  [[ -x "$root/.venv/bin/python" ]] || bash "$root/tools/dev.sh" setup >&2
   before="$(flink_jobs | cut -d' ' -f1)"
+  # `import apache_beam` warns that apitools, a Google Cloud dependency the demo never uses,
+  # is missing (before any logging is configured): that one line is dropped.
   # shellcheck disable=SC2046
   "$root/.venv/bin/python" -m beam_agents.demo --bus=kafka \
     --kafka_bootstrap="127.0.0.1:$kafka_port" --expansion_service="127.0.0.1:$expansion_port" \
-    $(flink_options) || status=$?
+    $(flink_options) 2> >(grep -v '^WARNING:root:apitools not found' >&2) || status=$?
   # The job server does not pass a cancel on to the cluster, and a LOOPBACK job outlives the
   # process whose workers it used: cancel the demo's job through Flink's REST API.
   while read -r jid state; do
@@ -273,7 +326,8 @@ case "${1:-}" in
   prism) prism ;;
   prism-options)
     echo "--runner=PrismRunner --prism_location=$(prism) --environment_type=LOOPBACK" ;;
-  start) start "${2:?which service}" ;;
+  start) start "${2:?which service}" "${3:-}" ;;
+  restart-taskmanager) restart_taskmanager "${2:-}" ;;
   stop) stop "${2:?which service}" ;;
   status)
     for service in kafka java flink; do
@@ -283,5 +337,5 @@ case "${1:-}" in
   endpoints) endpoints ;;
   flink-options) flink_options ;;
   flink-demo) flink_demo ;;
-  *) sed -n '2,25p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2; exit 2 ;;
+  *) sed -n '2,30p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2; exit 2 ;;
 esac

@@ -1,0 +1,140 @@
+"""An effector service for fault tests, killed (SIGKILL) at the moments a test names.
+
+`python -m beam_agents.testing.chaos BOOTSTRAP PREFIX DIR` serves the loop `PREFIX` like
+`beam-agents effector-service`, with its store at DIR/effector.sqlite and three stand-in tools
+over one stand-in external system, DIR/ledger.jsonl (a line per effect, keyed by the call's
+idempotency key, the intent_id):
+
+* `payments.refund`, idempotent: a second call with a known key has no second effect;
+* `crm.note`, reconciled: its `check` looks the key up in the ledger;
+* `mail.send`, plain: neither.
+
+Each call is logged to DIR/calls.log before it acts. A file DIR/die-in-TOOL makes the next
+call of TOOL act and then kill the process (the effect happened, no result was sent); a file
+DIR/die-after-approval kills it once an APPROVAL record is durable, before its request is
+sent. Each such file is removed as it fires, so a restarted service goes on. The service
+prints `served ROUTE` to stdout for every message it handles. `FX_INSTANCE_ID` makes it a
+static group member; `FX_SESSION_TIMEOUT_MS` sets its session timeout.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import threading
+from pathlib import Path
+
+from beam_agents._protos import ExecutionRecord, ToolIntent
+from beam_agents.core.signing import Keyring
+from beam_agents.effector import Effector, SqliteExecutionStore, ToolSpec, VerifyMode
+
+__all__ = ["APPROVER_RING", "RESULTS_RING", "Ledger", "main"]
+
+RESULTS_RING = Keyring({"fx": bytes(range(1, 33))}, active="fx")
+APPROVER_RING = Keyring({"ap": bytes(range(2, 34))}, active="ap")
+
+
+class Ledger:
+    """The external system's own record of effects, one JSON line each."""
+
+    def __init__(self, directory: Path) -> None:
+        self.path = directory / "ledger.jsonl"
+
+    def effects(self) -> list[dict]:
+        if not self.path.exists():
+            return []
+        return [json.loads(line) for line in self.path.read_text().splitlines()]
+
+    def find(self, key: str) -> dict | None:
+        return next((e for e in self.effects() if e["key"] == key), None)
+
+    def act(self, tool: str, key: str, *, dedupe: bool) -> dict:
+        if dedupe and (known := self.find(key)) is not None:
+            return known
+        effect = {"tool": tool, "key": key, "effect": len(self.effects()) + 1}
+        with self.path.open("a") as f:
+            f.write(json.dumps(effect) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        return effect
+
+
+def _tool(directory: Path, name: str, *, dedupe: bool):
+    ledger = Ledger(directory)
+
+    def call(args: dict, intent: ToolIntent) -> bytes:
+        with (directory / "calls.log").open("a") as f:
+            f.write(f"{name} {intent.intent_id}\n")
+        effect = ledger.act(name, intent.intent_id, dedupe=dedupe)
+        _die_if(directory / f"die-in-{name}")
+        return json.dumps(effect).encode()
+
+    return call
+
+
+def _die_if(marker: Path) -> None:
+    if marker.exists():
+        marker.unlink()
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def tools(directory: Path) -> dict:
+    ledger = Ledger(directory)
+
+    def check(intent: ToolIntent) -> bytes | None:
+        found = ledger.find(intent.intent_id)
+        return None if found is None else json.dumps(found).encode()
+
+    return {
+        "payments.refund": ToolSpec(
+            _tool(directory, "payments.refund", dedupe=True), idempotent=True
+        ),
+        "crm.note": ToolSpec(_tool(directory, "crm.note", dedupe=False), reconcile=check),
+        "mail.send": _tool(directory, "mail.send", dedupe=False),
+    }
+
+
+class _DyingStore(SqliteExecutionStore):
+    def __init__(self, directory: Path) -> None:
+        super().__init__(directory / "effector.sqlite")
+        self._marker = directory / "die-after-approval"
+
+    def claim(self, record: ExecutionRecord, keep_until_ms: int):
+        known = super().claim(record, keep_until_ms)
+        if known is None and record.outcome == ExecutionRecord.OUTCOME_APPROVAL:
+            _die_if(self._marker)
+        return known
+
+
+def main(argv: list[str]) -> int:
+    from beam_agents.kafka_bus import EffectorService, Topics
+
+    bootstrap, prefix, directory = argv[0], argv[1], Path(argv[2])
+    effector = Effector(
+        tools(directory),
+        mode=VerifyMode.OFF,
+        store=_DyingStore(directory),
+        result_keyring=RESULTS_RING,
+        approval_keyring=APPROVER_RING,
+    )
+    topics = Topics(prefix)
+    service = EffectorService(
+        effector,
+        bootstrap_servers=bootstrap,
+        topics=topics,
+        group_id=f"{prefix}.fx",
+        instance_id=os.environ.get("FX_INSTANCE_ID") or None,
+        session_timeout_ms=int(os.environ.get("FX_SESSION_TIMEOUT_MS", "10000")),
+    )
+    stop = threading.Event()
+    for number in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(number, lambda *_: stop.set())
+    print("serving", flush=True)
+    service.run(stop, lambda route: print(f"served {route.value}", flush=True))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
