@@ -12,16 +12,30 @@ and the approval is the exact record the console produced.
 
 from __future__ import annotations
 
+import contextlib
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from beam_agents._protos import AgentEnvelope, StateSnapshot
 from beam_agents.demo import CUSTOMER, demo_ticket, launch_console, launch_effector, triage_agent
 from beam_agents.kafka_bus import TopicReader, Topics, create_topics, produce, record_value
 from beam_agents.runtime import COMPLETIONS, ERRORS, SNAPSHOTS
+from beam_agents.testing.engines import Engines
 from beam_agents.testing.pipelines import Advance, Outputs, run_round
 
-__all__ = ["DemoLoop"]
+__all__ = ["DemoLoop", "kafka_broker"]
+
+
+@contextlib.contextmanager
+def kafka_broker() -> Iterator[str]:
+    """A Kafka broker's address: the running one of tools/engines.sh, or one started for the
+    block and stopped after it."""
+    engines = Engines()
+    try:
+        yield engines.up(["kafka"]).endpoints["KAFKA_BOOTSTRAP"]
+    finally:
+        engines.down()
 
 
 class DemoLoop:
