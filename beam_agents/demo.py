@@ -19,12 +19,20 @@ runs as its own process (`beam-agents effector-service`) on the intents topic, a
 plays the approver on the approvals topic. It needs a Kafka broker and Beam's Java expansion
 service (`--kafka_bootstrap`, `--expansion_service`) and a runner that runs unbounded
 cross-language pipelines: `bash tools/engines.sh flink-demo` runs it on a local Flink cluster.
+
+`--bus=kafka --console` leaves the approval to a person: `beam-agents console` runs as its own
+process on the loop (`launch_console`; the beam-agents[console] extra), verifying the approval
+intents with the demo's intent key and signing the decision with the demo approver's key, which
+the agent verifies answers with. The demo prints its URL and the one demo user's password (a
+fixed, public demo credential, hashed with argon2 when the console starts) and waits, up to
+the intent's hour, for the decision to come back on the events topic.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 import tempfile
 import time
@@ -64,6 +72,8 @@ from beam_agents.testing.pipelines import Advance, Outputs, run_round
 
 __all__ = [
     "DEMO_KEY_ID",
+    "DEMO_PASSWORD",
+    "DEMO_USER",
     "ScriptedApprover",
     "TriageRound",
     "add_triage_loop",
@@ -71,14 +81,21 @@ __all__ = [
     "demo_approver_keyring",
     "demo_effector_keyring",
     "demo_keyring",
+    "demo_ticket",
+    "launch_console",
+    "launch_effector",
     "run_bus_demo",
     "run_demo",
+    "triage_agent",
 ]
 
 DEMO_KEY_ID = "demo-key"
 CUSTOMER = b"c-1"
 _TICKET = ("t-1", "c-1", "I was charged twice, please refund me")
 _MAX_ROUNDS = 8
+DEMO_USER = "demo"
+#: The demo console's one password: printed by the demo for anyone to use, never a secret.
+DEMO_PASSWORD = "beam-agents-demo"
 
 
 def demo_keyring() -> Keyring:
@@ -119,6 +136,85 @@ def approve(intent: ToolIntent) -> AgentEnvelope:
     )
 
 
+def triage_agent() -> RunAgent:
+    """RunAgent running the support-triage agent with the scripted model, signing its intents
+    with the demo key and verifying results with the effector's key and approvals with the
+    approver's."""
+    return RunAgent(
+        triage,
+        llm_client=scripted_model(),
+        keyring_loader=demo_keyring,
+        result_keyring_loader=demo_effector_keyring,
+        approval_keyring_loader=demo_approver_keyring,
+    )
+
+
+def launch_effector(workdir: Path, *, kafka_bootstrap: str, topics: Topics) -> Launched:
+    """`beam-agents effector-service` as its own process on the demo's loop: the stand-in tools,
+    intents verified with the demo key, results signed with the demo effector's key; its store
+    and log in `workdir`."""
+    return Launched.python(
+        "beam_agents.cli",
+        ["effector-service", "--bootstrap-servers", kafka_bootstrap,
+         "--topic-prefix", topics.prefix, "--store", str(workdir / "effector.sqlite"),
+         "--tools", "beam_agents.examples.support_triage:TOOLS",
+         "--keyring", "beam_agents.demo:demo_keyring",
+         "--result-keyring", "beam_agents.demo:demo_effector_keyring"],
+        workdir / "effector.log",
+    )  # fmt: skip
+
+
+def demo_ticket(event_time_ms: int) -> AgentEnvelope:
+    """The demo's one external event: customer c-1's ticket asking for a refund."""
+    ticket_id, customer_id, text = _TICKET
+    return AgentEnvelope(
+        entity_key=CUSTOMER,
+        event_time_ms=event_time_ms,
+        external_event=ticket(ticket_id, customer_id, text),
+    )
+
+
+def launch_console(
+    workdir: Path, *, kafka_bootstrap: str, topics: Topics, port: int = 8080
+) -> tuple[Launched, str]:
+    """`beam-agents console` as its own process on the demo's loop (module docstring), its
+    configuration, database and log in `workdir`; port 0 takes a free one. Returns the process
+    once it serves, and its URL."""
+    # Deferred: the console is an optional extra, which the rest of the demo does not need.
+    from beam_agents.console.auth import hash_password
+
+    config = workdir / "console.toml"
+    config.write_text(
+        f"""[kafka]
+bootstrap_servers = "{kafka_bootstrap}"
+topic_prefix = "{topics.prefix}"
+
+[console]
+database = "console.sqlite"
+port = {port}
+verify_mode = "require"
+intent_keyring = "beam_agents.demo:demo_keyring"
+approvals_keyring = "beam_agents.demo:demo_approver_keyring"
+
+[users.{DEMO_USER}]
+role = "approver"
+password_hash = "{hash_password(DEMO_PASSWORD)}"
+""",
+        "utf-8",
+    )
+    console = Launched.python(
+        "beam_agents.cli", ["console", "--bus=kafka", "--config", str(config)],
+        workdir / "console.log",
+    )  # fmt: skip
+    try:
+        console.wait_for_output("Uvicorn running on")
+    except (RuntimeError, TimeoutError):
+        console.stop()
+        raise
+    url = re.search(r"Uvicorn running on (http://\S+)", console.log.read_text(errors="replace"))
+    return console, url.group(1)
+
+
 class ScriptedApprover(beam.DoFn):
     """A human stand-in: approves every approval intent (`approve`)."""
 
@@ -137,13 +233,7 @@ class TriageRound(beam.PTransform):
         self._clock = clock
 
     def expand(self, inputs):
-        outputs = inputs | "RunAgent" >> RunAgent(
-            triage,
-            llm_client=scripted_model(),
-            keyring_loader=demo_keyring,
-            result_keyring_loader=demo_effector_keyring,
-            approval_keyring_loader=demo_approver_keyring,
-        )
+        outputs = inputs | "RunAgent" >> triage_agent()
         effected = (
             outputs[INTENTS]
             | "Intents" >> beam.Values()
@@ -204,16 +294,23 @@ def run_bus_demo(
     kafka_bootstrap: str,
     expansion_service: str,
     out: TextIO = sys.stdout,
-    timeout_s: float = 300,
+    timeout_s: float | None = None,
+    console_port: int | None = None,
 ) -> int:
-    """The demo over Kafka (module docstring); returns 0 when the agent completed."""
+    """The demo over Kafka (module docstring); returns 0 when the agent completed. With a
+    `console_port` a person decides the approval in the console (port 0: a free one)."""
     t0 = int(time.time() * 1000)
+    if timeout_s is None:
+        # A person gets the approval intent's lifetime (RunAgent's default TTL, one hour).
+        timeout_s = 300 if console_port is None else 3600
     with tempfile.TemporaryDirectory(prefix="beam-agents-demo-") as scratch:
-        demo = _BusDemo(out, scratch, options, t0)
+        demo = _BusDemo(out, scratch, options, t0, console_port=console_port)
         return demo.run_on_bus(kafka_bootstrap, expansion_service, timeout_s)
 
 
 class _Demo:
+    approver = "a scripted approver"
+
     def __init__(self, out: TextIO, workdir: str, options, t0: int) -> None:
         self.out = out
         self.workdir = workdir
@@ -228,14 +325,10 @@ class _Demo:
         ticket_id, customer_id, text = _TICKET
         self.say("beam_agents demo: support-ticket triage, one durable agent per customer key,")
         self.say(f"{where}. No model service, no keys: a scripted model, stand-in")
-        self.say("tools, a scripted approver and a demo signing key made for this run.")
+        self.say(f"tools, {self.approver} and a demo signing key made for this run.")
         self.say()
         self.say(f"ticket {ticket_id} from customer {customer_id}: {text!r}")
-        return AgentEnvelope(
-            entity_key=CUSTOMER,
-            event_time_ms=self.t0,
-            external_event=ticket(ticket_id, customer_id, text),
-        )
+        return demo_ticket(self.t0)
 
     def run(self) -> int:
         runner = (self.options or PipelineOptions()).view_as(StandardOptions).runner
@@ -314,7 +407,8 @@ class _Demo:
         for _, _, answer in outputs.approved:
             intent = intents.get(answer.approval.intent_id)
             question = json.loads(intent.args_json)["question"] if intent else ""
-            self.say(f"  approver {answer.approval.approver} approved: {question}")
+            verdict = "approved" if answer.approval.approved else "declined"
+            self.say(f"  approver {answer.approval.approver} {verdict}: {question}")
         for output in outputs.values(COMPLETIONS):
             self.say(f"  completed: {output.decode()}")
         for _, _, error in outputs.rows.get(ERRORS, []) + outputs.rows.get("effector_errors", []):
@@ -361,24 +455,32 @@ class _Demo:
 
 
 class _BusDemo(_Demo):
+    def __init__(self, *args, console_port: int | None = None) -> None:
+        super().__init__(*args)
+        self.console_port = console_port
+        self.console_url = ""
+        if console_port is not None:
+            self.approver = "you as the approver, in the console"
+
     def run_on_bus(self, kafka_bootstrap: str, expansion_service: str, timeout_s: float) -> int:
         event = self.introduce("as one streaming job with Kafka as its message bus")
         topics = Topics(f"beam-agents-demo-{time.time_ns()}")
         create_topics(kafka_bootstrap, topics)
         self.say(f"topics {topics.prefix}.*; the effector runs as its own process")
         workdir = Path(self.workdir)
-        effector = Launched.python(
-            "beam_agents.cli",
-            ["effector-service", "--bootstrap-servers", kafka_bootstrap,
-             "--topic-prefix", topics.prefix, "--store", str(workdir / "effector.sqlite"),
-             "--tools", "beam_agents.examples.support_triage:TOOLS",
-             "--keyring", "beam_agents.demo:demo_keyring",
-             "--result-keyring", "beam_agents.demo:demo_effector_keyring"],
-            workdir / "effector.log",
-        )  # fmt: skip
+        effector = launch_effector(workdir, kafka_bootstrap=kafka_bootstrap, topics=topics)
+        console = None
         reader = TopicReader(kafka_bootstrap, topics.all())
         job = None
         try:
+            if self.console_port is not None:
+                console, self.console_url = launch_console(
+                    workdir, kafka_bootstrap=kafka_bootstrap, topics=topics,
+                    port=self.console_port,
+                )  # fmt: skip
+                self.say(f"the console runs as its own process: {self.console_url}")
+                self.say(f"  sign in as {DEMO_USER!r} with password {DEMO_PASSWORD!r}")
+                self.say("  (a demo credential, printed for anyone: never use it elsewhere)")
             # Before the job starts, so its first read finds the ticket waiting.
             produce(kafka_bootstrap, [(topics.events, CUSTOMER, event, event.event_time_ms)])
             pipeline = beam.Pipeline(options=self.options)
@@ -395,6 +497,8 @@ class _BusDemo(_Demo):
         finally:
             if job is not None:
                 job.cancel()
+            if console is not None:
+                console.stop()
             effector.stop()
             reader.close()
 
@@ -422,15 +526,19 @@ class _BusDemo(_Demo):
             new[topics.intents] = reader.records[topics.intents]
             outputs = _bus_outputs(topics, new)
             approvals = [ToolIntent.FromString(v) for _, v in new[topics.approvals]]
-            answers = [approve(intent) for intent in approvals]
-            outputs.rows["approved"] = [(0, a.entity_key, a) for a in answers]
-            if any(outputs.values(tag) for tag in (TRACES, "results", ERRORS)):
+            if any(outputs.values(tag) for tag in (TRACES, "results", "approved", ERRORS)):
                 self.say(f"at {time.perf_counter() - started:.1f} s:")
                 self._account(outputs)
-            produce(
-                kafka_bootstrap,
-                [(topics.events, a.entity_key, a, a.event_time_ms) for a in answers],
-            )
+            if self.console_url:
+                for intent in approvals:
+                    self.say(f"  waiting for your decision: {self.console_url}/approvals/"
+                             f"{intent.intent_id} (signed in as {DEMO_USER!r})")  # fmt: skip
+            else:
+                answers = [approve(intent) for intent in approvals]
+                produce(
+                    kafka_bootstrap,
+                    [(topics.events, a.entity_key, a, a.event_time_ms) for a in answers],
+                )
             if outputs.values(ERRORS):
                 return 1
             if outputs.values(COMPLETIONS):
@@ -440,17 +548,16 @@ class _BusDemo(_Demo):
 
 
 def _bus_outputs(topics: Topics, records) -> Outputs:
-    """Kafka records in the shape of a round's outputs, for `_Demo._account`."""
+    """Kafka records in the shape of a round's outputs, for `_Demo._account`; the approvals
+    are the decisions seen on the events topic, whoever made them."""
+    events = [AgentEnvelope.FromString(v) for _, v in records[topics.events]]
     decoded = {
         TRACES: [TraceEvent.FromString(v) for _, v in records[topics.traces]],
         INTENTS: [ToolIntent.FromString(v) for _, v in records[topics.intents]],
         COMPLETIONS: [v for _, v in records[topics.completions]],
         ERRORS: [decode_dead_letter(v) for _, v in records[topics.dead_letters]],
-        "results": [
-            envelope
-            for envelope in (AgentEnvelope.FromString(v) for _, v in records[topics.events])
-            if envelope.HasField("tool_result")
-        ],
+        "results": [envelope for envelope in events if envelope.HasField("tool_result")],
+        "approved": [envelope for envelope in events if envelope.HasField("approval")],
     }
     return Outputs({tag: [(0, b"", v) for v in values] for tag, values in decoded.items()})
 
@@ -462,12 +569,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--bus", choices=["rounds", "kafka"], default="rounds")
     parser.add_argument("--kafka_bootstrap")
     parser.add_argument("--expansion_service")
+    parser.add_argument("--console", action="store_true")
+    parser.add_argument("--console_port", type=int, default=8080)
     args, pipeline_args = parser.parse_known_args(list(argv) if argv is not None else sys.argv[1:])
     options = PipelineOptions(pipeline_args)
     try:
         beam.Pipeline(options=options)  # Beam checks the runner and its options here
     except ValueError as e:
         print(f"beam-agents demo: {e}", file=sys.stderr)
+        return 2
+    if args.console and args.bus != "kafka":
+        print("beam-agents demo: --console needs --bus kafka", file=sys.stderr)
         return 2
     if args.bus == "rounds":
         return run_demo(options)
@@ -476,7 +588,10 @@ def main(argv: Sequence[str] | None = None) -> int:
               file=sys.stderr)  # fmt: skip
         return 2
     return run_bus_demo(
-        options, kafka_bootstrap=args.kafka_bootstrap, expansion_service=args.expansion_service
+        options,
+        kafka_bootstrap=args.kafka_bootstrap,
+        expansion_service=args.expansion_service,
+        console_port=args.console_port if args.console else None,
     )
 
 

@@ -68,3 +68,8 @@ def test_the_demo_passes_pipeline_options_on_and_other_commands_refuse_them(caps
 def test_the_kafka_demo_needs_its_broker_and_expansion_service(capsys):
     assert main(["demo", "--bus=kafka"]) == 2
     assert "--kafka_bootstrap and --expansion_service" in capsys.readouterr().err
+
+
+def test_the_console_is_for_the_kafka_demo(capsys):
+    assert main(["demo", "--console"]) == 2
+    assert "--console needs --bus kafka" in capsys.readouterr().err

@@ -67,6 +67,7 @@ __all__ = [
     "produce",
     "record_id",
     "record_id_of",
+    "record_value",
 ]
 
 
@@ -120,6 +121,16 @@ class Topics:
             self.dead_letters,
         ]
 
+    def for_outputs(self) -> dict[str, str]:
+        """{RunAgent output tag: the topic the loop writes it to}."""
+        return {
+            COMPLETIONS: self.completions,
+            INTENTS: self.intents,
+            TRACES: self.traces,
+            SNAPSHOTS: self.snapshots,
+            ERRORS: self.dead_letters,
+        }
+
 
 def create_topics(bootstrap_servers: str, topics: Topics, *, partitions: int = 1) -> None:
     """Creates the loop's topics (those that exist are left alone). ReadFromKafka lists a
@@ -167,17 +178,22 @@ class _RecordValues(beam.DoFn):
         yield beam.pvalue.TaggedOutput(ERRORS, (b"", letter))
 
 
+def record_value(value) -> bytes:
+    """A RunAgent output's value (a message or bytes) as its record's value on the loop's
+    topic; a dead letter inside its envelope."""
+    if isinstance(value, ActivationErrorRecord):
+        value = to_envelope(value)
+    if not isinstance(value, bytes):
+        value = value.SerializeToString(deterministic=True)
+    return value
+
+
 class _ToRecord(beam.DoFn):
-    """(entity_key, message or bytes) as a Kafka record's (key, value); a dead letter inside
-    its envelope."""
+    """(entity_key, RunAgent output value) as a Kafka record's (key, value)."""
 
     def process(self, element):
         key, value = element
-        if isinstance(value, ActivationErrorRecord):
-            value = to_envelope(value)
-        if not isinstance(value, bytes):
-            value = value.SerializeToString(deterministic=True)
-        yield (key, value)
+        yield (key, record_value(value))
 
 
 def decode_dead_letter(value: bytes) -> ActivationErrorRecord:
@@ -240,13 +256,7 @@ class AgentLoop(beam.PTransform):
             ERRORS: (outputs[ERRORS], typed(values[ERRORS], Tuple[bytes, ActivationErrorRecord]))
             | "DeadLetters" >> beam.Flatten(),
         }
-        for output, topic in (
-            (COMPLETIONS, self._topics.completions),
-            (INTENTS, self._topics.intents),
-            (TRACES, self._topics.traces),
-            (SNAPSHOTS, self._topics.snapshots),
-            (ERRORS, self._topics.dead_letters),
-        ):
+        for output, topic in self._topics.for_outputs().items():
             name = output.capitalize()
             records = typed(
                 outputs[output] | f"{name}Records" >> beam.ParDo(_ToRecord()), Tuple[bytes, bytes]

@@ -17,8 +17,9 @@
 #   bash tools/engines.sh status          which services run, with their PIDs
 #   bash tools/engines.sh endpoints       the addresses the services listen on (KEY=VALUE)
 #   bash tools/engines.sh flink-options   the pipeline options that run a pipeline on Flink
-#   bash tools/engines.sh flink-demo      start all three, run `beam-agents demo --bus kafka`
-#                                         on Flink, stop what it started
+#   bash tools/engines.sh flink-demo [ARGS]  start all three, run `beam-agents demo --bus kafka
+#                                         ARGS` on Flink, stop what it started (`--console`:
+#                                         a person approves in beam-agents console)
 #
 # Prism is github.com/apache/beam/sdks/v2/go/cmd/prism at the Beam version of
 # requirements_lock.txt, built from the Go module proxy; `go install` checks every module
@@ -308,7 +309,7 @@ flink_demo() {
   # shellcheck disable=SC2046
   "$root/.venv/bin/python" -m beam_agents.demo --bus=kafka \
     --kafka_bootstrap="127.0.0.1:$kafka_port" --expansion_service="127.0.0.1:$expansion_port" \
-    $(flink_options) 2> >(grep -v '^WARNING:root:apitools not found' >&2) || status=$?
+    $(flink_options) "$@" 2> >(grep -v '^WARNING:root:apitools not found' >&2) || status=$?
   # The job server does not pass a cancel on to the cluster, and a LOOPBACK job outlives the
   # process whose workers it used: cancel the demo's job through Flink's REST API.
   while read -r jid state; do
@@ -336,6 +337,6 @@ case "${1:-}" in
     done ;;
   endpoints) endpoints ;;
   flink-options) flink_options ;;
-  flink-demo) flink_demo ;;
+  flink-demo) shift; flink_demo "$@" ;;
   *) sed -n '2,30p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2; exit 2 ;;
 esac

@@ -287,6 +287,7 @@ def create_app(
             key, offset=(_page(request) - 1) * per, limit=per
         )
         letters, letter_total = observations.dead_letters(key=key, limit=PER_PAGE)
+        completions, completion_total = observations.completions(key, limit=PER_PAGE)
         return {
             "key": key,
             "snapshot": observations.snapshot(key),
@@ -294,6 +295,8 @@ def create_app(
             "activations": [(a, timeline(a.events)) for a in activations],
             "pager": _pager(request, total, per),
             "letters": letters,
+            "completions": completions,
+            "completion_total": completion_total,
             "letter_total": letter_total,
         }
 

@@ -177,6 +177,7 @@ def test_script_in_a_question_a_memory_value_or_a_key_is_shown_escaped(console):
     snapshot = StateSnapshot(entity_key=key, snapshot_at_ms=NOW)
     snapshot.memory.entries.add(key=SCRIPT, value=SCRIPT.encode())
     bus.observations.add_snapshot(snapshot.SerializeToString())
+    bus.handle(Topics("loop").completions, SCRIPT.encode(), key, NOW)
     browser = _signed_in(url, "alice")
     for path in (
         "/",
@@ -236,3 +237,15 @@ def test_the_viewer_draws_an_activations_spans_as_bars(console):
     page = _signed_in(url, "vera").get(f"/agents/{b'c-1'.hex()}").text
     assert page.count('<rect class="bar') == 2 and page.count('<line class="link"') == 2
     assert "llm_call m-1" in page and "250 ms" in page and "activation seq 3" in page
+
+
+def test_an_agents_completed_outputs_are_shown_once_each(console):
+    url, bus, *_ = console
+    topics = Topics("loop")
+    for at, output in ((NOW, b"refunded 42.00 EUR"), (NOW, b"refunded 42.00 EUR"), (NOW + 5, b"")):
+        bus.handle(topics.completions, output, b"c-1", at)
+    bus.handle(topics.completions, b"a record without its key", b"", NOW)
+    page = _signed_in(url, "vera").get(f"/agents/{b'c-1'.hex()}").text
+    completed = page[page.index('id="completions"') :].split("</ul>", 1)[0]
+    assert "Completed (2)" in page and completed.count("<li>") == 2
+    assert "refunded 42.00 EUR" in completed and "without its key" not in page

@@ -1,9 +1,13 @@
 """The console in a real browser: Debian's headless chromium, driven through chromedriver by
 Selenium. An approver signs in, sees the pending refund, approves it, and the page shows it
 decided while the signed Approval is produced; a viewer sees the request but cannot approve it.
-Screenshots go to $BEAM_AGENTS_ARTIFACTS (default .cache/artifacts/console/).
+On a real Kafka broker (also marked engines), the demo's loop end to end: the console and the
+effector service as their own processes, RunAgent in DirectRunner rounds (DemoLoop); the demo
+user approves the agent's refund in the browser and watches the agent complete on the agent's
+page, which updates itself. Screenshots go to $BEAM_AGENTS_ARTIFACTS (default
+.cache/artifacts/console/); the approval page of the end-to-end run is docs/console.png.
 
-Run with `-m browser` after `bash tools/browser.sh` (.ci/run does both)."""
+Run with `-m browser` after `bash tools/browser.sh` (.ci/run does both, with Kafka started)."""
 
 from __future__ import annotations
 
@@ -15,6 +19,7 @@ import pytest
 
 from beam_agents._protos import AgentEnvelope, StateSnapshot, TraceEvent
 from beam_agents.console.app import create_app
+from beam_agents.console.demo_loop import DemoLoop, kafka_broker
 from beam_agents.console.service import serving
 from beam_agents.console.testing import (
     APPROVALS_RING,
@@ -24,6 +29,7 @@ from beam_agents.console.testing import (
     make_bus,
 )
 from beam_agents.core.signing import Verification, verify
+from beam_agents.demo import DEMO_PASSWORD, DEMO_USER, demo_approver_keyring
 from beam_agents.effector import wall_clock_ms
 
 pytestmark = pytest.mark.browser
@@ -107,14 +113,14 @@ def _wait(driver, condition, timeout=10):
     return WebDriverWait(driver, timeout).until(condition)
 
 
-def _sign_in(driver, url, user):
+def _sign_in(driver, url, user, password=PASSWORD):
     from selenium.webdriver.common.by import By
 
     driver.delete_all_cookies()
     driver.get(url + "/")
     _wait(driver, lambda d: d.current_url.endswith("/login"))
     driver.find_element(By.ID, "user").send_keys(user)
-    driver.find_element(By.ID, "password").send_keys(PASSWORD)
+    driver.find_element(By.ID, "password").send_keys(password)
     driver.find_element(By.ID, "sign-in").click()
     _wait(driver, lambda d: d.find_elements(By.ID, "who"))
 
@@ -167,3 +173,46 @@ def test_a_viewer_sees_the_refund_but_cannot_approve_it(driver, console):
     driver.save_screenshot(str(ARTIFACTS / "viewer.png"))
     assert bus.inbox.decision("refund-1") is None
     assert len(recorder.on(bus.topics.events)) == 1  # only the export request
+
+
+@pytest.mark.engines
+def test_the_demo_user_approves_the_refund_and_watches_the_agent_complete(driver, tmp_path):
+    from selenium.webdriver.common.by import By
+
+    with kafka_broker() as bootstrap:
+        loop = DemoLoop(bootstrap, tmp_path)
+        try:
+            loop.start()
+            loop.advance()
+            (waiting,) = loop.waiting_for
+            _sign_in(driver, loop.url, DEMO_USER, DEMO_PASSWORD)
+            # The inbox polls: the request shows up once the console read it from Kafka.
+            link = _wait(driver, lambda d: d.find_element(By.PARTIAL_LINK_TEXT, "Refund 42.00"), 30)
+            driver.save_screenshot(str(ARTIFACTS / "demo-inbox.png"))
+            link.click()
+            _wait(driver, lambda d: d.find_element(By.ID, "approve"))
+            # The agent's trace (its rounds' TraceEvents, from the traces topic) as bars.
+            _wait(driver, lambda d: d.find_elements(By.CSS_SELECTOR, "rect.bar"), 30)
+            driver.find_element(By.ID, "comment").send_keys("double charge confirmed")
+            driver.save_screenshot(str(ARTIFACTS / "demo-approval.png"))
+            driver.find_element(By.ID, "approve").click()
+            decided = _wait(driver, lambda d: d.find_element(By.ID, "decision"))
+            assert decided.text.startswith(f"Approved by {DEMO_USER}")
+            driver.find_element(By.ID, "key").click()
+            _wait(driver, lambda d: d.find_element(By.ID, "completions"))
+            assert "none yet" in driver.find_element(By.ID, "completions").text
+            # The agent resumes on the Approval the console produced, read from Kafka; the
+            # open page shows its completion when it next refreshes itself.
+            loop.advance()
+            completed = _wait(
+                driver,
+                lambda d: "refunded" in (e := d.find_element(By.ID, "completions")).text and e,
+                30,
+            )
+            assert '"outcome": "refunded"' in completed.text
+            driver.save_screenshot(str(ARTIFACTS / "demo-completed.png"))
+        finally:
+            loop.close()
+    (answer,) = [a for a in loop.answers if a.approval.intent_id == waiting]
+    assert answer.approval.approver == DEMO_USER and answer.approval.approved
+    assert verify(answer.approval, demo_approver_keyring()) is Verification.VALID

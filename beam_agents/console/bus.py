@@ -1,10 +1,10 @@
 """The console on the Kafka loop: what it reads, what it produces, and in which order.
 
-`ConsoleBus.poll` reads the approvals, snapshots, traces and dead_letters topics into the
-Inbox and the Observations (as a consumer group, committing offsets after the rows are
-stored, so a restart reads on and a copy read twice is one row). For each new approval it asks
-the agent for a StateSnapshot (an export_request envelope on the events topic), so the viewer
-shows the suspension and its deadline.
+`ConsoleBus.poll` reads the approvals, snapshots, traces, completions and dead_letters topics
+into the Inbox and the Observations (as a consumer group, committing offsets after the rows
+are stored, so a restart reads on and a copy read twice is one row). For each new approval it
+asks the agent for a StateSnapshot (an export_request envelope on the events topic), so the
+viewer shows the suspension and its deadline.
 
 `ConsoleBus.decide` is the one way a decision leaves: the Inbox records it (with its audit row)
 first, then the recorded AgentEnvelope goes to the events topic and its TraceEvent to the
@@ -102,8 +102,9 @@ class ConsoleBus:
 
     # -- consuming ------------------------------------------------------------------------
 
-    def handle(self, topic: str, value: bytes | None) -> None:
-        """Stores one record of the topics the console reads."""
+    def handle(self, topic: str, value: bytes | None, key: bytes = b"", at_ms: int = 0) -> None:
+        """Stores one record of the topics the console reads (a completion by its record's
+        key and timestamp: its value is the bare output)."""
         if value is None:
             return
         if topic == self.topics.approvals:
@@ -117,6 +118,8 @@ class ConsoleBus:
             self.observations.add_trace(value)
         elif topic == self.topics.dead_letters:
             self.observations.add_dead_letter(value)
+        elif topic == self.topics.completions and key:
+            self.observations.add_completion(key, value, at_ms)
 
     def connect(self, bootstrap_servers: str, group_id: str) -> None:
         from confluent_kafka import Consumer
@@ -131,8 +134,9 @@ class ConsoleBus:
         )
         topics = self.topics
         self._consumer.subscribe(
-            [topics.approvals, topics.snapshots, topics.traces, topics.dead_letters]
-        )
+            [topics.approvals, topics.snapshots, topics.traces, topics.completions,
+             topics.dead_letters]
+        )  # fmt: skip
 
     def poll(self, timeout_s: float = 0.5) -> bool:
         """Reads and stores at most one record; True when it got one."""
@@ -141,7 +145,8 @@ class ConsoleBus:
             return False
         if message.error():
             raise KafkaBusError(f"console reading {message.topic()}: {message.error()}")
-        self.handle(message.topic(), message.value())
+        _, at_ms = message.timestamp()
+        self.handle(message.topic(), message.value(), message.key() or b"", at_ms)
         self._consumer.commit(message=message, asynchronous=False)
         return True
 

@@ -79,6 +79,14 @@ _SCHEMA = (
         event_time_ms INTEGER NOT NULL,
         record BLOB NOT NULL UNIQUE)""",
     "CREATE INDEX IF NOT EXISTS dead_letters_reason ON dead_letters (reason, id)",
+    # Each completed activation's output, from the completions topic (keyed by the record's
+    # key, timed by its timestamp: a record read twice is one row).
+    """CREATE TABLE IF NOT EXISTS completions (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        entity_key BLOB NOT NULL,
+        at_ms INTEGER NOT NULL,
+        output BLOB NOT NULL,
+        UNIQUE (entity_key, at_ms, output))""",
     """CREATE TABLE IF NOT EXISTS keys (entity_key BLOB PRIMARY KEY, last_seen_ms INTEGER)""",
 )
 

@@ -1,5 +1,5 @@
 """What the agent viewer shows, as read from the loop's topics: each key's latest StateSnapshot,
-its activations' TraceEvents, and the dead letters of the loop.
+its activations' TraceEvents and completed outputs, and the dead letters of the loop.
 
 Records are stored by content (a TraceEvent or dead letter read twice, after a restart or from
 a second console, is one row), so reading a topic again from its start is harmless. Every list
@@ -85,6 +85,15 @@ class Observations:
             self._seen(db, record.entity_key)
         return record
 
+    def add_completion(self, key: bytes, output: bytes, at_ms: int) -> None:
+        """Keeps a completions record: the key's completed activation output `output`."""
+        with self._db.transaction() as db:
+            db.execute(
+                "INSERT OR IGNORE INTO completions (entity_key, at_ms, output) VALUES (?, ?, ?)",
+                (key, at_ms, bytes(output)),
+            )
+            self._seen(db, key)
+
     def add_key(self, key: bytes) -> None:
         with self._db.transaction() as db:
             self._seen(db, key)
@@ -127,6 +136,18 @@ class Observations:
                 Activation(bytes(trace_id), [TraceEvent.FromString(r[0]) for r in rows])
             )
         return activations, total
+
+    def completions(
+        self, key: bytes, *, offset: int = 0, limit: int = 20
+    ) -> tuple[list[tuple[int, bytes]], int]:
+        """The key's completed outputs as (at_ms, output), newest first, and the total."""
+        (total,) = self._db.read("SELECT count(*) FROM completions WHERE entity_key = ?", (key,))[0]
+        rows = self._db.read(
+            "SELECT at_ms, output FROM completions WHERE entity_key = ? "
+            "ORDER BY at_ms DESC, id DESC LIMIT ? OFFSET ?",
+            (key, limit, offset),
+        )
+        return [(at, bytes(output)) for at, output in rows], total
 
     def dead_letters(
         self, *, reason: str = "", key: bytes | None = None, offset: int = 0, limit: int = 20

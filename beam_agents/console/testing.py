@@ -96,7 +96,12 @@ class Recorder:
 
 
 def make_bus(
-    path: Path, publish, clock, *, mode: VerifyMode = VerifyMode.REQUIRE
+    path: Path,
+    publish,
+    clock,
+    *,
+    mode: VerifyMode = VerifyMode.REQUIRE,
+    topics: Topics = Topics("loop"),  # noqa: B008 - frozen, never changed
 ) -> tuple[ConsoleBus, Auth]:
     """A console's bus and auth over the SQLite file `path`, as `service.build` makes them."""
     db = Database(path)
@@ -107,7 +112,7 @@ def make_bus(
         approvals_keyring=APPROVALS_RING,
         clock=clock,
     )
-    bus = ConsoleBus(inbox, Observations(db, clock=clock), Topics("loop"), publish, clock=clock)
+    bus = ConsoleBus(inbox, Observations(db, clock=clock), topics, publish, clock=clock)
     return bus, Auth(db, USERS, clock=clock)
 
 
