@@ -41,7 +41,7 @@ from beam_agents._protos import (
 )
 from beam_agents.core.intent import content_digest
 from beam_agents.core.signing import Keyring, Verification, sign, verify
-from beam_agents.effector import Effector, Route, SqliteExecutionStore, VerifyMode
+from beam_agents.effector import INQUIRY_TOOL, Effector, Route, SqliteExecutionStore, VerifyMode
 from beam_agents.runtime import AtDeadline, DeadlinePolicy, RuntimeConfig, run_agent
 from beam_agents.runtime import dead_letters as dl
 from beam_agents.runtime.context import ESCALATION_TOOL
@@ -200,6 +200,7 @@ class Simulation:
             store=self.store,
             keyring=INTENT_RING,
             result_keyring=RESULT_RING,
+            approval_keyring=APPROVAL_RING,
             clock=lambda: self.now,
         )
         # Its claims name a process that is gone by the time anyone reads them: effectors here
@@ -277,6 +278,9 @@ class Simulation:
     def _human(self) -> None:
         intent = self.approval_bus.pop(self.rng.randrange(len(self.approval_bus)))
         decided = self.decisions.get(intent.intent_id)
+        if decided is not None and intent.tool_name == INQUIRY_TOOL:
+            self._inquiry_answered(decided)
+            return
         if decided is not None:
             # The approvals channel dedupes by intent_id: a request sent again gets the
             # recorded decision again.
@@ -294,14 +298,29 @@ class Simulation:
             event_time_ms=self.now,
             approval=sign(approval, APPROVAL_RING),
         )
-        self.answered.add((intent.intent_id, approval.intent_digest))
         self.decisions[intent.intent_id] = envelope
+        if intent.tool_name == INQUIRY_TOOL:
+            # The effector asked whether a call it lost took effect: the person's answer goes
+            # to the effector, which makes it the call's result.
+            self._inquiry_answered(envelope)
+            return
+        self.answered.add((intent.intent_id, approval.intent_digest))
         # The runtime's own escalations are answered to the runtime, not to the agent.
         self._deliver(envelope, produced=intent.tool_name != ESCALATION_TOOL)
         if self.rng.random() < 0.1:  # a human who changes their mind: a second answer
             approval.approved = not approval.approved
             envelope.approval.CopyFrom(sign(approval, APPROVAL_RING))
             self._deliver(envelope, produced=intent.tool_name != ESCALATION_TOOL)
+
+    def _inquiry_answered(self, envelope: AgentEnvelope) -> None:
+        output = self.effector.resolve(envelope)
+        if output is None or output.result is None:
+            self.fail(
+                f"the effector took no result from the answer to {envelope.approval.intent_id}"
+            )
+        result = output.result.tool_result
+        self.answered.add((result.intent_id, result.intent_digest))
+        self._deliver(output.result)
 
     def _forge(self, key: bytes, intent: ToolIntent) -> None:
         """Someone who can write to the events topic answers a pending intent: with a key of
