@@ -248,3 +248,19 @@ def test_effector_service_refuses_what_it_cannot_serve_before_touching_a_broker(
 ):
     assert main([*_SERVICE, *args]) == EXIT_USAGE
     assert message in capsys.readouterr().err
+
+
+def test_inspect_shows_a_keys_model_usage_and_allowance(tmp_path, capsys):
+    from beam_agents._protos import StateSnapshot
+
+    snapshot = StateSnapshot(entity_key=b"k-1", seq=7, snapshot_at_ms=1)
+    snapshot.llm_cache.state_schema_version = 1
+    snapshot.llm_cache.input_tokens = 1200
+    snapshot.llm_cache.cost_micros = 4800
+    snapshot.llm_cache.token_allowance = 1000
+    path = tmp_path / "snapshot.binpb"
+    path.write_bytes(snapshot.SerializeToString())
+    assert main(["inspect", str(path), "--type", "StateSnapshot"]) == EXIT_OK
+    shown = capsys.readouterr().out
+    assert "input_tokens: 1200" in shown and "cost_micros: 4800" in shown
+    assert "token_allowance: 1000" in shown

@@ -9,6 +9,7 @@ from __future__ import annotations
 __all__ = [
     "AgentContractError",
     "BeamAgentsError",
+    "BudgetExceededError",
     "CanonicalJsonError",
     "CheckpointRejectedError",
     "DuplicateMigrationError",
@@ -173,6 +174,17 @@ class LlmCallError(BeamAgentsError):
         self.reason = reason
         #: True when the same call may succeed later (rate limits, timeouts, 5xx).
         self.retryable = retryable
+
+
+class BudgetExceededError(BeamAgentsError):
+    """Raised before a model call that would take a key or an activation past its budget
+    (beam_agents.runtime.budget); the call is not made."""
+
+    def __init__(self, reason: str, *, scope: str) -> None:
+        super().__init__(f"budget exceeded: {reason}")
+        self.reason = reason
+        #: Which limit: "key tokens", "activation cost", ... or "config" (a model with no price).
+        self.scope = scope
 
 
 class CheckpointRejectedError(BeamAgentsError):

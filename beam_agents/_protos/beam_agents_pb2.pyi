@@ -236,7 +236,7 @@ class Continuation(_message.Message):
     def __init__(self, state_schema_version: _Optional[int] = ..., seq: _Optional[int] = ..., step_index: _Optional[int] = ..., pending_intent_ids: _Optional[_Iterable[str]] = ..., adapter: _Optional[str] = ..., snapshot: _Optional[bytes] = ..., suspended_at_ms: _Optional[int] = ..., deadline_ms: _Optional[int] = ..., escalations: _Optional[int] = ..., answers: _Optional[_Iterable[_Union[AgentEnvelope, _Mapping]]] = ..., resume_failures: _Optional[int] = ..., retry_at_ms: _Optional[int] = ..., mailbox: _Optional[_Iterable[_Union[AgentEnvelope, _Mapping]]] = ...) -> None: ...
 
 class LlmCacheBlob(_message.Message):
-    __slots__ = ("state_schema_version", "entries", "total_response_bytes")
+    __slots__ = ("state_schema_version", "entries", "total_response_bytes", "input_tokens", "output_tokens", "cost_micros", "token_allowance", "cost_allowance_micros")
     class LlmCacheEntry(_message.Message):
         __slots__ = ("cache_key", "response", "response_digest", "created_at_ms", "last_access_ms", "digest_only")
         CACHE_KEY_FIELD_NUMBER: _ClassVar[int]
@@ -255,10 +255,20 @@ class LlmCacheBlob(_message.Message):
     STATE_SCHEMA_VERSION_FIELD_NUMBER: _ClassVar[int]
     ENTRIES_FIELD_NUMBER: _ClassVar[int]
     TOTAL_RESPONSE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    INPUT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    OUTPUT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    COST_MICROS_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_ALLOWANCE_FIELD_NUMBER: _ClassVar[int]
+    COST_ALLOWANCE_MICROS_FIELD_NUMBER: _ClassVar[int]
     state_schema_version: int
     entries: _containers.RepeatedCompositeFieldContainer[LlmCacheBlob.LlmCacheEntry]
     total_response_bytes: int
-    def __init__(self, state_schema_version: _Optional[int] = ..., entries: _Optional[_Iterable[_Union[LlmCacheBlob.LlmCacheEntry, _Mapping]]] = ..., total_response_bytes: _Optional[int] = ...) -> None: ...
+    input_tokens: int
+    output_tokens: int
+    cost_micros: int
+    token_allowance: int
+    cost_allowance_micros: int
+    def __init__(self, state_schema_version: _Optional[int] = ..., entries: _Optional[_Iterable[_Union[LlmCacheBlob.LlmCacheEntry, _Mapping]]] = ..., total_response_bytes: _Optional[int] = ..., input_tokens: _Optional[int] = ..., output_tokens: _Optional[int] = ..., cost_micros: _Optional[int] = ..., token_allowance: _Optional[int] = ..., cost_allowance_micros: _Optional[int] = ...) -> None: ...
 
 class ActivationErrorRecord(_message.Message):
     __slots__ = ("entity_key", "reason", "detail", "event_time_ms", "input", "answers")

@@ -59,6 +59,7 @@ and only then emits. A failing agent, a refused answer or a stale timer writes n
 durable inputs and emits its dead letter (and, for a failing agent, one ERROR trace event).
 """
 
+from beam_agents.runtime.budget import Budget, OnBudget, Price
 from beam_agents.runtime.config import AtDeadline, DeadlinePolicy, RuntimeConfig
 from beam_agents.runtime.context import (
     APPROVAL_TOOL,
@@ -97,6 +98,7 @@ __all__ = [
     "Agent",
     "Answer",
     "AtDeadline",
+    "Budget",
     "Completion",
     "DeadlinePolicy",
     "FunctionAgent",
@@ -104,6 +106,8 @@ __all__ = [
     "LlmRequest",
     "LlmResponse",
     "Memory",
+    "OnBudget",
+    "Price",
     "RefusingLlmClient",
     "ReplayCache",
     "RunAgent",

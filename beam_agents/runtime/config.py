@@ -8,6 +8,8 @@ from __future__ import annotations
 import dataclasses
 import enum
 
+from beam_agents.runtime.budget import Budget
+
 __all__ = ["AtDeadline", "DeadlinePolicy", "RuntimeConfig"]
 
 
@@ -56,6 +58,9 @@ class RuntimeConfig:
     #: At most this many calls to one model at once per worker process (None: no cap), so a
     #: burst of keys does not storm a provider.
     llm_concurrency: int | None = None
+    #: Limits on the models' tokens and cost per key and per activation (None: usage is
+    #: counted, nothing is limited).
+    budget: Budget | None = None
     #: Event time from a failed resume to its first retry; it doubles on every further failure
     #: up to resume_backoff_max_ms.
     resume_backoff_ms: int = 60 * 1000

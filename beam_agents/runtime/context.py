@@ -38,6 +38,7 @@ from beam_agents.core.intent import canonical_args_json, intent_id
 from beam_agents.core.migration import new_state_blob
 from beam_agents.core.signing import Keyring, sign
 from beam_agents.errors import AgentContractError, LlmCallError
+from beam_agents.runtime.budget import BudgetMeter
 from beam_agents.runtime.memory import Memory, ReplayCache
 from beam_agents.runtime.tool_calling import ToolCall, ToolDefinition
 
@@ -273,6 +274,7 @@ class ActivationContext:
         intent_ttl_ms: int = 60 * 60 * 1000,
         suspend_deadline_ms: int = 24 * 60 * 60 * 1000,
         llm_concurrency: int | None = None,
+        meter: BudgetMeter | None = None,
     ) -> None:
         self.entity_key = entity_key
         self.seq = seq
@@ -287,6 +289,9 @@ class ActivationContext:
         self._intent_ttl_ms = intent_ttl_ms
         self._suspend_deadline_ms = suspend_deadline_ms
         self._llm_concurrency = llm_concurrency
+        #: The key's budget, when one is configured: checked before and counted after every
+        #: call a model answers.
+        self.meter = meter
         self._next_step = first_step
         self._llm_calls = 0
         self._closed = False
@@ -317,12 +322,12 @@ class ActivationContext:
         )
         return emitted
 
-    def escalate(self, question: str, **details: object) -> list[ToolIntent]:
-        """The runtime's escalation of a suspension past its deadline (an APPROVAL intent of
-        ESCALATION_TOOL); not for agents."""
-        return self._emit(
-            [(ESCALATION_TOOL, {"question": question, **details})], ToolIntent.APPROVAL
-        )
+    def escalate(
+        self, question: str, *, tool: str = ESCALATION_TOOL, **details: object
+    ) -> list[ToolIntent]:
+        """The runtime's own question to a person (an APPROVAL intent of `tool`: a suspension
+        past its deadline, a budget to raise); not for agents."""
+        return self._emit([(tool, {"question": question, **details})], ToolIntent.APPROVAL)
 
     def _emit(self, calls, kind) -> list[ToolIntent]:
         self._check_open()
@@ -385,15 +390,20 @@ class ActivationContext:
             f"llm|{self.entity_key.hex()}|{self.seq}|{position}|{canonical}".encode()
         ).hexdigest()
         recorded = self.cache.get(key)
+        cost = 0
         if recorded is not None:
             response, replayed = LlmResponse.from_bytes(recorded), True
         else:
             if self._llm_client is None:
                 raise LlmCallError("no LLM client is configured", model=model, retryable=False)
+            if self.meter is not None:
+                self.meter.check(model, canonical, params.get("max_tokens"))
             with model_slot(model, self._llm_concurrency):
                 response = self._llm_client.complete(request)
             replayed = False
             self.cache.put(key, response.to_bytes())
+            if self.meter is not None:
+                cost = self.meter.record(model, response.input_tokens, response.output_tokens)
         attributes = {
             "gen_ai.operation.name": "chat",
             "gen_ai.request.model": model,
@@ -402,6 +412,8 @@ class ActivationContext:
             "gen_ai.usage.output_tokens": str(response.output_tokens),
             "beam_agents.replayed": "true" if replayed else "false",
         }
+        if cost:
+            attributes["beam_agents.cost_micros"] = str(cost)
         if response.finish_reason:
             attributes["gen_ai.response.finish_reasons"] = response.finish_reason
         self._trace(

@@ -20,6 +20,7 @@ __all__ = [
     "ANSWER_FOR_OTHER_CONTENT",
     "ANSWER_MISMATCH",
     "BAD_ANSWER_SIGNATURE",
+    "BUDGET_EXCEEDED",
     "CHECKPOINT_REJECTED",
     "DEADLINE_EXCEEDED",
     "EMPTY_ENVELOPE",
@@ -61,6 +62,7 @@ BAD_ANSWER_SIGNATURE = "bad_answer_signature"
 ANSWER_FOR_OTHER_CONTENT = "answer_for_other_content"
 SNAPSHOT_FROM_FUTURE = "snapshot_from_future"
 CHECKPOINT_REJECTED = "checkpoint_rejected"
+BUDGET_EXCEEDED = "budget_exceeded"
 
 #: Every reason with its meaning (the README's table is this one).
 REASONS = {
@@ -97,6 +99,9 @@ REASONS = {
     "reads; nothing restored",
     CHECKPOINT_REJECTED: "the key's stored checkpoint (a LangGraph graph's) names a type its "
     "allowlist does not hold, or is in another encoding; nothing was imported or run",
+    BUDGET_EXCEEDED: "a model call would have taken the key or the activation past its budget "
+    "(or no one raised it when asked); the call was not made, the event or answers are in the "
+    "record",
 }
 
 

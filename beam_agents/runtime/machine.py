@@ -54,11 +54,13 @@ from beam_agents.core.migration import MigrationRegistry, migrate_to_current, ne
 from beam_agents.core.signing import Keyring, Verification, verify
 from beam_agents.errors import (
     AgentContractError,
+    BudgetExceededError,
     CheckpointRejectedError,
     LlmCallError,
     MemoryBudgetError,
 )
 from beam_agents.runtime import dead_letters as dl
+from beam_agents.runtime.budget import BUDGET_TOOL, Budget, BudgetMeter, OnBudget
 from beam_agents.runtime.config import AtDeadline, RuntimeConfig
 from beam_agents.runtime.context import (
     ESCALATION_TOOL,
@@ -477,6 +479,8 @@ class KeyMachine:
             self._commit_run(work, run, now, marks=digests, anchor=anchor, mailbox=())
         elif _busy(run.error) and failures < self._config.retryable_resume_retries:
             self._defer(work, envelope, digests, anchor, failures + 1)
+        elif self._asks(run.error):
+            self._ask_budget(work, run, now, event=envelope, digests=digests, anchor=anchor)
         else:
             # The record carries the event: one drained from a mailbox was marked as seen, so
             # nothing else holds it.
@@ -610,6 +614,9 @@ class KeyMachine:
         if stand_in is not None:
             recorded.answers.remove(stand_in)
         recorded.answers.append(envelope)
+        if intent.tool_name == BUDGET_TOOL:
+            self._budget_answered(work, recorded, envelope, now)
+            return
         if intent.tool_name == ESCALATION_TOOL:
             if not envelope.approval.approved:
                 # The human declined to keep waiting: resume now, the rest expired.
@@ -651,6 +658,7 @@ class KeyMachine:
             intent_ttl_ms=config.intent_ttl_ms,
             suspend_deadline_ms=config.suspend_deadline_ms,
             llm_concurrency=config.llm_concurrency,
+            meter=BudgetMeter(config.budget or Budget(), state.cache),
         )
         ctx.trace_activation(
             TraceEvent.ACTIVATION_START,
@@ -708,6 +716,7 @@ class KeyMachine:
         memory = self._marked(run.memory, marks, anchor, owned=True)
         cache = run.cache
         cache.state_schema_version = self._version
+        ctx.meter.write(cache)  # the key's usage, this activation's included
         work.commit(
             KeyState(
                 seq=max(ctx.seq, state.seq or 0),
@@ -741,6 +750,7 @@ class KeyMachine:
         ctx, error = run.ctx, run.error
         work.count("failed_activations")
         reason = reason or {
+            BudgetExceededError: dl.BUDGET_EXCEEDED,
             CheckpointRejectedError: dl.CHECKPOINT_REJECTED,
             MemoryBudgetError: dl.MEMORY_BUDGET,
             AgentContractError: dl.AGENT_CONTRACT,
@@ -772,6 +782,9 @@ class KeyMachine:
             self._commit_run(
                 work, run, now, marks=(), anchor=work.anchor, mailbox=list(suspended.mailbox)
             )
+            return
+        if self._asks(run.error):
+            self._ask_budget(work, run, now, suspended=suspended)
             return
         failures = suspended.resume_failures + 1
         limit = (
@@ -841,6 +854,9 @@ class KeyMachine:
             self._deadline(work, suspended, fired_ms)
 
     def _deadline(self, work: _Work, suspended: Continuation, now: int) -> None:
+        if _budget_asked(suspended, work.state.pending):
+            self._budget_refused(work, suspended, now, "no one raised the budget by its deadline")
+            return
         policy = self._config.deadline_policy
         unanswered = _unanswered(suspended, work.state.pending)
         if not unanswered:
@@ -879,6 +895,129 @@ class KeyMachine:
                 )
             )
         self._resume(work, suspended, now)
+
+    # -- budgets ------------------------------------------------------------------------------
+
+    def _asks(self, error: Exception | None) -> bool:
+        budget = self._config.budget
+        # Only a key's limits can be raised; an activation's or a missing price cannot.
+        return (
+            isinstance(error, BudgetExceededError)
+            and error.scope.startswith("key")
+            and budget is not None
+            and budget.on_exceed is OnBudget.ASK
+        )
+
+    def _ask_budget(
+        self,
+        work: _Work,
+        run: _Run,
+        now: int,
+        *,
+        event=None,
+        digests=(),
+        anchor=0,
+        suspended: Continuation | None = None,
+    ) -> None:
+        """Puts the budget before a person: an APPROVAL intent of BUDGET_TOOL, on which the key
+        waits with its event first in the mailbox (a start) or with its answers (a resume)."""
+        work.count("budget_asks")
+        config = self._config
+        seq = suspended.seq if suspended is not None else run.ctx.seq
+        asked = (
+            0
+            if suspended is None
+            else sum(1 for i in work.state.pending if i.tool_name == BUDGET_TOOL)
+        )
+        ctx = ActivationContext(
+            entity_key=work.key,
+            seq=seq,
+            now_ms=now,
+            memory=Memory(),
+            cache=ReplayCache(),
+            llm_client=None,
+            adapter=self._agent.adapter,
+            # Steps no agent reaches, so the question never shares an id with an intent of
+            # the activation it holds up.
+            first_step=_BUDGET_STEP + asked,
+            resume_of=suspended,
+            keyring=self._keyring,
+            intent_ttl_ms=config.suspend_deadline_ms,
+        )
+        (question,) = ctx.escalate(
+            "The agent's next model call would pass its budget; approve to raise the key's "
+            "limits and let it go on, decline to end it.",
+            tool=BUDGET_TOOL,
+            reason=str(run.error),
+            raise_tokens=config.budget.raise_tokens,
+            raise_cost_micros=config.budget.raise_cost_micros,
+        )
+        deadline = _saturating_add(now, config.suspend_deadline_ms)
+        if suspended is None:
+            waiting = new_state_blob(
+                Continuation,
+                seq=seq,
+                adapter=self._agent.adapter,
+                suspended_at_ms=now,
+                deadline_ms=deadline,
+                mailbox=[event],
+            )
+            waiting.state_schema_version = self._version
+            memory = self._marked(work.state.memory, digests, anchor, owned=False)
+            pending = (question,)
+        else:
+            waiting = self._copy(suspended)
+            waiting.deadline_ms = max(waiting.deadline_ms, deadline)
+            waiting.retry_at_ms = 0
+            memory = work.state.memory
+            pending = (*work.state.pending, question)
+        waiting.pending_intent_ids.append(question.intent_id)
+        work.commit(
+            dataclasses.replace(work.state, memory=memory, continuation=waiting, pending=pending)
+        )
+        work.emit(INTENTS, question)
+        for trace in ctx.traces:
+            work.emit(TRACES, trace)
+
+    def _budget_answered(self, work: _Work, recorded: Continuation, envelope, now: int) -> None:
+        """A person's answer on a budget: approved, the key's limits rise and the activation
+        it held up runs again; declined, it ends as `budget_exceeded`."""
+        if not envelope.approval.approved:
+            self._budget_refused(
+                work, recorded, now, f"{envelope.approval.approver} declined to raise it"
+            )
+            return
+        meter = BudgetMeter(self._config.budget or Budget(), work.state.cache)
+        meter.grant()
+        cache = (
+            self._copy(work.state.cache)
+            if work.state.cache is not None
+            else new_state_blob(LlmCacheBlob)
+        )
+        cache.state_schema_version = self._version
+        meter.write(cache)
+        work.commit(dataclasses.replace(work.state, cache=cache))
+        if _holds_a_start(recorded, work.state.pending):
+            self._retry_start(work, recorded, now)
+        else:
+            self._resume(work, recorded, now)
+
+    def _budget_refused(self, work: _Work, suspended: Continuation, now: int, why: str) -> None:
+        start = _holds_a_start(suspended, work.state.pending)
+        work.dead(
+            dl.BUDGET_EXCEEDED,
+            f"seq {suspended.seq}: {why}; the "
+            + ("event is in the record" if start else "answers are in the record"),
+            now,
+            input=suspended.mailbox[0] if start else None,
+            answers=() if start else suspended.answers,
+        )
+        if start:
+            rest = self._copy(suspended)
+            del rest.mailbox[0]
+            self._end_suspension(work, rest)
+        else:
+            self._end_suspension(work, suspended)
 
     def _escalate(self, work: _Work, suspended: Continuation, unanswered, now: int) -> None:
         ctx = ActivationContext(
@@ -935,6 +1074,24 @@ class KeyMachine:
             if blob is not None:
                 getattr(snapshot, field).CopyFrom(blob)
         return snapshot
+
+
+#: The runtime's own questions to people: their answers go to the runtime, never the agent.
+_RUNTIME_TOOLS = frozenset({ESCALATION_TOOL, BUDGET_TOOL})
+#: The first step of the runtime's budget questions (uint32, beyond any agent's steps).
+_BUDGET_STEP = 2**31
+
+
+def _budget_asked(suspended: Continuation, pending) -> bool:
+    """A budget question is pending with no answer."""
+    answered = {_answered_id(a) for a in suspended.answers}
+    return any(i.tool_name == BUDGET_TOOL and i.intent_id not in answered for i in pending)
+
+
+def _holds_a_start(suspended: Continuation, pending) -> bool:
+    """The suspension holds up a start (its event first in the mailbox), not a resume: it
+    waits on no intent of the agent's."""
+    return bool(suspended.mailbox) and all(i.tool_name in _RUNTIME_TOOLS for i in pending)
 
 
 def _busy(error: Exception) -> bool:
@@ -1010,7 +1167,7 @@ def _unanswered(suspended: Continuation, pending: Iterable[ToolIntent]) -> list[
     return [
         by_id[i]
         for i in suspended.pending_intent_ids
-        if i not in answered and i in by_id and by_id[i].tool_name != ESCALATION_TOOL
+        if i not in answered and i in by_id and by_id[i].tool_name not in _RUNTIME_TOOLS
     ]
 
 
@@ -1022,5 +1179,5 @@ def _ordered_answers(suspended: Continuation, pending: Iterable[ToolIntent]) -> 
     return [
         Answer.from_envelope(intents[i], by_id[i])
         for i in suspended.pending_intent_ids
-        if i in by_id and i in intents and intents[i].tool_name != ESCALATION_TOOL
+        if i in by_id and i in intents and intents[i].tool_name not in _RUNTIME_TOOLS
     ]
