@@ -203,7 +203,10 @@ def test_a_savepoint_upgrade_migrates_every_key_on_first_read_and_a_roll_back_we
     before = loop.snapshots("job1-")
     for key in KEYS:
         assert before[key].memory.state_schema_version == 1
-        assert f"customer:{key.decode()}" in {e.key for e in before[key].memory.entries}
+        # A function agent's memory writes reach state when it completes: a refund waiting
+        # for its approval has not written the customer yet (its replay will).
+        remembered = f"customer:{key.decode()}" in {e.key for e in before[key].memory.entries}
+        assert remembered == (key in QUESTIONS)
         assert bool(before[key].continuation.pending_intent_ids) == (key in REFUNDS)
     savepoint1 = loop.savepoint(job1, launcher1)
 
@@ -225,6 +228,7 @@ def test_a_savepoint_upgrade_migrates_every_key_on_first_read_and_a_roll_back_we
         keys_in_memory = [e.key for e in memory.entries]
         assert MIGRATED_KEY in keys_in_memory
         assert {e.key for e in before[key].memory.entries} < set(keys_in_memory)
+        assert f"customer:{key.decode()}" in keys_in_memory
         assert not after[key].continuation.pending_intent_ids  # nobody is left waiting
     outcomes = Counter((k, c["outcome"]) for k, c in loop.completions())
     assert outcomes == Counter(
