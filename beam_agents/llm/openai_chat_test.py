@@ -12,7 +12,7 @@ from beam_agents._protos import AgentEnvelope
 from beam_agents.core.intent import intent_id
 from beam_agents.errors import LlmCallError
 from beam_agents.llm.openai_chat import OpenAIChatClient
-from beam_agents.runtime import LlmRequest, RunAgent, agent
+from beam_agents.runtime import LlmRequest, RunAgent, RuntimeConfig, agent
 from beam_agents.runtime.tool_calling import (
     ToolCall,
     ToolDefinition,
@@ -351,3 +351,67 @@ def test_a_legacy_function_call_is_refused_naming_it():
     with LocalHttpServer(scripted(reply)) as server, pytest.raises(LlmCallError) as raised:
         client(server).complete(REQUEST)
     assert not raised.value.retryable and "function_call (kb_search)" in raised.value.reason
+
+
+def test_a_model_busy_past_its_retries_defers_the_activation_until_it_answers(tmp_path):
+    """Issue 19 point 5 on a real HTTP server: a 429 for a while is not a dead letter. Each
+    activation try makes one request (one attempt per call); the start waits on its timer with
+    backoff and completes once the server answers."""
+
+    @agent(name="tests.summarise/v1")
+    def summarise(ctx, event: bytes) -> bytes:
+        messages = [{"role": "user", "content": event.decode()}]
+        return ctx.llm(messages, model="local-model").text.encode()
+
+    t0, key = 1_764_460_800_000, b"k-1"
+    busy = [error(429, **{"retry-after": "0"})] * 3
+    config = RuntimeConfig(resume_backoff_ms=10, resume_backoff_max_ms=40, llm_concurrency=2)
+    with LocalHttpServer(scripted(*busy, completion("answered at last"))) as server:
+        outputs = run_round(
+            RunAgent(summarise, llm_client=client(server, max_attempts=1), config=config),
+            [
+                AgentEnvelope(entity_key=key, event_time_ms=t0, external_event=b"question"),
+                Advance(t0 + 1),
+                Advance(t0 + 1000),
+            ],
+            tmp_path,
+        ).before(t0 + 1000)
+    assert outputs.values("errors") == []
+    assert outputs.values("completions") == [b"answered at last"]
+    assert len(server.requests) == 4
+
+
+def test_a_keys_budget_counts_the_servers_usage_and_refuses_the_call_past_it(tmp_path):
+    """Issue 19 point 3 on a real HTTP server: the usage the server reports is kept for the
+    key; the call that would pass the key's limit is not made."""
+    from beam_agents.runtime import Budget, Price
+
+    @agent(name="tests.summarise/v1")
+    def summarise(ctx, event: bytes) -> bytes:
+        messages = [{"role": "user", "content": event.decode()}]
+        return ctx.llm(messages, model="local-model").text.encode()
+
+    t0, key = 1_764_460_800_000, b"k-1"
+    prices = {"local-model": Price(input_per_million=10**6, output_per_million=10**6)}
+    config = RuntimeConfig(budget=Budget(key_tokens=1905, prices=prices))
+    export = AgentEnvelope(entity_key=key, event_time_ms=t0 + 3)
+    export.export_request.request_id = "usage"
+    with LocalHttpServer(scripted(completion("one", 1500, 400))) as server:
+        outputs = run_round(
+            RunAgent(summarise, llm_client=client(server), config=config),
+            [
+                AgentEnvelope(entity_key=key, event_time_ms=t0, external_event=b"first"),
+                Advance(t0 + 1),
+                AgentEnvelope(entity_key=key, event_time_ms=t0 + 2, external_event=b"second"),
+                Advance(t0 + 3),
+                export,
+            ],
+            tmp_path,
+        )
+    assert outputs.values("completions") == [b"one"]
+    (refused,) = outputs.values("errors")
+    assert refused.reason == "budget_exceeded" and refused.input.external_event == b"second"
+    assert len(server.requests) == 1
+    (snapshot,) = outputs.values("snapshots")
+    usage = snapshot.llm_cache
+    assert (usage.input_tokens, usage.output_tokens, usage.cost_micros) == (1500, 400, 1900)
