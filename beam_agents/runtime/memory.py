@@ -65,9 +65,7 @@ class _Indexes:
         self._max = max_entries
         self._held = 0
         self._lock = threading.Lock()
-        self._table: collections.OrderedDict[int, tuple[object, _Index]] = (
-            collections.OrderedDict()
-        )
+        self._table: collections.OrderedDict[int, tuple[object, _Index]] = collections.OrderedDict()
 
     def get(self, blob) -> _Index | None:
         with self._lock:

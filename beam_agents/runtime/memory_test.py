@@ -252,3 +252,12 @@ def test_a_cache_read_over_smaller_limits_is_evicted_at_once():
     shrunk = ReplayCache.from_blob(cache.to_blob(), max_entries=2)
     assert list(shrunk.keys()) == ["b", "c"] and shrunk.total_response_bytes == 4
     assert [e.cache_key for e in shrunk.to_blob().entries] == ["b", "c"]
+
+
+def test_a_written_blob_changed_afterwards_is_read_afresh():
+    memory = Memory(now_ms=1)
+    memory.put("a", b"1")
+    blob = memory.to_blob()
+    blob.entries.add(key="b", value=b"22")  # a caller's own change: the kept index is stale
+    again = Memory.from_blob(blob)
+    assert again.get("b") == b"22" and list(again.keys()) == ["a", "b"]
