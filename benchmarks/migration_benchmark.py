@@ -1,16 +1,18 @@
-"""Cost of migrate_to_current on the state read path, as a ratio to the read alone.
+"""Cost of the migration check on the state read path, as a ratio to the read alone.
 
 Every state read in the runtime decodes the stored bytes with the state spec's coder,
-apache_beam's DeterministicProtoCoder, and passes the blob through `migrate_to_current`
-before any field is used. So the baseline is the coder's decode, and the ratio says what the
-migration hook's fast path (one call, one version compare, one type test) adds to it. Both loops
-run interleaved in one process, round after round, and the median per-round ratio is printed;
-absolute times on these machines are noise. Goal: at most 1.05 at every size.
+apache_beam's DeterministicProtoCoder, puts the blob in a KeyState (`run_agent._read`) and
+passes it through `KeyMachine._current` before any field is used: that is the read path
+measured here, against the coder's decode alone. `_current` checks the versions inline and
+returns the state as read when every blob is current, so a current blob costs one field read
+and compare beyond the decode. Loops run interleaved in one process, round after round, and the
+median per-round ratio is printed; absolute times on these machines are noise.
 
-The "floor" column is (decode + reading state_schema_version once) / decode: the one integer
-compare the migration policy prescribes cannot cost less than that field read, so no fast
-path can reach a ratio below it. For blobs of a few hundred bytes, whose whole decode costs a
-few hundred nanoseconds, that floor itself is above the goal.
+The "floor" column is (decode + the same KeyState + reading state_schema_version once) /
+decode: the one integer compare the migration policy prescribes cannot cost less than that
+field read, so no read path can reach a ratio below it. Goal (issue 18): within 0.03 of the
+floor at every size. `migrate_to_current` alone, the function a user's own reader calls, is
+printed beside it.
 
     python benchmarks/migration_benchmark.py [--rounds N] [--seconds S]
 """
@@ -24,9 +26,27 @@ import time
 from apache_beam.coders.coders import DeterministicProtoCoder
 
 from beam_agents._protos import Continuation, LlmCacheBlob, MemoryBlob
-from beam_agents.core.migration import migrate_to_current, new_state_blob
+from beam_agents.core.migration import (
+    CURRENT_STATE_SCHEMA_VERSION,
+    migrate_to_current,
+    new_state_blob,
+)
+from beam_agents.runtime.config import RuntimeConfig
+from beam_agents.runtime.machine import KeyMachine, KeyState
 
-GOAL = 1.05
+#: How far above the floor the read path may be.
+GOAL = 0.03
+_MACHINE = KeyMachine(
+    None,
+    llm_client=None,
+    keyring=None,
+    result_keyring=None,
+    approval_keyring=None,
+    config=RuntimeConfig(),
+    registry=None,
+    current_version=CURRENT_STATE_SCHEMA_VERSION,
+)
+_FIELD = {MemoryBlob: "memory", LlmCacheBlob: "cache", Continuation: "continuation"}
 
 
 def _blobs() -> dict[str, tuple[type, bytes]]:
@@ -60,29 +80,37 @@ def _time(function, loops: int) -> float:
     return time.perf_counter() - start
 
 
-def measure(cls: type, data: bytes, rounds: int, loops: int) -> tuple[float, float, float]:
-    """(median ratio, median added nanoseconds per read, median floor ratio)."""
+def measure(cls: type, data: bytes, rounds: int, loops: int) -> dict[str, float]:
+    """Median ratios to the decode: the runtime's read path, its floor, migrate_to_current;
+    and the nanoseconds the read path adds to its floor."""
     coder = DeterministicProtoCoder(cls)
     encoded = coder.encode(cls.FromString(data))
+    field = _FIELD[cls]
+    current = _MACHINE._current
 
     def parse():
         coder.decode(encoded)
 
+    def read_path():
+        current(KeyState(**{field: coder.decode(encoded)}))
+
+    def floor_read():
+        getattr(KeyState(**{field: coder.decode(encoded)}), field).state_schema_version  # noqa: B018
+
     def parse_and_migrate():
         migrate_to_current(coder.decode(encoded))
 
-    def parse_and_read_version():
-        coder.decode(encoded).state_schema_version  # noqa: B018
-
-    parse_and_migrate()  # builds nothing lazily on the fast path, but warm everything anyway
-    ratios, added, floors = [], [], []
+    read_path()
+    got: dict[str, list[float]] = {"read path": [], "floor": [], "migrate_to_current": [], "ns": []}
     for _ in range(rounds):
         baseline = _time(parse, loops)
-        with_migrate = _time(parse_and_migrate, loops)
-        floors.append(_time(parse_and_read_version, loops) / baseline)
-        ratios.append(with_migrate / baseline)
-        added.append((with_migrate - baseline) / loops * 1e9)
-    return statistics.median(ratios), statistics.median(added), statistics.median(floors)
+        path = _time(read_path, loops)
+        least = _time(floor_read, loops)
+        got["read path"].append(path / baseline)
+        got["floor"].append(least / baseline)
+        got["migrate_to_current"].append(_time(parse_and_migrate, loops) / baseline)
+        got["ns"].append((path - least) / loops * 1e9)
+    return {name: statistics.median(values) for name, values in got.items()}
 
 
 def main() -> None:
@@ -91,18 +119,20 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=0.02, help="per timed loop")
     args = parser.parse_args()
     print(
-        "(DeterministicProtoCoder.decode + migrate_to_current) / decode, current-version blobs, "
-        f"goal <= {GOAL}"
+        "state read path (DeterministicProtoCoder.decode, KeyState, KeyMachine._current) / "
+        f"decode, current-version blobs; goal: within {GOAL} of the floor"
     )
     for name, (cls, data) in _blobs().items():
         # About the same wall time per measurement whatever the blob's size.
         per_parse = _time(lambda: cls.FromString(data), 1000) / 1000  # noqa: B023
         loops = max(100, int(args.seconds / per_parse))
-        ratio, added, floor = measure(cls, data, args.rounds, loops)
-        verdict = "meets goal" if ratio <= GOAL else "ABOVE GOAL"
+        got = measure(cls, data, args.rounds, loops)
+        over = got["read path"] - got["floor"]
+        verdict = "meets goal" if over <= GOAL else "ABOVE GOAL"
         print(
-            f"  {name:26} {len(data):7} bytes  ratio {ratio:.3f}  (+{added:.0f} ns)  "
-            f"floor {floor:.3f}  {verdict}"
+            f"  {name:26} {len(data):7} bytes  read path {got['read path']:.3f}  "
+            f"floor {got['floor']:.3f}  (+{over:.3f}, {got['ns']:+.0f} ns)  {verdict}  "
+            f"migrate_to_current {got['migrate_to_current']:.3f}"
         )
 
 

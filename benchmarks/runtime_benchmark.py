@@ -3,12 +3,12 @@
 1. An activation: RunAgent with an agent that reads and writes one memory value and completes,
    against a bare stateful DoFn that does the same state reads and writes (the five state
    cells, both timers) and emits the same output, on the same runner over the same input.
-   Goal: at most 1.5.
+   Goal (issue 18): at most 1.3.
 2. The commit of an activation that read its memory and wrote one value: the Memory and
    ReplayCache over the stored blobs, one put, the new blobs stamped and encoded with the state
    coder, against encoding the same blobs (that is, the runtime's bookkeeping beyond the
    unavoidable serialization), at 1, 16 and 64 KiB of memory.
-3. Memory get and put at 10, 1,000 and 10,000 entries, as ratios to 10 entries. Goal: flat.
+3. Memory get and put at 10 to 100,000 entries, as ratios to 10 entries. Goal: at most 1.15.
 
 Pipelines and loops alternate, round after round, and medians are printed; absolute times on
 these machines are noise.
@@ -35,7 +35,7 @@ from beam_agents._protos import AgentEnvelope, LlmCacheBlob, MemoryBlob
 from beam_agents.runtime import Memory, ReplayCache, RunAgent, agent
 from beam_agents.runtime.run_agent import _AgentDoFn
 
-ACTIVATION_GOAL = 1.5
+ACTIVATION_GOAL = 1.3
 T0 = 1_764_460_800_000
 
 
@@ -191,7 +191,7 @@ def main() -> None:
 
     print("Memory get + put, ns per operation, and ratio to 10 entries (goal: flat):")
     base = statistics.median(_memory_ns(10) for _ in range(5))
-    for entries in (10, 1000, 10000):
+    for entries in (10, 1000, 10000, 100000):
         ns = statistics.median(_memory_ns(entries) for _ in range(5))
         print(f"  {entries:6} entries: {ns:6.0f} ns  ratio {ns / base:.2f}")
 

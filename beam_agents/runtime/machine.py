@@ -71,7 +71,7 @@ from beam_agents.runtime.context import (
     LlmClient,
     Suspension,
 )
-from beam_agents.runtime.memory import Memory, ReplayCache
+from beam_agents.runtime.memory import Memory, ReplayCache, share_index
 
 __all__ = [
     "COMPLETIONS",
@@ -356,7 +356,17 @@ class KeyMachine:
     def _current(self, stored: KeyState) -> KeyState:
         """The state every decision reads: each blob through migrate_to_current, which
         returns a current blob itself. StateSchemaFromFutureError propagates on purpose: the
-        bundle fails and the key waits, untouched, for the binary that wrote it."""
+        bundle fails and the key waits, untouched, for the binary that wrote it.
+
+        `stored` itself when every blob is current, the common case: one field read a blob."""
+        version = self._version
+        memory, cache, continuation = stored.memory, stored.cache, stored.continuation
+        if (
+            (memory is None or memory.state_schema_version == version)
+            and (cache is None or cache.state_schema_version == version)
+            and (continuation is None or continuation.state_schema_version == version)
+        ):
+            return stored
         return dataclasses.replace(
             stored,
             memory=self._migrate(stored.memory),
@@ -407,13 +417,17 @@ class KeyMachine:
     ) -> MemoryBlob:
         """`memory` with the event marks added, old marks dropped, and the activity high-water
         mark moved forward: changed in place when the caller `owned` it (a blob it just built),
-        else on a copy."""
+        else on a copy; `memory` itself when there is nothing to mark and the mark is ahead
+        already, so an answer or timer that did not touch memory writes none."""
         if memory is None:
             blob = MemoryBlob()
         elif owned:
             blob = memory
+        elif not digests and memory.last_activity_ms >= now:
+            return memory
         else:
             blob = self._copy(memory)
+            share_index(blob, memory)
         blob.state_schema_version = self._version
         latest = max(blob.last_activity_ms, now)
         blob.last_activity_ms = latest
@@ -687,7 +701,9 @@ class KeyMachine:
                 )
             # An adapter may replace ctx.memory (a function agent keeps its writes apart
             # until it completes): commit what the context holds at the end.
-            return _Run(ctx, result, memory=ctx.memory.to_blob(), cache=ctx.cache.to_blob())
+            # What nothing changed is the blob read (to_blob), or no cache at all.
+            cache = ctx.cache.to_blob() if ctx.cache.changed else state.cache
+            return _Run(ctx, result, memory=ctx.memory.to_blob(), cache=cache)
         except Exception as e:  # the agent's failure is a dead letter, never the bundle's
             return _Run(ctx, error=e)
 
@@ -713,10 +729,14 @@ class KeyMachine:
             TraceEvent.ACTIVATION_END,
             {"beam_agents.outcome": "suspended" if suspended is not None else "completed"},
         )
-        memory = self._marked(run.memory, marks, anchor, owned=True)
+        # A blob the activation did not change is the one read: never stamped in place.
+        memory = self._marked(run.memory, marks, anchor, owned=run.memory is not state.memory)
         cache = run.cache
-        cache.state_schema_version = self._version
-        ctx.meter.write(cache)  # the key's usage, this activation's included
+        if cache is not None and cache is not state.cache:
+            cache.state_schema_version = self._version
+            # The key's usage, this activation's included (only a model call changes it, and
+            # a model call changes the cache).
+            ctx.meter.write(cache)
         work.commit(
             KeyState(
                 seq=max(ctx.seq, state.seq or 0),

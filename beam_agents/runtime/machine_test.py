@@ -834,3 +834,46 @@ def test_a_keys_usage_travels_in_its_snapshot():
     snapshot = h.export()
     assert (snapshot.llm_cache.input_tokens, snapshot.llm_cache.output_tokens) == (100, 50)
     assert snapshot.llm_cache.cost_micros == 600
+
+
+# Issue 18: an activation writes only what it changed ---------------------------------------------
+
+
+@agent(name="tests.lookup/v1")
+def lookup(ctx, event: bytes) -> bytes:
+    return ctx.call_tool("crm.lookup", {"id": event.decode()}).payload
+
+
+def test_a_resume_that_touches_no_memory_and_no_cache_writes_neither():
+    h = Harness(lookup, config=RuntimeConfig(ttl_ms=1000))
+    h.send(event(T0 + 5, b"7"))
+    memory = h.memory
+    (intent,) = _pending(h)
+    # An answer stamped before the start's activity: nothing moves the TTL's anchor either.
+    h.send(answer(T0 + 4, intent, b"profile"))
+    assert h.values("completions") == [b"profile"]
+    assert h.memory is memory and h.states[2].value is None  # not rewritten, no cache made
+    assert h.timers[1].at_ms == T0 + 5 + 1000
+
+
+def test_a_later_answer_moves_the_ttl_anchor_forward_in_a_copy_of_the_memory():
+    h = Harness(lookup, config=RuntimeConfig(ttl_ms=1000))
+    h.send(event(T0, b"7"))
+    memory = h.memory
+    (intent,) = _pending(h)
+    h.send(answer(T0 + 9, intent, b"profile"))
+    assert h.memory is not memory and h.memory.last_activity_ms == T0 + 9
+    assert h.memory.entries == memory.entries and h.states[2].value is None
+    h.fire_ttl(T0 + 1000)  # the TTL the start set has moved: the key stays
+    assert h.memory is not None and h.timers[1].at_ms == T0 + 9 + 1000
+
+
+def test_a_resume_that_replays_no_llm_call_keeps_the_cache_it_read():
+    h = Harness(refund, llm=summarise("a summary"))
+    h.send(event(T0, b"10"))
+    (paid,) = _pending(h)
+    h.send(answer(T0 + 1, paid, b"paid"))  # one LLM call: the cache is written
+    cache = h.states[2].value
+    assert len(cache.entries) == 1
+    h.send(event(T0 + 2, b"20"))  # suspends before any LLM call: the cache is untouched
+    assert h.states[2].value is cache

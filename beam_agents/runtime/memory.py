@@ -1,11 +1,23 @@
 """An agent's working memory and its LLM replay cache: LRU maps that live in keyed state.
 
-Both are plain ordered maps while an activation runs and protobuf blobs (MemoryBlob,
-LlmCacheBlob) between activations, written in least-recently-used-first order so that LRU order
-survives a round trip without a map field. Reading or writing an entry makes it the most recent;
-when a budget is exceeded the least recent entries are evicted first. Every operation costs the
-same however many entries there are (an OrderedDict moves and pops in constant time), and the
-byte totals the blobs cache are kept exact by every mutation rather than recomputed.
+Both are protobuf blobs (MemoryBlob, LlmCacheBlob) between activations, written in
+least-recently-used-first order so that LRU order survives a round trip without a map field.
+Reading or writing an entry makes it the most recent; when a budget is exceeded the least recent
+entries are evicted first, and the byte totals the blobs cache are kept exact.
+
+Both are overlays on the blob they were read from (`_LruOverlay`): its entries stay inside the
+protobuf message, and only the entries an activation touches move into an ordered overlay at the
+most recent end. So an activation costs what it touches, not what the key holds:
+
+- Reading is free: the key -> position index is built on the first lookup, or not at all when
+  the blob came from `to_blob` in this process (the index of what it wrote is derived from the
+  one it read, and a small bounded table keyed by the blob object keeps it; a portable SDK
+  harness hands the very object back to the next activation of the key).
+- Positions come from stamps that only grow along a blob (an entry's stamp is its position when
+  the index was first built, or when it was appended), so deleting entries shifts no index.
+- `to_blob` of an overlay nothing changed returns the blob it was read from, so the runtime
+  writes no bytes for it; otherwise it copies the blob in C, deletes the touched positions and
+  appends the overlay.
 
 `ReplayCache` is what makes a resumed or replayed activation cheap and deterministic: an LLM
 call whose key was answered before returns the recorded response without calling the model.
@@ -15,48 +27,271 @@ replay that diverged, but it reads as a miss.
 
 from __future__ import annotations
 
+import bisect
 import collections
 import dataclasses
 import hashlib
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterator
 
 from beam_agents._protos import LlmCacheBlob, MemoryBlob
-from beam_agents.core.migration import CURRENT_STATE_SCHEMA_VERSION, new_state_blob
+from beam_agents.core.migration import CURRENT_STATE_SCHEMA_VERSION
 from beam_agents.errors import MemoryBudgetError
 
-__all__ = ["Memory", "ReplayCache"]
+__all__ = ["Memory", "ReplayCache", "share_index"]
 
 
-@dataclasses.dataclass
-class _Entry:
-    value: bytes
-    last_access_ms: int
+@dataclasses.dataclass(frozen=True)
+class _Index:
+    """Where each live key of a blob sits. Shared by every overlay on the blob: never changed.
+
+    `stamps[position]` grows with the position, so a key's position is the bisection of its
+    stamp; `dead` holds positions a later entry of the same key shadows (only in blobs that
+    `to_blob` did not write)."""
+
+    keys: dict[str, int]
+    stamps: list[int]
+    dead: frozenset[int]
+    total: int
+    next_stamp: int
 
 
-class Memory:
-    """String keys to bytes values in LRU order, within `budget_bytes` of values.
+class _Indexes:
+    """Indexes of recently written blobs by object identity, bounded by their entries. Holds
+    each blob strongly, so an identity is never reused while its index is here (protobuf
+    messages take no weak references)."""
 
-    `now_ms` is the activation's event time: what `last_access_ms` records.
+    def __init__(self, max_entries: int) -> None:
+        self._max = max_entries
+        self._held = 0
+        self._lock = threading.Lock()
+        self._table: collections.OrderedDict[int, tuple[object, _Index]] = collections.OrderedDict()
 
-    A Memory read from a blob is an overlay on it: the blob's entries stay inside the protobuf
-    message, found through a key -> position index, and only the entries an activation touches
-    move into the overlay (the most recent end). `to_blob` copies the blob in C, deletes the
-    touched positions and appends the overlay, so reading and committing a large memory costs
-    about one pass over its keys, not a Python object per entry.
-    """
+    def get(self, blob) -> _Index | None:
+        with self._lock:
+            found = self._table.get(id(blob))
+            if found is None or found[0] is not blob:
+                return None
+            self._table.move_to_end(id(blob))
+        index = found[1]
+        # A blob changed after it was written (entries added or removed) is read afresh.
+        return index if len(index.stamps) == len(blob.entries) else None
 
-    def __init__(self, *, budget_bytes: int | None = None, now_ms: int = 0) -> None:
-        self._base = MemoryBlob()
-        #: key -> (position in _base, value size), for the base entries still live.
-        self._index: dict[str, tuple[int, int]] = {}
-        #: Base positions no longer live (touched, replaced, deleted or evicted).
+    def put(self, blob, index: _Index) -> None:
+        size = len(index.stamps) + 1
+        if size > self._max:
+            return
+        with self._lock:
+            old = self._table.pop(id(blob), None)
+            if old is not None:
+                self._held -= len(old[1].stamps) + 1
+            self._table[id(blob)] = (blob, index)
+            self._held += size
+            while self._held > self._max:
+                _, (_, evicted) = self._table.popitem(last=False)
+                self._held -= len(evicted.stamps) + 1
+
+
+# About 2**18 entries: some tens of MB at most, the recent working set of a worker's keys.
+_INDEXES = _Indexes(1 << 18)
+
+
+def share_index(copy, source) -> None:
+    """Lets `copy`, a blob whose entries are `source`'s unchanged (a CopyFrom that changed only
+    other fields), use `source`'s index."""
+    index = _INDEXES.get(source)
+    if index is not None:
+        _INDEXES.put(copy, index)
+
+
+class _LruOverlay:
+    """The LRU logic Memory and ReplayCache share: entries of type `_ENTRY` in a blob's
+    repeated `entries`, keyed by the `_KEY` field, sized by `_size`."""
+
+    _ENTRY: type
+    _KEY: str
+    _size: Callable[[object], int]
+
+    def __init__(self, base, now_ms: int) -> None:
+        self._base = base
+        self._index: _Index | None = None
+        #: Base positions no longer live (touched, replaced, deleted or evicted) and their keys.
         self._gone: set[int] = set()
+        self._dropped: set[str] = set()
         #: Where eviction looks next for the least recent live base entry.
         self._front = 0
-        self._overlay: collections.OrderedDict[str, _Entry] = collections.OrderedDict()
-        self._total = 0
-        self.budget_bytes = budget_bytes
+        self._overlay: collections.OrderedDict[str, object] = collections.OrderedDict()
+        #: The total minus the base's live total when read.
+        self._delta = 0
+        #: Whether anything (order, times, entries) differs from the base.
+        self.changed = False
         self.now_ms = now_ms
+
+    def _built(self) -> _Index:
+        index = self._index
+        if index is None:
+            index = _INDEXES.get(self._base)
+            if index is None:
+                index = self._read_index()
+                _INDEXES.put(self._base, index)
+            self._index = index
+        return index
+
+    def _read_index(self) -> _Index:
+        keys: dict[str, int] = {}
+        dead: set[int] = set()
+        total = 0
+        size, field = type(self)._size, self._KEY
+        entries = self._base.entries
+        for position, entry in enumerate(entries):
+            key = getattr(entry, field)
+            earlier = keys.get(key)
+            if earlier is not None:  # a blob never written by to_blob: the last one wins
+                dead.add(earlier)
+                total -= size(entries[earlier])
+            keys[key] = position
+            total += size(entry)
+        return _Index(keys, list(range(len(entries))), frozenset(dead), total, len(entries))
+
+    def _position(self, key: str) -> int | None:
+        """The live base position of `key`, if it has one."""
+        if key in self._dropped:
+            return None
+        index = self._built()
+        stamp = index.keys.get(key)
+        return None if stamp is None else bisect.bisect_left(index.stamps, stamp)
+
+    def _drop(self, key: str, position: int):
+        """Takes a live base entry out of the base; returns it."""
+        self._dropped.add(key)
+        self._gone.add(position)
+        self.changed = True
+        return self._base.entries[position]
+
+    def _touch(self, key: str):
+        """The entry of `key` as the most recent one (lifted from the base), or None."""
+        entry = self._overlay.get(key)
+        if entry is None:
+            position = self._position(key)
+            if position is None:
+                return None
+            entry = self._overlay[key] = self._ENTRY()
+            entry.CopyFrom(self._drop(key, position))
+        else:
+            self._overlay.move_to_end(key)
+        self.changed = True
+        return entry
+
+    def _peek(self, key: str):
+        """The entry of `key` without touching its order, or None."""
+        entry = self._overlay.get(key)
+        if entry is None:
+            position = self._position(key)
+            if position is not None:
+                entry = self._base.entries[position]
+        return entry
+
+    def _remove(self, key: str) -> bool:
+        entry = self._overlay.pop(key, None)
+        if entry is None:
+            position = self._position(key)
+            if position is None:
+                return False
+            entry = self._drop(key, position)
+        self._delta -= type(self)._size(entry)
+        self.changed = True
+        return True
+
+    def _store(self, key: str, entry) -> None:
+        self._remove(key)
+        self._overlay[key] = entry
+        self._delta += type(self)._size(entry)
+        self.changed = True
+
+    def _evict_least_recent(self) -> None:
+        index, base = self._built(), self._base.entries
+        while self._front < len(base):
+            position = self._front
+            self._front += 1
+            if position not in self._gone and position not in index.dead:
+                entry = self._drop(getattr(base[position], self._KEY), position)
+                self._delta -= type(self)._size(entry)
+                return
+        _, evicted = self._overlay.popitem(last=False)
+        self._delta -= type(self)._size(evicted)
+        self.changed = True
+
+    def _total(self) -> int:
+        return self._built().total + self._delta
+
+    def _write(self, total_field: str):
+        """The blob to store: the base itself when nothing changed, else a new one."""
+        base = self._base
+        if not self.changed and base.state_schema_version == CURRENT_STATE_SCHEMA_VERSION:
+            return base
+        index = self._built()
+        blob = type(base)()
+        blob.CopyFrom(base)
+        removed = sorted(self._gone | index.dead, reverse=True)
+        stamps = index.stamps
+        if removed:
+            stamps = list(stamps)
+            for position in removed:
+                del blob.entries[position]
+                del stamps[position]
+        blob.entries.extend(self._overlay.values())
+        blob.state_schema_version = CURRENT_STATE_SCHEMA_VERSION
+        total = index.total + self._delta
+        # Set, not merged: MergeFrom skips proto3 zeros, so a total that dropped to 0 would
+        # keep its old value.
+        setattr(blob, total_field, total)
+        keys = dict(index.keys)
+        for key in self._dropped:
+            del keys[key]
+        stamp = index.next_stamp
+        if self._overlay:
+            stamps = stamps if removed else list(stamps)
+            for key in self._overlay:
+                keys[key] = stamp
+                stamps.append(stamp)
+                stamp += 1
+        _INDEXES.put(blob, _Index(keys, stamps, frozenset(), total, stamp))
+        return blob
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._overlay or self._position(key) is not None
+
+    def __len__(self) -> int:
+        return len(self._built().keys) - len(self._dropped) + len(self._overlay)
+
+    def keys(self) -> Iterator[str]:
+        """Keys, least recent first (does not touch their order)."""
+        skip = self._gone | self._built().dead
+        field = self._KEY
+        live = [
+            getattr(entry, field)
+            for position, entry in enumerate(self._base.entries)
+            if position not in skip
+        ]
+        return iter(live + list(self._overlay))
+
+
+class Memory(_LruOverlay):
+    """String keys to bytes values in LRU order, within `budget_bytes` of values.
+
+    `now_ms` is the activation's event time: what `last_access_ms` records. A Memory read
+    from a blob is an overlay on it (see the module docstring)."""
+
+    _ENTRY = MemoryBlob.MemoryEntry
+    _KEY = "key"
+
+    @staticmethod
+    def _size(entry) -> int:
+        return len(entry.value)
+
+    def __init__(self, *, budget_bytes: int | None = None, now_ms: int = 0) -> None:
+        super().__init__(MemoryBlob(), now_ms)
+        self.budget_bytes = budget_bytes
 
     @classmethod
     def from_blob(
@@ -66,61 +301,27 @@ class Memory:
         copied and must not change while the Memory is in use."""
         memory = cls(budget_bytes=budget_bytes, now_ms=now_ms)
         memory._base = blob
-        index = memory._index
-        total = 0
-        for position, entry in enumerate(blob.entries):
-            size = len(entry.value)
-            earlier = index.get(entry.key)
-            if earlier is not None:  # a blob never written by to_blob: the last one wins
-                memory._gone.add(earlier[0])
-                total -= earlier[1]
-            index[entry.key] = (position, size)
-            total += size
-        memory._total = total
         return memory
 
     def to_blob(self) -> MemoryBlob:
-        """A MemoryBlob stamped with the current state schema version, least recent first."""
-        blob = MemoryBlob()
-        blob.CopyFrom(self._base)
-        for position in sorted(self._gone, reverse=True):
-            del blob.entries[position]
-        for key, entry in self._overlay.items():
-            blob.entries.add(key=key, value=entry.value, last_access_ms=entry.last_access_ms)
-        # Set, not merged: MergeFrom skips proto3 zeros, so a total that dropped to 0 would
-        # keep its old value.
-        blob.state_schema_version = CURRENT_STATE_SCHEMA_VERSION
-        blob.total_value_bytes = self._total
-        return blob
+        """A MemoryBlob stamped with the current state schema version, least recent first:
+        the blob read itself when nothing changed (`changed`)."""
+        return self._write("total_value_bytes")
 
     @property
     def total_value_bytes(self) -> int:
-        return self._total
+        return self._total()
 
     def copy(self) -> Memory:
         """An independent Memory with the same entries, order, budget and time."""
         return Memory.from_blob(self.to_blob(), budget_bytes=self.budget_bytes, now_ms=self.now_ms)
 
     def get(self, key: str, default: bytes | None = None) -> bytes | None:
-        entry = self._overlay.get(key)
+        entry = self._touch(key)
         if entry is None:
-            entry = self._lift(key)
-            if entry is None:
-                return default
-        self._overlay.move_to_end(key)
+            return default
         entry.last_access_ms = self.now_ms
         return entry.value
-
-    def _lift(self, key: str) -> _Entry | None:
-        """Moves a live base entry into the overlay (at the recent end)."""
-        found = self._index.pop(key, None)
-        if found is None:
-            return None
-        position, _ = found
-        self._gone.add(position)
-        base = self._base.entries[position]
-        entry = self._overlay[key] = _Entry(base.value, base.last_access_ms)
-        return entry
 
     def put(self, key: str, value: bytes) -> None:
         """Stores `value` as the most recent entry, evicting the least recent ones past the
@@ -131,63 +332,25 @@ class Memory:
             raise TypeError(f"memory values are bytes, not {type(value).__name__}")
         if self.budget_bytes is not None and len(value) > self.budget_bytes:
             raise MemoryBudgetError(key=key, size=len(value), budget=self.budget_bytes)
-        self.delete(key)
-        self._overlay[key] = _Entry(value, self.now_ms)
-        self._total += len(value)
+        self._store(key, self._ENTRY(key=key, value=value, last_access_ms=self.now_ms))
         if self.budget_bytes is not None:
-            while self._total > self.budget_bytes:
+            while self._total() > self.budget_bytes:
                 self._evict_least_recent()
 
-    def _evict_least_recent(self) -> None:
-        base = self._base.entries
-        while self._front < len(base):
-            position = self._front
-            self._front += 1
-            if position not in self._gone:
-                key = base[position].key
-                if self._index.get(key, (None,))[0] == position:
-                    self._total -= self._index.pop(key)[1]
-                    self._gone.add(position)
-                    return
-        _, evicted = self._overlay.popitem(last=False)
-        self._total -= len(evicted.value)
-
     def delete(self, key: str) -> bool:
-        entry = self._overlay.pop(key, None)
-        if entry is not None:
-            self._total -= len(entry.value)
-            return True
-        found = self._index.pop(key, None)
-        if found is None:
-            return False
-        self._gone.add(found[0])
-        self._total -= found[1]
-        return True
-
-    def __contains__(self, key: object) -> bool:
-        return key in self._overlay or key in self._index
-
-    def __len__(self) -> int:
-        return len(self._overlay) + len(self._index)
-
-    def keys(self) -> Iterator[str]:
-        """Keys, least recent first (does not touch their order)."""
-        live = sorted((position, key) for key, (position, _) in self._index.items())
-        return iter([key for _, key in live] + list(self._overlay))
+        return self._remove(key)
 
 
-@dataclasses.dataclass
-class _CacheEntry:
-    response: bytes
-    digest: bytes
-    created_at_ms: int
-    last_access_ms: int
-    digest_only: bool
-
-
-class ReplayCache:
+class ReplayCache(_LruOverlay):
     """Recorded LLM responses by cache key, LRU, within `max_entries` and `max_bytes` of
     stored responses; a response over `max_response_bytes` keeps only its SHA-256."""
+
+    _ENTRY = LlmCacheBlob.LlmCacheEntry
+    _KEY = "cache_key"
+
+    @staticmethod
+    def _size(entry) -> int:
+        return len(entry.response)
 
     def __init__(
         self,
@@ -197,91 +360,60 @@ class ReplayCache:
         max_response_bytes: int = 256 * 1024,
         now_ms: int = 0,
     ) -> None:
-        self._entries: collections.OrderedDict[str, _CacheEntry] = collections.OrderedDict()
-        self._total = 0
+        super().__init__(LlmCacheBlob(), now_ms)
         self.max_entries = max_entries
         self.max_bytes = max_bytes
         self.max_response_bytes = max_response_bytes
-        self.now_ms = now_ms
 
     @classmethod
     def from_blob(cls, blob: LlmCacheBlob, **limits) -> ReplayCache:
+        """The cache a (current-version) LlmCacheBlob holds, within `limits` (a blob over
+        them is evicted down at once). `blob` is not copied and must not change while the
+        cache is in use."""
         cache = cls(**limits)
-        for entry in blob.entries:
-            cache._store(
-                entry.cache_key,
-                _CacheEntry(
-                    entry.response,
-                    entry.response_digest,
-                    entry.created_at_ms,
-                    entry.last_access_ms,
-                    entry.digest_only,
-                ),
-            )
-        cache._evict()
+        cache._base = blob
+        # The stored total decides only whether to look closer; the check itself is exact.
+        if len(blob.entries) > cache.max_entries or blob.total_response_bytes > cache.max_bytes:
+            cache._evict()
         return cache
 
     def to_blob(self) -> LlmCacheBlob:
-        blob = new_state_blob(LlmCacheBlob, total_response_bytes=self._total)
-        blob.entries.extend(
-            LlmCacheBlob.LlmCacheEntry(
-                cache_key=key,
-                response=entry.response,
-                response_digest=entry.digest,
-                created_at_ms=entry.created_at_ms,
-                last_access_ms=entry.last_access_ms,
-                digest_only=entry.digest_only,
-            )
-            for key, entry in self._entries.items()
-        )
-        return blob
+        """An LlmCacheBlob stamped with the current state schema version, least recent first:
+        the blob read itself when nothing changed (`changed`)."""
+        return self._write("total_response_bytes")
 
     @property
     def total_response_bytes(self) -> int:
-        return self._total
+        return self._total()
 
     def get(self, key: str) -> bytes | None:
         """The recorded response, or None (a miss, or a digest-only entry)."""
-        entry = self._entries.get(key)
+        entry = self._touch(key)
         if entry is None:
             return None
-        self._entries.move_to_end(key)
         entry.last_access_ms = self.now_ms
         return None if entry.digest_only else entry.response
 
     def digest(self, key: str) -> bytes | None:
         """The SHA-256 of the recorded response, digest-only entries included."""
-        entry = self._entries.get(key)
-        return None if entry is None else entry.digest
+        entry = self._peek(key)
+        return None if entry is None else entry.response_digest
 
     def put(self, key: str, response: bytes) -> None:
-        digest = hashlib.sha256(response).digest()
         digest_only = len(response) > self.max_response_bytes
         self._store(
             key,
-            _CacheEntry(
-                b"" if digest_only else response, digest, self.now_ms, self.now_ms, digest_only
+            self._ENTRY(
+                cache_key=key,
+                response=b"" if digest_only else response,
+                response_digest=hashlib.sha256(response).digest(),
+                created_at_ms=self.now_ms,
+                last_access_ms=self.now_ms,
+                digest_only=digest_only,
             ),
         )
         self._evict()
 
-    def _store(self, key: str, entry: _CacheEntry) -> None:
-        old = self._entries.pop(key, None)
-        if old is not None:
-            self._total -= len(old.response)
-        self._entries[key] = entry
-        self._total += len(entry.response)
-
     def _evict(self) -> None:
-        while len(self._entries) > self.max_entries or self._total > self.max_bytes:
-            _, evicted = self._entries.popitem(last=False)
-            self._total -= len(evicted.response)
-
-    def __contains__(self, key: object) -> bool:
-        return key in self._entries
-
-    def __len__(self) -> int:
-        return len(self._entries)
-
-    def keys(self) -> Iterator[str]:
-        return iter(list(self._entries))
+        while len(self) > self.max_entries or self._total() > self.max_bytes:
+            self._evict_least_recent()

@@ -128,12 +128,18 @@ def test_memory_read_from_a_blob_behaves_as_a_plain_lru(initial, ops, budget):
         getattr(reference, op)(*args, now)
         assert list(memory.keys()) == list(reference.entries)
     written = memory.to_blob()
+    assert memory.total_value_bytes == sum(len(v) for v, _ in reference.entries.values())
+    assert len(memory) == len(reference.entries)
+    if not memory.changed:  # nothing to write: the blob read is the blob written, untouched
+        assert written is blob
+        return
     assert [(e.key, e.value, e.last_access_ms) for e in written.entries] == [
         (k, v, at) for k, (v, at) in reference.entries.items()
     ]
     assert written.total_value_bytes == sum(len(e.value) for e in written.entries)
     assert memory.total_value_bytes == written.total_value_bytes
-    assert len(memory) == len(reference.entries)
+    again = Memory.from_blob(written, budget_bytes=budget)
+    assert list(again.keys()) == list(reference.entries) and len(again) == len(written.entries)
 
 
 def test_a_blob_with_a_repeated_key_reads_its_last_entry_with_an_exact_total():
@@ -186,3 +192,72 @@ def test_the_cache_blob_round_trips_in_order():
         LlmCacheBlob.FromString(cache.to_blob().SerializeToString()), max_response_bytes=3
     )
     assert again.to_blob() == cache.to_blob()
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.dictionaries(st.sampled_from("abcdefgh"), st.binary(max_size=8), max_size=8),
+    st.lists(operations, min_size=1, max_size=6),
+    st.one_of(st.none(), st.integers(8, 40)),
+)
+def test_memory_behaves_as_a_plain_lru_across_activations(initial, activations, budget):
+    """Each activation reads what the previous one wrote, through the index derived at write
+    time (and a copy that shares it), never a blob rebuilt from scratch."""
+    blob = MemoryBlob(state_schema_version=1)
+    for key, value in initial.items():
+        blob.entries.add(key=key, value=value)
+    blob.total_value_bytes = sum(map(len, initial.values()))
+    reference = ReferenceLru([(k, v, 0) for k, v in initial.items()], budget)
+    now = 100
+    for ops in activations:
+        memory = Memory.from_blob(blob, budget_bytes=budget, now_ms=now).copy()
+        for op, key, value in ops:
+            now += 1
+            memory.now_ms = now
+            args = (key, value) if op == "put" else (key,)
+            with contextlib.suppress(MemoryBudgetError):
+                getattr(memory, op)(*args)
+            getattr(reference, op)(*args, now)
+            assert (key in memory) == (key in reference.entries)
+        blob = memory.to_blob()
+        assert memory.total_value_bytes == sum(len(v) for v, _ in reference.entries.values())
+        assert [(e.key, e.value, e.last_access_ms) for e in blob.entries] == [
+            (k, v, at) for k, (v, at) in reference.entries.items()
+        ]
+        assert blob.total_value_bytes == memory.total_value_bytes
+        assert list(memory.keys()) == list(reference.entries) and len(memory) == len(blob.entries)
+
+
+def test_an_untouched_memory_or_cache_writes_the_blob_it_read():
+    memory = Memory(now_ms=1)
+    memory.put("a", b"1")
+    stored = memory.to_blob()
+    again = Memory.from_blob(stored, now_ms=2)
+    assert again.get("missing") is None and not again.delete("missing") and "a" in again
+    assert not again.changed and again.to_blob() is stored
+    again.get("a")
+    assert again.changed and again.to_blob() is not stored
+    cache = ReplayCache(now_ms=1)
+    cache.put("k", b"r")
+    stored = cache.to_blob()
+    again = ReplayCache.from_blob(stored, now_ms=2)
+    assert again.digest("k") and "k" in again and again.to_blob() is stored
+    assert again.get("k") == b"r" and again.to_blob() is not stored
+
+
+def test_a_cache_read_over_smaller_limits_is_evicted_at_once():
+    cache = ReplayCache(now_ms=1)
+    for key in ("a", "b", "c"):
+        cache.put(key, b"xy")
+    shrunk = ReplayCache.from_blob(cache.to_blob(), max_entries=2)
+    assert list(shrunk.keys()) == ["b", "c"] and shrunk.total_response_bytes == 4
+    assert [e.cache_key for e in shrunk.to_blob().entries] == ["b", "c"]
+
+
+def test_a_written_blob_changed_afterwards_is_read_afresh():
+    memory = Memory(now_ms=1)
+    memory.put("a", b"1")
+    blob = memory.to_blob()
+    blob.entries.add(key="b", value=b"22")  # a caller's own change: the kept index is stale
+    again = Memory.from_blob(blob)
+    assert again.get("b") == b"22" and list(again.keys()) == ["a", "b"]

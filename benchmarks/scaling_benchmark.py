@@ -1,0 +1,133 @@
+"""How cost grows: time per activation and state bytes per key, by keys and by memory size.
+
+RunAgent's logic driven directly (`driver_benchmark`'s in-memory cells, every written blob
+encoded by its state coder) over N keys, each holding M KiB of memory, each activation putting
+one value (so memory is written: a start always writes it, see the README). Keys are visited
+round-robin, so every activation reads what that key's previous one wrote. Printed and written
+as a Markdown report with a matplotlib plot (PNG): time per activation and state bytes per key
+for 10, 1,000 and 100,000 keys at 1, 64 and 1,024 KiB. A cell whose keys times memory exceeds
+`--max-mib` (100,000 keys at 1 MiB would be 100 GB in one process) is reported as not run.
+
+Goal (issue 18): flat per-key cost, time per activation at N keys / at 10 keys at most 1.2 at
+every memory size. Medians of passes; absolute times on shared machines are noisy.
+
+    python benchmarks/scaling_benchmark.py [--out DIR] [--max-mib MIB]
+"""
+
+from __future__ import annotations
+
+import argparse
+import pathlib
+import statistics
+import time
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only, no display
+import matplotlib.pyplot as plt
+from driver_benchmark import _CODERS, T0, _event, _Key, _machine, remember
+
+from beam_agents._protos import MemoryBlob
+from beam_agents.core.migration import CURRENT_STATE_SCHEMA_VERSION
+
+KEYS = (10, 1_000, 100_000)
+KIB = (1, 64, 1_024)
+GOAL = 1.2
+
+
+def _memory(kib: int) -> MemoryBlob:
+    """`kib` KiB of memory: 128 bytes an entry with its key and framing."""
+    blob = MemoryBlob(state_schema_version=CURRENT_STATE_SCHEMA_VERSION)
+    for i in range(kib * 8):
+        blob.entries.add(key=f"fact:{i}", value=b"v" * 112, last_access_ms=T0)
+    blob.total_value_bytes = kib * 8 * 112
+    return blob
+
+
+def _state_bytes(key: _Key) -> int:
+    total = 0
+    for cell in key.states[1:4]:
+        if cell.value is not None:
+            total += len(_CODERS[type(cell.value)].encode(cell.value))
+    return total + sum(len(_CODERS[type(i)].encode(i)) for i in key.states[4].value) + 8
+
+
+def measure(keys: int, kib: int, passes: int) -> tuple[float, float]:
+    """(median microseconds per activation over passes, mean state bytes per key)."""
+    machine = _machine(remember, memory_budget_bytes=None)
+    initial = _memory(kib)  # shared until each key's first write; never changed in place
+    cells = []
+    for _ in range(keys):
+        key = _Key(machine)
+        key.states[1].value = initial
+        cells.append(key)
+    at = T0
+    per_pass = []
+    for _ in range(passes + 1):  # the first pass writes every key's own blob: not timed
+        at += 1
+        event = _event(at)
+        start = time.perf_counter()
+        for key in cells:
+            key.send(event)
+        per_pass.append((time.perf_counter() - start) / keys * 1e6)
+    sample = cells[:: max(1, keys // 100)]
+    return statistics.median(per_pass[1:]), statistics.mean(map(_state_bytes, sample))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=pathlib.Path, default=pathlib.Path("scaling_report"))
+    parser.add_argument("--max-mib", type=int, default=200, help="keys x memory per cell")
+    parser.add_argument("--passes", type=int, default=3)
+    args = parser.parse_args()
+    results: dict[tuple[int, int], tuple[float, float]] = {}
+    for kib in KIB:
+        for keys in KEYS:
+            if keys * kib > args.max_mib * 1024:
+                continue
+            results[keys, kib] = measure(keys, kib, args.passes)
+            us, size = results[keys, kib]
+            print(f"{keys:7} keys, {kib:5} KiB: {us:9.1f} us/activation  {size:10.0f} B/key")
+
+    args.out.mkdir(parents=True, exist_ok=True)
+    figure, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    for kib in KIB:
+        run = [k for k in KEYS if (k, kib) in results]
+        left.plot(run, [results[k, kib][0] for k in run], marker="o", label=f"{kib} KiB")
+        right.plot(run, [results[k, kib][1] for k in run], marker="o", label=f"{kib} KiB")
+    for axes, label in ((left, "microseconds per activation"), (right, "state bytes per key")):
+        axes.set(xscale="log", yscale="log", xlabel="keys", ylabel=label)
+        axes.grid(True, which="both", alpha=0.3)
+        axes.legend(title="memory per key")
+    figure.suptitle("RunAgent's logic driven directly: cost by keys and memory per key")
+    figure.tight_layout()
+    figure.savefig(args.out / "scaling.png", dpi=100)
+
+    lines = [
+        "# How cost grows with keys and memory per key",
+        "",
+        "`python benchmarks/scaling_benchmark.py`: RunAgent's logic driven directly, one",
+        "activation per key per pass (it puts one value), median of passes.",
+        "",
+        "![time per activation and state bytes per key](scaling.png)",
+        "",
+        "| keys | memory per key | us per activation | state bytes per key | / at 10 keys |",
+        "| ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for kib in KIB:
+        for keys in KEYS:
+            if (keys, kib) not in results:
+                lines.append(f"| {keys:,} | {kib:,} KiB | not run (over --max-mib) | | |")
+                continue
+            us, size = results[keys, kib]
+            ratio = us / results[10, kib][0]
+            verdict = "" if ratio <= GOAL else " ABOVE"
+            row = f"| {keys:,} | {kib:,} KiB | {us:.1f} | {size:,.0f} | {ratio:.2f}{verdict} |"
+            lines.append(row)
+    lines += ["", f"Goal: at most {GOAL} across the range of keys at each memory size."]
+    (args.out / "scaling.md").write_text("\n".join(lines) + "\n")
+    print(f"wrote {args.out / 'scaling.md'} and {args.out / 'scaling.png'}")
+
+
+if __name__ == "__main__":
+    main()
