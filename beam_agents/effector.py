@@ -272,22 +272,8 @@ class SqliteExecutionStore(ExecutionStore):
         return None if row is None else ExecutionRecord.FromString(row[0])
 
     def claim(self, record: ExecutionRecord, keep_until_ms: int) -> ExecutionRecord | None:
-        with self._lock:
-            self._db.execute("BEGIN IMMEDIATE")
-            try:
-                row = self._db.execute(
-                    "SELECT record FROM executions WHERE intent_id = ?", (record.intent_id,)
-                ).fetchone()
-                if row is None:
-                    self._db.execute(
-                        "INSERT INTO executions VALUES (?, ?, ?)",
-                        (record.intent_id, keep_until_ms, _serialize(record)),
-                    )
-                self._db.execute("COMMIT")
-            except BaseException:
-                self._db.execute("ROLLBACK")
-                raise
-        return None if row is None else ExecutionRecord.FromString(row[0])
+        held, _ = self._swap(record, keep_until_ms, lambda held: held is None)
+        return held
 
     def put(self, record: ExecutionRecord, keep_until_ms: int) -> None:
         with self._lock:
@@ -297,6 +283,20 @@ class SqliteExecutionStore(ExecutionStore):
             )
 
     def take_over(self, record: ExecutionRecord, claimed_by: str, keep_until_ms: int) -> bool:
+        _, taken = self._swap(
+            record,
+            keep_until_ms,
+            lambda held: (
+                held is not None
+                and held.outcome == ExecutionRecord.OUTCOME_RUNNING
+                and held.claimed_by == claimed_by
+            ),
+        )
+        return taken
+
+    def _swap(self, record: ExecutionRecord, keep_until_ms: int, replaces) -> tuple:
+        """In one immediate transaction: reads the record held for `record.intent_id` and
+        writes `record` when `replaces(held)`; returns (held, written)."""
         with self._lock:
             self._db.execute("BEGIN IMMEDIATE")
             try:
@@ -304,12 +304,8 @@ class SqliteExecutionStore(ExecutionStore):
                     "SELECT record FROM executions WHERE intent_id = ?", (record.intent_id,)
                 ).fetchone()
                 held = None if row is None else ExecutionRecord.FromString(row[0])
-                taken = (
-                    held is not None
-                    and held.outcome == ExecutionRecord.OUTCOME_RUNNING
-                    and held.claimed_by == claimed_by
-                )
-                if taken:
+                written = replaces(held)
+                if written:
                     self._db.execute(
                         "INSERT OR REPLACE INTO executions VALUES (?, ?, ?)",
                         (record.intent_id, keep_until_ms, _serialize(record)),
@@ -318,7 +314,7 @@ class SqliteExecutionStore(ExecutionStore):
             except BaseException:
                 self._db.execute("ROLLBACK")
                 raise
-        return taken
+        return held, written
 
     def prune(self, now_ms: int) -> int:
         """Deletes the records kept until before now_ms (at most once a minute); returns how
