@@ -2,7 +2,99 @@
 
 Each agent (one per entity key) keeps its working memory, LLM replay cache and suspension
 continuation as protobuf keyed state in a Beam stateful DoFn. The wire and state schemas are in
-protos/beam_agents.proto; `beam_agents._protos` exposes their bindings.
+protos/beam_agents.proto; their messages are part of the API below.
+
+The public API is what `__all__` lists, imported from here:
+
+    from beam_agents import RunAgent, agent, ExecuteIntents, Effector, AgentEnvelope
+
+Names resolve on first use (PEP 562), so importing the package stays cheap for the command
+line; each comes from the module that owns it. Integrations that need an optional extra are
+imported from their own modules: `beam_agents.llm.openai_chat`, `.anthropic_messages` and
+`.gemini` (LLM clients), `beam_agents.adapters.langgraph`, `beam_agents.telemetry`,
+`beam_agents.mcp_tools` and `beam_agents.console`.
 """
 
-__all__: list[str] = []
+from __future__ import annotations
+
+import importlib
+
+#: Each public name and the module that owns it.
+_OWNERS = {
+    **dict.fromkeys(
+        (
+            "ActivationErrorRecord",
+            "AgentEnvelope",
+            "Continuation",
+            "ExecutionRecord",
+            "LlmCacheBlob",
+            "MemoryBlob",
+            "StateSnapshot",
+            "ToolIntent",
+            "ToolResult",
+            "TraceEvent",
+        ),
+        "beam_agents._protos",
+    ),
+    **dict.fromkeys(
+        (
+            "COMPLETIONS",
+            "ERRORS",
+            "INTENTS",
+            "SNAPSHOTS",
+            "TRACES",
+            "ActivationContext",
+            "Agent",
+            "Answer",
+            "AtDeadline",
+            "Budget",
+            "Completion",
+            "DeadlinePolicy",
+            "LlmClient",
+            "LlmRequest",
+            "LlmResponse",
+            "Memory",
+            "OnBudget",
+            "Price",
+            "RefusingLlmClient",
+            "ReplayCache",
+            "RunAgent",
+            "RuntimeConfig",
+            "ScriptedLlmClient",
+            "Suspension",
+            "ToolCall",
+            "ToolDefinition",
+            "agent",
+            "react_agent",
+        ),
+        "beam_agents.runtime",
+    ),
+    **dict.fromkeys(
+        (
+            "Effector",
+            "ExecuteIntents",
+            "SqliteExecutionStore",
+            "ToolSpec",
+            "VerifyMode",
+        ),
+        "beam_agents.effector",
+    ),
+    **dict.fromkeys(("Keyring", "sign", "verify"), "beam_agents.core.signing"),
+    **dict.fromkeys(("AgentLoop", "EffectorService", "Topics"), "beam_agents.kafka_bus"),
+    "BeamAgentsError": "beam_agents.errors",
+}
+
+__all__ = sorted(_OWNERS)
+
+
+def __getattr__(name: str):
+    owner = _OWNERS.get(name)
+    if owner is None:
+        raise AttributeError(f"module 'beam_agents' has no attribute {name!r}")
+    value = getattr(importlib.import_module(owner), name)
+    globals()[name] = value  # resolved once
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

@@ -50,3 +50,42 @@ def test_the_effector_dead_letter_table_lists_every_reason():
     signature.discard("signature_valid")
     expected = {effector.REASON_UNDECODABLE} | signature
     assert _table_reasons(_section("Tool intents, signatures and the effector")) == expected
+
+
+#: The modules a README snippet may import from: the package's API, and the integrations that
+#: need an optional extra.
+_EXTRAS = (
+    "beam_agents.adapters.langgraph",
+    "beam_agents.console",
+    "beam_agents.llm.anthropic_messages",
+    "beam_agents.llm.gemini",
+    "beam_agents.llm.openai_chat",
+    "beam_agents.mcp_tools",
+    "beam_agents.telemetry",
+)
+
+
+def test_readme_snippets_import_only_the_public_api_and_the_extras_modules():
+    import beam_agents
+
+    imports = re.findall(r"^\s*from (beam_agents[\w.]*) import ([^\n]+)$", README, re.MULTILINE)
+    assert imports, "the README shows no import"
+    for module, names in imports:
+        assert module == "beam_agents" or module in _EXTRAS, f"README imports from {module}"
+        if module == "beam_agents":
+            for name in (n.strip() for n in names.split(",")):
+                assert name in beam_agents.__all__, f"{name} is not in beam_agents.__all__"
+
+
+def test_the_public_api_section_lists_exactly_the_packages_names():
+    import beam_agents
+
+    listed = {
+        name
+        for line in _section("The public API").splitlines()
+        if line.startswith(("- ", "  "))
+        for name in re.findall(r"`([A-Za-z_]+)`", line)
+    }
+    assert listed - {"beam_agents"} >= set(beam_agents.__all__)
+    for name in beam_agents.__all__:
+        assert getattr(beam_agents, name) is not None
