@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import html
 import re
+from urllib.parse import urlencode
 
 import pytest
 
@@ -180,6 +181,7 @@ def test_script_in_a_question_a_memory_value_or_a_key_is_shown_escaped(console):
     snapshot.memory.entries.add(key=SCRIPT, value=SCRIPT.encode())
     bus.observations.add_snapshot(snapshot.SerializeToString())
     bus.handle(Topics("loop").completions, SCRIPT.encode(), key, NOW)
+    bus.handle(Topics("loop").dead_letters, _letter(key, SCRIPT, SCRIPT))
     browser = _signed_in(url, "alice")
     for path in (
         "/",
@@ -187,6 +189,10 @@ def test_script_in_a_question_a_memory_value_or_a_key_is_shown_escaped(console):
         f"/agents/{key.hex()}",
         f"/fragments/agents/{key.hex()}",
         "/agents",
+        "/fragments/agents",
+        "/dead-letters",
+        f"/dead-letters?{urlencode({'reason': SCRIPT})}",
+        f"/fragments/dead-letters?{urlencode({'reason': SCRIPT})}",
     ):
         page = browser.get(path)
         assert page.status == 200
