@@ -8,7 +8,14 @@ Templates autoescape everything, and the Content-Security-Policy allows scripts 
 /static, so text from the loop (a question, a memory value, a key) is shown, never run.
 
 Live updates: elements with `data-poll` are re-fetched from their fragment URL every few
-seconds by static/console.js (plain fetch; server-rendered HTML in, no client templating).
+seconds by static/console.js (plain fetch; server-rendered HTML in, no client templating). A
+page's fragment URL carries the page's whole query string, so a refresh keeps the pages and the
+filter the user chose.
+
+Paging: every list reads one page in SQL (LIMIT/OFFSET) or, for a StateSnapshot's repeated
+fields (decoded whole anyway), slices one page; each list of a page has its own query parameter
+(`page`, `decided_page`, `memory_page`, ...), and a pager link changes only its own, keeping
+the others and the dead-letter reason filter, and points at the page, never at the fragment.
 """
 
 from __future__ import annotations
@@ -18,7 +25,9 @@ import hmac
 import json
 import secrets
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
+from urllib.parse import urlencode
 
 from jinja2 import Environment, FileSystemLoader
 from starlette.applications import Starlette
@@ -41,6 +50,7 @@ __all__ = ["SESSION_COOKIE", "create_app"]
 SESSION_COOKIE = "beam_agents_console"
 LOGIN_CSRF_COOKIE = "beam_agents_console_login"
 PER_PAGE = 20
+AUDIT_PER_PAGE = 50
 _HERE = Path(__file__).parent
 _HEADERS = {
     "Content-Security-Policy": (
@@ -102,29 +112,47 @@ def _environment() -> Environment:
     return env
 
 
-def _page(request: Request) -> int:
+def _page(request: Request, param: str = "page") -> int:
     try:
-        return max(int(request.query_params.get("page", "1")), 1)
+        return max(int(request.query_params.get(param, "1")), 1)
     except ValueError:
         return 1
 
 
-def _pager(request: Request, total: int, per_page: int = PER_PAGE) -> dict:
-    page = _page(request)
+def _pager(
+    request: Request, total: int, per_page: int = PER_PAGE, *, param: str = "page", path: str = ""
+) -> dict:
+    """Where the list paged by the query parameter `param` stands, with links to its neighbours
+    on the page at `path` (default: this request's; a fragment names the page it is part of).
+    A link keeps every other query parameter (a filter, the other lists' pages)."""
+    page = _page(request, param)
     pages = max((total + per_page - 1) // per_page, 1)
 
     def link(number: int) -> str:
-        params = dict(request.query_params)
-        params["page"] = str(number)
-        return request.url.path + "?" + "&".join(f"{k}={v}" for k, v in sorted(params.items()))
+        params = {**request.query_params, param: str(number)}
+        return (path or request.url.path) + "?" + urlencode(sorted(params.items()))
 
     return {
+        "id": param,
         "page": page,
         "pages": pages,
         "total": total,
         "previous": link(page - 1) if page > 1 else None,
         "next": link(page + 1) if page < pages else None,
     }
+
+
+def _paged(request, fetch, per_page: int = PER_PAGE, *, param: str = "page", path: str = ""):
+    """`fetch(offset=, limit=)` -> (rows, total) for the requested page of one list; returns the
+    rows and its pager."""
+    offset = (_page(request, param) - 1) * per_page
+    rows, total = fetch(offset=offset, limit=per_page)
+    return rows, _pager(request, total, per_page, param=param, path=path)
+
+
+def _slice(items):
+    """`fetch` over a list already in memory (a StateSnapshot's repeated field)."""
+    return lambda *, offset, limit: (list(items[offset : offset + limit]), len(items))
 
 
 def create_app(
@@ -208,16 +236,11 @@ def create_app(
     # -- inbox ----------------------------------------------------------------------------
 
     def inbox_context(request: Request) -> dict:
-        offset = (_page(request) - 1) * PER_PAGE
-        pending, total = inbox.pending(offset=offset, limit=PER_PAGE)
-        decided, _ = inbox.decided(limit=10)
-        return {"pending": pending, "pager": _pager(request, total), "decided": decided}
-
-    async def index(request: Request, session: Session) -> Response:
-        return render(request, "inbox.html", session=session, **inbox_context(request))
-
-    async def inbox_fragment(request: Request, session: Session) -> Response:
-        return render(request, "_inbox_list.html", session=session, **inbox_context(request))
+        pending, pager = _paged(request, inbox.pending, path="/")
+        decided, decided_pager = _paged(request, inbox.decided, param="decided_page", path="/")
+        return {
+            "pending": pending, "pager": pager, "decided": decided, "decided_pager": decided_pager,
+        }  # fmt: skip
 
     async def approval(request: Request, session: Session) -> Response:
         intent_id = request.path_params["intent_id"]
@@ -228,8 +251,7 @@ def create_app(
         deadline = 0
         if snapshot is not None and intent_id in snapshot.continuation.pending_intent_ids:
             deadline = snapshot.continuation.deadline_ms
-        activations, _ = observations.activations(found.intent.entity_key, limit=50)
-        trace = next((a for a in activations if a.trace_id == found.intent.trace_id), None)
+        trace = observations.activation(found.intent.entity_key, found.intent.trace_id)
         return render(
             request, "approval.html", session=session, approval=found, deadline=deadline,
             timeline=timeline(trace.events) if trace else None,
@@ -271,33 +293,40 @@ def create_app(
 
     # -- viewer ---------------------------------------------------------------------------
 
-    async def agents(request: Request, session: Session) -> Response:
-        keys, total = observations.keys(offset=(_page(request) - 1) * PER_PAGE, limit=PER_PAGE)
-        return render(
-            request, "agents.html", session=session, keys=keys, pager=_pager(request, total)
-        )
+    def agents_context(request: Request) -> dict:
+        keys, pager = _paged(request, observations.keys, path="/agents")
+        return {"keys": keys, "pager": pager}
 
     def agent_context(request: Request) -> dict | None:
         try:
             key = bytes.fromhex(request.path_params["key_hex"])
         except ValueError:
             return None
-        per = 5
-        activations, total = observations.activations(
-            key, offset=(_page(request) - 1) * per, limit=per
-        )
-        letters, letter_total = observations.dead_letters(key=key, limit=PER_PAGE)
-        completions, completion_total = observations.completions(key, limit=PER_PAGE)
+        path = f"/agents/{key.hex()}"
+        pagers = {}
+
+        def page_of(fetch, param: str, per_page: int = PER_PAGE) -> list:
+            rows, pagers[param] = _paged(request, fetch, per_page, param=param, path=path)
+            return rows
+
+        activations = page_of(partial(observations.activations, key), "page", 5)
+        snapshot = observations.snapshot(key)
+        state = {}
+        if snapshot is not None:
+            state = {
+                "memory": page_of(_slice(snapshot.memory.entries), "memory_page"),
+                "intents": page_of(_slice(snapshot.pending), "intents_page"),
+                "llm_cache": page_of(_slice(snapshot.llm_cache.entries), "cache_page"),
+            }
         return {
             "key": key,
-            "snapshot": observations.snapshot(key),
-            "approvals": inbox.for_key(key),
+            "snapshot": snapshot,
+            **state,
+            "approvals": page_of(partial(inbox.for_key, key), "approvals_page"),
             "activations": [(a, timeline(a.events)) for a in activations],
-            "pager": _pager(request, total, per),
-            "letters": letters,
-            "completions": completions,
-            "completion_total": completion_total,
-            "letter_total": letter_total,
+            "letters": page_of(partial(observations.dead_letters, key=key), "letters_page"),
+            "completions": page_of(partial(observations.completions, key), "completions_page"),
+            "pagers": pagers,
         }
 
     async def agent(request: Request, session: Session) -> Response:
@@ -322,36 +351,49 @@ def create_app(
             return message(request, session, 503, "Not sent", str(e), f"/agents/{key_hex}")
         return RedirectResponse(f"/agents/{key_hex}", status_code=303, headers=_HEADERS)
 
-    async def dead_letters(request: Request, session: Session) -> Response:
+    def dead_letters_context(request: Request) -> dict:
         reason = request.query_params.get("reason", "")
-        letters, total = observations.dead_letters(
-            reason=reason, offset=(_page(request) - 1) * PER_PAGE, limit=PER_PAGE
+        letters, pager = _paged(
+            request, partial(observations.dead_letters, reason=reason), path="/dead-letters"
         )
-        return render(
-            request, "dead_letters.html", session=session, letters=letters, reason=reason,
-            reasons=observations.reasons(), pager=_pager(request, total),
-        )  # fmt: skip
+        return {"letters": letters, "reason": reason, "pager": pager}
 
-    async def audit(request: Request, session: Session) -> Response:
-        rows, total = inbox.audit(offset=(_page(request) - 1) * 50, limit=50)
-        return render(
-            request, "audit.html", session=session, rows=rows, pager=_pager(request, total, 50)
-        )
+    def audit_context(request: Request) -> dict:
+        rows, pager = _paged(request, inbox.audit, AUDIT_PER_PAGE, path="/audit")
+        return {"rows": rows, "pager": pager}
+
+    def page(template: str, context: Callable[[Request], dict], **more: Callable[[], object]):
+        """The handler rendering `template` with `context(request)` and `more`'s values."""
+
+        async def handler(request: Request, session: Session) -> Response:
+            extra = {name: value() for name, value in more.items()}
+            return render(request, template, session=session, **context(request), **extra)
+
+        return handler
 
     routes = [
         Route("/login", login_page, methods=["GET"]),
         Route("/login", login, methods=["POST"]),
         Route("/logout", guarded(logout), methods=["POST"]),
-        Route("/", guarded(index)),
-        Route("/fragments/inbox", guarded(inbox_fragment)),
+        Route("/", guarded(page("inbox.html", inbox_context))),
+        Route("/fragments/inbox", guarded(page("_inbox_list.html", inbox_context))),
         Route("/approvals/{intent_id}", guarded(approval), methods=["GET"]),
         Route("/approvals/{intent_id}", guarded(decide, Role.APPROVER), methods=["POST"]),
-        Route("/agents", guarded(agents)),
+        Route("/agents", guarded(page("agents.html", agents_context))),
+        Route("/fragments/agents", guarded(page("_agents_list.html", agents_context))),
         Route("/agents/{key_hex}", guarded(agent), methods=["GET"]),
         Route("/agents/{key_hex}/export", guarded(export), methods=["POST"]),
         Route("/fragments/agents/{key_hex}", guarded(agent_fragment)),
-        Route("/dead-letters", guarded(dead_letters)),
-        Route("/audit", guarded(audit, Role.ADMIN)),
+        Route(
+            "/dead-letters",
+            guarded(page("dead_letters.html", dead_letters_context, reasons=observations.reasons)),
+        ),
+        Route(
+            "/fragments/dead-letters",
+            guarded(page("_dead_letters_list.html", dead_letters_context)),
+        ),
+        Route("/audit", guarded(page("audit.html", audit_context), Role.ADMIN)),
+        Route("/fragments/audit", guarded(page("_audit_list.html", audit_context), Role.ADMIN)),
         Mount("/static", StaticFiles(directory=_HERE / "static"), name="static"),
     ]
     return Starlette(routes=routes)

@@ -4,12 +4,14 @@ rate-limited, an approver's decision is produced once, and text from the loop is
 
 from __future__ import annotations
 
+import html
 import re
+from urllib.parse import urlencode
 
 import pytest
 
 from beam_agents._protos import AgentEnvelope, StateSnapshot, TraceEvent
-from beam_agents.console.app import SESSION_COOKIE, create_app
+from beam_agents.console.app import AUDIT_PER_PAGE, PER_PAGE, SESSION_COOKIE, create_app
 from beam_agents.console.auth import MAX_FAILURES
 from beam_agents.console.service import serving
 from beam_agents.console.testing import Browser, Recorder, approval_intent, make_bus
@@ -39,8 +41,9 @@ def _signed_in(url, user):
     return browser
 
 
-PAGES = ["/", "/fragments/inbox", "/approvals/a-1", "/agents", "/agents/632d31",
-         "/fragments/agents/632d31", "/dead-letters", "/audit"]  # fmt: skip
+PAGES = ["/", "/fragments/inbox", "/approvals/a-1", "/agents", "/fragments/agents",
+         "/agents/632d31", "/fragments/agents/632d31", "/dead-letters", "/fragments/dead-letters",
+         "/audit", "/fragments/audit"]  # fmt: skip
 
 
 @pytest.mark.parametrize("path", PAGES)
@@ -178,6 +181,7 @@ def test_script_in_a_question_a_memory_value_or_a_key_is_shown_escaped(console):
     snapshot.memory.entries.add(key=SCRIPT, value=SCRIPT.encode())
     bus.observations.add_snapshot(snapshot.SerializeToString())
     bus.handle(Topics("loop").completions, SCRIPT.encode(), key, NOW)
+    bus.handle(Topics("loop").dead_letters, _letter(key, SCRIPT, SCRIPT))
     browser = _signed_in(url, "alice")
     for path in (
         "/",
@@ -185,6 +189,10 @@ def test_script_in_a_question_a_memory_value_or_a_key_is_shown_escaped(console):
         f"/agents/{key.hex()}",
         f"/fragments/agents/{key.hex()}",
         "/agents",
+        "/fragments/agents",
+        "/dead-letters",
+        f"/dead-letters?{urlencode({'reason': SCRIPT})}",
+        f"/fragments/dead-letters?{urlencode({'reason': SCRIPT})}",
     ):
         page = browser.get(path)
         assert page.status == 200
@@ -193,17 +201,169 @@ def test_script_in_a_question_a_memory_value_or_a_key_is_shown_escaped(console):
     assert "script-src 'self'" in page.headers["Content-Security-Policy"]
 
 
-def test_every_list_pages(console):
+def _next(page, pager_id):
+    """The next-page link of the pager `pager_id` on `page`, as a browser follows it."""
+    pager = re.search(rf'<p class="pager" id="{pager_id}-pager">(.*?)</p>', page.text, re.S)
+    assert pager, f"no pager {pager_id}:\n{page.text[:3000]}"
+    link = re.search(r'<a href="([^"]+)" rel="next">', pager.group(1))
+    return html.unescape(link.group(1)) if link else None
+
+
+def _pages_through(browser, path, pager_id, names, per_page):
+    """Follows `pager_id`'s next links from `path`: each page shows exactly the next `per_page`
+    of `names` (each item's text, in list order), the last the rest, every link stays on the
+    page at `path`. Returns the pages."""
+    assert len(names) > per_page
+    pages, link, shown = [], path, []
+    while link:
+        assert link.split("?")[0] == path.split("?")[0], link
+        page = browser.get(link)
+        assert page.status == 200
+        on_page = [name for name in names if name in page.text]
+        assert on_page == names[len(shown) : len(shown) + per_page], link
+        shown += on_page
+        pages.append(page)
+        link = _next(page, pager_id)
+    assert shown == names and len(pages) == -(-len(names) // per_page)
+    return pages
+
+
+def _letter(key, reason, detail, at=NOW):
+    return to_envelope(error_record(key, reason, detail, at)).SerializeToString()
+
+
+def test_the_pending_approvals_page(console):
     url, bus, *_ = console
-    for number in range(24):
+    for number in range(PER_PAGE + 4):
         bus.inbox.receive(
             approval_intent(f"b-{number:02}", created_at_ms=2_000 + number).SerializeToString()
         )
-    browser = _signed_in(url, "alice")
-    first, second = browser.get("/"), browser.get("/?page=2")
-    assert first.text.count('class="approvable"') == 20
-    assert second.text.count('class="approvable"') == 5
-    assert "page 2 of 2 (25 in all)" in second.text and "b-23" in second.text
+    names = ['/approvals/a-1"'] + [f'/approvals/b-{n:02}"' for n in range(PER_PAGE + 4)]
+    first, second = _pages_through(_signed_in(url, "alice"), "/", "page", names, PER_PAGE)
+    assert first.text.count('class="approvable"') == PER_PAGE
+    assert "page 2 of 2 (25 in all)" in second.text
+
+
+def test_the_decided_approvals_page_and_the_audit_log_pages(console):
+    url, bus, _, clock = console
+    count = AUDIT_PER_PAGE + 1
+    for number in range(count):
+        bus.inbox.receive(approval_intent(f"d-{number:02}").SerializeToString())
+        clock.advance(1)
+        bus.decide(f"d-{number:02}", approved=True, user="alice", comment=f"c{number:02};",
+                   address="10.0.0.1")  # fmt: skip
+    newest_first = list(reversed(range(count)))
+    decided = [f">d-{n:02}</a>" for n in newest_first]
+    _pages_through(_signed_in(url, "alice"), "/", "decided_page", decided, PER_PAGE)
+    audited = [f"comment: c{n:02};" for n in newest_first]
+    _pages_through(_signed_in(url, "ada"), "/audit", "page", audited, AUDIT_PER_PAGE)
+
+
+def test_the_agents_list_pages(console):
+    url, bus, _, clock = console
+    for number in range(PER_PAGE + 1):
+        clock.advance(1)
+        bus.observations.add_key(f"key-{number:02};".encode())
+    names = [f">key-{n:02};<" for n in reversed(range(PER_PAGE + 1))]
+    _pages_through(_signed_in(url, "vera"), "/agents", "page", names, PER_PAGE)
+
+
+@pytest.fixture
+def busy_agent(console):
+    """The key p-1 with one more than a page of everything the agent page lists."""
+    url, bus, *_ = console
+    key, count, topics = b"p-1", PER_PAGE + 1, Topics("loop")
+    snapshot = StateSnapshot(entity_key=key, snapshot_at_ms=NOW)
+    for n in range(count):
+        bus.inbox.receive(
+            approval_intent(f"k-{n:02}", key=key, created_at_ms=2_000 + n).SerializeToString()
+        )
+        bus.handle(topics.dead_letters, _letter(key, "unknown_intent", f"letter-{n:02};"))
+        bus.handle(topics.completions, f"out-{n:02};".encode(), key, NOW + n)
+        snapshot.memory.entries.add(key=f"mem-{n:02};", value=b"v")
+        snapshot.pending.add(intent_id=f"pi-{n:02};", tool_name="t")
+        snapshot.llm_cache.entries.add(cache_key=f"ck-{n:02};", response=b"r")
+    bus.observations.add_snapshot(snapshot.SerializeToString())
+    for n in range(6):
+        event = TraceEvent(
+            trace_id=f"trace-{n:02}".encode().ljust(16, b"."), span_id=b"s" * 8,
+            entity_key=key, seq=n, event_type=TraceEvent.ACTIVATION_START, start_ms=NOW + n,
+            end_ms=NOW + n + 1,
+        )  # fmt: skip
+        bus.handle(topics.traces, event.SerializeToString())
+    return url, f"/agents/{key.hex()}", count
+
+
+LISTS = {
+    # pager: (each row's text by position, rows per page)
+    "approvals_page": (lambda n: f'/approvals/k-{n:02}"', PER_PAGE),
+    "letters_page": (lambda n: f"letter-{n:02};", PER_PAGE),
+    "completions_page": (lambda n: f"out-{n:02};", PER_PAGE),
+    "memory_page": (lambda n: f"mem-{n:02};", PER_PAGE),
+    "intents_page": (lambda n: f"pi-{n:02};", PER_PAGE),
+    "cache_page": (lambda n: f"ck-{n:02};", PER_PAGE),
+}
+NEWEST_FIRST = {"letters_page", "completions_page"}
+
+
+@pytest.mark.parametrize("pager_id", sorted(LISTS))
+def test_every_list_of_the_agent_page_pages(busy_agent, pager_id):
+    url, path, count = busy_agent
+    row, per_page = LISTS[pager_id]
+    order = reversed(range(count)) if pager_id in NEWEST_FIRST else range(count)
+    _pages_through(_signed_in(url, "vera"), path, pager_id, [row(n) for n in order], per_page)
+
+
+def test_the_agent_pages_activations_five_at_a_time(busy_agent):
+    url, path, _ = busy_agent
+    names = [f"trace-{n:02}".encode().ljust(16, b".").hex() for n in reversed(range(6))]
+    _pages_through(_signed_in(url, "vera"), path, "page", names, 5)
+
+
+def test_a_pager_keeps_the_other_lists_pages_and_the_live_part_refreshes_that_page(busy_agent):
+    url, path, _ = busy_agent
+    browser = _signed_in(url, "vera")
+    page = browser.get(f"{path}?memory_page=2")
+    assert _next(page, "letters_page") == f"{path}?letters_page=2&memory_page=2"
+    poll = re.search(r'data-poll="([^"]+)"', page.text).group(1)
+    assert html.unescape(poll) == f"/fragments{path}?memory_page=2"
+    live = browser.get(html.unescape(poll)).text
+    assert "mem-20;" in live and "mem-00;" not in live
+    assert _next(browser.get(html.unescape(poll)), "letters_page").startswith(f"{path}?")
+
+
+def test_the_reason_filter_survives_paging_and_the_refresh(console):
+    url, bus, *_ = console
+    topics = Topics("loop")
+    for n in range(PER_PAGE + 1):
+        bus.handle(topics.dead_letters, _letter(b"k-1", "after_deadline", f"late-{n:02};"))
+    for n in range(3):
+        bus.handle(topics.dead_letters, _letter(b"k-2", "unknown_intent", f"unknown-{n:02};"))
+    browser = _signed_in(url, "vera")
+    names = [f"late-{n:02};" for n in reversed(range(PER_PAGE + 1))]
+    first, second = _pages_through(
+        browser, "/dead-letters?reason=after_deadline", "page", names, PER_PAGE
+    )
+    assert _next(first, "page") == "/dead-letters?page=2&reason=after_deadline"
+    assert "unknown-" not in first.text and "unknown-" not in second.text
+    poll = re.search(r'<div id="dead-letters-live" data-poll="([^"]+)"', second.text)
+    assert poll and html.unescape(poll.group(1)) == (
+        "/fragments/dead-letters?page=2&reason=after_deadline"
+    )
+    live = browser.get(html.unescape(poll.group(1))).text
+    assert [name for name in names if name in live] == names[PER_PAGE:]
+    assert "unknown-" not in live and "<h1>" not in live
+    assert 'href="/dead-letters?page=1&amp;reason=after_deadline" rel="prev"' in live
+
+
+@pytest.mark.parametrize("path", ["/", "/agents", "/agents/632d31", "/dead-letters", "/audit"])
+def test_every_list_page_carries_the_polling_hook(console, path):
+    url, *_ = console
+    page = _signed_in(url, "ada").get(path)
+    poll = re.search(r'data-poll="(/fragments/[^"?]*)\?', page.text)
+    assert poll, path
+    assert _signed_in(url, "ada").get(poll.group(1)).status == 200
+    assert '<script src="/static/console.js" defer></script>' in page.text
 
 
 def test_dead_letters_filter_by_reason(console):

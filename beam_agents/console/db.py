@@ -30,6 +30,8 @@ _SCHEMA = (
         expires_at_ms INTEGER NOT NULL,
         received_at_ms INTEGER NOT NULL)""",
     "CREATE INDEX IF NOT EXISTS approvals_created ON approvals (created_at_ms)",
+    # The agent page pages a key's approvals; without it every page scans the whole table.
+    "CREATE INDEX IF NOT EXISTS approvals_key ON approvals (entity_key, created_at_ms)",
     # The one decision of an intent (UNIQUE by the primary key), with the exact bytes produced,
     # so a re-production after a crash sends the same records again.
     """CREATE TABLE IF NOT EXISTS decisions (
@@ -43,6 +45,7 @@ _SCHEMA = (
         envelope BLOB NOT NULL,
         trace BLOB NOT NULL,
         produced INTEGER NOT NULL DEFAULT 0)""",
+    "CREATE INDEX IF NOT EXISTS decisions_decided ON decisions (decided_at_ms)",
     """CREATE TABLE IF NOT EXISTS audit (
         id INTEGER PRIMARY KEY AUTOINCREMENT,
         at_ms INTEGER NOT NULL,
@@ -79,6 +82,7 @@ _SCHEMA = (
         event_time_ms INTEGER NOT NULL,
         record BLOB NOT NULL UNIQUE)""",
     "CREATE INDEX IF NOT EXISTS dead_letters_reason ON dead_letters (reason, id)",
+    "CREATE INDEX IF NOT EXISTS dead_letters_key ON dead_letters (entity_key, id)",
     # Each completed activation's output, from the completions topic (keyed by the record's
     # key, timed by its timestamp: a record read twice is one row).
     """CREATE TABLE IF NOT EXISTS completions (

@@ -189,17 +189,19 @@ class Inbox:
         )
         return [_decision(row) for row in rows], total
 
-    def for_key(self, entity_key: bytes) -> list[Approval]:
+    def for_key(
+        self, entity_key: bytes, *, offset: int = 0, limit: int = 20
+    ) -> tuple[list[Approval], int]:
+        """The key's approvals, decided or not, oldest first, and how many there are in all."""
+        (total,) = self._db.read(
+            "SELECT count(*) FROM approvals WHERE entity_key = ?", (entity_key,)
+        )[0]
         rows = self._db.read(
-            "SELECT intent, verification, approvable, received_at_ms FROM approvals "
-            "WHERE entity_key = ? ORDER BY created_at_ms",
-            (entity_key,),
+            "SELECT intent, verification, approvable, received_at_ms, intent_id FROM approvals "
+            "WHERE entity_key = ? ORDER BY created_at_ms, intent_id LIMIT ? OFFSET ?",
+            (entity_key, limit, offset),
         )
-        approvals = []
-        for row in rows:
-            intent = ToolIntent.FromString(row[0])
-            approvals.append(self._approval(row, self.decision(intent.intent_id)))
-        return approvals
+        return [self._approval(row[:4], self.decision(row[4])) for row in rows], total
 
     @staticmethod
     def _approval(row, decision: Decision | None) -> Approval:

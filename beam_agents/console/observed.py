@@ -125,17 +125,18 @@ class Observations:
             "ORDER BY min(start_ms) DESC, trace_id LIMIT ? OFFSET ?",
             (key, limit, offset),
         )
-        activations = []
-        for (trace_id,) in trace_ids:
-            rows = self._db.read(
-                "SELECT event FROM traces WHERE entity_key = ? AND trace_id = ? "
-                "ORDER BY start_ms, id",
-                (key, trace_id),
-            )
-            activations.append(
-                Activation(bytes(trace_id), [TraceEvent.FromString(r[0]) for r in rows])
-            )
-        return activations, total
+        return [self.activation(key, trace_id) for (trace_id,) in trace_ids], total
+
+    def activation(self, key: bytes, trace_id: bytes) -> Activation | None:
+        """One trace of the key with all its events in start order (None when none is known):
+        the approval page looks its trace up by id, not among the latest few."""
+        rows = self._db.read(
+            "SELECT event FROM traces WHERE entity_key = ? AND trace_id = ? ORDER BY start_ms, id",
+            (key, trace_id),
+        )
+        if not rows:
+            return None
+        return Activation(bytes(trace_id), [TraceEvent.FromString(r[0]) for r in rows])
 
     def completions(
         self, key: bytes, *, offset: int = 0, limit: int = 20
