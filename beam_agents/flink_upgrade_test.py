@@ -16,24 +16,16 @@ already, and only those started here are stopped.
 
 from __future__ import annotations
 
-import itertools
-import json
-import sqlite3
 import time
 from collections import Counter
 
 import pytest
 
-from beam_agents._protos import (
-    AgentEnvelope,
-    ExecutionRecord,
-    StateSnapshot,
-    ToolIntent,
-)
+from beam_agents._protos import AgentEnvelope, ToolIntent
 from beam_agents.demo import approve
-from beam_agents.examples.support_triage import ticket
-from beam_agents.kafka_bus import TopicReader, Topics, create_topics, decode_dead_letter, produce
-from beam_agents.testing.engines import Engines, FlinkRest, Launched
+from beam_agents.kafka_bus import produce
+from beam_agents.testing.engines import Engines
+from beam_agents.testing.flink_loop import Loop
 from beam_agents.testing.synthetic_v2 import MIGRATED_KEY
 
 pytestmark = pytest.mark.engines
@@ -54,109 +46,6 @@ def engines():
         yield started.up(["kafka", "java", "flink"])
     finally:
         started.down()
-
-
-class Loop:
-    """One loop's topics, effector service and jobs, and everything read back from Kafka."""
-
-    def __init__(self, engines: Engines, tmp_path) -> None:
-        self.engines = engines
-        self.tmp_path = tmp_path
-        self.bootstrap = engines.endpoints["KAFKA_BOOTSTRAP"]
-        self.topics = Topics(f"upgrade-{time.time_ns()}")
-        create_topics(self.bootstrap, self.topics)
-        self.rest = FlinkRest(engines.endpoints["FLINK_REST"])
-        self.savepoints = "file://" + engines.endpoints["FLINK_SAVEPOINTS"]
-        self.reader = TopicReader(self.bootstrap, self.topics.all())
-        self.launched: list[Launched] = []
-        self.jobs: list[str] = []
-        self._ids = itertools.count(1)
-        self.effector_store = tmp_path / "effector.sqlite"
-        self.effector = self._launch(
-            "beam_agents.cli",
-            ["effector-service", "--bootstrap-servers", self.bootstrap,
-             "--topic-prefix", self.topics.prefix, "--store", str(self.effector_store),
-             "--tools", "beam_agents.examples.support_triage:TOOLS",
-             "--keyring", "beam_agents.demo:demo_keyring",
-             "--result-keyring", "beam_agents.demo:demo_effector_keyring"],
-            "effector",
-        )  # fmt: skip
-        self.effector.wait_for_output("serving")
-
-    def _launch(self, module: str, args: list[str], name: str) -> Launched:
-        """`python -m module args`, logged to name.log and stopped by close()."""
-        launched = Launched.python(module, args, self.tmp_path / f"{name}.log")
-        self.launched.append(launched)
-        return launched
-
-    def start_job(self, state_schema: int, savepoint: str | None = None) -> tuple[str, Launched]:
-        known = set(self.rest.jobs())
-        args = [
-            "--kafka_bootstrap", self.bootstrap,
-            "--topic_prefix", self.topics.prefix,
-            "--expansion_service", self.engines.endpoints["EXPANSION_SERVICE"],
-            "--state_schema", str(state_schema),
-            *self.engines.flink_options(),
-        ]  # fmt: skip
-        if savepoint is not None:
-            args.append(f"--savepoint_path={savepoint}")
-        name = f"job{len(self.jobs) + 1}-schema{state_schema}"
-        launcher = self._launch("beam_agents.testing.triage_loop", args, name)
-        jid = self.rest.wait_for_new_job(known, launcher)
-        self.jobs.append(jid)
-        return jid, launcher
-
-    def savepoint(self, jid: str, launcher: Launched) -> str:
-        path = self.rest.stop_with_savepoint(jid, self.savepoints)
-        assert launcher.wait(60) == 0  # the job ended; the launcher saw it end
-        return path
-
-    def send(self, *envelopes: AgentEnvelope) -> None:
-        produce(
-            self.bootstrap,
-            [(self.topics.events, e.entity_key, e, e.event_time_ms) for e in envelopes],
-        )
-
-    def ticket(self, key: bytes, text: str) -> AgentEnvelope:
-        customer = key.decode()
-        return AgentEnvelope(
-            entity_key=key,
-            event_time_ms=int(time.time() * 1000),
-            external_event=ticket(f"t-{customer}-{next(self._ids)}", customer, text),
-        )
-
-    def export(self, key: bytes, request_id: str) -> AgentEnvelope:
-        envelope = AgentEnvelope(entity_key=key, event_time_ms=int(time.time() * 1000))
-        envelope.export_request.request_id = request_id
-        return envelope
-
-    def read(self, until, timeout_s: float = 120):
-        return self.reader.read(until, timeout_s)
-
-    def messages(self, topic: str, message_type) -> list:
-        return [message_type.FromString(v) for _, v in self.reader.records[topic]]
-
-    def dead_letters(self) -> Counter:
-        letters = [decode_dead_letter(v) for _, v in self.reader.records[self.topics.dead_letters]]
-        return Counter((letter.entity_key, letter.reason) for letter in letters)
-
-    def completions(self) -> list[tuple[bytes, dict]]:
-        return [(k, json.loads(v)) for k, v in self.reader.records[self.topics.completions]]
-
-    def snapshots(self, prefix: str) -> dict[bytes, StateSnapshot]:
-        found = {}
-        for snapshot in self.messages(self.topics.snapshots, StateSnapshot):
-            if snapshot.request_id.startswith(prefix):
-                assert snapshot.entity_key not in found, "one export, one snapshot"
-                found[snapshot.entity_key] = snapshot
-        return found
-
-    def close(self) -> None:
-        for jid in self.jobs:
-            self.rest.cancel(jid)
-        for launched in reversed(self.launched):
-            launched.stop()
-        self.reader.close()
 
 
 @pytest.fixture
@@ -245,10 +134,7 @@ def test_a_savepoint_upgrade_migrates_every_key_on_first_read_and_a_roll_back_we
     ]
     results = [e.tool_result.intent_id for e in envelopes if e.HasField("tool_result")]
     assert sorted(results) == sorted(tool_intents)
-    with sqlite3.connect(loop.effector_store) as db:
-        records = [
-            ExecutionRecord.FromString(r) for (r,) in db.execute("SELECT record FROM executions")
-        ]
+    records = loop.execution_records()
     assert sorted(r.intent_id for r in records) == sorted(i.intent_id for i in intents)
     assert loop.dead_letters() == JUNK  # and nothing else
     savepoint2 = loop.savepoint(job2, launcher2)

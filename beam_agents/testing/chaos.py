@@ -15,6 +15,12 @@ DIR/die-after-approval kills it once an APPROVAL record is durable, before its r
 sent. Each such file is removed as it fires, so a restarted service goes on. The service
 prints `served ROUTE` to stdout for every message it handles. `FX_INSTANCE_ID` makes it a
 static group member; `FX_SESSION_TIMEOUT_MS` sets its session timeout.
+
+`python -m beam_agents.testing.chaos BOOTSTRAP PREFIX DIR triage` serves the support-triage
+loop's own tools instead (beam_agents.examples.support_triage.TOOLS, the demo's keyrings, as
+`beam-agents effector-service` does for beam_agents.testing.triage_loop), each call logged to
+calls.log and its effect to the ledger (no dedupe): the execution logs the Flink fault tests
+check every effect against.
 """
 
 from __future__ import annotations
@@ -30,7 +36,7 @@ from beam_agents._protos import ExecutionRecord, ToolIntent
 from beam_agents.core.signing import Keyring
 from beam_agents.effector import Effector, SqliteExecutionStore, ToolSpec, VerifyMode
 
-__all__ = ["APPROVER_RING", "RESULTS_RING", "Ledger", "main"]
+__all__ = ["APPROVER_RING", "RESULTS_RING", "Ledger", "main", "triage_tools"]
 
 RESULTS_RING = Keyring({"fx": bytes(range(1, 33))}, active="fx")
 APPROVER_RING = Keyring({"ap": bytes(range(2, 34))}, active="ap")
@@ -61,7 +67,9 @@ class Ledger:
         return effect
 
 
-def _tool(directory: Path, name: str, *, dedupe: bool):
+def _tool(directory: Path, name: str, *, dedupe: bool, answer=None):
+    """A tool that logs its call, acts on the ledger and answers the effect, or what
+    `answer(args, intent)` returns."""
     ledger = Ledger(directory)
 
     def call(args: dict, intent: ToolIntent) -> bytes:
@@ -69,7 +77,7 @@ def _tool(directory: Path, name: str, *, dedupe: bool):
             f.write(f"{name} {intent.intent_id}\n")
         effect = ledger.act(name, intent.intent_id, dedupe=dedupe)
         _die_if(directory / f"die-in-{name}")
-        return json.dumps(effect).encode()
+        return json.dumps(effect).encode() if answer is None else answer(args, intent)
 
     return call
 
@@ -96,6 +104,13 @@ def tools(directory: Path) -> dict:
     }
 
 
+def triage_tools(directory: Path) -> dict:
+    """The support-triage tools, each call and effect logged in `directory`."""
+    from beam_agents.examples.support_triage import TOOLS
+
+    return {name: _tool(directory, name, dedupe=False, answer=fn) for name, fn in TOOLS.items()}
+
+
 class _DyingStore(SqliteExecutionStore):
     def __init__(self, directory: Path) -> None:
         super().__init__(directory / "effector.sqlite")
@@ -112,13 +127,25 @@ def main(argv: list[str]) -> int:
     from beam_agents.kafka_bus import EffectorService, Topics
 
     bootstrap, prefix, directory = argv[0], argv[1], Path(argv[2])
-    effector = Effector(
-        tools(directory),
-        mode=VerifyMode.OFF,
-        store=_DyingStore(directory),
-        result_keyring=RESULTS_RING,
-        approval_keyring=APPROVER_RING,
-    )
+    if argv[3:] == ["triage"]:
+        from beam_agents.demo import demo_approver_keyring, demo_effector_keyring, demo_keyring
+
+        effector = Effector(
+            triage_tools(directory),
+            mode=VerifyMode.REQUIRE,
+            keyring=demo_keyring(),
+            store=_DyingStore(directory),
+            result_keyring=demo_effector_keyring(),
+            approval_keyring=demo_approver_keyring(),
+        )
+    else:
+        effector = Effector(
+            tools(directory),
+            mode=VerifyMode.OFF,
+            store=_DyingStore(directory),
+            result_keyring=RESULTS_RING,
+            approval_keyring=APPROVER_RING,
+        )
     topics = Topics(prefix)
     service = EffectorService(
         effector,

@@ -3,8 +3,10 @@ cluster with Beam's job server, all started by `tools/engines.sh` of a source ch
 stopped by PID.
 
 `Engines.up(names)` starts those that are not running and remembers which it started;
-`down()` stops exactly those. `FlinkRest` is the part of Flink's REST API a test needs: the
-jobs, their exceptions, stop-with-savepoint and cancel. `Launched` is a job launcher (a Python
+`down()` stops exactly those; `run(...)` is any other engines.sh command (a fault: a task or
+job manager killed, the broker stopped and started on its data). `FlinkRest` is the part of
+Flink's REST API a test needs: the jobs, their checkpoints and exceptions, stop-with-savepoint
+and cancel. `Launched` is a job launcher (a Python
 process whose LOOPBACK workers run the job's Python stages) or any service process, with its
 output in a log file and a stop that never leaves it behind.
 """
@@ -51,6 +53,10 @@ class Engines:
                 self.started.append(name)
         return self
 
+    def run(self, *args: str) -> str:
+        """`tools/engines.sh ARGS`; its stdout."""
+        return _engines(*args).strip()
+
     def down(self) -> None:
         for name in reversed(self.started):
             _engines("stop", name)
@@ -96,6 +102,17 @@ class FlinkRest:
                     return jid
             time.sleep(1)
         raise TimeoutError(f"no new running job in {timeout_s} s; see {launcher.log}")
+
+    def wait_for_checkpoint_after(self, jid: str, after_ms: int, timeout_s: float = 60) -> int:
+        """Waits until a checkpoint of `jid` triggered after `after_ms` (epoch ms) completed,
+        so it holds every state change made before then; returns its id."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            latest = self._call(f"/jobs/{jid}/checkpoints").get("latest", {}).get("completed")
+            if latest and latest["trigger_timestamp"] > after_ms:
+                return latest["id"]
+            time.sleep(0.5)
+        raise TimeoutError(f"no checkpoint of {jid} after {after_ms} in {timeout_s} s")
 
     def exceptions(self, jid: str) -> list[str]:
         history = self._call(f"/jobs/{jid}/exceptions").get("exceptionHistory", {})

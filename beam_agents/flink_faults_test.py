@@ -1,0 +1,172 @@
+"""The support-triage loop on Flink and Kafka under real faults, its invariants read from the
+broker and from the tools' own execution logs.
+
+Each test runs six keys (three refunds that suspend on a person's approval, three questions)
+through one job with the effector service (`beam_agents.testing.chaos ... triage`: the demo's
+tools, every call and effect logged), and faults at two moments: while the tickets are in
+flight, before the first approval requests, and while the approvals are in flight. Then:
+every key completes exactly once as a deduping consumer (TopicReader) sees it, every tool
+intent has exactly one effect in the tools' ledger and one result (nothing lost, nothing done
+twice), every approval request reached the approvals topic.
+
+* a TaskManager SIGKILLed (`engines.sh restart-taskmanager --kill`): Flink restores the job
+  from its last checkpoint on the new TaskManager;
+* the broker down for 45 s (`engines.sh stop kafka`, `start kafka --keep-data`);
+* the JobManager SIGKILLed (`engines.sh restart-jobmanager --kill`): a session cluster
+  without HA forgets its jobs, so the job is restored from its retained checkpoint in
+  RocksDB's format on disk (`engines.sh latest-checkpoint JOB`); the keys suspended before
+  the kill resume on their approvals after it, and the others' state is byte for byte what
+  it was.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import Counter
+
+import pytest
+
+from beam_agents._protos import AgentEnvelope, ToolIntent
+from beam_agents.demo import approve
+from beam_agents.testing.engines import Engines
+from beam_agents.testing.flink_loop import Loop
+
+pytestmark = pytest.mark.engines
+
+REFUNDS = [b"c-1", b"c-3", b"c-5"]  # suspend on a refund approval
+QUESTIONS = [b"c-2", b"c-4", b"c-6"]  # complete at once
+KEYS = REFUNDS + QUESTIONS
+OUTAGE_S = 45
+
+
+@pytest.fixture(scope="module")
+def engines():
+    started = Engines()
+    try:
+        yield started.up(["kafka", "java", "flink"])
+    finally:
+        started.down()
+
+
+@pytest.fixture
+def loop(engines, tmp_path):
+    opened = Loop(engines, tmp_path, logged_tools=True)
+    try:
+        yield opened
+    finally:
+        opened.close()
+
+
+def _tickets(loop: Loop) -> None:
+    loop.send(*(loop.ticket(k, "I was charged twice, refund me") for k in REFUNDS))
+    loop.send(*(loop.ticket(k, "how do I export my invoices?") for k in QUESTIONS))
+
+
+def _until_suspended(loop: Loop) -> list[ToolIntent]:
+    """Waits for the three approval requests and the three answers; returns the requests."""
+    topics = loop.topics
+    loop.read(
+        lambda r: (
+            len(r[topics.approvals]) == len(REFUNDS)
+            and len(r[topics.completions]) == len(QUESTIONS)
+        ),
+        timeout_s=300,
+    )
+    return loop.messages(topics.approvals, ToolIntent)
+
+
+def _until_complete(loop: Loop) -> None:
+    loop.read(lambda r: len(r[loop.topics.completions]) == len(KEYS), timeout_s=300)
+    loop.reader.settle(5)  # a late copy of anything would be on the topics by now
+
+
+def _assert_exactly_once(loop: Loop) -> None:
+    topics = loop.topics
+    outcomes = Counter((k, c["outcome"]) for k, c in loop.completions())
+    assert outcomes == Counter(
+        {**{(k, "refunded"): 1 for k in REFUNDS}, **{(k, "answered"): 1 for k in QUESTIONS}}
+    )
+    requests = loop.messages(topics.approvals, ToolIntent)
+    assert sorted(r.entity_key for r in requests) == REFUNDS
+    intents = loop.messages(topics.intents, ToolIntent)
+    tools = Counter(i.intent_id for i in intents if i.kind == ToolIntent.TOOL)
+    # A lookup per key and a refund per approved key, each intent once.
+    assert len(tools) == len(KEYS) + len(REFUNDS) and set(tools.values()) == {1}
+    envelopes = [AgentEnvelope.FromString(v) for _, v in loop.reader.records[topics.events]]
+    results = Counter(e.tool_result.intent_id for e in envelopes if e.HasField("tool_result"))
+    assert results == tools  # one result per intent, none lost
+    # The tools' own account: one call and one effect per intent, whatever was redelivered.
+    effects = Counter(e["key"] for e in loop.ledger.effects())
+    assert effects == tools
+    calls = Counter((loop.tmp_path / "calls.log").read_text().split()[1::2])
+    assert calls == tools
+    assert Counter(r.intent_id for r in loop.execution_records()) == Counter(
+        i.intent_id for i in intents
+    )
+
+
+def _loop_under(loop: Loop, fault) -> None:
+    loop.start_job()
+    _tickets(loop)
+    fault()
+    requests = _until_suspended(loop)
+    loop.send(*(approve(r) for r in requests))
+    fault()
+    _until_complete(loop)
+    _assert_exactly_once(loop)
+
+
+def test_a_taskmanager_killed_before_and_after_the_approvals_loses_and_repeats_nothing(
+    loop, engines
+):
+    _loop_under(loop, lambda: engines.run("restart-taskmanager", "--kill"))
+    print(f"repeats a deduping consumer dropped: {loop.reader.repeats}")
+
+
+def test_a_broker_down_45_s_before_and_after_the_approvals_loses_and_repeats_nothing(loop, engines):
+    def outage() -> None:
+        engines.run("stop", "kafka")
+        time.sleep(OUTAGE_S)
+        engines.run("start", "kafka", "--keep-data")
+
+    _loop_under(loop, outage)
+    print(f"repeats a deduping consumer dropped: {loop.reader.repeats}")
+
+
+def test_a_jobmanager_killed_resumes_every_key_from_the_retained_checkpoint(loop, engines):
+    job1, launcher1 = loop.start_job()
+    _tickets(loop)
+    requests = _until_suspended(loop)
+    loop.send(*(loop.export(k, f"before-{k.decode()}") for k in KEYS))
+    loop.read(lambda r: len(r[loop.topics.snapshots]) == len(KEYS))
+    checkpoint_id = loop.rest.wait_for_checkpoint_after(job1, int(time.time() * 1000))
+
+    engines.run("restart-jobmanager", "--kill")
+    # Without HA the new JobManager knows no job: restore from the retained checkpoint.
+    assert job1 not in loop.rest.jobs()
+    launcher1.stop()
+    checkpoint = engines.run("latest-checkpoint", job1)
+    assert checkpoint.startswith("file://") and int(checkpoint.rsplit("-", 1)[1]) >= checkpoint_id
+    loop.start_job(savepoint=checkpoint)
+
+    loop.send(*(approve(r) for r in requests))
+    _until_complete(loop)
+    loop.send(*(loop.export(k, f"after-{k.decode()}") for k in KEYS))
+    loop.read(lambda r: len(r[loop.topics.snapshots]) == 2 * len(KEYS))
+    before, after = loop.snapshots("before-"), loop.snapshots("after-")
+    for key in QUESTIONS:  # untouched since the checkpoint: the same state
+        for part in ("memory", "llm_cache", "continuation"):
+            assert getattr(after[key], part).SerializeToString(deterministic=True) == getattr(
+                before[key], part
+            ).SerializeToString(deterministic=True)
+        assert after[key].seq == before[key].seq
+    for key in REFUNDS:  # suspended before the kill, resumed on their approvals after it
+        assert before[key].continuation.pending_intent_ids
+        assert not after[key].continuation.pending_intent_ids
+        # A function agent's memory writes reach state when it completes.
+        remembered = f"customer:{key.decode()}"
+        assert remembered not in {e.key for e in before[key].memory.entries}
+        assert remembered in {e.key for e in after[key].memory.entries}
+    _assert_exactly_once(loop)
+    print(json.dumps({"checkpoint": checkpoint, "repeats": loop.reader.repeats}))
