@@ -877,3 +877,20 @@ def test_a_resume_that_replays_no_llm_call_keeps_the_cache_it_read():
     assert len(cache.entries) == 1
     h.send(event(T0 + 2, b"20"))  # suspends before any LLM call: the cache is untouched
     assert h.states[2].value is cache
+
+
+def test_a_second_budget_question_for_the_same_start_has_its_own_intent_id():
+    # Review: a raise too small for the retried start makes the key ask again. The console keeps
+    # one decision per intent_id, so a second question under the first one's id is shown as
+    # already decided and can never be answered: the key would wait out its deadline.
+    from beam_agents.runtime.budget import BUDGET_TOOL, OnBudget
+
+    model = _Counting()
+    config = _budgeted(key_tokens=10, on_exceed=OnBudget.ASK, raise_tokens=1)
+    h = Harness(summarise_event, llm=model, config=config)
+    h.send(event(T0, b"first"))
+    (first,) = _pending(h)
+    h.send(approve(T0 + 1, first))
+    (second,) = _pending(h)
+    assert second.tool_name == BUDGET_TOOL and model.calls == 0
+    assert second.intent_id != first.intent_id
