@@ -409,3 +409,35 @@ def test_an_agents_completed_outputs_are_shown_once_each(console):
     completed = page[page.index('id="completions"') :].split("</ul>", 1)[0]
     assert "Completed (2)" in page and completed.count("<li>") == 2
     assert "refunded 42.00 EUR" in completed and "without its key" not in page
+
+
+def test_a_csrf_field_sent_as_a_file_is_refused_not_a_server_error(console):
+    # Review: a multipart form whose csrf part is a file makes form["csrf"] an UploadFile;
+    # comparing it must refuse the post (403), not raise (500, a traceback in the log).
+    import http.client
+
+    url, bus, recorder, _ = console
+    browser = _signed_in(url, "alice")
+    boundary = "review-boundary"
+    body = (
+        f"--{boundary}\r\n"
+        'Content-Disposition: form-data; name="csrf"; filename="t.txt"\r\n'
+        "Content-Type: text/plain\r\n\r\nx\r\n"
+        f"--{boundary}\r\n"
+        'Content-Disposition: form-data; name="decision"\r\n\r\napprove\r\n'
+        f"--{boundary}--\r\n"
+    )
+    host, port = url.removeprefix("http://").split(":")
+    connection = http.client.HTTPConnection(host, int(port), timeout=30)
+    cookie = "; ".join(f"{k}={v}" for k, v in browser.cookies.items())
+    try:
+        connection.request(
+            "POST", "/approvals/a-1", body=body.encode(),
+            headers={"Cookie": cookie,
+                     "Content-Type": f"multipart/form-data; boundary={boundary}"},
+        )  # fmt: skip
+        status = connection.getresponse().status
+    finally:
+        connection.close()
+    assert status == 403
+    assert bus.inbox.decision("a-1") is None and recorder.records == []
