@@ -54,8 +54,13 @@ class Session:
     user: User
     csrf: str
 
-    def csrf_ok(self, token: str | None) -> bool:
-        return bool(token) and hmac.compare_digest(token.encode(), self.csrf.encode())
+    def csrf_ok(self, token: object) -> bool:
+        # A multipart form can carry the field as a file: anything but a string is refused.
+        return (
+            isinstance(token, str)
+            and bool(token)
+            and hmac.compare_digest(token.encode(), self.csrf.encode())
+        )
 
     def may(self, role: Role) -> bool:
         return self.user.role >= role
