@@ -894,3 +894,6 @@ def test_a_second_budget_question_for_the_same_start_has_its_own_intent_id():
     (second,) = _pending(h)
     assert second.tool_name == BUDGET_TOOL and model.calls == 0
     assert second.intent_id != first.intent_id
+    h.send(approve(T0 + 2, second))
+    (third,) = _pending(h)
+    assert third.intent_id not in (first.intent_id, second.intent_id)
