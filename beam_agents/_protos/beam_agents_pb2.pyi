@@ -236,7 +236,7 @@ class Continuation(_message.Message):
     def __init__(self, state_schema_version: _Optional[int] = ..., seq: _Optional[int] = ..., step_index: _Optional[int] = ..., pending_intent_ids: _Optional[_Iterable[str]] = ..., adapter: _Optional[str] = ..., snapshot: _Optional[bytes] = ..., suspended_at_ms: _Optional[int] = ..., deadline_ms: _Optional[int] = ..., escalations: _Optional[int] = ..., answers: _Optional[_Iterable[_Union[AgentEnvelope, _Mapping]]] = ..., resume_failures: _Optional[int] = ..., retry_at_ms: _Optional[int] = ..., mailbox: _Optional[_Iterable[_Union[AgentEnvelope, _Mapping]]] = ...) -> None: ...
 
 class LlmCacheBlob(_message.Message):
-    __slots__ = ("state_schema_version", "entries", "total_response_bytes", "input_tokens", "output_tokens", "cost_micros", "token_allowance", "cost_allowance_micros")
+    __slots__ = ("state_schema_version", "entries", "total_response_bytes", "input_tokens", "output_tokens", "cost_micros", "token_allowance", "cost_allowance_micros", "budget_grants")
     class LlmCacheEntry(_message.Message):
         __slots__ = ("cache_key", "response", "response_digest", "created_at_ms", "last_access_ms", "digest_only")
         CACHE_KEY_FIELD_NUMBER: _ClassVar[int]
@@ -260,6 +260,7 @@ class LlmCacheBlob(_message.Message):
     COST_MICROS_FIELD_NUMBER: _ClassVar[int]
     TOKEN_ALLOWANCE_FIELD_NUMBER: _ClassVar[int]
     COST_ALLOWANCE_MICROS_FIELD_NUMBER: _ClassVar[int]
+    BUDGET_GRANTS_FIELD_NUMBER: _ClassVar[int]
     state_schema_version: int
     entries: _containers.RepeatedCompositeFieldContainer[LlmCacheBlob.LlmCacheEntry]
     total_response_bytes: int
@@ -268,7 +269,8 @@ class LlmCacheBlob(_message.Message):
     cost_micros: int
     token_allowance: int
     cost_allowance_micros: int
-    def __init__(self, state_schema_version: _Optional[int] = ..., entries: _Optional[_Iterable[_Union[LlmCacheBlob.LlmCacheEntry, _Mapping]]] = ..., total_response_bytes: _Optional[int] = ..., input_tokens: _Optional[int] = ..., output_tokens: _Optional[int] = ..., cost_micros: _Optional[int] = ..., token_allowance: _Optional[int] = ..., cost_allowance_micros: _Optional[int] = ...) -> None: ...
+    budget_grants: int
+    def __init__(self, state_schema_version: _Optional[int] = ..., entries: _Optional[_Iterable[_Union[LlmCacheBlob.LlmCacheEntry, _Mapping]]] = ..., total_response_bytes: _Optional[int] = ..., input_tokens: _Optional[int] = ..., output_tokens: _Optional[int] = ..., cost_micros: _Optional[int] = ..., token_allowance: _Optional[int] = ..., cost_allowance_micros: _Optional[int] = ..., budget_grants: _Optional[int] = ...) -> None: ...
 
 class ActivationErrorRecord(_message.Message):
     __slots__ = ("entity_key", "reason", "detail", "event_time_ms", "input", "answers")

@@ -78,6 +78,7 @@ class BudgetMeter:
         self.key_cost = cache.cost_micros
         self.token_allowance = cache.token_allowance
         self.cost_allowance = cache.cost_allowance_micros
+        self.grants = cache.budget_grants
         self.input_tokens = self.output_tokens = self.cost = 0
 
     def _price(self, model: str) -> Price | None:
@@ -136,6 +137,7 @@ class BudgetMeter:
         """A person raised the key's limits (OnBudget.ASK approved)."""
         self.token_allowance += self.budget.raise_tokens
         self.cost_allowance += self.budget.raise_cost_micros
+        self.grants += 1
 
     def write(self, blob: LlmCacheBlob) -> None:
         """Sets the key's usage and allowances, this activation's included, on `blob` (a new
@@ -146,3 +148,4 @@ class BudgetMeter:
         blob.cost_micros = key_cost + self.cost
         blob.token_allowance = self.token_allowance
         blob.cost_allowance_micros = self.cost_allowance
+        blob.budget_grants = self.grants

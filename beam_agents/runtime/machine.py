@@ -483,13 +483,7 @@ class KeyMachine:
         )
 
     def _start(
-        self,
-        work: _Work,
-        envelope: AgentEnvelope,
-        digests,
-        anchor: int,
-        failures: int = 0,
-        asked: int = 0,
+        self, work: _Work, envelope: AgentEnvelope, digests, anchor: int, failures: int = 0
     ) -> None:
         now = envelope.event_time_ms
         state = work.state
@@ -500,9 +494,7 @@ class KeyMachine:
         elif _busy(run.error) and failures < self._config.retryable_resume_retries:
             self._defer(work, envelope, digests, anchor, failures + 1)
         elif self._asks(run.error):
-            self._ask_budget(
-                work, run, now, event=envelope, digests=digests, anchor=anchor, asked=asked
-            )
+            self._ask_budget(work, run, now, event=envelope, digests=digests, anchor=anchor)
         else:
             # The record carries the event: one drained from a mailbox was marked as seen, so
             # nothing else holds it.
@@ -539,17 +531,8 @@ class KeyMachine:
     def _retry_start(self, work: _Work, deferred: Continuation, fired_ms: int) -> None:
         """The deferred start is due: its event runs again, then the events queued after it."""
         first, *rest = deferred.mailbox
-        # The budget questions this start was held on already: a new one needs a new id.
-        asked = max(
-            (
-                i.step_index - _BUDGET_STEP + 1
-                for i in work.state.pending
-                if i.tool_name == BUDGET_TOOL
-            ),
-            default=0,
-        )
         work.commit(dataclasses.replace(work.state, continuation=None, pending=()))
-        self._start(work, first, (), max(work.anchor, fired_ms), deferred.resume_failures, asked)
+        self._start(work, first, (), max(work.anchor, fired_ms), deferred.resume_failures)
         suspended = work.state.continuation
         if suspended is None:
             self._drain(work, rest, work.anchor)
@@ -955,15 +938,15 @@ class KeyMachine:
         digests=(),
         anchor=0,
         suspended: Continuation | None = None,
-        asked: int = 0,
     ) -> None:
         """Puts the budget before a person: an APPROVAL intent of BUDGET_TOOL, on which the key
         waits with its event first in the mailbox (a start) or with its answers (a resume)."""
         work.count("budget_asks")
         config = self._config
         seq = suspended.seq if suspended is not None else run.ctx.seq
-        if suspended is not None:
-            asked = sum(1 for i in work.state.pending if i.tool_name == BUDGET_TOOL)
+        # Numbered by the raises granted so far (kept in the key's cache blob): each question
+        # of the key has an id of its own, whatever ran or waited in between.
+        grants = work.state.cache.budget_grants if work.state.cache is not None else 0
         ctx = ActivationContext(
             entity_key=work.key,
             seq=seq,
@@ -974,7 +957,7 @@ class KeyMachine:
             adapter=self._agent.adapter,
             # Steps no agent reaches, so the question never shares an id with an intent of
             # the activation it holds up.
-            first_step=_BUDGET_STEP + asked,
+            first_step=_BUDGET_STEP + grants,
             resume_of=suspended,
             keyring=self._keyring,
             intent_ttl_ms=config.suspend_deadline_ms,
