@@ -461,5 +461,7 @@ def test_a_static_member_restarted_after_a_crash_serves_without_waiting_out_its_
         topics = _fresh_topics(bootstrap)
         timings[name] = _first_served_after_restart(bootstrap, directory, topics, name, **env)
     print(f"restart to first served: {timings}")
-    # The dynamic member waited for the session to expire; the static one did not.
-    assert timings["static"] < 30 <= timings["dynamic"]
+    # The dynamic member waited for the session to expire; the static one did not. Compared
+    # with each other, not with the clock's 30 s: the broker's expiry check runs on its own
+    # schedule, and a loaded machine shifts both.
+    assert timings["static"] * 4 < timings["dynamic"]
