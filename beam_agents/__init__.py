@@ -19,23 +19,12 @@ from __future__ import annotations
 
 import importlib
 
+from beam_agents import _protos
+
 #: Each public name and the module that owns it.
 _OWNERS = {
-    **dict.fromkeys(
-        (
-            "ActivationErrorRecord",
-            "AgentEnvelope",
-            "Continuation",
-            "ExecutionRecord",
-            "LlmCacheBlob",
-            "MemoryBlob",
-            "StateSnapshot",
-            "ToolIntent",
-            "ToolResult",
-            "TraceEvent",
-        ),
-        "beam_agents._protos",
-    ),
+    # The wire: every message of protos/beam_agents.proto (its bindings are cheap to import).
+    **dict.fromkeys(_protos.__all__, "beam_agents._protos"),
     **dict.fromkeys(
         (
             "COMPLETIONS",
