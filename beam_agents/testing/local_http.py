@@ -17,7 +17,10 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 
-__all__ = ["LocalHttpServer", "Reply", "Request"]
+__all__ = ["JSON", "LocalHttpServer", "Reply", "Request", "Sleeps", "scripted"]
+
+#: The headers of a JSON reply.
+JSON = {"content-type": "application/json"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,3 +98,16 @@ class LocalHttpServer:
         self._httpd.shutdown()
         self._httpd.server_close()
         self._thread.join(timeout=10)
+
+
+def scripted(*replies):
+    """A handler answering with `replies` in order, the last one for ever after."""
+    queue = list(replies)
+    return lambda request: queue.pop(0) if len(queue) > 1 else queue[0]
+
+
+class Sleeps(list):
+    """A client's `sleep`: records each wait instead of waiting."""
+
+    def __call__(self, seconds: float) -> None:
+        self.append(seconds)
