@@ -56,7 +56,9 @@ from beam_agents.core.intent import content_digest
 from beam_agents.core.migration import MigrationRegistry
 from beam_agents.core.signing import Keyring, sign
 from beam_agents.effector import APPROVALS, DEAD_LETTERS, RESULTS, ExecuteIntents, VerifyMode
+from beam_agents.errors import ReadStalledError
 from beam_agents.examples.support_triage import TOOLS, scripted_model, ticket, triage
+from beam_agents.flink import FlinkRest, KafkaEndOffsets, ReadWatchdog
 from beam_agents.kafka_bus import (
     AgentLoop,
     TopicReader,
@@ -296,15 +298,18 @@ def run_bus_demo(
     out: TextIO = sys.stdout,
     timeout_s: float | None = None,
     console_port: int | None = None,
+    flink_rest: str | None = None,
 ) -> int:
     """The demo over Kafka (module docstring); returns 0 when the agent completed. With a
-    `console_port` a person decides the approval in the console (port 0: a free one)."""
+    `console_port` a person decides the approval in the console (port 0: a free one). With
+    `flink_rest` (the job runs on that Flink cluster) a read that stalls ends the demo within
+    a minute, saying so (beam_agents.flink.ReadWatchdog)."""
     t0 = int(time.time() * 1000)
     if timeout_s is None:
         # A person gets the approval intent's lifetime (RunAgent's default TTL, one hour).
         timeout_s = 300 if console_port is None else 3600
     with tempfile.TemporaryDirectory(prefix="beam-agents-demo-") as scratch:
-        demo = _BusDemo(out, scratch, options, t0, console_port=console_port)
+        demo = _BusDemo(out, scratch, options, t0, console_port=console_port, flink_rest=flink_rest)
         return demo.run_on_bus(kafka_bootstrap, expansion_service, timeout_s)
 
 
@@ -455,9 +460,13 @@ class _Demo:
 
 
 class _BusDemo(_Demo):
-    def __init__(self, *args, console_port: int | None = None) -> None:
+    def __init__(
+        self, *args, console_port: int | None = None, flink_rest: str | None = None
+    ) -> None:
         super().__init__(*args)
         self.console_port = console_port
+        self.flink = None if flink_rest is None else FlinkRest(flink_rest)
+        self.watchdog: ReadWatchdog | None = None
         self.console_url = ""
         if console_port is not None:
             self.approver = "you as the approver, in the console"
@@ -471,7 +480,7 @@ class _BusDemo(_Demo):
         effector = launch_effector(workdir, kafka_bootstrap=kafka_bootstrap, topics=topics)
         console = None
         reader = TopicReader(kafka_bootstrap, topics.all())
-        job = None
+        job = end_offsets = None
         try:
             if self.console_port is not None:
                 console, self.console_url = launch_console(
@@ -481,8 +490,9 @@ class _BusDemo(_Demo):
                 self.say(f"the console runs as its own process: {self.console_url}")
                 self.say(f"  sign in as {DEMO_USER!r} with password {DEMO_PASSWORD!r}")
                 self.say("  (a demo credential, printed for anyone: never use it elsewhere)")
-            # Before the job starts, so its first read finds the ticket waiting.
-            produce(kafka_bootstrap, [(topics.events, CUSTOMER, event, event.event_time_ms)])
+            ticket = [(topics.events, CUSTOMER, event, event.event_time_ms)]
+            if self.flink is None:
+                produce(kafka_bootstrap, ticket)  # the job's first read finds it waiting
             pipeline = beam.Pipeline(options=self.options)
             add_triage_loop(
                 pipeline,
@@ -491,10 +501,26 @@ class _BusDemo(_Demo):
                 expansion_service=expansion_service,
             )
             started = time.perf_counter()
+            known = set() if self.flink is None else set(self.flink.jobs())
             job = pipeline.run()
+            if self.flink is not None:
+                try:
+                    jid = self.flink.wait_for_new_job(known, lambda: None)
+                except TimeoutError as e:
+                    self.say(f"the job did not start on Flink: {e}")
+                    return 1
+                end_offsets = KafkaEndOffsets(kafka_bootstrap, topics.events)
+                self.watchdog = ReadWatchdog(
+                    self.flink, jid, end_offsets=end_offsets, topic=topics.events
+                )
+                # Its first look before the ticket: a job that never reads it is caught.
+                self.watchdog.check()
+                produce(kafka_bootstrap, ticket)
             self.say("job submitted; the conversation as it comes back from Kafka:")
             return self._follow(reader, topics, kafka_bootstrap, effector, started + timeout_s)
         finally:
+            if end_offsets is not None:
+                end_offsets.close()
             if job is not None:
                 job.cancel()
             if console is not None:
@@ -516,6 +542,12 @@ class _BusDemo(_Demo):
                     return 1
                 if time.perf_counter() > deadline:
                     self.say("the agent did not complete in time")
+                    return 1
+                try:
+                    if self.watchdog is not None:
+                        self.watchdog.check()
+                except ReadStalledError as e:
+                    self.say(str(e))
                     return 1
                 continue
             time.sleep(0.5)  # let one step's records arrive together
@@ -571,6 +603,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--expansion_service")
     parser.add_argument("--console", action="store_true")
     parser.add_argument("--console_port", type=int, default=8080)
+    # On Flink: the cluster's REST address, for the stalled-read watchdog (beam_agents.flink).
+    parser.add_argument("--flink_rest")
     args, pipeline_args = parser.parse_known_args(list(argv) if argv is not None else sys.argv[1:])
     options = PipelineOptions(pipeline_args)
     try:
@@ -592,6 +626,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         kafka_bootstrap=args.kafka_bootstrap,
         expansion_service=args.expansion_service,
         console_port=args.console_port if args.console else None,
+        flink_rest=args.flink_rest,
     )
 
 

@@ -21,6 +21,7 @@ __all__ = [
     "MessageDecodeError",
     "MigrationStepError",
     "MissingMigrationError",
+    "ReadStalledError",
     "StateSchemaFromFutureError",
     "ToolCallError",
     "TurnLimitError",
@@ -223,3 +224,19 @@ class TurnLimitError(BeamAgentsError):
         )
         self.agent = agent
         self.turns = turns
+
+
+class ReadStalledError(BeamAgentsError):
+    """Raised by beam_agents.flink.ReadWatchdog when records arrived on the loop's topic and
+    the job read none of them for its stall limit while every task ran: a stalled read, not a
+    quiet topic."""
+
+    def __init__(self, *, job_id: str, topic: str, stalled_s: float) -> None:
+        super().__init__(
+            f"job {job_id}: records arrived on {topic} and the job read none of them in "
+            f"{stalled_s:.0f} s with every task running; its Kafka read has stalled (cancel "
+            "it and restore it from its latest checkpoint)"
+        )
+        self.job_id = job_id
+        self.topic = topic
+        self.stalled_s = stalled_s

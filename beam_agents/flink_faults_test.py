@@ -13,10 +13,12 @@ twice), every approval request reached the approvals topic.
   from its last checkpoint on the new TaskManager;
 * the broker down for 45 s (`engines.sh stop kafka`, `start kafka --keep-data`);
 * the JobManager SIGKILLed (`engines.sh restart-jobmanager --kill`): a session cluster
-  without HA forgets its jobs, so the job is restored from its retained checkpoint in
-  RocksDB's format on disk (`engines.sh latest-checkpoint JOB`); the keys suspended before
-  the kill resume on their approvals after it, and the others' state is byte for byte what
-  it was.
+  without HA forgets its jobs, so the job is restored from its retained checkpoint on disk
+  (`engines.sh latest-checkpoint JOB`); the keys suspended before the kill resume on their
+  approvals after it, and the others' state is byte for byte what it was;
+* the Kafka read stalled (`engines.sh freeze-workers` stops the Java worker pool that runs
+  it): beam_agents.flink.ReadWatchdog reports it within a minute, and the job restored from
+  its latest checkpoint loses and repeats nothing.
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ import pytest
 
 from beam_agents._protos import AgentEnvelope, ToolIntent
 from beam_agents.demo import approve
+from beam_agents.errors import ReadStalledError
+from beam_agents.flink import KafkaEndOffsets, ReadWatchdog
 from beam_agents.testing.engines import Engines
 from beam_agents.testing.flink_loop import Loop
 
@@ -135,18 +139,18 @@ def test_a_broker_down_45_s_before_and_after_the_approvals_loses_and_repeats_not
 
 
 def test_a_jobmanager_killed_resumes_every_key_from_the_retained_checkpoint(loop, engines):
-    job1, launcher1 = loop.start_job()
+    job1 = loop.start_job()
     _tickets(loop)
     requests = _until_suspended(loop)
     loop.send(*(loop.export(k, f"before-{k.decode()}") for k in KEYS))
     loop.read(lambda r: len(r[loop.topics.snapshots]) == len(KEYS))
-    checkpoint_id = loop.rest.wait_for_checkpoint_after(job1, int(time.time() * 1000))
+    checkpoint_id = loop.rest.wait_for_checkpoint_after(job1.jid, int(time.time() * 1000))
 
     engines.run("restart-jobmanager", "--kill")
     # Without HA the new JobManager knows no job: restore from the retained checkpoint.
-    assert job1 not in loop.rest.jobs()
-    launcher1.stop()
-    checkpoint = engines.run("latest-checkpoint", job1)
+    assert job1.jid not in loop.rest.jobs()
+    job1.launcher.stop()
+    checkpoint = engines.run("latest-checkpoint", job1.jid)
     assert checkpoint.startswith("file://") and int(checkpoint.rsplit("-", 1)[1]) >= checkpoint_id
     loop.start_job(savepoint=checkpoint)
 
@@ -170,3 +174,39 @@ def test_a_jobmanager_killed_resumes_every_key_from_the_retained_checkpoint(loop
         assert remembered in {e.key for e in after[key].memory.entries}
     _assert_exactly_once(loop)
     print(json.dumps({"checkpoint": checkpoint, "repeats": loop.reader.repeats}))
+
+
+def test_a_stalled_read_is_reported_within_a_minute_and_its_restored_job_loses_nothing(
+    loop, engines
+):
+    job = loop.start_job()
+    _tickets(loop)
+    requests = _until_suspended(loop)
+    end_offsets = KafkaEndOffsets(loop.bootstrap, loop.topics.events)
+    watchdog = ReadWatchdog(loop.rest, job.jid, end_offsets=end_offsets, topic=loop.topics.events)
+    try:
+        # Flink's metrics catch up on the job's work so far (seconds) before the stall starts.
+        for _ in range(3):
+            watchdog.check()
+            time.sleep(5)
+        engines.run("freeze-workers")
+        try:
+            loop.send(*(approve(r) for r in requests))  # records the job cannot read
+            frozen = time.monotonic()
+            with pytest.raises(ReadStalledError, match=job.jid):
+                while time.monotonic() - frozen < 90:
+                    watchdog.check()
+                    time.sleep(5)
+            caught_s = time.monotonic() - frozen
+        finally:
+            engines.run("thaw-workers")
+    finally:
+        end_offsets.close()
+    # Its limit (50 s) and the time between looks: within a minute.
+    assert 50 <= caught_s <= 60
+    first = job.jid
+    loop.restore(job)
+    assert job.jid != first and job.restores == 1
+    _until_complete(loop)
+    _assert_exactly_once(loop)
+    print(json.dumps({"caught_s": round(caught_s, 1), "repeats": loop.reader.repeats}))

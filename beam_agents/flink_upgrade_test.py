@@ -67,7 +67,7 @@ def test_a_savepoint_upgrade_migrates_every_key_on_first_read_and_a_roll_back_we
     # Job 1, schema 1: three refunds wait for approval, three questions complete. Junk on the
     # bus first (a tombstone, bytes that are no envelope, an envelope with nothing in it): dead
     # letters, and the job goes on.
-    job1, launcher1 = loop.start_job(state_schema=1)
+    job1 = loop.start_job(state_schema=1)
     now = int(time.time() * 1000)
     produce(
         loop.bootstrap,
@@ -97,10 +97,10 @@ def test_a_savepoint_upgrade_migrates_every_key_on_first_read_and_a_roll_back_we
         remembered = f"customer:{key.decode()}" in {e.key for e in before[key].memory.entries}
         assert remembered == (key in QUESTIONS)
         assert bool(before[key].continuation.pending_intent_ids) == (key in REFUNDS)
-    savepoint1 = loop.savepoint(job1, launcher1)
+    savepoint1 = loop.savepoint(job1)
 
     # Job 2, schema 2, restored from job 1: the approvals arrive, and new questions.
-    job2, launcher2 = loop.start_job(state_schema=2, savepoint=savepoint1)
+    job2 = loop.start_job(state_schema=2, savepoint=savepoint1)
     approvals = loop.messages(topics.approvals, ToolIntent)
     assert sorted(a.entity_key for a in approvals) == REFUNDS
     loop.send(*(approve(a) for a in approvals))
@@ -137,25 +137,25 @@ def test_a_savepoint_upgrade_migrates_every_key_on_first_read_and_a_roll_back_we
     records = loop.execution_records()
     assert sorted(r.intent_id for r in records) == sorted(i.intent_id for i in intents)
     assert loop.dead_letters() == JUNK  # and nothing else
-    savepoint2 = loop.savepoint(job2, launcher2)
+    savepoint2 = loop.savepoint(job2)
 
     # Roll-back: job 1 restored from job 2's savepoint cannot read c-1's v2 state.
     wedged = b"c-1"
-    job3, launcher3 = loop.start_job(state_schema=1, savepoint=savepoint2)
+    job3 = loop.start_job(state_schema=1, savepoint=savepoint2)
     loop.send(loop.export(wedged, "rollback-c-1"))
     deadline = time.monotonic() + 120
-    while not any("roll the newer binary forward" in e for e in loop.rest.exceptions(job3)):
+    while not any("roll the newer binary forward" in e for e in loop.rest.exceptions(job3.jid)):
         assert time.monotonic() < deadline, "job 1 did not refuse the version-2 state"
         time.sleep(1)
     time.sleep(5)  # what a wedged job could still emit would be on the topic by now
     loop.reader.settle(2)
     assert not loop.snapshots("rollback-")
-    loop.rest.cancel(job3)
-    loop.rest.wait_for_state(job3, {"CANCELED"})
-    launcher3.wait(60)
+    loop.rest.cancel(job3.jid)
+    loop.rest.wait_for_state(job3.jid, {"CANCELED"})
+    job3.launcher.wait(60)
 
     # Job 2 restored again from its own savepoint: the wedge clears, the bytes are as it left them.
-    job4, _ = loop.start_job(state_schema=2, savepoint=savepoint2)
+    job4 = loop.start_job(state_schema=2, savepoint=savepoint2)
     loop.read(lambda r: bool(loop.snapshots("rollback-")))
     (again,) = loop.snapshots("rollback-").values()
     left = after[wedged]
@@ -164,4 +164,4 @@ def test_a_savepoint_upgrade_migrates_every_key_on_first_read_and_a_roll_back_we
     )
     assert again.llm_cache == left.llm_cache and again.seq == left.seq
     assert loop.dead_letters() == JUNK  # and nothing else
-    loop.rest.cancel(job4)
+    loop.rest.cancel(job4.jid)

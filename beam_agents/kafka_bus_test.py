@@ -39,6 +39,12 @@ RING = Keyring({"k1": bytes(range(32))}, active="k1")
 FAR = 2**62  # an expiry no test reaches
 
 
+def _now() -> int:
+    """A record's timestamp: the broker's time-based retention deletes records stamped
+    longer ago than its retention.ms (7 days) at its next check, before anything reads them."""
+    return int(time.time() * 1000)
+
+
 @pytest.mark.parametrize("prefix", ["", "has space", "slash/", "x" * 201, "ünï"])
 def test_a_topic_prefix_kafka_would_refuse_is_refused_before_any_broker_sees_it(prefix):
     with pytest.raises(ValueError, match="no topic prefix"):
@@ -108,7 +114,7 @@ def test_a_redelivered_intent_gets_the_first_result_and_never_runs_twice(bootstr
     # in the store, the offset was never committed.
     crashed = Effector({"crm.lookup": calls}, mode=VerifyMode.REQUIRE, store=store, keyring=RING)
     assert crashed(first).ran_tool
-    produce(bootstrap, [(topics.intents, b"c-1", first, 1)])
+    produce(bootstrap, [(topics.intents, b"c-1", first, _now())])
     service = _service(bootstrap, topics, store, calls)
     try:
         assert _serve_until(service, 1) == [Route.DUPLICATE]
@@ -116,7 +122,10 @@ def test_a_redelivered_intent_gets_the_first_result_and_never_runs_twice(bootstr
         service.close()
     # The same intent again, and another entity's intent: one more run, two more results.
     second = _intent("i-2", b"c-2")
-    produce(bootstrap, [(topics.intents, b"c-1", first, 2), (topics.intents, b"c-2", second, 3)])
+    produce(
+        bootstrap,
+        [(topics.intents, b"c-1", first, _now()), (topics.intents, b"c-2", second, _now())],
+    )
     restarted = _service(bootstrap, topics, store, calls)
     try:
         # The committed offset holds: the restarted service starts after the first copy.
@@ -159,7 +168,7 @@ def test_a_result_the_broker_does_not_take_is_retried_and_the_intent_stays_uncom
     admin = AdminClient({"bootstrap.servers": bootstrap})
     admin.delete_topics([topics.events])[topics.events].result(30)
     store, calls = tmp_path / "effector.sqlite", Calls()
-    produce(bootstrap, [(topics.intents, b"c-1", _intent("i-4", b"c-1"), 1)])
+    produce(bootstrap, [(topics.intents, b"c-1", _intent("i-4", b"c-1"), _now())])
     # The broker creates no topics on its own: the result has nowhere to go, for now.
     failing = _service(
         bootstrap, topics, store, calls, producer_config={"message.timeout.ms": 3000}
@@ -196,8 +205,8 @@ def test_refused_intents_become_dead_letters_on_the_topic_and_are_committed(boot
     topics = _fresh_topics(bootstrap)
     calls = Calls()
     unsigned = intent(intent_id="i-3", entity_key=b"c-3", expires_at_ms=FAR)
-    produce(bootstrap, [(topics.intents, b"c-3", unsigned, 1)])
-    produce(bootstrap, [(topics.intents, b"c-3", b"\xff\xfe not a ToolIntent", 2)])
+    produce(bootstrap, [(topics.intents, b"c-3", unsigned, _now())])
+    produce(bootstrap, [(topics.intents, b"c-3", b"\xff\xfe not a ToolIntent", _now())])
     service = _service(bootstrap, topics, tmp_path / "effector.sqlite", calls)
     try:
         assert _serve_until(service, 2) == [Route.DEAD_LETTER, Route.DEAD_LETTER]
@@ -242,7 +251,7 @@ def test_an_intent_another_live_effector_holds_is_answered_once_that_effector_di
             ),
             FAR,
         )
-        produce(bootstrap, [(topics.intents, b"c-9", held, 1)])
+        produce(bootstrap, [(topics.intents, b"c-9", held, _now())])
         service = _service(bootstrap, topics, store, calls)
         try:
             assert _serve_until(service, 2) == [Route.IN_FLIGHT, Route.IN_FLIGHT]
@@ -359,10 +368,10 @@ def test_effectors_killed_inside_tools_and_in_the_approval_window_lose_nothing(b
     produce(
         bootstrap,
         [
-            (topics.intents, b"c-1", _tool_intent("payments.refund", b"c-1"), 1),
-            (topics.intents, b"c-2", _tool_intent("crm.note", b"c-2"), 2),
-            (topics.intents, b"c-3", _tool_intent("mail.send", b"c-3"), 3),
-            (topics.intents, b"c-4", approval, 4),
+            (topics.intents, b"c-1", _tool_intent("payments.refund", b"c-1"), _now()),
+            (topics.intents, b"c-2", _tool_intent("crm.note", b"c-2"), _now()),
+            (topics.intents, b"c-3", _tool_intent("mail.send", b"c-3"), _now()),
+            (topics.intents, b"c-4", approval, _now()),
         ],
     )
     # Four faults, four kills: each restart redelivers the uncommitted intent.
@@ -387,7 +396,7 @@ def test_effectors_killed_inside_tools_and_in_the_approval_window_lose_nothing(b
         answer.approval.approver = "ops"
         answer.approval.intent_digest = content_digest(inquiry.SerializeToString())
         answer.approval.CopyFrom(sign(answer.approval, APPROVER_RING))
-        produce(bootstrap, [(topics.events, b"c-3", answer, 5)])
+        produce(bootstrap, [(topics.events, b"c-3", answer, _now())])
         records = reader.read(lambda r: len(r[topics.events]) >= 4, 60)
         reader.settle(2)
     finally:
@@ -425,7 +434,7 @@ def _first_served_after_restart(bootstrap, tmp_path, topics, name, **env) -> flo
     """Seconds from starting a service (its predecessor SIGKILLed, its session alive) to it
     serving an intent produced then."""
     first = _chaos_service(bootstrap, topics, tmp_path, f"{name}-1", **env)
-    produce(bootstrap, [(topics.intents, b"c-1", _tool_intent("crm.note", b"c-1"), 1)])
+    produce(bootstrap, [(topics.intents, b"c-1", _tool_intent("crm.note", b"c-1"), _now())])
     deadline = time.monotonic() + 60
     while not _served(first):
         assert time.monotonic() < deadline, first.log.read_text()
@@ -434,7 +443,7 @@ def _first_served_after_restart(bootstrap, tmp_path, topics, name, **env) -> flo
     first.stop()
     started = time.monotonic()
     second = _chaos_service(bootstrap, topics, tmp_path, f"{name}-2", **env)
-    produce(bootstrap, [(topics.intents, b"c-2", _tool_intent("crm.note", b"c-2"), 2)])
+    produce(bootstrap, [(topics.intents, b"c-2", _tool_intent("crm.note", b"c-2"), _now())])
     try:
         while "result" not in _served(second):
             assert time.monotonic() < started + 120, second.log.read_text()

@@ -19,6 +19,9 @@
 #                                         alone and start a new one; without HA it forgets
 #                                         its jobs: restore them from their retained
 #                                         checkpoints (`latest-checkpoint JOB_ID`)
+#   bash tools/engines.sh freeze-workers | thaw-workers
+#                                         SIGSTOP / SIGCONT the Java worker pool: a Kafka read
+#                                         that emits nothing while its job runs (a stall)
 #   bash tools/engines.sh latest-checkpoint JOB_ID
 #                                         the newest complete checkpoint of a job, a path to
 #                                         pass as --savepoint_path
@@ -229,6 +232,9 @@ state.backend.type: ${BEAM_AGENTS_FLINK_STATE_BACKEND:-hashmap}
 state.backend.incremental: true
 state.checkpoints.dir: file://$run/flink-checkpoints
 execution.checkpointing.externalized-checkpoint-retention: RETAIN_ON_CANCELLATION
+# The REST API's job metrics at most 1 s old, not 10 s: beam_agents.flink.ReadWatchdog
+# compares them with the broker's end offsets.
+metrics.fetcher.update-interval: 1000
 # A dead job or task manager is noticed by a missed heartbeat: 15 s, not Flink's 50 s, so the
 # cluster recovers from a kill in seconds (measured: a job manager restart 45 s -> 16 s).
 heartbeat: {interval: 3000, timeout: 15000}
@@ -306,6 +312,14 @@ restart_jobmanager() {
 }
 
 # Checkpoints are DIR/JOB_ID/chk-N, complete once chk-N/_metadata is written.
+# The worker pool is the first process `start java` records.
+signal_workers() {
+  local pid
+  pid="$(head -n 1 "$run/java.pids" 2>/dev/null)" || true
+  [[ -n "$pid" ]] && alive "$pid" || die "the Java worker pool is not running"
+  kill "-$1" "$pid"
+}
+
 latest_checkpoint() {
   local found
   found="$(ls -d "$run/flink-checkpoints/$1"/chk-*/_metadata 2>/dev/null | sort -V | tail -n 1)"
@@ -366,7 +380,7 @@ flink_demo() {
   # shellcheck disable=SC2046
   "$root/.venv/bin/python" -m beam_agents.demo --bus=kafka \
     --kafka_bootstrap="127.0.0.1:$kafka_port" --expansion_service="127.0.0.1:$expansion_port" \
-    $(flink_options) "$@" 2> >(grep -v '^WARNING:root:apitools not found' >&2) || status=$?
+    --flink_rest="http://127.0.0.1:$flink_rest_port" $(flink_options) "$@" 2> >(grep -v '^WARNING:root:apitools not found' >&2) || status=$?
   # The job server does not pass a cancel on to the cluster, and a LOOPBACK job outlives the
   # process whose workers it used: cancel the demo's job through Flink's REST API.
   while read -r jid state; do
@@ -388,6 +402,8 @@ case "${1:-}" in
   restart-taskmanager) restart_taskmanager "${2:-}" ;;
   restart-jobmanager) restart_jobmanager "${2:-}" ;;
   latest-checkpoint) latest_checkpoint "${2:?which job id}" ;;
+  freeze-workers) signal_workers STOP ;;
+  thaw-workers) signal_workers CONT ;;
   stop) stop "${2:?which service}" ;;
   status)
     for service in kafka java flink; do
@@ -397,5 +413,5 @@ case "${1:-}" in
   endpoints) endpoints ;;
   flink-options) flink_options ;;
   flink-demo) shift; flink_demo "$@" ;;
-  *) sed -n '2,38p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2; exit 2 ;;
+  *) sed -n '2,41p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2; exit 2 ;;
 esac

@@ -4,26 +4,23 @@ stopped by PID.
 
 `Engines.up(names)` starts those that are not running and remembers which it started;
 `down()` stops exactly those; `run(...)` is any other engines.sh command (a fault: a task or
-job manager killed, the broker stopped and started on its data). `FlinkRest` is the part of
-Flink's REST API a test needs: the jobs, their checkpoints and exceptions, stop-with-savepoint
-and cancel. `Launched` is a job launcher (a Python
-process whose LOOPBACK workers run the job's Python stages) or any service process, with its
-output in a log file and a stop that never leaves it behind.
+job manager killed, the broker stopped and started on its data). `Launched` is a job
+launcher (a Python process whose LOOPBACK workers run the job's Python stages) or any service
+process, with its output in a log file and a stop that never leaves it behind. Flink's REST
+API is beam_agents.flink's.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
 import sys
 import time
-import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
 
-__all__ = ["ROOT", "Engines", "FlinkRest", "Launched"]
+__all__ = ["ROOT", "Engines", "Launched"]
 
 ROOT = Path(__file__).resolve().parents[2]
 _SCRIPT = ROOT / "tools" / "engines.sh"
@@ -64,88 +61,6 @@ class Engines:
 
     def flink_options(self) -> list[str]:
         return _engines("flink-options").split()
-
-
-class FlinkRest:
-    def __init__(self, base_url: str) -> None:
-        self.base_url = base_url.rstrip("/")
-
-    def _call(self, path: str, method: str = "GET", body: dict | None = None) -> dict:
-        data = None if body is None else json.dumps(body).encode()
-        request = urllib.request.Request(
-            self.base_url + path,
-            data=data,
-            method=method,
-            headers={"Content-Type": "application/json"},
-        )
-        with urllib.request.urlopen(request, timeout=30) as response:
-            text = response.read()
-        return json.loads(text) if text else {}
-
-    def jobs(self) -> dict[str, str]:
-        """{job id: state} of every job the cluster knows."""
-        return {j["jid"]: j["state"] for j in self._call("/jobs/overview")["jobs"]}
-
-    def wait_for_new_job(self, known: set[str], launcher: Launched, timeout_s: float = 180) -> str:
-        """The id of a job not in `known` once it runs every task and completed a checkpoint
-        (so its sources have started and a savepoint can be taken)."""
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            launcher.check_alive()
-            for jid, state in self.jobs().items():
-                if jid in known or state != "RUNNING":
-                    continue
-                job = self._call(f"/jobs/{jid}")
-                tasks_running = all(v["status"] == "RUNNING" for v in job["vertices"])
-                checkpoints = self._call(f"/jobs/{jid}/checkpoints")["counts"]
-                if tasks_running and checkpoints["completed"] > 0:
-                    return jid
-            time.sleep(1)
-        raise TimeoutError(f"no new running job in {timeout_s} s; see {launcher.log}")
-
-    def wait_for_checkpoint_after(self, jid: str, after_ms: int, timeout_s: float = 60) -> int:
-        """Waits until a checkpoint of `jid` triggered after `after_ms` (epoch ms) completed,
-        so it holds every state change made before then; returns its id."""
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            latest = self._call(f"/jobs/{jid}/checkpoints").get("latest", {}).get("completed")
-            if latest and latest["trigger_timestamp"] > after_ms:
-                return latest["id"]
-            time.sleep(0.5)
-        raise TimeoutError(f"no checkpoint of {jid} after {after_ms} in {timeout_s} s")
-
-    def exceptions(self, jid: str) -> list[str]:
-        history = self._call(f"/jobs/{jid}/exceptions").get("exceptionHistory", {})
-        return [entry.get("stacktrace", "") for entry in history.get("entries", [])]
-
-    def stop_with_savepoint(self, jid: str, directory: str, timeout_s: float = 120) -> str:
-        """Stops `jid` with a savepoint into `directory`; returns the savepoint's path."""
-        request = self._call(
-            f"/jobs/{jid}/stop", "POST", {"drain": False, "targetDirectory": directory}
-        )
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            status = self._call(f"/jobs/{jid}/savepoints/{request['request-id']}")
-            if status["status"]["id"] == "COMPLETED":
-                operation = status["operation"]
-                if "location" not in operation:
-                    raise RuntimeError(f"savepoint of {jid} failed: {operation}")
-                return operation["location"]
-            time.sleep(0.5)
-        raise TimeoutError(f"savepoint of {jid} not done in {timeout_s} s")
-
-    def cancel(self, jid: str) -> None:
-        if self.jobs().get(jid) in {"RUNNING", "RESTARTING", "CREATED", "INITIALIZING"}:
-            self._call(f"/jobs/{jid}?mode=cancel", "PATCH")
-
-    def wait_for_state(self, jid: str, states: set[str], timeout_s: float = 60) -> str:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            state = self.jobs().get(jid)
-            if state in states:
-                return state
-            time.sleep(0.5)
-        raise TimeoutError(f"job {jid} not in {states} after {timeout_s} s")
 
 
 class Launched:

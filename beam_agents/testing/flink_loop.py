@@ -6,31 +6,61 @@ The effector is `beam-agents effector-service` with the demo's tools, or, with
 `logged_tools`, the chaos service's logged copies of them (beam_agents.testing.chaos
 `triage`), whose calls.log and ledger are the tools' own account of every effect.
 `close()` cancels the jobs, stops the processes and deletes the jobs' retained checkpoints.
+
+While `read` waits, a beam_agents.flink.ReadWatchdog watches the running job. A job whose
+Kafka read stalls (a known fault of Beam's Kafka read on portable Flink, whose cause is not
+found yet) is reported on stderr and in `stalls`, cancelled and restored from its latest
+retained checkpoint, as an operator would; a second stall of the same job fails the test.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import shutil
 import sqlite3
+import sys
 import time
 from collections import Counter
 from pathlib import Path
 
 from beam_agents._protos import AgentEnvelope, ExecutionRecord, StateSnapshot
+from beam_agents.errors import ReadStalledError
 from beam_agents.examples.support_triage import ticket
+from beam_agents.flink import FlinkRest, KafkaEndOffsets, ReadWatchdog
 from beam_agents.kafka_bus import TopicReader, Topics, create_topics, decode_dead_letter, produce
 from beam_agents.testing.chaos import Ledger
-from beam_agents.testing.engines import Engines, FlinkRest, Launched
+from beam_agents.testing.engines import Engines, Launched
 
-__all__ = ["Loop"]
+__all__ = ["Job", "Loop"]
+
+#: How often `read` looks at the running job between records.
+_WATCH_EVERY_S = 5.0
+
+
+@dataclasses.dataclass
+class Job:
+    """One of the loop's jobs: its Flink id and launcher change when it is restored after a
+    stall (`restores` counts those)."""
+
+    jid: str
+    launcher: Launched
+    state_schema: int
+    restores: int = 0
 
 
 class Loop:
     """One loop's topics, effector service and jobs, and everything read back from Kafka."""
 
-    def __init__(self, engines: Engines, tmp_path: Path, *, logged_tools: bool = False) -> None:
+    def __init__(
+        self,
+        engines: Engines,
+        tmp_path: Path,
+        *,
+        logged_tools: bool = False,
+        stall_after_s: float = 60.0,
+    ) -> None:
         self.engines = engines
         self.tmp_path = tmp_path
         self.bootstrap = engines.endpoints["KAFKA_BOOTSTRAP"]
@@ -40,7 +70,12 @@ class Loop:
         self.savepoints = "file://" + engines.endpoints["FLINK_SAVEPOINTS"]
         self.reader = TopicReader(self.bootstrap, self.topics.all())
         self.launched: list[Launched] = []
-        self.jobs: list[str] = []
+        self.jobs: list[Job] = []
+        self.stalls: list[str] = []
+        self._jids: list[str] = []  # every job submitted, restored ones included
+        self._watchdog: ReadWatchdog | None = None
+        self._end_offsets = KafkaEndOffsets(self.bootstrap, self.topics.events)
+        self.stall_after_s = stall_after_s
         self._ids = itertools.count(1)
         self.effector_store = tmp_path / "effector.sqlite"
         self.ledger = Ledger(tmp_path)
@@ -65,9 +100,13 @@ class Loop:
         self.launched.append(launched)
         return launched
 
-    def start_job(
-        self, state_schema: int = 1, savepoint: str | None = None
-    ) -> tuple[str, Launched]:
+    def start_job(self, state_schema: int = 1, savepoint: str | None = None) -> Job:
+        jid, launcher = self._submit(state_schema, savepoint)
+        job = Job(jid, launcher, state_schema)
+        self.jobs.append(job)
+        return job
+
+    def _submit(self, state_schema: int, savepoint: str | None) -> tuple[str, Launched]:
         known = set(self.rest.jobs())
         args = [
             "--kafka_bootstrap", self.bootstrap,
@@ -78,15 +117,27 @@ class Loop:
         ]  # fmt: skip
         if savepoint is not None:
             args.append(f"--savepoint_path={savepoint}")
-        name = f"job{len(self.jobs) + 1}-schema{state_schema}"
+        name = f"job{len(self.launched)}-schema{state_schema}"
         launcher = self._launch("beam_agents.testing.triage_loop", args, name)
-        jid = self.rest.wait_for_new_job(known, launcher)
-        self.jobs.append(jid)
+        try:
+            jid = self.rest.wait_for_new_job(known, launcher.check_alive)
+        except TimeoutError as e:
+            raise TimeoutError(f"{e}; see {launcher.log}") from e
+        self._jids.append(jid)
+        # Its first look before the test sends anything: whatever arrives after it counts.
+        self._watchdog = ReadWatchdog(
+            self.rest,
+            jid,
+            end_offsets=self._end_offsets,
+            topic=self.topics.events,
+            stall_after_s=self.stall_after_s,
+        )
+        self._watchdog.check()
         return jid, launcher
 
-    def savepoint(self, jid: str, launcher: Launched) -> str:
-        path = self.rest.stop_with_savepoint(jid, self.savepoints)
-        assert launcher.wait(60) == 0  # the job ended; the launcher saw it end
+    def savepoint(self, job: Job) -> str:
+        path = self.rest.stop_with_savepoint(job.jid, self.savepoints)
+        assert job.launcher.wait(60) == 0  # the job ended; the launcher saw it end
         return path
 
     def send(self, *envelopes: AgentEnvelope) -> None:
@@ -109,7 +160,37 @@ class Loop:
         return envelope
 
     def read(self, until, timeout_s: float = 120):
-        return self.reader.read(until, timeout_s)
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                return self.reader.read(until, min(_WATCH_EVERY_S, timeout_s))
+            except TimeoutError:
+                if time.monotonic() > deadline:
+                    raise
+            self._watch()
+
+    def _watch(self) -> None:
+        """Checks the latest job, if Flink knows it, for a stalled read; restores it once."""
+        job = self.jobs[-1] if self.jobs else None
+        if job is None or self._watchdog is None or job.jid not in self.rest.jobs():
+            return  # not started, or forgotten by a restarted JobManager
+        try:
+            self._watchdog.check()
+        except ReadStalledError as e:
+            self.stalls.append(str(e))
+            print(f"flink_loop: {e}", file=sys.stderr, flush=True)
+            if job.restores:
+                raise
+            self.restore(job)
+
+    def restore(self, job: Job) -> None:
+        """Cancels the job and starts it again from its latest retained checkpoint."""
+        self.rest.cancel(job.jid)
+        self.rest.wait_for_state(job.jid, {"CANCELED"})
+        job.launcher.stop()
+        checkpoint = self.engines.run("latest-checkpoint", job.jid)
+        job.jid, job.launcher = self._submit(job.state_schema, checkpoint)
+        job.restores += 1
 
     def count(self, topic: str) -> int:
         return len(self.reader.records[topic])
@@ -138,12 +219,13 @@ class Loop:
         return [ExecutionRecord.FromString(r) for (r,) in rows]
 
     def close(self) -> None:
-        for jid in self.jobs:
-            self.rest.cancel(jid)
+        self._end_offsets.close()
+        for job in self.jobs:
+            self.rest.cancel(job.jid)
         for launched in reversed(self.launched):
             launched.stop()
         self.reader.close()
         # Retained on cancellation for a restore; nothing restores a finished test's jobs.
         checkpoints = Path(self.engines.endpoints["FLINK_CHECKPOINTS"])
-        for jid in self.jobs:
+        for jid in self._jids:
             shutil.rmtree(checkpoints / jid, ignore_errors=True)
