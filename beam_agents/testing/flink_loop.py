@@ -167,13 +167,15 @@ class Loop:
             except TimeoutError:
                 if time.monotonic() > deadline:
                     raise
-            self._watch()
+            if self._watch():  # a restored job gets the whole wait again
+                deadline = time.monotonic() + timeout_s
 
-    def _watch(self) -> None:
-        """Checks the latest job, if Flink knows it, for a stalled read; restores it once."""
+    def _watch(self) -> bool:
+        """Checks the latest job, if Flink knows it, for a stalled read; restores it once.
+        True when it restored the job."""
         job = self.jobs[-1] if self.jobs else None
         if job is None or self._watchdog is None or job.jid not in self.rest.jobs():
-            return  # not started, or forgotten by a restarted JobManager
+            return False  # not started, or forgotten by a restarted JobManager
         try:
             self._watchdog.check()
         except ReadStalledError as e:
@@ -182,6 +184,8 @@ class Loop:
             if job.restores:
                 raise
             self.restore(job)
+            return True
+        return False
 
     def restore(self, job: Job) -> None:
         """Cancels the job and starts it again from its latest retained checkpoint."""
