@@ -58,7 +58,7 @@ from beam_agents.core.signing import Keyring, sign
 from beam_agents.effector import APPROVALS, DEAD_LETTERS, RESULTS, ExecuteIntents, VerifyMode
 from beam_agents.errors import ReadStalledError
 from beam_agents.examples.support_triage import TOOLS, scripted_model, ticket, triage
-from beam_agents.flink import FlinkRest, KafkaEndOffsets, ReadWatchdog
+from beam_agents.flink import FlinkRest, KafkaArrivals, ReadWatchdog
 from beam_agents.kafka_bus import (
     AgentLoop,
     TopicReader,
@@ -480,7 +480,7 @@ class _BusDemo(_Demo):
         effector = launch_effector(workdir, kafka_bootstrap=kafka_bootstrap, topics=topics)
         console = None
         reader = TopicReader(kafka_bootstrap, topics.all())
-        job = end_offsets = None
+        job = arrivals = None
         try:
             if self.console_port is not None:
                 console, self.console_url = launch_console(
@@ -509,9 +509,9 @@ class _BusDemo(_Demo):
                 except TimeoutError as e:
                     self.say(f"the job did not start on Flink: {e}")
                     return 1
-                end_offsets = KafkaEndOffsets(kafka_bootstrap, topics.events)
+                arrivals = KafkaArrivals(kafka_bootstrap, topics.events)
                 self.watchdog = ReadWatchdog(
-                    self.flink, jid, end_offsets=end_offsets, topic=topics.events
+                    self.flink, jid, arrivals=arrivals, topic=topics.events
                 )
                 # Its first look before the ticket: a job that never reads it is caught.
                 self.watchdog.check()
@@ -519,8 +519,8 @@ class _BusDemo(_Demo):
             self.say("job submitted; the conversation as it comes back from Kafka:")
             return self._follow(reader, topics, kafka_bootstrap, effector, started + timeout_s)
         finally:
-            if end_offsets is not None:
-                end_offsets.close()
+            if arrivals is not None:
+                arrivals.close()
             if job is not None:
                 job.cancel()
             if console is not None:

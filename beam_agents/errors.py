@@ -13,6 +13,7 @@ __all__ = [
     "CanonicalJsonError",
     "CheckpointRejectedError",
     "DuplicateMigrationError",
+    "FlinkRestError",
     "InputFileError",
     "InvalidMigrationStepError",
     "KeyringError",
@@ -226,14 +227,19 @@ class TurnLimitError(BeamAgentsError):
         self.turns = turns
 
 
+class FlinkRestError(BeamAgentsError):
+    """Raised by beam_agents.flink.FlinkRest when Flink's REST API does not answer, answers
+    with an HTTP error (a job it does not know: 404), or with bytes that are not JSON."""
+
+
 class ReadStalledError(BeamAgentsError):
-    """Raised by beam_agents.flink.ReadWatchdog when records arrived on the loop's topic and
-    the job read none of them for its stall limit while every task ran: a stalled read, not a
+    """Raised by beam_agents.flink.ReadWatchdog when records wait unread on the loop's topic
+    and the job moved none for its stall limit while every task ran: a stalled read, not a
     quiet topic."""
 
     def __init__(self, *, job_id: str, topic: str, stalled_s: float) -> None:
         super().__init__(
-            f"job {job_id}: records arrived on {topic} and the job read none of them in "
+            f"job {job_id}: records wait unread on {topic} and the job moved none for "
             f"{stalled_s:.0f} s with every task running; its Kafka read has stalled (cancel "
             "it and restore it from its latest checkpoint)"
         )

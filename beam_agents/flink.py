@@ -5,13 +5,14 @@ The stall. Beam's cross-language Kafka read runs as a splittable DoFn in the Jav
 on the portable Flink runner it has been seen to stop emitting (3 of 17 jobs on engines up for
 70 minutes, and 2 of 2 runs with a 2 s checkpoint interval): the job RUNNING, every checkpoint
 completing, no exception, no record read. Its cause inside the runner is not known yet, so a
-stall must not be silent. `ReadWatchdog` compares what the broker holds with what the job
-moves and raises ReadStalledError within a minute of records starting to wait unread while
-every task runs.
+stall must not be silent. `ReadWatchdog` counts the records that arrive on the topic
+(`KafkaArrivals`) against the records the job moves and raises ReadStalledError within a
+minute of records starting to wait unread while every task runs.
 
 What to do about a stalled job is the caller's choice: cancelling it keeps its last
 checkpoint (the clusters `tools/engines.sh` starts retain them), and a job restored from that
-checkpoint reads from the offsets it holds, so nothing is lost or read twice by the agents.
+checkpoint reads on from the offsets it holds. Nothing is lost; what was read after the
+checkpoint is read again, and RunAgent drops the events it already took (its dedupe marks).
 """
 
 from __future__ import annotations
@@ -21,9 +22,9 @@ import time
 import urllib.request
 from collections.abc import Callable
 
-from beam_agents.errors import ReadStalledError
+from beam_agents.errors import FlinkRestError, ReadStalledError
 
-__all__ = ["FlinkRest", "KafkaEndOffsets", "ReadWatchdog"]
+__all__ = ["FlinkRest", "KafkaArrivals", "ReadWatchdog"]
 
 #: Job states in which Flink still owns the job: it can be cancelled.
 _LIVE = frozenset({"RUNNING", "RESTARTING", "CREATED", "INITIALIZING"})
@@ -45,9 +46,12 @@ class FlinkRest:
             method=method,
             headers={"Content-Type": "application/json"},
         )
-        with urllib.request.urlopen(request, timeout=30) as response:
-            text = response.read()
-        return json.loads(text) if text else {}
+        try:
+            with urllib.request.urlopen(request, timeout=30) as response:
+                text = response.read()
+            return json.loads(text) if text else {}
+        except (OSError, ValueError) as e:  # URLError and HTTPError are OSErrors
+            raise FlinkRestError(f"{method} {self.base_url}{path}: {e}") from e
 
     def jobs(self) -> dict[str, str]:
         """{job id: state} of every job the cluster knows."""
@@ -62,7 +66,8 @@ class FlinkRest:
     ) -> str:
         """The id of a job not in `known` once it runs every task and completed a checkpoint
         (so its sources have started and a savepoint can be taken). `check_alive` raises if
-        whatever submits the job gave up."""
+        whatever submits the job gave up. The first such job is taken: submit one job at a
+        time to a cluster while waiting."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             check_alive()
@@ -121,33 +126,84 @@ class FlinkRest:
         raise TimeoutError(f"job {jid} not in {states} after {timeout_s} s")
 
 
-class KafkaEndOffsets:
-    """A callable returning the sum of `topic`'s partitions' end offsets on the broker, or None
-    while the broker cannot say (a stalled job is not to blame for a broker outage)."""
+class KafkaArrivals:
+    """A callable counting the records that arrived on `topic` since its first call (which
+    returns 0), or returning None while the broker cannot be asked (a stalled job is not to
+    blame for a broker outage).
+
+    It reads the topic itself, committed records only: a transaction's markers and aborted
+    records, and offsets the broker's retention deleted, take offsets but are no records for a
+    job to read. Each call counts up to the end offsets the broker gives at that moment, so
+    nothing that arrived before a call is left for a later one. It joins no group and commits
+    nothing.
+    """
 
     def __init__(self, bootstrap_servers: str, topic: str, *, timeout_s: float = 10.0) -> None:
         from confluent_kafka import Consumer
 
         self.topic = topic
         self.timeout_s = timeout_s
-        # Reads only the partitions' end offsets: it joins no group and commits nothing.
         self._consumer = Consumer(
-            {"bootstrap.servers": bootstrap_servers, "group.id": "beam-agents-watchdog"}
+            {
+                "bootstrap.servers": bootstrap_servers,
+                "group.id": "beam-agents-watchdog",
+                "enable.auto.commit": False,
+                "isolation.level": "read_committed",
+            }
         )
+        self._count: int | None = None
+        self._starts: list[int] = []  # each partition's end offset at the first look
 
     def __call__(self) -> int | None:
         from confluent_kafka import KafkaException, TopicPartition
 
         try:
             metadata = self._consumer.list_topics(self.topic, timeout=self.timeout_s)
-            return sum(
-                self._consumer.get_watermark_offsets(
-                    TopicPartition(self.topic, p), timeout=self.timeout_s
+            partitions = sorted(metadata.topics[self.topic].partitions)
+            ends = {
+                p: self._consumer.get_watermark_offsets(
+                    TopicPartition(self.topic, p), timeout=self.timeout_s, cached=False
                 )[1]
-                for p in metadata.topics[self.topic].partitions
-            )
+                for p in partitions
+            }
+            if self._count is None:  # the first look: count from here
+                self._starts = [ends[p] for p in partitions]
+                self._consumer.assign([TopicPartition(self.topic, p, ends[p]) for p in ends])
+                self._count = 0
+                return 0
+            read = self._read_up_to(ends)
+            if read is None:
+                return None
+            self._count += read
+            return self._count
         except KafkaException:
             return None
+
+    def _read_up_to(self, ends: dict[int, int]) -> int | None:
+        """Reads the assigned partitions up to `ends`; returns how many records it read, or
+        None if it could not get there in its timeout (an undercount would let the job's
+        count pass the arrivals and later fake a wait)."""
+        from confluent_kafka import TopicPartition
+
+        wanted = [TopicPartition(self.topic, p) for p in ends]
+
+        def behind() -> bool:
+            # A position below 0 is not known yet: nothing consumed since the first look.
+            positions = self._consumer.position(wanted)
+            return any(
+                (tp.offset if tp.offset >= 0 else start) < ends[tp.partition]
+                for tp, start in zip(positions, self._starts, strict=True)
+            )
+
+        read = 0
+        deadline = time.monotonic() + self.timeout_s
+        while behind():
+            if time.monotonic() > deadline:
+                return None
+            for message in self._consumer.consume(num_messages=500, timeout=0.2):
+                if message.error() is None:
+                    read += 1
+        return read
 
     def close(self) -> None:
         self._consumer.close()
@@ -155,23 +211,25 @@ class KafkaEndOffsets:
 
 class ReadWatchdog:
     """Raises ReadStalledError from `check()` once records wait on the read topic
-    (`end_offsets`, e.g. a KafkaEndOffsets) and the job `jid` moved none of them for
+    (`arrivals`, e.g. a KafkaArrivals) and the job `jid` moved none of them for
     `stall_after_s` while all its tasks ran.
 
     Call `check()` every few seconds. What waits is counted, not guessed: each record the
-    read emits crosses at least one of the job's network edges, so the broker's end offsets
-    minus the records those edges carried falls as the job reads and rises as records
-    arrive; above its lowest value so far, records wait. Progress restarts the clock. Time
-    the job spends restarting or with a task not running, and time the broker cannot be
-    asked, do not count: Flink is recovering the job, or nothing can be read. A restart
-    resets Flink's counters, so a drop in them starts the count afresh.
+    read emits crosses at least one of the job's network edges (in AgentLoop every event goes
+    through RunAgent's keyed shuffle or to the dead-letter sink's own stage), so the records
+    that arrived minus the records those edges carried falls as the job reads and rises as
+    records arrive; above its lowest value so far, records wait. Progress restarts the clock.
+    The job's counters are asked for before the arrivals, so every record they show moved is
+    already counted as arrived.
 
-    Flink's REST metrics trail the job by seconds (its metric fetcher's interval,
-    `metrics.fetcher.update-interval`, and the tasks' own reporting). Late metrics never fake
-    a stall: they only show progress later than it happened. They can hide records from the
-    count while they still catch up on earlier ones (at the first look, or after a restart):
-    such records, like a backlog there at the first look, arm it only once a record more
-    arrives.
+    Time the job spends restarting or with a task neither running nor finished, time Flink's
+    metrics are incomplete, and time the broker or Flink cannot be asked, do not count: Flink
+    is recovering the job, or nothing can be seen. A new attempt (a restart from a checkpoint,
+    told by its tasks' start times) counts from zero again; what waited before it still waits
+    until the new attempt moves something. Flink's REST metrics trail the job by seconds: late
+    metrics never fake a stall, they only show progress later than it happened; they can hide
+    records from the count while they catch up on earlier ones (at the first look), and such
+    records, like a backlog there at the first look, arm it only once a record more arrives.
     """
 
     def __init__(
@@ -179,7 +237,7 @@ class ReadWatchdog:
         rest: FlinkRest,
         jid: str,
         *,
-        end_offsets: Callable[[], int | None],
+        arrivals: Callable[[], int | None],
         topic: str,
         stall_after_s: float = 50.0,
         clock: Callable[[], float] = time.monotonic,
@@ -188,34 +246,53 @@ class ReadWatchdog:
         self.jid = jid
         self.topic = topic
         self.stall_after_s = stall_after_s
-        self._end_offsets = end_offsets
+        self._arrivals = arrivals
         self._clock = clock
+        self._attempt: tuple | None = None
         self._moved: int | None = None
-        self._least: int | None = None  # the lowest end-offsets-minus-moved seen
+        self._unread: int | None = None
+        self._least: int | None = None  # the lowest arrived-minus-moved of this attempt
         self._armed_at: float | None = None
         self._paused = False
 
-    def _job_moved(self) -> int | None:
-        """Records that crossed the job's network edges, or None unless every task runs."""
-        job = self.rest.job(self.jid)
-        vertices = job["vertices"]
-        if job["state"] != "RUNNING" or any(v["status"] != "RUNNING" for v in vertices):
+    def _job_moved(self) -> tuple[tuple, int] | None:
+        """(the attempt, records that crossed the job's network edges), or None unless every
+        task runs (or finished) and Flink's counts are complete."""
+        try:
+            job = self.rest.job(self.jid)
+            vertices = job["vertices"]
+            if job["state"] != "RUNNING" or any(
+                v["status"] not in {"RUNNING", "FINISHED"}
+                or not v["metrics"].get("read-records-complete", True)
+                for v in vertices
+            ):
+                return None
+            attempt = tuple(v["start-time"] for v in vertices)
+            return attempt, sum(v["metrics"]["read-records"] for v in vertices)
+        except (FlinkRestError, KeyError, TypeError):
             return None
-        return sum(v["metrics"]["read-records"] for v in vertices)
 
     def check(self) -> None:
         now = self._clock()
-        moved, end = self._job_moved(), self._end_offsets()
-        if moved is None or end is None:
+        seen = self._job_moved()
+        arrived = None if seen is None else self._arrivals()
+        if seen is None or arrived is None:
             # Nothing to blame the read for: its clock starts again once both can be seen.
             self._paused = self._armed_at is not None
             return
-        if self._moved is not None and moved < self._moved:
-            self._least = None  # a new attempt: Flink counts from zero again
-        progressed = self._moved is not None and moved > self._moved
-        self._moved = moved
-        unread = end - moved
-        self._least = unread if self._least is None else min(self._least, unread)
+        attempt, moved = seen
+        unread = arrived - moved
+        if attempt != self._attempt:
+            # A new attempt counts from zero. What waited before still waits while it has
+            # moved nothing; once it moves, whether that was the waiting records or the ones
+            # before them it reads again from its checkpoint cannot be told, and the next
+            # arrival shows whether it reads.
+            waiting = 0 if self._least is None else self._unread - self._least
+            self._attempt, self._moved = attempt, moved
+            self._least = unread - waiting if moved == 0 else unread
+        progressed = moved > self._moved
+        self._moved, self._unread = moved, unread
+        self._least = min(self._least, unread)
         if unread <= self._least:
             self._armed_at = None
         elif progressed or self._paused or self._armed_at is None:

@@ -8,25 +8,40 @@ import json
 
 import pytest
 
-from beam_agents.errors import ReadStalledError
-from beam_agents.flink import FlinkRest, KafkaEndOffsets, ReadWatchdog
+from beam_agents.errors import FlinkRestError, ReadStalledError
+from beam_agents.flink import FlinkRest, KafkaArrivals, ReadWatchdog
 from beam_agents.testing.local_http import JSON, LocalHttpServer, Reply, Request
 
 
 class Cluster:
-    """What the REST server reports for job j1 (two vertices) and what the broker holds."""
+    """What the REST server reports for job j1 (two vertices: their status, the records they
+    read and when this attempt started them) and how many records arrived on the topic."""
 
     def __init__(self) -> None:
         self.state = "RUNNING"
         self.status = ["RUNNING", "RUNNING"]
         self.moved = [0, 0]
-        self.end: int | None = 0
+        self.started = 1000
+        self.complete = True
+        self.http_status = 200
+        self.end: int | None = 0  # records arrived; None: the broker cannot be asked
         self.now = 0.0
+
+    def restart(self) -> None:
+        """A new attempt: Flink starts the tasks again and counts from zero."""
+        self.started += 1
+        self.moved = [0, 0]
 
     def reply(self, request: Request) -> Reply:
         assert request.path == "/jobs/j1"
+        if self.http_status != 200:
+            return Reply(self.http_status, b'{"errors": ["Job not found"]}', JSON)
         vertices = [
-            {"status": status, "metrics": {"read-records": moved}}
+            {
+                "status": status,
+                "start-time": self.started,
+                "metrics": {"read-records": moved, "read-records-complete": self.complete},
+            }
             for status, moved in zip(self.status, self.moved, strict=True)
         ]
         body = {"jid": "j1", "state": self.state, "vertices": vertices}
@@ -40,7 +55,7 @@ def cluster():
         watchdog = ReadWatchdog(
             FlinkRest(server.url),
             "j1",
-            end_offsets=lambda: cluster.end,
+            arrivals=lambda: cluster.end,
             topic="loop.events",
             stall_after_s=60,
             clock=lambda: cluster.now,
@@ -59,7 +74,7 @@ def test_records_the_job_does_not_move_for_a_minute_are_a_stall_named_with_its_j
     cluster.end = 3  # three records arrive; the job moves none of them
     _at(cluster, watchdog, 5)
     _at(cluster, watchdog, 64)
-    with pytest.raises(ReadStalledError, match=r"job j1: records arrived on loop\.events") as e:
+    with pytest.raises(ReadStalledError, match=r"job j1: records wait unread on loop\.events") as e:
         _at(cluster, watchdog, 65)
     assert (e.value.job_id, e.value.topic, e.value.stalled_s) == ("j1", "loop.events", 60)
 
@@ -99,40 +114,96 @@ def test_records_seen_with_a_move_in_the_same_look_do_not_arm_it(cluster):
     [
         lambda c: setattr(c, "state", "RESTARTING"),
         lambda c: setattr(c, "status", ["RUNNING", "DEPLOYING"]),
+        lambda c: setattr(c, "complete", False),  # a task manager's counts missing
         lambda c: setattr(c, "end", None),  # the broker cannot be asked
+        lambda c: setattr(c, "http_status", 503),  # nor Flink
+        lambda c: setattr(c, "http_status", 404),  # a job manager that forgot the job
     ],
-    ids=["job restarting", "a task not running", "broker unreachable"],
+    ids=[
+        "job restarting",
+        "a task not running",
+        "metrics incomplete",
+        "broker unreachable",
+        "rest unavailable",
+        "job unknown",
+    ],
 )
-def test_time_the_job_recovers_or_the_broker_is_away_does_not_count(cluster, recovering):
+def test_time_the_job_recovers_or_cannot_be_seen_does_not_count(cluster, recovering):
     cluster, watchdog = cluster
     _at(cluster, watchdog, 0)
     cluster.end = 1
     _at(cluster, watchdog, 5)
-    saved = (cluster.state, list(cluster.status), cluster.end)
+    saved = (cluster.state, list(cluster.status), cluster.end, cluster.complete)
     recovering(cluster)
     for now in range(10, 200, 5):
         _at(cluster, watchdog, now)
-    cluster.state, cluster.status, cluster.end = saved
+    cluster.state, cluster.status, cluster.end, cluster.complete = saved
+    cluster.http_status = 200
     _at(cluster, watchdog, 200)  # the clock starts again here
     _at(cluster, watchdog, 259)
     with pytest.raises(ReadStalledError):
         _at(cluster, watchdog, 260)
 
 
-def test_counters_reset_by_a_restart_are_a_new_attempt_not_a_stall(cluster):
+def test_a_restart_that_rereads_what_waited_is_progress_not_a_stall(cluster):
     cluster, watchdog = cluster
     cluster.moved = [7, 9]
     _at(cluster, watchdog, 0)
     cluster.end = 1
     _at(cluster, watchdog, 5)
-    cluster.moved = [0, 0]  # a restart: Flink counts from zero again
+    cluster.restart()
+    cluster.moved = [0, 20]  # it reads again from its checkpoint, the waiting record too
     _at(cluster, watchdog, 40)
-    _at(cluster, watchdog, 99)
-    cluster.end = 2
-    _at(cluster, watchdog, 100)
-    _at(cluster, watchdog, 159)
+    for now in range(45, 300, 5):
+        _at(cluster, watchdog, now)
+
+
+def test_records_that_waited_before_a_restart_still_wait_after_it(cluster):
+    cluster, watchdog = cluster
+    cluster.moved = [5, 5]
+    _at(cluster, watchdog, 0)
+    cluster.end = 3
+    _at(cluster, watchdog, 5)
+    cluster.state = "RESTARTING"
+    _at(cluster, watchdog, 10)
+    cluster.state = "RUNNING"
+    cluster.restart()  # the new attempt reads nothing
+    _at(cluster, watchdog, 15)
+    _at(cluster, watchdog, 74)
     with pytest.raises(ReadStalledError):
-        _at(cluster, watchdog, 160)
+        _at(cluster, watchdog, 75)
+
+
+def test_a_restart_between_two_looks_is_told_by_its_start_times_not_its_counts(cluster):
+    cluster, watchdog = cluster
+    cluster.end, cluster.moved = 10, [1, 10]
+    _at(cluster, watchdog, 0)
+    # Restarted and caught up between looks: its new counts are above the old ones.
+    cluster.restart()
+    cluster.end, cluster.moved = 19, [1, 11]
+    for now in range(5, 300, 5):
+        _at(cluster, watchdog, now)
+
+
+def test_a_finished_source_task_still_lets_it_watch(cluster):
+    cluster, watchdog = cluster
+    cluster.status = ["FINISHED", "RUNNING"]  # an Impulse source without checkpointing
+    _at(cluster, watchdog, 0)
+    cluster.end = 1
+    _at(cluster, watchdog, 5)
+    with pytest.raises(ReadStalledError):
+        _at(cluster, watchdog, 65)
+
+
+def test_flink_rest_failures_are_one_typed_error():
+    gone = LocalHttpServer(lambda request: Reply(404, b'{"errors": []}', JSON))
+    with gone as server, pytest.raises(FlinkRestError, match="404"):
+        FlinkRest(server.url).job("gone")
+    not_json = LocalHttpServer(lambda request: Reply(200, b"<html>", {}))
+    with not_json as server, pytest.raises(FlinkRestError):
+        FlinkRest(server.url).jobs()
+    with pytest.raises(FlinkRestError):
+        FlinkRest("http://127.0.0.1:1").jobs()
 
 
 def test_progress_restarts_the_clock_and_a_read_that_stops_halfway_is_a_stall(cluster):
@@ -172,8 +243,8 @@ def test_records_hidden_by_metrics_still_catching_up_are_caught_at_the_next_arri
         _at(cluster, watchdog, 360)
 
 
-def test_a_broker_that_cannot_be_asked_gives_no_end_offsets_rather_than_zero():
-    unreachable = KafkaEndOffsets("127.0.0.1:1", "loop.events", timeout_s=0.5)
+def test_a_broker_that_cannot_be_asked_gives_no_count_rather_than_zero():
+    unreachable = KafkaArrivals("127.0.0.1:1", "loop.events", timeout_s=0.5)
     try:
         assert unreachable() is None
     finally:

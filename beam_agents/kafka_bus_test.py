@@ -474,3 +474,34 @@ def test_a_static_member_restarted_after_a_crash_serves_without_waiting_out_its_
     # with each other, not with the clock's 30 s: the broker's expiry check runs on its own
     # schedule, and a loaded machine shifts both.
     assert timings["static"] * 4 < timings["dynamic"]
+
+
+@pytest.mark.engines
+def test_the_watchdogs_arrivals_are_committed_records_not_markers_or_aborted_ones(bootstrap):
+    from confluent_kafka import Producer
+
+    from beam_agents.flink import KafkaArrivals
+
+    topics = _fresh_topics(bootstrap)
+    produce(bootstrap, [(topics.events, b"c-1", b"there before the first look", _now())])
+    arrivals = KafkaArrivals(bootstrap, topics.events)
+    try:
+        assert arrivals() == 0  # counts from its first look
+        producer = Producer(
+            {"bootstrap.servers": bootstrap, "transactional.id": f"{topics.prefix}.tx"}
+        )
+        producer.init_transactions(30)
+        producer.begin_transaction()
+        producer.produce(topics.events, key=b"c-1", value=b"aborted", timestamp=_now())
+        producer.abort_transaction(30)
+        producer.begin_transaction()
+        for n in range(2):
+            producer.produce(topics.events, key=b"c-1", value=b"%d" % n, timestamp=_now())
+        producer.commit_transaction(30)
+        # Six offsets taken (an aborted record, two committed, two markers and the first
+        # record's): two records a job can read.
+        assert arrivals() == 2
+        produce(bootstrap, [(topics.events, b"c-2", b"one more", _now())])
+        assert arrivals() == 3
+    finally:
+        arrivals.close()

@@ -28,7 +28,7 @@ from pathlib import Path
 from beam_agents._protos import AgentEnvelope, ExecutionRecord, StateSnapshot
 from beam_agents.errors import ReadStalledError
 from beam_agents.examples.support_triage import ticket
-from beam_agents.flink import FlinkRest, KafkaEndOffsets, ReadWatchdog
+from beam_agents.flink import FlinkRest, KafkaArrivals, ReadWatchdog
 from beam_agents.kafka_bus import TopicReader, Topics, create_topics, decode_dead_letter, produce
 from beam_agents.testing.chaos import Ledger
 from beam_agents.testing.engines import Engines, Launched
@@ -74,7 +74,7 @@ class Loop:
         self.stalls: list[str] = []
         self._jids: list[str] = []  # every job submitted, restored ones included
         self._watchdog: ReadWatchdog | None = None
-        self._end_offsets = KafkaEndOffsets(self.bootstrap, self.topics.events)
+        self._arrivals = KafkaArrivals(self.bootstrap, self.topics.events)
         self.stall_after_s = stall_after_s
         self._ids = itertools.count(1)
         self.effector_store = tmp_path / "effector.sqlite"
@@ -128,7 +128,7 @@ class Loop:
         self._watchdog = ReadWatchdog(
             self.rest,
             jid,
-            end_offsets=self._end_offsets,
+            arrivals=self._arrivals,
             topic=self.topics.events,
             stall_after_s=self.stall_after_s,
         )
@@ -223,7 +223,7 @@ class Loop:
         return [ExecutionRecord.FromString(r) for (r,) in rows]
 
     def close(self) -> None:
-        self._end_offsets.close()
+        self._arrivals.close()
         for job in self.jobs:
             self.rest.cancel(job.jid)
         for launched in reversed(self.launched):
