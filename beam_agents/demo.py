@@ -67,10 +67,9 @@ from beam_agents.kafka_bus import (
     decode_dead_letter,
     produce,
 )
+from beam_agents.processes import Launched
+from beam_agents.rounds import Advance, ManualClock, Outputs, run_round
 from beam_agents.runtime import COMPLETIONS, ERRORS, INTENTS, SNAPSHOTS, TRACES, RunAgent
-from beam_agents.testing.clock import ManualClock
-from beam_agents.testing.engines import Launched
-from beam_agents.testing.pipelines import Advance, Outputs, run_round
 
 __all__ = [
     "DEMO_KEY_ID",

@@ -36,7 +36,7 @@ from beam_agents.effector import (
     VerifyMode,
     content_digest,
 )
-from beam_agents.testing.clock import ManualClock
+from beam_agents.rounds import ManualClock
 from beam_agents.testing.samples import intent
 
 NOW = 1_700_000_030_000  # between samples.intent()'s created_at and expires_at

@@ -31,8 +31,9 @@ from beam_agents.kafka_bus import (
     decode_dead_letter,
     produce,
 )
+from beam_agents.processes import Launched
 from beam_agents.testing.chaos import APPROVER_RING, Ledger
-from beam_agents.testing.engines import Engines, Launched
+from beam_agents.testing.engines import Engines
 from beam_agents.testing.samples import intent
 
 RING = Keyring({"k1": bytes(range(32))}, active="k1")

@@ -26,8 +26,8 @@ from beam_agents.mcp_tools import (
     StdioServer,
     tool_definitions,
 )
+from beam_agents.rounds import ManualClock
 from beam_agents.testing import mcp_servers
-from beam_agents.testing.clock import ManualClock
 from beam_agents.testing.samples import intent
 
 NOW = 1_700_000_030_000  # between samples.intent()'s created_at and expires_at

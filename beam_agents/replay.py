@@ -35,9 +35,9 @@ from beam_agents.core.signing import SIGNATURE_FIELDS
 from beam_agents.core.wire import split_delimited
 from beam_agents.loading import load_object
 from beam_agents.preflight import report
+from beam_agents.rounds import Advance, run_round
 from beam_agents.runtime import ERRORS, INTENTS, TRACES, Agent, RefusingLlmClient, RunAgent
 from beam_agents.runtime.dead_letters import CHECKPOINT_REJECTED, LLM_FAILED
-from beam_agents.testing.pipelines import Advance, run_round
 
 __all__ = ["DIVERGED", "REPRODUCED", "UNREPRODUCIBLE", "Replay", "load_agent", "replay"]
 

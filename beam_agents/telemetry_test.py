@@ -17,10 +17,10 @@ from opentelemetry.trace import StatusCode
 
 from beam_agents._protos import AgentEnvelope, TraceEvent
 from beam_agents.core.intent import intent_id
+from beam_agents.rounds import Advance, run_round
 from beam_agents.runtime import TRACES, RunAgent, ScriptedLlmClient, agent
 from beam_agents.telemetry import ExportTraces, to_spans, write_trace_file
 from beam_agents.testing.local_http import LocalHttpServer, Reply
-from beam_agents.testing.pipelines import Advance, run_round
 
 T0, KEY = 1_764_460_800_000, b"k-1"
 

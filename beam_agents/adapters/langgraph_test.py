@@ -29,6 +29,7 @@ from beam_agents.cli import main
 from beam_agents.core.intent import intent_id
 from beam_agents.core.migration import CURRENT_STATE_SCHEMA_VERSION
 from beam_agents.errors import CheckpointRejectedError
+from beam_agents.rounds import Advance, run_round
 from beam_agents.runtime import (
     COMPLETIONS,
     ERRORS,
@@ -39,7 +40,6 @@ from beam_agents.runtime import (
     RunAgent,
     ScriptedLlmClient,
 )
-from beam_agents.testing.pipelines import Advance, run_round
 
 KEY, T0 = b"c-7", 1_764_460_800_000
 SEQ = T0 * 1000

@@ -14,10 +14,10 @@ from beam_agents._protos import AgentEnvelope, StateSnapshot, TraceEvent
 from beam_agents.console.app import AUDIT_PER_PAGE, PER_PAGE, SESSION_COOKIE, create_app
 from beam_agents.console.auth import MAX_FAILURES
 from beam_agents.console.service import serving
-from beam_agents.console.testing import Browser, Recorder, approval_intent, make_bus
 from beam_agents.kafka_bus import Topics
+from beam_agents.rounds import ManualClock
 from beam_agents.runtime.dead_letters import error_record, to_envelope
-from beam_agents.testing.clock import ManualClock
+from beam_agents.testing.console import Browser, Recorder, approval_intent, make_bus
 
 NOW = 1_000_000
 SCRIPT = "<script>alert(1)</script>"

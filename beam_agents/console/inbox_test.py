@@ -10,18 +10,18 @@ import pytest
 
 from beam_agents._protos import AgentEnvelope, StateSnapshot, ToolIntent, TraceEvent
 from beam_agents.console.inbox import DecisionRefused
-from beam_agents.console.testing import (
+from beam_agents.core.intent import content_digest
+from beam_agents.core.signing import Keyring, Verification, sign, verify
+from beam_agents.effector import VerifyMode
+from beam_agents.kafka_bus import KafkaBusError
+from beam_agents.rounds import ManualClock
+from beam_agents.testing.console import (
     APPROVALS_RING,
     INTENT_RING,
     Recorder,
     approval_intent,
     make_bus,
 )
-from beam_agents.core.intent import content_digest
-from beam_agents.core.signing import Keyring, Verification, sign, verify
-from beam_agents.effector import VerifyMode
-from beam_agents.kafka_bus import KafkaBusError
-from beam_agents.testing.clock import ManualClock
 
 NOW = 5_000
 

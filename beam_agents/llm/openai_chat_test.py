@@ -12,6 +12,7 @@ from beam_agents._protos import AgentEnvelope
 from beam_agents.core.intent import intent_id
 from beam_agents.errors import LlmCallError
 from beam_agents.llm.openai_chat import OpenAIChatClient
+from beam_agents.rounds import Advance, run_round
 from beam_agents.runtime import LlmRequest, RunAgent, RuntimeConfig, agent
 from beam_agents.runtime.tool_calling import (
     ToolCall,
@@ -20,7 +21,6 @@ from beam_agents.runtime.tool_calling import (
     tool_message,
 )
 from beam_agents.testing.local_http import LocalHttpServer, Reply, Sleeps, scripted
-from beam_agents.testing.pipelines import Advance, run_round
 
 REQUEST = LlmRequest("local-model", ({"role": "user", "content": "hi"},), {"temperature": 0})
 

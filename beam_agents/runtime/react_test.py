@@ -11,11 +11,10 @@ from beam_agents.core.intent import intent_id
 from beam_agents.core.signing import Keyring, Verification, verify
 from beam_agents.effector import Effector, Route, VerifyMode
 from beam_agents.errors import ToolCallError
+from beam_agents.rounds import Advance, ManualClock, run_round
 from beam_agents.runtime import LlmRequest, LlmResponse, RunAgent, ScriptedLlmClient
 from beam_agents.runtime.react import react_agent
 from beam_agents.runtime.tool_calling import ToolCall, ToolDefinition
-from beam_agents.testing.clock import ManualClock
-from beam_agents.testing.pipelines import Advance, run_round
 
 KEY = b"c-1"
 T0 = 1_764_460_800_000

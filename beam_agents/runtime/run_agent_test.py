@@ -28,6 +28,7 @@ from beam_agents.decoding import message_type
 from beam_agents.effector import Effector, Route, VerifyMode
 from beam_agents.errors import LlmCallError
 from beam_agents.examples.support_triage import TOOLS, scripted_model, ticket, triage
+from beam_agents.rounds import Advance, ManualClock, run_round
 from beam_agents.runtime import (
     AtDeadline,
     DeadlinePolicy,
@@ -36,8 +37,6 @@ from beam_agents.runtime import (
     RuntimeConfig,
     ScriptedLlmClient,
 )
-from beam_agents.testing.clock import ManualClock
-from beam_agents.testing.pipelines import Advance, run_round
 from beam_agents.testing.synthetic_v2 import registry_v2
 from tools import golden
 from tools.workspace import data_root

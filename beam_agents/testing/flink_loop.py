@@ -30,8 +30,9 @@ from beam_agents.errors import ReadStalledError
 from beam_agents.examples.support_triage import ticket
 from beam_agents.flink import FlinkRest, KafkaArrivals, ReadWatchdog
 from beam_agents.kafka_bus import TopicReader, Topics, create_topics, decode_dead_letter, produce
+from beam_agents.processes import Launched
 from beam_agents.testing.chaos import Ledger
-from beam_agents.testing.engines import Engines, Launched
+from beam_agents.testing.engines import Engines
 
 __all__ = ["Job", "Loop"]
 

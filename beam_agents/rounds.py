@@ -1,6 +1,8 @@
-"""Run RunAgent in a real Beam pipeline and read back everything it emitted.
+"""Scripted rounds: run RunAgent in a real Beam pipeline and read back everything it emitted,
+on a clock the script sets. The demo, `beam-agents replay` and the tests drive RunAgent this
+way.
 
-A pipeline cannot loop, so a test scripts a round: the inputs (envelopes, snapshots to restore,
+A pipeline cannot loop, so a script runs rounds: the inputs (envelopes, snapshots to restore,
 watermark advances) in order, on a TestStream in streaming mode. `run_round` applies a
 transform (RunAgent, or a composite around it) to {"envelopes", "snapshots"}, runs it on the
 DirectRunner (or what `options` name) and returns every keyed output of the transform with its
@@ -33,7 +35,7 @@ from apache_beam.transforms import window
 from beam_agents._protos import AgentEnvelope, StateSnapshot
 from beam_agents.decoding import message_type
 
-__all__ = ["OPTIONS_ENV", "Advance", "Outputs", "run_round"]
+__all__ = ["OPTIONS_ENV", "Advance", "ManualClock", "Outputs", "run_round"]
 
 OPTIONS_ENV = "BEAM_AGENTS_PIPELINE_OPTIONS"
 
@@ -137,3 +139,17 @@ def _read(path: Path) -> list:
             value = message_type(kind).FromString(value)
         rows.append((int(at), bytes.fromhex(key), value))
     return rows
+
+
+class ManualClock:
+    """A clock (`Callable[[], int]`, ms) that returns `now_ms` until told otherwise, for
+    anything that takes `clock=`; picklable, so Beam DoFns can carry it."""
+
+    def __init__(self, now_ms: int) -> None:
+        self.now_ms = now_ms
+
+    def __call__(self) -> int:
+        return self.now_ms
+
+    def advance(self, ms: int) -> None:
+        self.now_ms += ms
