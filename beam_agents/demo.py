@@ -56,7 +56,7 @@ from beam_agents.core.intent import content_digest
 from beam_agents.core.migration import MigrationRegistry
 from beam_agents.core.signing import Keyring, sign
 from beam_agents.effector import APPROVALS, DEAD_LETTERS, RESULTS, ExecuteIntents, VerifyMode
-from beam_agents.errors import ReadStalledError
+from beam_agents.errors import FlinkRestError, ReadStalledError
 from beam_agents.examples.support_triage import TOOLS, scripted_model, ticket, triage
 from beam_agents.flink import FlinkRest, KafkaArrivals, ReadWatchdog
 from beam_agents.kafka_bus import (
@@ -500,21 +500,22 @@ class _BusDemo(_Demo):
                 expansion_service=expansion_service,
             )
             started = time.perf_counter()
-            known = set() if self.flink is None else set(self.flink.jobs())
-            job = pipeline.run()
-            if self.flink is not None:
-                try:
+            try:
+                known = set() if self.flink is None else set(self.flink.jobs())
+                job = pipeline.run()
+                if self.flink is not None:
                     jid = self.flink.wait_for_new_job(known, lambda: None)
-                except TimeoutError as e:
-                    self.say(f"the job did not start on Flink: {e}")
-                    return 1
-                arrivals = KafkaArrivals(kafka_bootstrap, topics.events)
-                self.watchdog = ReadWatchdog(
-                    self.flink, jid, arrivals=arrivals, topic=topics.events
-                )
-                # Its first look before the ticket: a job that never reads it is caught.
-                self.watchdog.check()
-                produce(kafka_bootstrap, ticket)
+                    arrivals = KafkaArrivals(kafka_bootstrap, topics.events)
+                    self.watchdog = ReadWatchdog(
+                        self.flink, jid, arrivals=arrivals, topic=topics.events
+                    )
+                    # Its first look before the ticket: a job that never reads it is caught.
+                    if not self.watchdog.first_look():
+                        raise TimeoutError(f"could not see job {jid} and its topic in 60 s")
+                    produce(kafka_bootstrap, ticket)
+            except (FlinkRestError, TimeoutError) as e:
+                self.say(f"the job did not start on Flink: {e}")
+                return 1
             self.say("job submitted; the conversation as it comes back from Kafka:")
             return self._follow(reader, topics, kafka_bootstrap, effector, started + timeout_s)
         finally:

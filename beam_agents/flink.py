@@ -17,6 +17,7 @@ checkpoint is read again, and RunAgent drops the events it already took (its ded
 
 from __future__ import annotations
 
+import http.client
 import json
 import time
 import urllib.request
@@ -50,7 +51,8 @@ class FlinkRest:
             with urllib.request.urlopen(request, timeout=30) as response:
                 text = response.read()
             return json.loads(text) if text else {}
-        except (OSError, ValueError) as e:  # URLError and HTTPError are OSErrors
+        # URLError and HTTPError are OSErrors; a reply cut short is an HTTPException.
+        except (OSError, ValueError, http.client.HTTPException) as e:
             raise FlinkRestError(f"{method} {self.base_url}{path}: {e}") from e
 
     def jobs(self) -> dict[str, str]:
@@ -152,58 +154,62 @@ class KafkaArrivals:
             }
         )
         self._count: int | None = None
-        self._starts: list[int] = []  # each partition's end offset at the first look
+        #: Where counting starts in each partition: its end at the first look, or 0 for a
+        #: partition added after it (all its records arrived since).
+        self._starts: dict[int, int] = {}
 
     def __call__(self) -> int | None:
         from confluent_kafka import KafkaException, TopicPartition
 
         try:
             metadata = self._consumer.list_topics(self.topic, timeout=self.timeout_s)
-            partitions = sorted(metadata.topics[self.topic].partitions)
+            topic = metadata.topics.get(self.topic)
+            if topic is None or topic.error is not None or not topic.partitions:
+                return None  # deleted, or not known to the broker yet
             ends = {
                 p: self._consumer.get_watermark_offsets(
                     TopicPartition(self.topic, p), timeout=self.timeout_s, cached=False
                 )[1]
-                for p in partitions
+                for p in sorted(topic.partitions)
             }
             if self._count is None:  # the first look: count from here
-                self._starts = [ends[p] for p in partitions]
-                self._consumer.assign([TopicPartition(self.topic, p, ends[p]) for p in ends])
+                self._starts = dict(ends)
+                self._consumer.assign([TopicPartition(self.topic, p, e) for p, e in ends.items()])
                 self._count = 0
                 return 0
-            read = self._read_up_to(ends)
-            if read is None:
-                return None
-            self._count += read
-            return self._count
+            if set(self._starts) - set(ends):
+                return None  # a partition gone: the topic was deleted and made again
+            added = {p: 0 for p in ends if p not in self._starts}
+            if added:
+                self._starts.update(added)
+                self._consumer.incremental_assign([TopicPartition(self.topic, p, 0) for p in added])
+            return self._count if self._read_up_to(ends) else None
         except KafkaException:
             return None
 
-    def _read_up_to(self, ends: dict[int, int]) -> int | None:
-        """Reads the assigned partitions up to `ends`; returns how many records it read, or
-        None if it could not get there in its timeout (an undercount would let the job's
-        count pass the arrivals and later fake a wait)."""
+    def _read_up_to(self, ends: dict[int, int]) -> bool:
+        """Counts the records of the assigned partitions up to `ends` into the count; False if
+        it could not get there in its timeout (a partial count is not given out: the job's
+        count could pass it and later fake a wait; what it read stays counted)."""
         from confluent_kafka import TopicPartition
 
         wanted = [TopicPartition(self.topic, p) for p in ends]
 
         def behind() -> bool:
-            # A position below 0 is not known yet: nothing consumed since the first look.
-            positions = self._consumer.position(wanted)
+            # A position below 0 is not known yet: nothing consumed there since the start.
             return any(
-                (tp.offset if tp.offset >= 0 else start) < ends[tp.partition]
-                for tp, start in zip(positions, self._starts, strict=True)
+                (tp.offset if tp.offset >= 0 else self._starts[tp.partition]) < ends[tp.partition]
+                for tp in self._consumer.position(wanted)
             )
 
-        read = 0
         deadline = time.monotonic() + self.timeout_s
         while behind():
             if time.monotonic() > deadline:
-                return None
+                return False
             for message in self._consumer.consume(num_messages=500, timeout=0.2):
                 if message.error() is None:
-                    read += 1
-        return read
+                    self._count += 1
+        return True
 
     def close(self) -> None:
         self._consumer.close()
@@ -272,14 +278,25 @@ class ReadWatchdog:
         except (FlinkRestError, KeyError, TypeError):
             return None
 
-    def check(self) -> None:
+    def first_look(self, timeout_s: float = 60.0) -> bool:
+        """Checks until it has seen the job run and the topic once, so that every record
+        arriving after it returns is counted; False if it could not in `timeout_s`."""
+        deadline = time.monotonic() + timeout_s
+        while not self.check():
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(1)
+        return True
+
+    def check(self) -> bool:
+        """One look; False when it could not see both the job and the topic."""
         now = self._clock()
         seen = self._job_moved()
         arrived = None if seen is None else self._arrivals()
         if seen is None or arrived is None:
             # Nothing to blame the read for: its clock starts again once both can be seen.
             self._paused = self._armed_at is not None
-            return
+            return False
         attempt, moved = seen
         unread = arrived - moved
         if attempt != self._attempt:
@@ -290,6 +307,8 @@ class ReadWatchdog:
             waiting = 0 if self._least is None else self._unread - self._least
             self._attempt, self._moved = attempt, moved
             self._least = unread - waiting if moved == 0 else unread
+            # The time before it started is not the new attempt's.
+            self._paused = self._paused or self._armed_at is not None
         progressed = moved > self._moved
         self._moved, self._unread = moved, unread
         self._least = min(self._least, unread)
@@ -302,3 +321,4 @@ class ReadWatchdog:
             raise ReadStalledError(
                 job_id=self.jid, topic=self.topic, stalled_s=now - self._armed_at
             )
+        return True

@@ -5,6 +5,8 @@ records the job moved in the same look; progress restarts its clock."""
 from __future__ import annotations
 
 import json
+import socket
+import threading
 
 import pytest
 
@@ -249,3 +251,47 @@ def test_a_broker_that_cannot_be_asked_gives_no_count_rather_than_zero():
         assert unreachable() is None
     finally:
         unreachable.close()
+
+
+def test_a_new_attempt_gets_the_whole_stall_limit(cluster):
+    cluster, watchdog = cluster
+    _at(cluster, watchdog, 0)
+    cluster.end = 3
+    _at(cluster, watchdog, 5)
+    _at(cluster, watchdog, 45)
+    cluster.restart()  # between two looks: no look saw it restarting
+    _at(cluster, watchdog, 50)
+    _at(cluster, watchdog, 109)
+    with pytest.raises(ReadStalledError):
+        _at(cluster, watchdog, 110)
+
+
+def test_counting_starts_at_the_first_look_that_sees_the_job(cluster):
+    cluster, watchdog = cluster
+    cluster.complete = False  # a task manager's counts missing: not a look
+    assert not watchdog.first_look(timeout_s=0)
+    cluster.complete = True
+    assert watchdog.first_look(timeout_s=0)
+    cluster.end = 1  # the ticket, sent once the first look returned
+    _at(cluster, watchdog, 5)
+    with pytest.raises(ReadStalledError):
+        _at(cluster, watchdog, 65)
+
+
+def test_a_reply_cut_short_is_a_flink_rest_error():
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def cut_short() -> None:
+        connection, _ = listener.accept()
+        with connection:
+            connection.recv(65536)
+            connection.sendall(b'HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n{"jobs": [')
+
+    server = threading.Thread(target=cut_short, daemon=True)
+    server.start()
+    try:
+        with pytest.raises(FlinkRestError):
+            FlinkRest(f"http://127.0.0.1:{listener.getsockname()[1]}").jobs()
+    finally:
+        server.join(10)
+        listener.close()

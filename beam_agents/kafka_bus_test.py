@@ -506,3 +506,33 @@ def test_the_watchdogs_arrivals_are_committed_records_not_markers_or_aborted_one
         assert arrivals() == 3
     finally:
         arrivals.close()
+
+
+@pytest.mark.engines
+def test_the_watchdogs_arrivals_count_a_partition_added_and_know_nothing_of_a_deleted_topic(
+    bootstrap,
+):
+    from confluent_kafka import Producer
+    from confluent_kafka.admin import AdminClient, NewPartitions
+
+    from beam_agents.flink import KafkaArrivals
+
+    topics = _fresh_topics(bootstrap)
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    arrivals = KafkaArrivals(bootstrap, topics.events, timeout_s=5)
+    try:
+        assert arrivals() == 0
+        admin.create_partitions([NewPartitions(topics.events, 2)])[topics.events].result(30)
+        producer = Producer({"bootstrap.servers": bootstrap})
+        for partition in (0, 1):
+            producer.produce(topics.events, b"x", b"c-1", partition=partition, timestamp=_now())
+        assert producer.flush(30) == 0
+        deadline = time.monotonic() + 30
+        while arrivals() != 2:  # the new partition's metadata reaches the client in time
+            assert time.monotonic() < deadline
+        admin.delete_topics([topics.events])[topics.events].result(30)
+        deadline = time.monotonic() + 30
+        while arrivals() is not None:  # unknown, never a count of 0
+            assert time.monotonic() < deadline
+    finally:
+        arrivals.close()

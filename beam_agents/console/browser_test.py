@@ -108,9 +108,14 @@ def _activation(intent, t0: int) -> list[TraceEvent]:
 
 
 def _wait(driver, condition, timeout=10):
+    """`condition`'s first truthy answer. The pages poll and replace their parts, so an element
+    found may be gone by the next call: a condition reads what it needs from it, and a stale
+    element is one more miss."""
+    from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
     from selenium.webdriver.support.ui import WebDriverWait
 
-    return WebDriverWait(driver, timeout).until(condition)
+    ignored = (NoSuchElementException, StaleElementReferenceException)
+    return WebDriverWait(driver, timeout, ignored_exceptions=ignored).until(condition)
 
 
 def _sign_in(driver, url, user, password=PASSWORD):
@@ -196,20 +201,22 @@ def test_the_demo_user_approves_the_refund_and_watches_the_agent_complete(driver
             driver.find_element(By.ID, "comment").send_keys("double charge confirmed")
             driver.save_screenshot(str(ARTIFACTS / "demo-approval.png"))
             driver.find_element(By.ID, "approve").click()
-            decided = _wait(driver, lambda d: d.find_element(By.ID, "decision"))
-            assert decided.text.startswith(f"Approved by {DEMO_USER}")
+            decided = _wait(driver, lambda d: d.find_element(By.ID, "decision").text)
+            assert decided.startswith(f"Approved by {DEMO_USER}")
             driver.find_element(By.ID, "key").click()
-            _wait(driver, lambda d: d.find_element(By.ID, "completions"))
-            assert "none yet" in driver.find_element(By.ID, "completions").text
+            before = _wait(driver, lambda d: d.find_element(By.ID, "completions").text)
+            assert "none yet" in before
             # The agent resumes on the Approval the console produced, read from Kafka; the
             # open page shows its completion when it next refreshes itself.
             loop.advance()
             completed = _wait(
                 driver,
-                lambda d: "refunded" in (e := d.find_element(By.ID, "completions")).text and e,
+                lambda d: (
+                    "refunded" in (text := d.find_element(By.ID, "completions").text) and text
+                ),
                 30,
             )
-            assert '"outcome": "refunded"' in completed.text
+            assert '"outcome": "refunded"' in completed
             driver.save_screenshot(str(ARTIFACTS / "demo-completed.png"))
         finally:
             loop.close()

@@ -133,7 +133,8 @@ class Loop:
             topic=self.topics.events,
             stall_after_s=self.stall_after_s,
         )
-        self._watchdog.check()
+        if not self._watchdog.first_look():
+            raise TimeoutError(f"could not see job {jid} and {self.topics.events} in 60 s")
         return jid, launcher
 
     def savepoint(self, job: Job) -> str:
