@@ -136,8 +136,9 @@ class KafkaArrivals:
     It reads the topic itself, committed records only: a transaction's markers and aborted
     records, and offsets the broker's retention deleted, take offsets but are no records for a
     job to read. Each call counts up to the end offsets the broker gives at that moment, so
-    nothing that arrived before a call is left for a later one. It joins no group and commits
-    nothing.
+    nothing that arrived before a call is left for a later one (a call that cannot get there in
+    `timeout_s` returns None). A partition added later is counted from its start; a partition
+    gone (the topic deleted) makes it None. It joins no group and commits nothing.
     """
 
     def __init__(self, bootstrap_servers: str, topic: str, *, timeout_s: float = 10.0) -> None:
