@@ -489,9 +489,9 @@ class _BusDemo(_Demo):
                 self.say(f"the console runs as its own process: {self.console_url}")
                 self.say(f"  sign in as {DEMO_USER!r} with password {DEMO_PASSWORD!r}")
                 self.say("  (a demo credential, printed for anyone: never use it elsewhere)")
-            ticket = [(topics.events, CUSTOMER, event, event.event_time_ms)]
+            first_event = [(topics.events, CUSTOMER, event, event.event_time_ms)]
             if self.flink is None:
-                produce(kafka_bootstrap, ticket)  # the job's first read finds it waiting
+                produce(kafka_bootstrap, first_event)  # the job's first read finds it waiting
             pipeline = beam.Pipeline(options=self.options)
             add_triage_loop(
                 pipeline,
@@ -512,7 +512,7 @@ class _BusDemo(_Demo):
                     # Its first look before the ticket: a job that never reads it is caught.
                     if not self.watchdog.first_look():
                         raise TimeoutError(f"could not see job {jid} and its topic in 60 s")
-                    produce(kafka_bootstrap, ticket)
+                    produce(kafka_bootstrap, first_event)
             except (FlinkRestError, TimeoutError) as e:
                 self.say(f"the job did not start on Flink: {e}")
                 return 1

@@ -60,7 +60,7 @@ class Loop:
         tmp_path: Path,
         *,
         logged_tools: bool = False,
-        stall_after_s: float = 60.0,
+        stall_after_s: float = 50.0,
     ) -> None:
         self.engines = engines
         self.tmp_path = tmp_path
