@@ -5,8 +5,8 @@
 #   bash tools/engines.sh fetch           fetch and cache everything below (Go module, Maven jars)
 #   bash tools/engines.sh prism           build Beam's Prism runner, print its path
 #   bash tools/engines.sh prism-options   the pipeline options that run a pipeline on Prism
-#   bash tools/engines.sh start SERVICE   start kafka, java (expansion service and Java
-#                                         workers) or flink (session cluster and Beam job
+#   bash tools/engines.sh start SERVICE   start kafka, java (the expansion service; each
+#                                         job starts its own Java harness) or flink (session cluster and Beam job
 #                                         server); waits until it is ready
 #   bash tools/engines.sh start kafka --keep-data
 #                                         restart the broker on the data of its last run
@@ -14,14 +14,18 @@
 #   bash tools/engines.sh restart-taskmanager [--kill]
 #                                         stop (SIGTERM, or SIGKILL) the Flink task manager
 #                                         alone and start a new one
+#   bash tools/engines.sh add-taskmanager | remove-taskmanager
+#                                         start or stop a second task manager (for a job
+#                                         at parallelism 2)
 #   bash tools/engines.sh restart-jobmanager [--kill]
 #                                         stop (SIGTERM, or SIGKILL) the Flink job manager
 #                                         alone and start a new one; without HA it forgets
 #                                         its jobs: restore them from their retained
 #                                         checkpoints (`latest-checkpoint JOB_ID`)
 #   bash tools/engines.sh freeze-workers | thaw-workers
-#                                         SIGSTOP / SIGCONT the Java worker pool: a Kafka read
-#                                         that emits nothing while its job runs (a stall)
+#                                         SIGSTOP / SIGCONT the running jobs' Java SDK
+#                                         harnesses: a Kafka read that emits nothing while
+#                                         its job runs (a stall)
 #   bash tools/engines.sh latest-checkpoint JOB_ID
 #                                         the newest complete checkpoint of a job, a path to
 #                                         pass as --savepoint_path
@@ -53,7 +57,6 @@ offset="${BEAM_AGENTS_ENGINES_PORT_OFFSET:-0}"
 kafka_port=$((19092 + offset))
 kafka_controller_port=$((19093 + offset))
 expansion_port=$((18096 + offset))
-java_workers_port=$((18097 + offset))
 flink_rest_port=$((18081 + offset))
 flink_rpc_port=$((16123 + offset))
 job_port=$((18099 + offset))
@@ -184,16 +187,22 @@ EOF
 }
 
 start_beam_java() {
-  local lib
+  local lib harness="$run/java-harness"
   lib="$(jars beam-java)"
-  # The worker pool reads its address from pipeline options in the environment.
-  PIPELINE_OPTIONS="{\"options\":{\"environmentOptions\":[\"external_service_address=127.0.0.1:$java_workers_port\"]}}" \
-    JAVA_FLAGS="-Xmx768m" start_java java java-workers "$lib" org.apache.beam.fn.harness.ExternalWorkerService
-  # Expanded Java transforms run in those workers (EXTERNAL), not in Docker, the default.
+  # Expanded Java transforms (the Kafka read and write) run in a Java SDK harness that Flink
+  # starts for each job (PROCESS) and kills when the job ends, not in Docker, the default.
+  # A shared worker pool (EXTERNAL) ran every job's harness as threads of one JVM, which
+  # kept each cancelled job's Kafka clients (tools/engines/RESULTS.md). The harness's boot
+  # program needs the venv: Flink runs it long after this script returns.
+  [[ -x "$root/.venv/bin/python" ]] || bash "$root/tools/dev.sh" setup >&2
+  cat >"$harness" <<EOF
+#!/usr/bin/env bash
+exec "$root/.venv/bin/python" "$root/tools/engines/java_harness.py" --classpath "$lib" --engines "$run" "\$@"
+EOF
+  chmod +x "$harness"
   JAVA_FLAGS="-Xmx384m" start_java java java-expansion "$lib" \
     org.apache.beam.sdk.expansion.service.ExpansionService "$expansion_port" \
-    --defaultEnvironmentType=EXTERNAL --defaultEnvironmentConfig="127.0.0.1:$java_workers_port"
-  wait_for java "worker pool" listening "$java_workers_port"
+    --defaultEnvironmentType=PROCESS --defaultEnvironmentConfig="{\"command\": \"$harness\"}"
   wait_for java "expansion service" listening "$expansion_port"
 }
 
@@ -205,9 +214,12 @@ flink_ready() {
 start_flink() {
   local lib conf="$run/flink-conf"
   lib="$(jars flink)"
-  mkdir -p "$conf" "$run/flink-tmp" "$run/flink-savepoints" "$run/flink-checkpoints"
+  # Each job stages its Java harness's classpath (about 140 MB) with the job server, which
+  # keeps it after a cancelled job: here, not in /tmp, and emptied by a new cluster.
+  rm -rf "$run/flink-artifacts"
+  mkdir -p "$conf" "$run/flink-tmp" "$run/flink-savepoints" "$run/flink-checkpoints" "$run/flink-artifacts"
   # Flink without flink-dist computes no memory defaults: every component is set, sized for
-  # a 2-core machine that runs Kafka and the Java workers too.
+  # a 2-core machine that runs Kafka and the jobs' Java harnesses too.
   cat >"$conf/config.yaml" <<EOF
 jobmanager:
   rpc: {address: 127.0.0.1, port: $flink_rpc_port}
@@ -238,6 +250,8 @@ metrics.fetcher.update-interval: 1000
 # A dead job or task manager is noticed by a missed heartbeat: 15 s, not Flink's 50 s, so the
 # cluster recovers from a kill in seconds (measured: a job manager restart 45 s -> 16 s).
 heartbeat: {interval: 3000, timeout: 15000}
+# A job's subtasks spread over the task managers rather than filling the first one's slots.
+cluster.evenly-spread-out-slots: true
 EOF
   start_jobmanager "$lib"
   start_taskmanager "$lib"
@@ -246,7 +260,8 @@ EOF
   JAVA_FLAGS="-Xmx512m" start_java flink flink-jobserver "$lib" \
     org.apache.beam.runners.flink.FlinkJobServerDriver --flink-master="127.0.0.1:$flink_rest_port" \
     --flink-conf-dir="$conf" \
-    --job-host=127.0.0.1 --job-port="$job_port" --artifact-port="$artifact_port" --expansion-port=0
+    --job-host=127.0.0.1 --job-port="$job_port" --artifact-port="$artifact_port" --expansion-port=0 \
+    --artifacts-dir="$run/flink-artifacts"
   wait_for flink "task manager and job server" flink_ready
 }
 
@@ -255,8 +270,9 @@ start_jobmanager() {
     org.apache.flink.runtime.entrypoint.StandaloneSessionClusterEntrypoint --configDir "$run/flink-conf"
 }
 
+# start_taskmanager LIB [LOGNAME]
 start_taskmanager() {
-  JAVA_FLAGS="-Xmx1280m -XX:MaxDirectMemorySize=512m" start_java flink flink-taskmanager "$1" \
+  JAVA_FLAGS="-Xmx1280m -XX:MaxDirectMemorySize=512m" start_java flink "${2:-flink-taskmanager}" "$1" \
     org.apache.flink.runtime.taskexecutor.TaskManagerRunner --configDir "$run/flink-conf"
 }
 
@@ -311,15 +327,40 @@ restart_jobmanager() {
   echo "tools/engines.sh: job manager $old stopped (SIG$signal), new one ready" >&2
 }
 
-# Checkpoints are DIR/JOB_ID/chk-N, complete once chk-N/_metadata is written.
-# The worker pool is the first process `start java` records.
 signal_workers() {
-  local pid
-  pid="$(head -n 1 "$run/java.pids" 2>/dev/null)" || true
-  [[ -n "$pid" ]] && alive "$pid" || die "the Java worker pool is not running"
-  kill "-$1" "$pid"
+  local pids
+  pids="$(pgrep -f -- "-Dbeam_agents.engines=$run " || true)"
+  [[ -n "$pids" ]] || die "no Java SDK harness of these engines is running"
+  # shellcheck disable=SC2086
+  kill "-$1" $pids
 }
 
+# A second task manager beside the first, the fourth line of flink's PID file: a job
+# restored at parallelism 2 spreads its subtasks over both (cluster.evenly-spread-out-slots).
+add_taskmanager() {
+  local known
+  running flink || die "flink is not running"
+  (($(wc -l <"$run/flink.pids") == 3)) || die "a second task manager runs already"
+  known="$(taskmanager_ids)"
+  start_taskmanager "$(jars flink)" flink-taskmanager-2
+  wait_for flink "a second task manager" new_taskmanager "$known"
+  echo "tools/engines.sh: a second task manager is ready" >&2
+}
+
+# Stops the second task manager; done once the cluster no longer counts it, so no job is
+# scheduled onto its slots.
+remove_taskmanager() {
+  local pid
+  pid="$(sed -n 4p "$run/flink.pids" 2>/dev/null)" || true
+  [[ -n "$pid" ]] || die "no second task manager runs"
+  kill "$pid" 2>/dev/null || true
+  while alive "$pid"; do sleep 0.2; done
+  sed -i 4d "$run/flink.pids"
+  wait_for flink "one task manager" flink_ready
+  echo "tools/engines.sh: the second task manager stopped" >&2
+}
+
+# Checkpoints are DIR/JOB_ID/chk-N, complete once chk-N/_metadata is written.
 latest_checkpoint() {
   local found
   found="$(ls -d "$run/flink-checkpoints/$1"/chk-*/_metadata 2>/dev/null | sort -V | tail -n 1)"
@@ -400,6 +441,8 @@ case "${1:-}" in
     echo "--runner=PrismRunner --prism_location=$(prism) --environment_type=LOOPBACK" ;;
   start) start "${2:?which service}" "${3:-}" ;;
   restart-taskmanager) restart_taskmanager "${2:-}" ;;
+  add-taskmanager) add_taskmanager ;;
+  remove-taskmanager) remove_taskmanager ;;
   restart-jobmanager) restart_jobmanager "${2:-}" ;;
   latest-checkpoint) latest_checkpoint "${2:?which job id}" ;;
   freeze-workers) signal_workers STOP ;;
@@ -413,5 +456,5 @@ case "${1:-}" in
   endpoints) endpoints ;;
   flink-options) flink_options ;;
   flink-demo) shift; flink_demo "$@" ;;
-  *) sed -n '2,41p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2; exit 2 ;;
+  *) sed -n '2,45p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2; exit 2 ;;
 esac
