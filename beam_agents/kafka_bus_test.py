@@ -21,8 +21,8 @@ from beam_agents.effector import (
     Effector,
     Route,
     VerifyMode,
-    _process_start,
 )
+from beam_agents.effector.gate import _process_start
 from beam_agents.kafka_bus import (
     EffectorService,
     TopicReader,
