@@ -62,7 +62,7 @@ def launch_effector(workdir: Path, *, kafka_bootstrap: str, topics: Topics) -> L
 def launch_console(
     workdir: Path, *, kafka_bootstrap: str, topics: Topics, port: int = 8080
 ) -> tuple[Launched, str]:
-    """`beam-agents console` as its own process on the demo's loop (module docstring), its
+    """`beam-agents console` as its own process on the demo's loop (the package docstring), its
     configuration, database and log in `workdir`; port 0 takes a free one. Returns the process
     once it serves, and its URL."""
     # Deferred: the console is an optional extra, which the rest of the demo does not need.
@@ -134,7 +134,7 @@ def run_bus_demo(
     console_port: int | None = None,
     flink_rest: str | None = None,
 ) -> int:
-    """The demo over Kafka (module docstring); returns 0 when the agent completed. With a
+    """The demo over Kafka (the package docstring); returns 0 when the agent completed. With a
     `console_port` a person decides the approval in the console (port 0: a free one). With
     `flink_rest` (the job runs on that Flink cluster) a read that stalls ends the demo within
     a minute, saying so (beam_agents.flink.ReadWatchdog)."""

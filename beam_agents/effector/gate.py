@@ -447,7 +447,8 @@ def dead_letter(entity_key: bytes, reason: str, detail: str, now: int) -> Effect
 
 
 class Effector:
-    """The gate of the module docstring as a plain callable: `effector(intent_or_bytes)`.
+    """The gate (steps 1 to 6 of the package docstring) as a plain callable:
+    `effector(intent_or_bytes)`.
 
     `tools` maps names to callables or `ToolSpec`s. `store` is an ExecutionStore, or a path for
     a SqliteExecutionStore (":memory:" keeps nothing across restarts: tests only). `keyring`
