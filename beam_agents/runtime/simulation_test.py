@@ -12,7 +12,7 @@ import os
 
 import pytest
 
-from beam_agents import effector
+from beam_agents.effector import gate
 from beam_agents.runtime import machine
 from beam_agents.testing.simulation import Simulation, SimulationFailure
 
@@ -69,7 +69,7 @@ def test_it_goes_red_when_an_answer_is_taken_without_its_signature(monkeypatch):
 
 
 def test_it_goes_red_when_the_effector_waits_for_a_claimant_that_died(monkeypatch):
-    monkeypatch.setattr(effector, "_running", lambda claimed_by: True)
+    monkeypatch.setattr(gate, "_running", lambda claimed_by: True)
     failure = _red()
     assert "never answered" in failure
 

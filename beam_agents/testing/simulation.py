@@ -21,6 +21,11 @@ simulated is everything around them:
 After every step the invariants are checked against a reference model; at the end the world
 is drained (every message delivered, every due timer fired) and the answers are accounted for.
 A violation raises `SimulationFailure`.
+
+The simulation is in five modules: this one (the seeded world's state and the reference model,
+bundles of RunAgent's DoFn, the run), `simulation_world` (the effector, the human, forgers and
+the bus), `simulation_checks` (the invariants), `simulation_state` (the state backend) and
+`simulation_agents` (the agents and the model).
 """
 
 from __future__ import annotations
@@ -30,62 +35,31 @@ import dataclasses
 import json
 import random
 
-from beam_agents._protos import (
-    AgentEnvelope,
-    Continuation,
-    ExecutionRecord,
-    MemoryBlob,
-    StateSnapshot,
-    ToolIntent,
-    ToolResult,
-)
+from beam_agents._protos import AgentEnvelope, StateSnapshot, ToolIntent
 from beam_agents.core.intent import content_digest
-from beam_agents.core.signing import Keyring, Verification, sign, verify
-from beam_agents.effector import INQUIRY_TOOL, Effector, Route, SqliteExecutionStore, VerifyMode
+from beam_agents.effector import SqliteExecutionStore
 from beam_agents.runtime import AtDeadline, DeadlinePolicy, RuntimeConfig, run_agent
-from beam_agents.runtime import dead_letters as dl
-from beam_agents.runtime.context import ESCALATION_TOOL
 from beam_agents.testing import simulation_agents as agents
 from beam_agents.testing import simulation_state as state
+from beam_agents.testing.simulation_checks import Checks
 from beam_agents.testing.simulation_state import message_bytes as _bytes
+from beam_agents.testing.simulation_world import (
+    APPROVAL_RING,
+    INTENT_RING,
+    RESULT_RING,
+    World,
+    answer_bytes,
+)
 
 __all__ = ["Simulation", "SimulationFailure"]
 
 T0 = 1_764_460_800_000
-INTENT_RING = Keyring({"rt": b"r" * 32}, active="rt")
-RESULT_RING = Keyring({"fx": b"f" * 32}, active="fx")
-APPROVAL_RING = Keyring({"ap": b"a" * 32}, active="ap")
-FORGER_RING = Keyring({"fx": b"x" * 32}, active="fx")
-#: A claimant that cannot be running: beyond any pid_max.
-DEAD_CLAIMANT = f"{2**22 + 7}:0:crashed"
-_FAILED = {dl.AGENT_RAISED, dl.AGENT_CONTRACT, dl.LLM_FAILED, dl.MEMORY_BUDGET}
-#: What may end a suspension in an input whose activations all failed.
-_ENDINGS = {dl.RESUME_FAILED, dl.DEADLINE_EXCEEDED}
-_ANSWERS = ("tool_result", "approval")
-
-
-class _Crash(BaseException):
-    """The effector's process dies inside a tool."""
 
 
 class SimulationFailure(BaseException):
     """A violated invariant. Not an Exception: the runtime and the effector turn an agent's or
     a tool's exceptions into dead letters and results, and a check made inside an agent or a
     tool must stop the run instead."""
-
-
-def _deferred(continuation: bytes) -> bool:
-    suspended = Continuation.FromString(continuation)
-    return (
-        not suspended.pending_intent_ids
-        and suspended.retry_at_ms > 0
-        and len(suspended.mailbox) > 0
-    )
-
-
-def _answer_bytes(envelope: AgentEnvelope) -> bytes:
-    which = envelope.WhichOneof("payload")
-    return which[0].encode() + _bytes(getattr(envelope, which))
 
 
 class _Recording:
@@ -103,7 +77,7 @@ class _Recording:
     def resume(self, ctx, answers):
         self._sim.check_resume(ctx, answers)
         outcome = self._agent.resume(ctx, answers)
-        self._sim.note.seen.extend(_answer_bytes(a.envelope()) for a in answers)
+        self._sim.note.seen.extend(answer_bytes(a.envelope()) for a in answers)
         return outcome
 
 
@@ -115,7 +89,7 @@ class _Note:
     seen: list = dataclasses.field(default_factory=list)
 
 
-class Simulation:
+class Simulation(World, Checks):
     """One seed's world; `run()` raises SimulationFailure on a violated invariant."""
 
     def __init__(self, seed: int, *, steps: int = 80, keys: int = 3) -> None:
@@ -189,186 +163,6 @@ class Simulation:
 
     def fail(self, message: str) -> None:
         raise SimulationFailure(f"seed {self.seed}, step {self.step}: {message}")
-
-    # -- the effector, the human, the bus ------------------------------------------------------
-
-    def _new_effector(self) -> Effector:
-        tools = {name: self._tool(name) for name in agents.TOOLS}
-        effector = Effector(
-            tools,
-            mode=VerifyMode.REQUIRE,
-            store=self.store,
-            keyring=INTENT_RING,
-            result_keyring=RESULT_RING,
-            approval_keyring=APPROVAL_RING,
-            clock=lambda: self.now,
-        )
-        # Its claims name a process that is gone by the time anyone reads them: effectors here
-        # run one call at a time, and one that crashed must be seen as dead.
-        effector.instance_id = DEAD_CLAIMANT
-        return effector
-
-    def _tool(self, name: str):
-        def run(args: dict, intent: ToolIntent) -> bytes:
-            self.executions[intent.intent_id] += 1
-            if self.executions[intent.intent_id] > 1:
-                self.fail(f"tool {name} ran twice for {intent.intent_id}")
-            if self.rng.random() < 0.05:
-                raise _Crash  # the effector process dies while the tool acts
-            if name == "flaky":
-                raise ValueError("flaky tool failed")
-            return f"{name}:{args['i']}:{args['llm']}".encode()
-
-        return run
-
-    def _deliver(self, envelope: AgentEnvelope, *, produced: bool = True) -> None:
-        """Puts an answer on the bus to its key, maybe twice, maybe stamped 0 or far behind."""
-        if produced:
-            self.produced.add(_answer_bytes(envelope))
-        copies = 2 if self.rng.random() < 0.15 else 1
-        for _ in range(copies):
-            copy = AgentEnvelope()
-            copy.CopyFrom(envelope)
-            pick = self.rng.random()
-            copy.event_time_ms = 0 if pick < 0.05 else self.now - 10**6 if pick < 0.08 else self.now
-            self.inbox[envelope.entity_key].append(("E", _bytes(copy), b""))
-
-    def _effect(self) -> None:
-        index = self.rng.randrange(len(self.intent_bus))
-        data = self.intent_bus[index]
-        if self.rng.random() < 0.7:  # else redelivered later too
-            self.intent_bus.pop(index)
-        intent = ToolIntent.FromString(data)
-        if self.rng.random() < 0.08 and self.store.get(intent.intent_id) is None:
-            # An effector claims the intent, starts the tool and dies: it may have acted.
-            record = ExecutionRecord(
-                intent_id=intent.intent_id,
-                entity_key=intent.entity_key,
-                content_digest=content_digest(data),
-                outcome=ExecutionRecord.OUTCOME_RUNNING,
-                latest_expires_at_ms=intent.expires_at_ms,
-                claimed_by=DEAD_CLAIMANT,
-            )
-            self.store.claim(record, self.now + 10**9)
-            self.executions[intent.intent_id] += 1
-            self.intent_bus.append(data)
-            self.effector = self._new_effector()
-            return
-        try:
-            output = self.effector(data)
-        except _Crash:
-            self.intent_bus.append(data)
-            self.effector = self._new_effector()
-            return
-        # It dies after its record, before its result or approval request is acknowledged: the
-        # redelivered copy must send the recorded output again.
-        if self.rng.random() < 0.05:
-            self.intent_bus.append(data)
-            self.effector = self._new_effector()
-            return
-        if output.route is Route.DEAD_LETTER:
-            self.fail(f"the effector refused {intent.intent_id}: {output.dead_letter.detail}")
-        if output.approval is not None:  # put before a human, or sent again on a redelivery
-            self.approval_bus.append(output.approval)
-        elif output.result is not None:
-            result = output.result.tool_result
-            self.answered.add((result.intent_id, result.intent_digest))
-            self._deliver(output.result)
-
-    def _human(self) -> None:
-        intent = self.approval_bus.pop(self.rng.randrange(len(self.approval_bus)))
-        decided = self.decisions.get(intent.intent_id)
-        if decided is not None and intent.tool_name == INQUIRY_TOOL:
-            self._inquiry_answered(decided)
-            return
-        if decided is not None:
-            # The approvals channel dedupes by intent_id: a request sent again gets the
-            # recorded decision again.
-            self._deliver(decided, produced=intent.tool_name != ESCALATION_TOOL)
-            return
-        approval = AgentEnvelope.Approval(
-            intent_id=intent.intent_id,
-            approved=self.rng.random() < 0.7,
-            approver="sim@example.com",
-            decided_at_ms=self.now,
-            intent_digest=content_digest(_bytes(intent)),
-        )
-        envelope = AgentEnvelope(
-            entity_key=intent.entity_key,
-            event_time_ms=self.now,
-            approval=sign(approval, APPROVAL_RING),
-        )
-        self.decisions[intent.intent_id] = envelope
-        if intent.tool_name == INQUIRY_TOOL:
-            # The effector asked whether a call it lost took effect: the person's answer goes
-            # to the effector, which makes it the call's result.
-            self._inquiry_answered(envelope)
-            return
-        self.answered.add((intent.intent_id, approval.intent_digest))
-        # The runtime's own escalations are answered to the runtime, not to the agent.
-        self._deliver(envelope, produced=intent.tool_name != ESCALATION_TOOL)
-        if self.rng.random() < 0.1:  # a human who changes their mind: a second answer
-            approval.approved = not approval.approved
-            envelope.approval.CopyFrom(sign(approval, APPROVAL_RING))
-            self._deliver(envelope, produced=intent.tool_name != ESCALATION_TOOL)
-
-    def _inquiry_answered(self, envelope: AgentEnvelope) -> None:
-        output = self.effector.resolve(envelope)
-        if output is None or output.result is None:
-            self.fail(
-                f"the effector took no result from the answer to {envelope.approval.intent_id}"
-            )
-        result = output.result.tool_result
-        self.answered.add((result.intent_id, result.intent_digest))
-        self._deliver(output.result)
-
-    def _forge(self, key: bytes, intent: ToolIntent) -> None:
-        """Someone who can write to the events topic answers a pending intent: with a key of
-        their own, unsigned, or, holding an effector's key, approving an approval intent."""
-        if intent.kind == ToolIntent.APPROVAL and self.rng.random() < 0.5:
-            approval = AgentEnvelope.Approval(
-                intent_id=intent.intent_id,
-                approved=True,
-                approver="an effector",
-                intent_digest=content_digest(_bytes(intent)),
-            )
-            envelope = AgentEnvelope(
-                entity_key=key, event_time_ms=self.now, approval=sign(approval, RESULT_RING)
-            )
-            self.forged.add(_answer_bytes(envelope))
-            self._deliver(envelope, produced=False)
-            return
-        result = ToolResult(
-            intent_id=intent.intent_id,
-            entity_key=key,
-            status=ToolResult.OK,
-            payload=b"forged",
-            intent_digest=content_digest(_bytes(intent)),
-        )
-        if self.rng.random() < 0.5:
-            result = sign(result, FORGER_RING)
-        envelope = AgentEnvelope(entity_key=key, event_time_ms=self.now, tool_result=result)
-        self.forged.add(_answer_bytes(envelope))
-        self._deliver(envelope, produced=False)
-
-    def _event(self, key: bytes) -> None:
-        self.nonce += 1
-        program = {"nonce": self.nonce, "ops": agents.random_program(self.rng)}
-        self.programs[self.nonce] = program["ops"]
-        pick = self.rng.random()
-        at = 0 if pick < 0.05 else self.now - 10**6 if pick < 0.08 else self.now
-        envelope = AgentEnvelope(
-            entity_key=key,
-            event_time_ms=at,
-            external_event=json.dumps(program, sort_keys=True).encode(),
-        )
-        idempotency = b"idem-%d" % self.nonce if self.rng.random() < 0.3 else b""
-        for _ in range(2 if self.rng.random() < 0.2 else 1):  # an at-least-once producer
-            self.inbox[key].append(("E", _bytes(envelope), idempotency))
-        if self.rng.random() < 0.1:
-            export = AgentEnvelope(entity_key=key, event_time_ms=self.now)
-            export.export_request.request_id = f"x{self.nonce}"
-            self.inbox[key].append(("E", _bytes(export), b""))
 
     # -- the DoFn ------------------------------------------------------------------------------
 
@@ -457,95 +251,6 @@ class Simulation:
                 self.last_wipe[key] = self.tick
         return [output for outputs, _, _ in steps for output in outputs]
 
-    # -- invariants ----------------------------------------------------------------------------
-
-    def check_resume(self, ctx, answers) -> None:
-        """What a resume is handed: each genuine answer signed and bound to its intent's
-        content, never a forged one, one per intent, in the Continuation's intent order."""
-        suspended = ctx.resume_of
-        recorded = [_answered_id(a) for a in suspended.answers]
-        if len(recorded) != len(set(recorded)):
-            self.fail(f"a Continuation records two answers for one intent: {recorded}")
-        ids = [a.intent.intent_id for a in answers]
-        if ids != [i for i in suspended.pending_intent_ids if i in ids]:
-            self.fail(f"answers {ids} out of intent order {list(suspended.pending_intent_ids)}")
-        for answer in answers:
-            message = answer.result if answer.result is not None else answer.approval
-            made_here = (
-                answer.result is not None
-                and answer.result.status == ToolResult.EXPIRED
-                and not answer.result.signature
-            )
-            if made_here:
-                continue
-            if _answer_bytes(answer.envelope()) in self.forged:
-                self.fail(f"a forged answer to {answer.intent.intent_id} reached the agent")
-            ring = APPROVAL_RING if answer.approval is not None else RESULT_RING
-            if verify(message, ring) is not Verification.VALID:
-                self.fail(f"an unsigned answer to {answer.intent.intent_id} reached the agent")
-            if message.intent_digest != content_digest(_bytes(answer.intent)):
-                self.fail(f"the answer to {answer.intent.intent_id} is for other content")
-
-    def _check_input(self, item, before, after, outputs, counted) -> None:
-        envelope = AgentEnvelope.FromString(item[1]) if item[0] == "E" else None
-        if envelope is not None and envelope.HasField("export_request"):
-            if before != after:
-                self.fail("an export changed the key's state")
-            return
-        # A suspension with no pending intent is a start deferred while its model was busy:
-        # its event waits first in the mailbox, on a retry.
-        deferred = after[3] is not None and not after[4] and _deferred(after[3])
-        if (after[3] is None) != (not after[4]) and not deferred:
-            self.fail("pending intents without a suspension, or a suspension without them")
-        reasons = {value.reason for tag, (_, value) in outputs if tag == run_agent.ERRORS}
-        if before[1] is not None and after[1] is None:
-            idle = MemoryBlob.FromString(before[1]).last_activity_ms + self.config.ttl_ms
-            if item[0] not in ("T", "G") or item[2] < idle:
-                self.fail(f"{item[:2]} wiped the key's memory before its TTL {idle}")
-        if dl.AFTER_DEADLINE in reasons and before[3] is not None:
-            deadline = Continuation.FromString(before[3]).deadline_ms
-            if envelope.event_time_ms <= deadline:
-                self.fail(f"an answer at {envelope.event_time_ms} refused as after {deadline}")
-        # Only an input whose every activation failed is held to "changes nothing"; one that
-        # also ran or deferred another (a drained mailbox) changed state on purpose.
-        if "failed_activations" not in counted or {"activations", "deferred_activations"} & set(
-            counted
-        ):
-            return
-        # A failed activation changes nothing but its durable inputs (the answers).
-        if before[:3] != after[:3]:
-            self.fail(f"a failed activation ({item[:2]}) changed seq, memory or cache")
-        answer = envelope is not None and envelope.WhichOneof("payload") in _ANSWERS
-        if answer and after[3] is not None:
-            kept = {_answer_bytes(a) for a in Continuation.FromString(after[3]).answers}
-            if _answer_bytes(envelope) not in kept:
-                self.fail("a failed resume dropped the answer that started it")
-        if not reasons & _FAILED and dl.RESUME_FAILED not in reasons:
-            self.fail(f"a failed activation without its dead letter: {reasons}")
-        if after[3] is None:
-            # A deferred start that fails for good ends as the start's own failure.
-            ended = before[3] is not None and not _deferred(before[3])
-            if ended and not reasons & _ENDINGS:
-                self.fail(
-                    f"a failed activation ended a suspension without resume_failed: {reasons}"
-                )
-            return
-        if before[3] is None:
-            self.fail("a failed activation created a suspension")
-        old, new = (Continuation.FromString(b) for b in (before[3], after[3]))
-        answered = {_answered_id(a) for a in new.answers}
-        for kept in old.answers:
-            # Only an EXPIRED the runtime made may give way, to a genuine answer for its intent.
-            result = kept.tool_result
-            made_here = result.status == ToolResult.EXPIRED and not result.signature
-            if kept not in new.answers and not (made_here and _answered_id(kept) in answered):
-                self.fail("a failed activation lost an answer")
-        for blob in (old, new):
-            for name in ("answers", "resume_failures", "retry_at_ms", "state_schema_version"):
-                blob.ClearField(name)
-        if old != new or before[4] != after[4]:
-            self.fail("a failed activation changed its suspension beyond its answers")
-
     def _route(self, key: bytes, outputs, *, committed: bool) -> None:
         for tag, (_, value) in outputs:
             if tag == run_agent.INTENTS:
@@ -562,7 +267,7 @@ class Simulation:
             elif tag == run_agent.ERRORS:
                 if value.input.WhichOneof("payload") in ("tool_result", "approval"):
                     self._refused(value)
-                self.dead_lettered.update(_answer_bytes(a) for a in value.answers)
+                self.dead_lettered.update(answer_bytes(a) for a in value.answers)
             elif tag == run_agent.COMPLETIONS:
                 done = json.loads(value)
                 if done.get("visits") is not None:
@@ -572,19 +277,6 @@ class Simulation:
                         self.fail(f"visits {done['visits']}, the model says {self.visits[key]}")
             elif tag == run_agent.SNAPSHOTS:
                 self.snapshot = value
-
-    def _refused(self, letter) -> None:
-        """A refused answer is carried by its letter; a genuine one is never refused as
-        forged, nor as computed for other content when it was computed for the intent's."""
-        answer = _answer_bytes(letter.input)
-        self.dead_lettered.add(answer)
-        payload = letter.input.WhichOneof("payload")
-        message = getattr(letter.input, payload)
-        if letter.reason == dl.BAD_ANSWER_SIGNATURE and answer in self.produced:
-            self.fail(f"a genuine {payload} for {message.intent_id} was refused as forged")
-        committed = self.committed_content.get(message.intent_id)
-        if letter.reason == dl.ANSWER_FOR_OTHER_CONTENT and message.intent_digest == committed:
-            self.fail(f"the {payload} for {message.intent_id} was refused for its own content")
 
     def _new_job(self, key: bytes) -> None:
         """Exports the key, starts a new job without its state, restores the snapshot there
@@ -686,9 +378,3 @@ class Simulation:
         lost = self.produced - self.reached - self.dead_lettered
         if lost:
             self.fail(f"{len(lost)} answers neither reached the agent nor a dead letter")
-
-
-def _answered_id(envelope: AgentEnvelope) -> str:
-    if envelope.WhichOneof("payload") == "approval":
-        return envelope.approval.intent_id
-    return envelope.tool_result.intent_id

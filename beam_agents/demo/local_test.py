@@ -1,4 +1,5 @@
-"""The main job: `beam-agents demo` tells the whole conversation and exits 0."""
+"""The main job: the demo tells the whole conversation on local pipelines and exits 0, run
+directly and as `beam-agents demo`."""
 
 from __future__ import annotations
 
@@ -7,9 +8,6 @@ import re
 import subprocess
 import sys
 
-import pytest
-
-from beam_agents.cli import main
 from beam_agents.demo import run_demo
 
 
@@ -55,21 +53,3 @@ def test_the_demo_is_the_console_scripts_main_job(tmp_path):
     )
     assert result.returncode == 0, result.stderr[-2000:]
     assert '"outcome": "refunded"' in result.stdout
-
-
-def test_the_demo_passes_pipeline_options_on_and_other_commands_refuse_them(capsys):
-    with pytest.raises(SystemExit) as raised:
-        main(["inspect", "f", "--runner=DirectRunner"])
-    assert raised.value.code == 2 and "unrecognized arguments" in capsys.readouterr().err
-    assert main(["demo", "--runner=NoSuchRunner"]) == 2  # Beam refuses the runner
-    assert "NoSuchRunner" in capsys.readouterr().err
-
-
-def test_the_kafka_demo_needs_its_broker_and_expansion_service(capsys):
-    assert main(["demo", "--bus=kafka"]) == 2
-    assert "--kafka_bootstrap and --expansion_service" in capsys.readouterr().err
-
-
-def test_the_console_is_for_the_kafka_demo(capsys):
-    assert main(["demo", "--console"]) == 2
-    assert "--console needs --bus kafka" in capsys.readouterr().err

@@ -1,5 +1,6 @@
-"""The Kafka loop's pieces on a real broker: the effector service commits an intent only after
-its result is acknowledged, and a redelivered intent never runs its tool again."""
+"""The effector service on a real broker: it commits an intent only after its result is
+acknowledged, a redelivered intent never runs its tool again, and effectors killed inside tools,
+in the approval window or as static members lose nothing. Engines only (`-m engines`)."""
 
 from __future__ import annotations
 
@@ -21,44 +22,27 @@ from beam_agents.effector import (
     Effector,
     Route,
     VerifyMode,
-    _process_start,
 )
+from beam_agents.effector.gate import _process_start
 from beam_agents.kafka_bus import (
     EffectorService,
     TopicReader,
-    Topics,
-    create_topics,
     decode_dead_letter,
     produce,
 )
 from beam_agents.processes import Launched
+from beam_agents.testing.broker import fresh_topics, kafka_bootstrap, now_ms
 from beam_agents.testing.chaos import APPROVER_RING, Ledger
-from beam_agents.testing.engines import Engines
 from beam_agents.testing.samples import intent
 
 RING = Keyring({"k1": bytes(range(32))}, active="k1")
 FAR = 2**62  # an expiry no test reaches
 
 
-def _now() -> int:
-    """A record's timestamp: the broker's time-based retention deletes records stamped
-    longer ago than its retention.ms (7 days) at its next check, before anything reads them."""
-    return int(time.time() * 1000)
-
-
-@pytest.mark.parametrize("prefix", ["", "has space", "slash/", "x" * 201, "ünï"])
-def test_a_topic_prefix_kafka_would_refuse_is_refused_before_any_broker_sees_it(prefix):
-    with pytest.raises(ValueError, match="no topic prefix"):
-        Topics(prefix)
-
-
 @pytest.fixture(scope="module")
 def bootstrap():
-    engines = Engines()
-    try:
-        yield engines.up(["kafka"]).endpoints["KAFKA_BOOTSTRAP"]
-    finally:
-        engines.down()
+    with kafka_bootstrap() as servers:
+        yield servers
 
 
 class Calls:
@@ -92,12 +76,6 @@ def _serve_until(service: EffectorService, count: int) -> list[Route]:
     return routes
 
 
-def _fresh_topics(bootstrap) -> Topics:
-    topics = Topics(f"fx-{time.time_ns()}")
-    create_topics(bootstrap, topics)
-    return topics
-
-
 def _intent(intent_id: str, entity: bytes) -> ToolIntent:
     return sign(
         intent(intent_id=intent_id, entity_key=entity, expires_at_ms=FAR, args_json='{"id":7}'),
@@ -107,7 +85,7 @@ def _intent(intent_id: str, entity: bytes) -> ToolIntent:
 
 @pytest.mark.engines
 def test_a_redelivered_intent_gets_the_first_result_and_never_runs_twice(bootstrap, tmp_path):
-    topics = _fresh_topics(bootstrap)
+    topics = fresh_topics(bootstrap)
     store = tmp_path / "effector.sqlite"
     calls = Calls()
     first = _intent("i-1", b"c-1")
@@ -115,7 +93,7 @@ def test_a_redelivered_intent_gets_the_first_result_and_never_runs_twice(bootstr
     # in the store, the offset was never committed.
     crashed = Effector({"crm.lookup": calls}, mode=VerifyMode.REQUIRE, store=store, keyring=RING)
     assert crashed(first).ran_tool
-    produce(bootstrap, [(topics.intents, b"c-1", first, _now())])
+    produce(bootstrap, [(topics.intents, b"c-1", first, now_ms())])
     service = _service(bootstrap, topics, store, calls)
     try:
         assert _serve_until(service, 1) == [Route.DUPLICATE]
@@ -125,7 +103,7 @@ def test_a_redelivered_intent_gets_the_first_result_and_never_runs_twice(bootstr
     second = _intent("i-2", b"c-2")
     produce(
         bootstrap,
-        [(topics.intents, b"c-1", first, _now()), (topics.intents, b"c-2", second, _now())],
+        [(topics.intents, b"c-1", first, now_ms()), (topics.intents, b"c-2", second, now_ms())],
     )
     restarted = _service(bootstrap, topics, store, calls)
     try:
@@ -165,11 +143,11 @@ def test_a_result_the_broker_does_not_take_is_retried_and_the_intent_stays_uncom
 ):
     from confluent_kafka.admin import AdminClient, NewTopic
 
-    topics = _fresh_topics(bootstrap)
+    topics = fresh_topics(bootstrap)
     admin = AdminClient({"bootstrap.servers": bootstrap})
     admin.delete_topics([topics.events])[topics.events].result(30)
     store, calls = tmp_path / "effector.sqlite", Calls()
-    produce(bootstrap, [(topics.intents, b"c-1", _intent("i-4", b"c-1"), _now())])
+    produce(bootstrap, [(topics.intents, b"c-1", _intent("i-4", b"c-1"), now_ms())])
     # The broker creates no topics on its own: the result has nowhere to go, for now.
     failing = _service(
         bootstrap, topics, store, calls, producer_config={"message.timeout.ms": 3000}
@@ -203,11 +181,11 @@ def test_a_result_the_broker_does_not_take_is_retried_and_the_intent_stays_uncom
 
 @pytest.mark.engines
 def test_refused_intents_become_dead_letters_on_the_topic_and_are_committed(bootstrap, tmp_path):
-    topics = _fresh_topics(bootstrap)
+    topics = fresh_topics(bootstrap)
     calls = Calls()
     unsigned = intent(intent_id="i-3", entity_key=b"c-3", expires_at_ms=FAR)
-    produce(bootstrap, [(topics.intents, b"c-3", unsigned, _now())])
-    produce(bootstrap, [(topics.intents, b"c-3", b"\xff\xfe not a ToolIntent", _now())])
+    produce(bootstrap, [(topics.intents, b"c-3", unsigned, now_ms())])
+    produce(bootstrap, [(topics.intents, b"c-3", b"\xff\xfe not a ToolIntent", now_ms())])
     service = _service(bootstrap, topics, tmp_path / "effector.sqlite", calls)
     try:
         assert _serve_until(service, 2) == [Route.DEAD_LETTER, Route.DEAD_LETTER]
@@ -234,7 +212,7 @@ def test_an_intent_another_live_effector_holds_is_answered_once_that_effector_di
     """The in-flight copy is never committed as done: while the claimant lives the service
     reads it again; once it is gone, the service asks a person what happened (the tool is a
     plain one) without running the tool, and tells the agent nothing yet."""
-    topics = _fresh_topics(bootstrap)
+    topics = fresh_topics(bootstrap)
     store, calls = tmp_path / "effector.sqlite", Calls()
     held = _intent("i-9", b"c-9")
     claimant = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
@@ -252,7 +230,7 @@ def test_an_intent_another_live_effector_holds_is_answered_once_that_effector_di
             ),
             FAR,
         )
-        produce(bootstrap, [(topics.intents, b"c-9", held, _now())])
+        produce(bootstrap, [(topics.intents, b"c-9", held, now_ms())])
         service = _service(bootstrap, topics, store, calls)
         try:
             assert _serve_until(service, 2) == [Route.IN_FLIGHT, Route.IN_FLIGHT]
@@ -273,44 +251,6 @@ def test_an_intent_another_live_effector_holds_is_answered_once_that_effector_di
     assert records[topics.events] == []
     (inquiry,) = [ToolIntent.FromString(v) for _, v in records[topics.approvals]]
     assert inquiry.intent_id == "i-9" + INQUIRY_SUFFIX and inquiry.kind == ToolIntent.APPROVAL
-
-
-def test_a_producers_idempotency_header_drops_a_second_copy_through_the_loops_read_path():
-    """Records as ReadFromKafka gives them with their metadata, through the loop's own read
-    step and RunAgent: a copy re-sent with the same idempotency header runs once, though its
-    bytes (a re-stamped time) differ; a record without the header still runs."""
-    import apache_beam as beam
-    from apache_beam.testing.util import assert_that, equal_to
-
-    from beam_agents.kafka_bus import _RecordValues
-    from beam_agents.runtime import COMPLETIONS, RunAgent, agent
-
-    @agent(name="tests.echo/v1")
-    def echo(ctx, event: bytes) -> bytes:
-        return b"echo " + event
-
-    def record(at: int, data: bytes, key: bytes | None):
-        value = AgentEnvelope(entity_key=b"c-1", event_time_ms=at, external_event=data)
-        headers = [] if key is None else [beam.Row(key="idempotency-key", value=key)]
-        return beam.Row(key=b"c-1", value=value.SerializeToString(), headers=headers)
-
-    with beam.Pipeline() as pipeline:
-        values = (
-            pipeline
-            | beam.Create(
-                [
-                    record(1, b"refund 42", b"order-42"),
-                    record(2, b"refund 42", b"order-42"),
-                    record(3, b"other", None),
-                ],
-                reshuffle=False,
-            )
-            | beam.ParDo(_RecordValues("idempotency-key")).with_outputs("errors", main="values")
-        )
-        outputs = values.values | RunAgent(echo)
-        assert_that(
-            outputs[COMPLETIONS] | beam.Values(), equal_to([b"echo refund 42", b"echo other"])
-        )
 
 
 def _chaos_service(bootstrap, topics, directory, log_name, **env) -> Launched:
@@ -361,7 +301,7 @@ def test_effectors_killed_inside_tools_and_in_the_approval_window_lose_nothing(b
     tool runs again with the same key and the system keeps one effect, the reconciled one is
     found done and not run again, the plain one goes to a person whose answer becomes its
     result, and the approval request is sent on redelivery. No ERROR reaches the agent."""
-    topics = _fresh_topics(bootstrap)
+    topics = fresh_topics(bootstrap)
     approval = _tool_intent("ask", b"c-4", kind=ToolIntent.APPROVAL)
     for name in ("payments.refund", "crm.note", "mail.send"):
         (tmp_path / f"die-in-{name}").touch()
@@ -369,10 +309,10 @@ def test_effectors_killed_inside_tools_and_in_the_approval_window_lose_nothing(b
     produce(
         bootstrap,
         [
-            (topics.intents, b"c-1", _tool_intent("payments.refund", b"c-1"), _now()),
-            (topics.intents, b"c-2", _tool_intent("crm.note", b"c-2"), _now()),
-            (topics.intents, b"c-3", _tool_intent("mail.send", b"c-3"), _now()),
-            (topics.intents, b"c-4", approval, _now()),
+            (topics.intents, b"c-1", _tool_intent("payments.refund", b"c-1"), now_ms()),
+            (topics.intents, b"c-2", _tool_intent("crm.note", b"c-2"), now_ms()),
+            (topics.intents, b"c-3", _tool_intent("mail.send", b"c-3"), now_ms()),
+            (topics.intents, b"c-4", approval, now_ms()),
         ],
     )
     # Four faults, four kills: each restart redelivers the uncommitted intent.
@@ -397,7 +337,7 @@ def test_effectors_killed_inside_tools_and_in_the_approval_window_lose_nothing(b
         answer.approval.approver = "ops"
         answer.approval.intent_digest = content_digest(inquiry.SerializeToString())
         answer.approval.CopyFrom(sign(answer.approval, APPROVER_RING))
-        produce(bootstrap, [(topics.events, b"c-3", answer, _now())])
+        produce(bootstrap, [(topics.events, b"c-3", answer, now_ms())])
         records = reader.read(lambda r: len(r[topics.events]) >= 4, 60)
         reader.settle(2)
     finally:
@@ -435,7 +375,7 @@ def _first_served_after_restart(bootstrap, tmp_path, topics, name, **env) -> flo
     """Seconds from starting a service (its predecessor SIGKILLed, its session alive) to it
     serving an intent produced then."""
     first = _chaos_service(bootstrap, topics, tmp_path, f"{name}-1", **env)
-    produce(bootstrap, [(topics.intents, b"c-1", _tool_intent("crm.note", b"c-1"), _now())])
+    produce(bootstrap, [(topics.intents, b"c-1", _tool_intent("crm.note", b"c-1"), now_ms())])
     deadline = time.monotonic() + 60
     while not _served(first):
         assert time.monotonic() < deadline, first.log.read_text()
@@ -444,7 +384,7 @@ def _first_served_after_restart(bootstrap, tmp_path, topics, name, **env) -> flo
     first.stop()
     started = time.monotonic()
     second = _chaos_service(bootstrap, topics, tmp_path, f"{name}-2", **env)
-    produce(bootstrap, [(topics.intents, b"c-2", _tool_intent("crm.note", b"c-2"), _now())])
+    produce(bootstrap, [(topics.intents, b"c-2", _tool_intent("crm.note", b"c-2"), now_ms())])
     try:
         while "result" not in _served(second):
             assert time.monotonic() < started + 120, second.log.read_text()
@@ -468,80 +408,10 @@ def test_a_static_member_restarted_after_a_crash_serves_without_waiting_out_its_
     ):
         directory = tmp_path / name
         directory.mkdir()
-        topics = _fresh_topics(bootstrap)
+        topics = fresh_topics(bootstrap)
         timings[name] = _first_served_after_restart(bootstrap, directory, topics, name, **env)
     print(f"restart to first served: {timings}")
     # The dynamic member waited for the session to expire; the static one did not. Compared
     # with each other, not with the clock's 30 s: the broker's expiry check runs on its own
     # schedule, and a loaded machine shifts both.
     assert timings["static"] * 4 < timings["dynamic"]
-
-
-def _first_look(arrivals) -> None:
-    """Its first count, once the new topic's metadata reaches it (None until then): 0, and
-    every record after it counts."""
-    deadline = time.monotonic() + 30
-    while (first := arrivals()) is None:
-        assert time.monotonic() < deadline
-    assert first == 0
-
-
-@pytest.mark.engines
-def test_the_watchdogs_arrivals_are_committed_records_not_markers_or_aborted_ones(bootstrap):
-    from confluent_kafka import Producer
-
-    from beam_agents.flink import KafkaArrivals
-
-    topics = _fresh_topics(bootstrap)
-    produce(bootstrap, [(topics.events, b"c-1", b"there before the first look", _now())])
-    arrivals = KafkaArrivals(bootstrap, topics.events)
-    try:
-        _first_look(arrivals)
-        producer = Producer(
-            {"bootstrap.servers": bootstrap, "transactional.id": f"{topics.prefix}.tx"}
-        )
-        producer.init_transactions(30)
-        producer.begin_transaction()
-        producer.produce(topics.events, key=b"c-1", value=b"aborted", timestamp=_now())
-        producer.abort_transaction(30)
-        producer.begin_transaction()
-        for n in range(2):
-            producer.produce(topics.events, key=b"c-1", value=b"%d" % n, timestamp=_now())
-        producer.commit_transaction(30)
-        # Six offsets taken (an aborted record, two committed, two markers and the first
-        # record's): two records a job can read.
-        assert arrivals() == 2
-        produce(bootstrap, [(topics.events, b"c-2", b"one more", _now())])
-        assert arrivals() == 3
-    finally:
-        arrivals.close()
-
-
-@pytest.mark.engines
-def test_the_watchdogs_arrivals_count_a_partition_added_and_know_nothing_of_a_deleted_topic(
-    bootstrap,
-):
-    from confluent_kafka import Producer
-    from confluent_kafka.admin import AdminClient, NewPartitions
-
-    from beam_agents.flink import KafkaArrivals
-
-    topics = _fresh_topics(bootstrap)
-    admin = AdminClient({"bootstrap.servers": bootstrap})
-    arrivals = KafkaArrivals(bootstrap, topics.events, timeout_s=5)
-    try:
-        _first_look(arrivals)
-        admin.create_partitions([NewPartitions(topics.events, 2)])[topics.events].result(30)
-        producer = Producer({"bootstrap.servers": bootstrap})
-        for partition in (0, 1):
-            producer.produce(topics.events, b"x", b"c-1", partition=partition, timestamp=_now())
-        assert producer.flush(30) == 0
-        deadline = time.monotonic() + 30
-        while arrivals() != 2:  # the new partition's metadata reaches the client in time
-            assert time.monotonic() < deadline
-        admin.delete_topics([topics.events])[topics.events].result(30)
-        deadline = time.monotonic() + 30
-        while arrivals() is not None:  # unknown, never a count of 0
-            assert time.monotonic() < deadline
-    finally:
-        arrivals.close()

@@ -1,0 +1,165 @@
+"""What RunAgent's tests share (beam_agents/runtime/run_agent*_test.py): the probe agent, which
+drives the low-level contract from JSON commands in its event (`Probe`, `probe`, `command`), the
+example agent with a signing ring (`run_agent`), and envelope builders on a fixed clock (T0)."""
+
+from __future__ import annotations
+
+import json
+
+from beam_agents._protos import AgentEnvelope, Continuation, MemoryBlob, ToolIntent, ToolResult
+from beam_agents.core.signing import Keyring
+from beam_agents.examples.support_triage import scripted_model, ticket, triage
+from beam_agents.runtime import RunAgent, RuntimeConfig, ScriptedLlmClient
+
+__all__ = [
+    "CHARGED_TWICE",
+    "DAY",
+    "FAR",
+    "KEY",
+    "RING",
+    "SEQ",
+    "T0",
+    "Probe",
+    "approval",
+    "command",
+    "continuation",
+    "event",
+    "export",
+    "load_ring",
+    "memory_blob",
+    "message_bytes",
+    "probe",
+    "result",
+    "run_agent",
+    "scripted_llm",
+]
+
+KEY = b"c-1"
+T0 = 1_764_460_800_000
+SEQ = T0 * 1000  # a fresh key's first seq: its first event time in microsecond steps
+RING = Keyring({"runtime-2026-11": bytes(range(32))}, active="runtime-2026-11")
+CHARGED_TWICE = ticket("t-1", "c-1", "I was charged twice, please refund me")
+FAR = T0 + 10**8
+DAY = 24 * 60 * 60 * 1000
+
+
+def load_ring() -> Keyring:
+    return RING
+
+
+def run_agent(**overrides) -> RunAgent:
+    return RunAgent(triage, llm_client=scripted_model(), keyring_loader=load_ring, **overrides)
+
+
+def event(at: int, data: bytes, key: bytes = KEY) -> AgentEnvelope:
+    return AgentEnvelope(entity_key=key, event_time_ms=at, external_event=data)
+
+
+def export(at: int, request_id: str, key: bytes = KEY) -> AgentEnvelope:
+    envelope = AgentEnvelope(entity_key=key, event_time_ms=at)
+    envelope.export_request.request_id = request_id
+    return envelope
+
+
+def approval(at: int, approved_intent: ToolIntent, approved: bool = True) -> AgentEnvelope:
+    envelope = AgentEnvelope(entity_key=approved_intent.entity_key, event_time_ms=at)
+    envelope.approval.intent_id = approved_intent.intent_id
+    envelope.approval.approved = approved
+    envelope.approval.approver = "ops@example.com"
+    envelope.approval.decided_at_ms = at
+    return envelope
+
+
+def message_bytes(values) -> list[bytes]:
+    return [v if isinstance(v, bytes) else v.SerializeToString(deterministic=True) for v in values]
+
+
+class Probe:
+    """start: puts memory, asks the model, calls tools / asks approval (then suspends), or
+    completes; resume: completes with the answers it got. `raise_at` fails on purpose."""
+
+    adapter = "tests.probe/v1"
+
+    def start(self, ctx, event: bytes):
+        command = json.loads(event)
+        self._maybe_raise(command, "start")
+        for key, value in command.get("put", {}).items():
+            ctx.memory.put(key, value.encode())
+        self._maybe_raise(command, "after_put")
+        if "llm" in command:
+            ctx.llm([{"role": "user", "content": command["llm"]}], model="probe-model")
+        self._maybe_raise(command, "after_llm")
+        if command.get("calls"):
+            ctx.call_tools([(name, {"n": i}) for i, name in enumerate(command["calls"])])
+        if command.get("approval"):
+            ctx.request_approval("ok?")
+        self._maybe_raise(command, "after_call")
+        if ctx.intents:
+            deadline = command.get("deadline_ms")
+            return ctx.suspend(snapshot=event, deadline_ms=deadline)
+        if command.get("return") == "not bytes":
+            return ctx.complete("a str")
+        if command.get("return") == "nothing":
+            return None
+        return ctx.complete(b"done")
+
+    def resume(self, ctx, answers):
+        command = json.loads(ctx.resume_of.snapshot)
+        self._maybe_raise(command, "resume")
+        if "llm_on_resume" in command:
+            ctx.llm([{"role": "user", "content": command["llm_on_resume"]}], model="probe-model")
+        summary = [
+            (
+                a.intent.tool_name,
+                ToolResult.Status.Name(a.result.status)
+                if a.result
+                else ("approved" if a.ok else "declined"),
+            )
+            for a in answers
+        ]
+        summary.append(("escalations", ctx.resume_of.escalations))
+        return ctx.complete(json.dumps(summary).encode())
+
+    @staticmethod
+    def _maybe_raise(command, point):
+        if command.get("raise_at") == point:
+            raise RuntimeError(f"raised at {point}")
+
+
+def probe(config=None, registry=None) -> RunAgent:
+    return RunAgent(
+        Probe(), llm_client=scripted_llm(), config=config or RuntimeConfig(), registry=registry
+    )
+
+
+def scripted_llm():
+    return ScriptedLlmClient(lambda request: f"echo {request.messages[-1]['content']}")
+
+
+def command(at: int, key: bytes = KEY, **fields) -> AgentEnvelope:
+    return event(at, json.dumps(fields).encode(), key)
+
+
+def result(at: int, answered: str, status=ToolResult.OK, key: bytes = KEY) -> AgentEnvelope:
+    envelope = AgentEnvelope(entity_key=key, event_time_ms=at)
+    envelope.tool_result.CopyFrom(ToolResult(intent_id=answered, entity_key=key, status=status))
+    return envelope
+
+
+def continuation(**fields):
+    defaults = dict(
+        state_schema_version=1,
+        seq=7,
+        step_index=1,
+        pending_intent_ids=["i-0"],
+        adapter=Probe.adapter,
+        snapshot=json.dumps({}).encode(),
+        suspended_at_ms=T0,
+    )
+    return Continuation(**{**defaults, **fields})
+
+
+def memory_blob(version: int):
+    blob = MemoryBlob(state_schema_version=version, total_value_bytes=3)
+    blob.entries.add(key="restored", value=b"abc", last_access_ms=1)
+    return blob
