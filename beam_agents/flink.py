@@ -63,6 +63,14 @@ class FlinkRest:
         """The job's details: its state and its vertices with their status and metrics."""
         return self._call(f"/jobs/{jid}")
 
+    def subtasks(self, jid: str) -> dict[str, list[dict]]:
+        """{vertex name: its subtasks}, each with its task manager (`taskmanager-id`), status
+        and record counts: where a job runs, and how much each subtask did."""
+        return {
+            vertex["name"]: self._call(f"/jobs/{jid}/vertices/{vertex['id']}")["subtasks"]
+            for vertex in self.job(jid)["vertices"]
+        }
+
     def wait_for_new_job(
         self, known: set[str], check_alive: Callable[[], None], timeout_s: float = 180
     ) -> str:

@@ -16,8 +16,11 @@ twice), every approval request reached the approvals topic.
   without HA forgets its jobs, so the job is restored from its retained checkpoint on disk
   (`engines.sh latest-checkpoint JOB`); the keys suspended before the kill resume on their
   approvals after it, and the others' state is byte for byte what it was;
-* the Kafka read stalled (`engines.sh freeze-workers` stops the Java worker pool that runs
-  it): beam_agents.flink.ReadWatchdog reports it within a minute, and the job restored from
+* the effector service SIGKILLed and restarted, between intents;
+* every external event (tickets, approvals) produced twice, back to back, and once more after
+  every key completed;
+* the Kafka read stalled (`engines.sh freeze-workers` stops the job's Java SDK harness that
+  runs it): beam_agents.flink.ReadWatchdog reports it within a minute, and the job restored from
   its latest checkpoint loses and repeats nothing.
 """
 
@@ -136,6 +139,30 @@ def test_a_broker_down_45_s_before_and_after_the_approvals_loses_and_repeats_not
 
     _loop_under(loop, outage)
     print(f"repeats a deduping consumer dropped: {loop.reader.repeats}")
+
+
+def test_an_effector_killed_before_and_after_the_approvals_loses_and_repeats_nothing(loop):
+    _loop_under(loop, loop.kill_effector)
+    print(f"repeats a deduping consumer dropped: {loop.reader.repeats}")
+
+
+def test_external_events_produced_twice_and_again_after_completion_complete_each_key_once(loop):
+    job = loop.start_job()
+    tickets = [loop.ticket(k, "I was charged twice, refund me") for k in REFUNDS]
+    tickets += [loop.ticket(k, "how do I export my invoices?") for k in QUESTIONS]
+    loop.send(*tickets)
+    loop.send(*tickets)  # a producer's retry: the same records again
+    approvals = [approve(r) for r in _until_suspended(loop)]
+    loop.send(*approvals)
+    loop.send(*approvals)
+    _until_complete(loop)
+    loop.send(*tickets, *approvals)  # long after: a replayed topic
+    # Past a checkpoint, so the copies were read and their keys' state committed.
+    loop.rest.wait_for_checkpoint_after(job.jid, int(time.time() * 1000))
+    loop.reader.settle(5)
+    _assert_exactly_once(loop)
+    # The job dropped every copy: none became a record a consumer had to drop.
+    assert loop.reader.repeats[loop.topics.completions] == 0
 
 
 def test_a_jobmanager_killed_resumes_every_key_from_the_retained_checkpoint(loop, engines):

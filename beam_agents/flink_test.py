@@ -295,3 +295,23 @@ def test_a_reply_cut_short_is_a_flink_rest_error():
     finally:
         server.join(10)
         listener.close()
+
+
+def test_subtasks_names_each_vertex_with_the_task_manager_of_every_subtask():
+    def reply(request: Request) -> Reply:
+        vertices = {"v1": "Source: Kafka", "v2": "RunAgent"}
+        if request.path == "/jobs/j1":
+            body = {"vertices": [{"id": v, "name": n} for v, n in vertices.items()]}
+        else:
+            vertex = request.path.rsplit("/", 1)[1]
+            assert request.path == f"/jobs/j1/vertices/{vertex}" and vertex in vertices
+            count = 1 if vertex == "v1" else 2
+            body = {"subtasks": [{"subtask": i, "taskmanager-id": f"tm{i}"} for i in range(count)]}
+        return Reply(200, json.dumps(body).encode(), JSON)
+
+    with LocalHttpServer(reply) as server:
+        placed = FlinkRest(server.url).subtasks("j1")
+    assert {name: [s["taskmanager-id"] for s in subtasks] for name, subtasks in placed.items()} == {
+        "Source: Kafka": ["tm0"],
+        "RunAgent": ["tm0", "tm1"],
+    }

@@ -390,6 +390,7 @@ FLINK_REST=http://127.0.0.1:$flink_rest_port
 JOB_ENDPOINT=127.0.0.1:$job_port
 FLINK_SAVEPOINTS=$run/flink-savepoints
 FLINK_CHECKPOINTS=$run/flink-checkpoints
+LOGS=$logs
 EOF
 }
 

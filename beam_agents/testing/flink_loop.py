@@ -8,9 +8,11 @@ The effector is `beam-agents effector-service` with the demo's tools, or, with
 `close()` cancels the jobs, stops the processes and deletes the jobs' retained checkpoints.
 
 While `read` waits, a beam_agents.flink.ReadWatchdog watches the running job. A job whose
-Kafka read stalls (a known fault of Beam's Kafka read on portable Flink, whose cause is not
-found yet) is reported on stderr and in `stalls`, cancelled and restored from its latest
-retained checkpoint, as an operator would; a second stall of the same job fails the test.
+Kafka read stalls (seen while every job's Java harness ran in one shared worker pool, not
+since each job has its own: tools/engines/RESULTS.md) is reported on stderr, in `stalls` and
+in the engines' logs/stalls.log, cancelled and restored from its latest retained checkpoint,
+as an operator would; a second stall of the same job fails the test. `kill_effector` is a
+crash of the effector service and its supervisor's restart.
 """
 
 from __future__ import annotations
@@ -18,11 +20,14 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import json
+import os
 import shutil
+import signal
 import sqlite3
 import sys
 import time
 from collections import Counter
+from collections.abc import Sequence
 from pathlib import Path
 
 from beam_agents._protos import AgentEnvelope, ExecutionRecord, StateSnapshot
@@ -48,6 +53,8 @@ class Job:
     jid: str
     launcher: Launched
     state_schema: int
+    parallelism: int
+    options: tuple[str, ...] = ()
     restores: int = 0
 
 
@@ -92,8 +99,23 @@ class Loop:
                 "--keyring", "beam_agents.demo:demo_keyring",
                 "--result-keyring", "beam_agents.demo:demo_effector_keyring",
             ]  # fmt: skip
-        self.effector = self._launch(module, args, "effector")
-        self.effector.wait_for_output("serving")
+        self._effector_command = (module, args)
+        self._effector_runs = 0
+        self.effector = self._start_effector()
+
+    def _start_effector(self) -> Launched:
+        module, args = self._effector_command
+        self._effector_runs += 1
+        effector = self._launch(module, args, f"effector-{self._effector_runs}")
+        effector.wait_for_output("serving")
+        return effector
+
+    def kill_effector(self) -> None:
+        """SIGKILLs the effector service wherever it is and starts it again, as a supervisor
+        would: intents it had not committed are delivered to the new one."""
+        os.killpg(self.effector.process.pid, signal.SIGKILL)
+        self.effector.stop()
+        self.effector = self._start_effector()
 
     def _launch(self, module: str, args: list[str], name: str) -> Launched:
         """`python -m module args`, logged to name.log and stopped by close()."""
@@ -101,13 +123,22 @@ class Loop:
         self.launched.append(launched)
         return launched
 
-    def start_job(self, state_schema: int = 1, savepoint: str | None = None) -> Job:
-        jid, launcher = self._submit(state_schema, savepoint)
-        job = Job(jid, launcher, state_schema)
+    def start_job(
+        self,
+        state_schema: int = 1,
+        savepoint: str | None = None,
+        parallelism: int = 1,
+        options: Sequence[str] = (),
+    ) -> Job:
+        """Submits a job with `options` beside the engines' Flink options."""
+        jid, launcher = self._submit(state_schema, savepoint, parallelism, tuple(options))
+        job = Job(jid, launcher, state_schema, parallelism, tuple(options))
         self.jobs.append(job)
         return job
 
-    def _submit(self, state_schema: int, savepoint: str | None) -> tuple[str, Launched]:
+    def _submit(
+        self, state_schema: int, savepoint: str | None, parallelism: int, options: tuple
+    ) -> tuple[str, Launched]:
         known = set(self.rest.jobs())
         args = [
             "--kafka_bootstrap", self.bootstrap,
@@ -115,6 +146,8 @@ class Loop:
             "--expansion_service", self.engines.endpoints["EXPANSION_SERVICE"],
             "--state_schema", str(state_schema),
             *self.engines.flink_options(),
+            f"--parallelism={parallelism}",
+            *options,
         ]  # fmt: skip
         if savepoint is not None:
             args.append(f"--savepoint_path={savepoint}")
@@ -148,8 +181,9 @@ class Loop:
             [(self.topics.events, e.entity_key, e, e.event_time_ms) for e in envelopes],
         )
 
-    def ticket(self, key: bytes, text: str) -> AgentEnvelope:
-        customer = key.decode()
+    def ticket(self, key: bytes, text: str, customer: str | None = None) -> AgentEnvelope:
+        """A ticket for `key` from `customer` (the key's own name by default)."""
+        customer = customer or key.decode()
         return AgentEnvelope(
             entity_key=key,
             event_time_ms=int(time.time() * 1000),
@@ -183,6 +217,9 @@ class Loop:
         except ReadStalledError as e:
             self.stalls.append(str(e))
             print(f"flink_loop: {e}", file=sys.stderr, flush=True)
+            # Kept beside the engines' logs: a passing test's stderr is not shown.
+            with (Path(self.engines.endpoints["LOGS"]) / "stalls.log").open("a") as log:
+                log.write(f"{time.strftime('%Y-%m-%dT%H:%M:%S')} {e}\n")
             if job.restores:
                 raise
             self.restore(job)
@@ -195,7 +232,9 @@ class Loop:
         self.rest.wait_for_state(job.jid, {"CANCELED"})
         job.launcher.stop()
         checkpoint = self.engines.run("latest-checkpoint", job.jid)
-        job.jid, job.launcher = self._submit(job.state_schema, checkpoint)
+        job.jid, job.launcher = self._submit(
+            job.state_schema, checkpoint, job.parallelism, job.options
+        )
         job.restores += 1
 
     def count(self, topic: str) -> int:

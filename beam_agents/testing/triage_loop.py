@@ -1,12 +1,15 @@
 """The support-triage agent as a Kafka loop job: `python -m beam_agents.testing.triage_loop`.
 
     python -m beam_agents.testing.triage_loop --kafka_bootstrap HOST:PORT --topic_prefix P
-        --expansion_service HOST:PORT [--state_schema {1,2}] [BEAM PIPELINE OPTIONS]
+        --expansion_service HOST:PORT [--state_schema {1,2}] [--unchained]
+        [BEAM PIPELINE OPTIONS]
 
 builds the demo's loop job (beam_agents.demo.add_triage_loop), runs it and waits until the
 runner ends the job. `--state_schema 2` is the second binary of the upgrade test: the same job
 with the synthetic version-2 migration steps registered (beam_agents.testing.synthetic_v2).
-The transform names, and so the state a savepoint holds, are the same in both.
+The transform names, and so the state a savepoint holds, are the same in both. `--unchained`
+turns Flink's operator chaining off, so the job's savepoints can be restored at another
+parallelism (beam_agents/flink_upgrade_test.py).
 """
 
 from __future__ import annotations
@@ -31,8 +34,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--topic_prefix", required=True)
     parser.add_argument("--expansion_service", required=True)
     parser.add_argument("--state_schema", type=int, choices=[1, 2], default=1)
+    # Flink's runner option operator_chaining defaults to true, and Beam's Python side parses
+    # a runner's boolean option as a flag that can only set it: false has to be a keyword.
+    parser.add_argument("--unchained", action="store_true", help="Flink: no operator chaining")
     args, pipeline_args = parser.parse_known_args(argv)
-    pipeline = beam.Pipeline(options=PipelineOptions(pipeline_args))
+    chaining = {"operator_chaining": False} if args.unchained else {}
+    pipeline = beam.Pipeline(options=PipelineOptions(pipeline_args, **chaining))
     add_triage_loop(
         pipeline,
         kafka_bootstrap=args.kafka_bootstrap,
