@@ -59,7 +59,13 @@ class _Index:
 class _Indexes:
     """Indexes of recently written blobs by object identity, bounded by their entries. Holds
     each blob strongly, so an identity is never reused while its index is here (protobuf
-    messages take no weak references)."""
+    messages take no weak references).
+
+    A blob written in place of another (`put(..., replacing=old)`) drops the old one's index:
+    the key's state moved on, so the table holds about one blob per recently active key rather
+    than every version each key ever wrote (which held their bytes, event marks included, until
+    the bound pushed them out). Should state go back to the old blob (a failed bundle), its
+    index is built again on its first lookup."""
 
     def __init__(self, max_entries: int) -> None:
         self._max = max_entries
@@ -77,19 +83,25 @@ class _Indexes:
         # A blob changed after it was written (entries added or removed) is read afresh.
         return index if len(index.stamps) == len(blob.entries) else None
 
-    def put(self, blob, index: _Index) -> None:
+    def put(self, blob, index: _Index, replacing=None) -> None:
         size = len(index.stamps) + 1
-        if size > self._max:
-            return
         with self._lock:
-            old = self._table.pop(id(blob), None)
-            if old is not None:
-                self._held -= len(old[1].stamps) + 1
+            if replacing is not None and replacing is not blob:
+                self._pop(replacing)
+            if size > self._max:
+                return
+            self._pop(blob)
             self._table[id(blob)] = (blob, index)
             self._held += size
             while self._held > self._max:
                 _, (_, evicted) = self._table.popitem(last=False)
                 self._held -= len(evicted.stamps) + 1
+
+    def _pop(self, blob) -> None:
+        found = self._table.get(id(blob))
+        if found is not None and found[0] is blob:
+            del self._table[id(blob)]
+            self._held -= len(found[1].stamps) + 1
 
 
 # About 2**18 entries: some tens of MB at most, the recent working set of a worker's keys.
@@ -97,11 +109,11 @@ _INDEXES = _Indexes(1 << 18)
 
 
 def share_index(copy, source) -> None:
-    """Lets `copy`, a blob whose entries are `source`'s unchanged (a CopyFrom that changed only
-    other fields), use `source`'s index."""
+    """Gives `copy`, a blob written in place of `source` with `source`'s entries unchanged (a
+    CopyFrom that changed only other fields), `source`'s index."""
     index = _INDEXES.get(source)
     if index is not None:
-        _INDEXES.put(copy, index)
+        _INDEXES.put(copy, index, replacing=source)
 
 
 class _LruOverlay:
@@ -255,7 +267,7 @@ class _LruOverlay:
                 keys[key] = stamp
                 stamps.append(stamp)
                 stamp += 1
-        _INDEXES.put(blob, _Index(keys, stamps, frozenset(), total, stamp))
+        _INDEXES.put(blob, _Index(keys, stamps, frozenset(), total, stamp), replacing=base)
         return blob
 
     def __contains__(self, key: object) -> bool:
