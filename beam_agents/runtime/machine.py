@@ -161,6 +161,8 @@ def _first_after(marks: bytes, horizon: int) -> int:
     """The byte offset of the first mark made at or after `horizon` (marks are in time
     order)."""
     low, high = 0, len(marks) // _MARK
+    if not high or _TIME.unpack_from(marks)[0] >= horizon:
+        return 0  # the common case: every mark is inside the window
     while low < high:
         middle = (low + high) // 2
         if _TIME.unpack_from(marks, middle * _MARK)[0] < horizon:
@@ -435,12 +437,19 @@ class KeyMachine:
         if digests or marks:
             config = self._config
             stamp = _TIME.pack(latest)
-            marks += b"".join(stamp + digest for digest in digests)
+            added = b"".join([stamp + digest for digest in digests])
+            # The new marks are the latest, so the window and the cap cut only old ones (or,
+            # with a cap below the new marks, some of those); one copy of what stays.
             start = max(
                 _first_after(marks, latest - config.dedupe_window_ms),
-                len(marks) - config.dedupe_max_events * _MARK,
+                len(marks) + len(added) - config.dedupe_max_events * _MARK,
             )
-            blob.event_marks = marks[start:]
+            if start or added:
+                blob.event_marks = (
+                    b"".join((memoryview(marks)[start:], added))
+                    if start <= len(marks)
+                    else added[start - len(marks) :]
+                )
         return blob
 
     # -- external events --------------------------------------------------------------------
