@@ -31,6 +31,7 @@ import bisect
 import collections
 import dataclasses
 import hashlib
+import math
 import threading
 from collections.abc import Callable, Iterator
 
@@ -45,15 +46,26 @@ __all__ = ["Memory", "ReplayCache", "share_index"]
 class _Index:
     """Where each live key of a blob sits. Shared by every overlay on the blob: never changed.
 
-    `stamps[position]` grows with the position, so a key's position is the bisection of its
-    stamp; `dead` holds positions a later entry of the same key shadows (only in blobs that
-    `to_blob` did not write)."""
+    A key's stamp is in `recent` (-1: no longer live), else in `keys`; `keys` is shared along a
+    key's blobs and `recent` holds what changed since it was built, folded into a new `keys`
+    once it outgrows about the square root of it, so a commit copies O(sqrt(n)) of the index,
+    not all of it. `stamps[position]` grows with the position, so a key's position is the
+    bisection of its stamp; `dead` holds positions a later entry of the same key shadows (only
+    in blobs that `to_blob` did not write); `live` counts the live keys."""
 
     keys: dict[str, int]
+    recent: dict[str, int]
+    live: int
     stamps: list[int]
     dead: frozenset[int]
     total: int
     next_stamp: int
+
+    def stamp(self, key: str) -> int | None:
+        stamp = self.recent.get(key)
+        if stamp is None:
+            return self.keys.get(key)
+        return stamp if stamp >= 0 else None
 
 
 class _Indexes:
@@ -163,14 +175,15 @@ class _LruOverlay:
                 total -= size(entries[earlier])
             keys[key] = position
             total += size(entry)
-        return _Index(keys, list(range(len(entries))), frozenset(dead), total, len(entries))
+        positions = list(range(len(entries)))
+        return _Index(keys, {}, len(keys), positions, frozenset(dead), total, len(entries))
 
     def _position(self, key: str) -> int | None:
         """The live base position of `key`, if it has one."""
         if key in self._dropped:
             return None
         index = self._built()
-        stamp = index.keys.get(key)
+        stamp = index.stamp(key)
         return None if stamp is None else bisect.bisect_left(index.stamps, stamp)
 
     def _drop(self, key: str, position: int):
@@ -257,24 +270,35 @@ class _LruOverlay:
         # Set, not merged: MergeFrom skips proto3 zeros, so a total that dropped to 0 would
         # keep its old value.
         setattr(blob, total_field, total)
-        keys = dict(index.keys)
+        keys, recent = index.keys, dict(index.recent)
         for key in self._dropped:
-            del keys[key]
+            recent[key] = -1
         stamp = index.next_stamp
         if self._overlay:
             stamps = stamps if removed else list(stamps)
             for key in self._overlay:
-                keys[key] = stamp
+                recent[key] = stamp
                 stamps.append(stamp)
                 stamp += 1
-        _INDEXES.put(blob, _Index(keys, stamps, frozenset(), total, stamp), replacing=base)
+        if len(recent) > 16 + math.isqrt(len(keys)):
+            keys = dict(keys)
+            for key, at in recent.items():
+                if at < 0:
+                    keys.pop(key, None)
+                else:
+                    keys[key] = at
+            recent = {}
+        live = index.live - len(self._dropped) + len(self._overlay)
+        _INDEXES.put(
+            blob, _Index(keys, recent, live, stamps, frozenset(), total, stamp), replacing=base
+        )
         return blob
 
     def __contains__(self, key: object) -> bool:
         return key in self._overlay or self._position(key) is not None
 
     def __len__(self) -> int:
-        return len(self._built().keys) - len(self._dropped) + len(self._overlay)
+        return self._built().live - len(self._dropped) + len(self._overlay)
 
     def keys(self) -> Iterator[str]:
         """Keys, least recent first (does not touch their order)."""
