@@ -476,20 +476,23 @@ class ActivationContext:
         attributes: Mapping[str, str],
         parent: bytes | None = None,
     ) -> None:
-        self.traces.append(
-            TraceEvent(
-                trace_id=self.trace_id,
-                span_id=span,
-                parent_span_id=self.span_id if parent is None else parent,
-                entity_key=self.entity_key,
-                seq=self.seq,
-                step_index=step,
-                event_type=event_type,
-                attributes=attributes,
-                start_ms=self.now_ms,
-                end_ms=self.now_ms,
-            )
+        event = TraceEvent(
+            trace_id=self.trace_id,
+            span_id=span,
+            parent_span_id=self.span_id if parent is None else parent,
+            entity_key=self.entity_key,
+            seq=self.seq,
+            step_index=step,
+            event_type=event_type,
+            start_ms=self.now_ms,
+            end_ms=self.now_ms,
         )
+        # Item by item: a map field's update() is the generic MutableMapping one (an ABC
+        # isinstance check, then the same loop in Python), on every activation's path.
+        fields = event.attributes
+        for name, value in attributes.items():
+            fields[name] = value
+        self.traces.append(event)
 
     def trace_activation(self, event_type, attributes: Mapping[str, str]) -> None:
         """ACTIVATION_START and ACTIVATION_END carry the activation's own span."""
