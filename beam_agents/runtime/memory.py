@@ -27,6 +27,7 @@ replay that diverged, but it reads as a miss.
 
 from __future__ import annotations
 
+import array
 import bisect
 import collections
 import dataclasses
@@ -56,7 +57,7 @@ class _Index:
     keys: dict[str, int]
     recent: dict[str, int]
     live: int
-    stamps: list[int]
+    stamps: array.array  # of int64: 8 bytes a stamp, no int object each
     dead: frozenset[int]
     total: int
     next_stamp: int
@@ -116,8 +117,11 @@ class _Indexes:
             self._held -= len(found[1].stamps) + 1
 
 
-# About 2**18 entries: some tens of MB at most, the recent working set of a worker's keys.
-_INDEXES = _Indexes(1 << 18)
+# About 2**20 entries, some 110 MB at most (106 bytes an entry): the indexes of about as many
+# memory entries as a portable harness's state cache holds by default (100 MB), so that a key
+# whose blob the harness hands back still finds its index. A key past it rebuilds its index on
+# its first lookup: a pass over its entries that costs some ten encodings of the blob.
+_INDEXES = _Indexes(1 << 20)
 
 
 def share_index(copy, source) -> None:
@@ -175,7 +179,7 @@ class _LruOverlay:
                 total -= size(entries[earlier])
             keys[key] = position
             total += size(entry)
-        positions = list(range(len(entries)))
+        positions = array.array("q", range(len(entries)))
         return _Index(keys, {}, len(keys), positions, frozenset(dead), total, len(entries))
 
     def _position(self, key: str) -> int | None:
@@ -260,7 +264,7 @@ class _LruOverlay:
         removed = sorted(self._gone | index.dead, reverse=True)
         stamps = index.stamps
         if removed:
-            stamps = list(stamps)
+            stamps = array.array("q", stamps)
             for position in removed:
                 del blob.entries[position]
                 del stamps[position]
@@ -275,7 +279,7 @@ class _LruOverlay:
             recent[key] = -1
         stamp = index.next_stamp
         if self._overlay:
-            stamps = stamps if removed else list(stamps)
+            stamps = stamps if removed else array.array("q", stamps)
             for key in self._overlay:
                 recent[key] = stamp
                 stamps.append(stamp)
