@@ -95,7 +95,7 @@ _INT64_MAX = 2**63 - 1
 _SEQ_PER_MS = 1000
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, slots=True)
 class KeyState:
     """A key's state as stored, each blob at whatever version wrote it. Never mutated."""
 
