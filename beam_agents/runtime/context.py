@@ -168,9 +168,11 @@ class LlmResponse:
     def to_bytes(self) -> bytes:
         """RFC 8785 JSON: how a response is kept in the replay cache (never pickle). An answer
         without tool calls has the bytes it had before they existed."""
-        fields = dataclasses.asdict(self)
-        fields["tool_calls"] = list(fields["tool_calls"])
-        if not self.tool_calls:
+        # Field by field: dataclasses.asdict deep-copies every value, on every model call.
+        fields = {field.name: getattr(self, field.name) for field in dataclasses.fields(self)}
+        if self.tool_calls:
+            fields["tool_calls"] = [dataclasses.asdict(call) for call in self.tool_calls]
+        else:
             del fields["tool_calls"]
         return canonical_args_json(fields).encode("utf-8")
 
