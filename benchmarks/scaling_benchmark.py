@@ -70,6 +70,8 @@ def measure(keys: int, kib: int, passes: int) -> tuple[float, float]:
         for key in cells:
             key.send(event)
         per_pass.append((time.perf_counter() - start) / keys * 1e6)
+        for key in cells:
+            key.written.clear()  # the driver's log for its floor; no floor here
     sample = cells[:: max(1, keys // 100)]
     return statistics.median(per_pass[1:]), statistics.mean(map(_state_bytes, sample))
 

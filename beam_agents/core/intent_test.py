@@ -9,6 +9,7 @@ import types
 import uuid
 
 import pytest
+import rfc8785
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -203,3 +204,27 @@ def test_values_json_cannot_carry_are_rejected_naming_where(args, path, reason):
     assert raised.value.path == path
     assert reason in str(raised.value)
     assert isinstance(raised.value, BeamAgentsError)
+
+
+@settings(max_examples=500, deadline=None)
+@given(
+    st.dictionaries(
+        st.text(max_size=8),
+        st.recursive(
+            st.none()
+            | st.booleans()
+            | st.integers(-MAX_SAFE_INTEGER, MAX_SAFE_INTEGER)
+            | st.text(st.characters(codec="utf-8"), max_size=12)
+            | st.sampled_from(['\x00\x1f\x7f\b\t\n\f\r"\\/', "\u2028\ue000\U0001f600"]),
+            lambda inner: (
+                st.lists(inner, max_size=4)
+                | st.dictionaries(st.text(max_size=4), inner, max_size=4)
+            ),
+            max_leaves=20,
+        ),
+        max_size=6,
+    )
+)
+def test_plain_arguments_are_written_exactly_as_rfc8785_writes_them(args):
+    # canonical_args_json writes these through json.dumps: the text must be RFC 8785's.
+    assert canonical_args_json(args) == rfc8785.dumps(args).decode("utf-8")

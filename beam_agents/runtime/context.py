@@ -168,9 +168,11 @@ class LlmResponse:
     def to_bytes(self) -> bytes:
         """RFC 8785 JSON: how a response is kept in the replay cache (never pickle). An answer
         without tool calls has the bytes it had before they existed."""
-        fields = dataclasses.asdict(self)
-        fields["tool_calls"] = list(fields["tool_calls"])
-        if not self.tool_calls:
+        # Field by field: dataclasses.asdict deep-copies every value, on every model call.
+        fields = {field.name: getattr(self, field.name) for field in dataclasses.fields(self)}
+        if self.tool_calls:
+            fields["tool_calls"] = [dataclasses.asdict(call) for call in self.tool_calls]
+        else:
             del fields["tool_calls"]
         return canonical_args_json(fields).encode("utf-8")
 
@@ -476,20 +478,23 @@ class ActivationContext:
         attributes: Mapping[str, str],
         parent: bytes | None = None,
     ) -> None:
-        self.traces.append(
-            TraceEvent(
-                trace_id=self.trace_id,
-                span_id=span,
-                parent_span_id=self.span_id if parent is None else parent,
-                entity_key=self.entity_key,
-                seq=self.seq,
-                step_index=step,
-                event_type=event_type,
-                attributes=attributes,
-                start_ms=self.now_ms,
-                end_ms=self.now_ms,
-            )
+        event = TraceEvent(
+            trace_id=self.trace_id,
+            span_id=span,
+            parent_span_id=self.span_id if parent is None else parent,
+            entity_key=self.entity_key,
+            seq=self.seq,
+            step_index=step,
+            event_type=event_type,
+            start_ms=self.now_ms,
+            end_ms=self.now_ms,
         )
+        # Item by item: a map field's update() is the generic MutableMapping one (an ABC
+        # isinstance check, then the same loop in Python), on every activation's path.
+        fields = event.attributes
+        for name, value in attributes.items():
+            fields[name] = value
+        self.traces.append(event)
 
     def trace_activation(self, event_type, attributes: Mapping[str, str]) -> None:
         """ACTIVATION_START and ACTIVATION_END carry the activation's own span."""

@@ -95,7 +95,7 @@ _INT64_MAX = 2**63 - 1
 _SEQ_PER_MS = 1000
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, slots=True)
 class KeyState:
     """A key's state as stored, each blob at whatever version wrote it. Never mutated."""
 
@@ -161,6 +161,8 @@ def _first_after(marks: bytes, horizon: int) -> int:
     """The byte offset of the first mark made at or after `horizon` (marks are in time
     order)."""
     low, high = 0, len(marks) // _MARK
+    if not high or _TIME.unpack_from(marks)[0] >= horizon:
+        return 0  # the common case: every mark is inside the window
     while low < high:
         middle = (low + high) // 2
         if _TIME.unpack_from(marks, middle * _MARK)[0] < horizon:
@@ -327,7 +329,7 @@ class KeyMachine:
             # first, as if its timer had fired, and sets the TTL anew.
             self._due(work, _ms(_due_at(suspended)))
             return self._finish(work)
-        if self._ttl_at(state, 0) > fired_ms:
+        if self._ttl_at(state.memory, state.continuation, 0) > fired_ms:
             work.count("stale_ttl_timers")  # the TTL moved forward since it was set
             return work.effects
         if suspended is not None:
@@ -390,26 +392,30 @@ class KeyMachine:
             suspended = continuation if continuation is not None else state.continuation
             effects.deadline_at = None if suspended is None else _due_at(suspended)
             effects.ttl_at = (
-                None
-                if state.empty
-                else self._ttl_at(dataclasses.replace(state, continuation=suspended), work.anchor)
+                None if state.empty else self._ttl_at(state.memory, suspended, work.anchor)
             )
             # A blob the input did not replace is written back as it was read: its migrated
             # view reaches state only with a change of its own.
-            effects.state = dataclasses.replace(
-                state,
-                **{
-                    name: getattr(work.stored, name)
-                    for name in ("memory", "cache", "continuation")
-                    if getattr(state, name) is getattr(work.current, name)
-                },
+            current, stored = work.current, work.stored
+            effects.state = KeyState(
+                seq=state.seq,
+                memory=stored.memory if state.memory is current.memory else state.memory,
+                cache=stored.cache if state.cache is current.cache else state.cache,
+                continuation=(
+                    stored.continuation
+                    if state.continuation is current.continuation
+                    else state.continuation
+                ),
+                pending=state.pending,
             )
         return effects
 
-    def _ttl_at(self, state: KeyState, anchor: int) -> int:
-        latest = max(anchor, state.memory.last_activity_ms if state.memory is not None else 0)
-        if state.continuation is not None:
-            latest = max(latest, _due_at(state.continuation))
+    def _ttl_at(
+        self, memory: MemoryBlob | None, suspended: Continuation | None, anchor: int
+    ) -> int:
+        latest = max(anchor, memory.last_activity_ms if memory is not None else 0)
+        if suspended is not None:
+            latest = max(latest, _due_at(suspended))
         return _saturating_add(latest, self._config.ttl_ms)
 
     def _marked(
@@ -435,12 +441,19 @@ class KeyMachine:
         if digests or marks:
             config = self._config
             stamp = _TIME.pack(latest)
-            marks += b"".join(stamp + digest for digest in digests)
+            added = b"".join([stamp + digest for digest in digests])
+            # The new marks are the latest, so the window and the cap cut only old ones (or,
+            # with a cap below the new marks, some of those); one copy of what stays.
             start = max(
                 _first_after(marks, latest - config.dedupe_window_ms),
-                len(marks) - config.dedupe_max_events * _MARK,
+                len(marks) + len(added) - config.dedupe_max_events * _MARK,
             )
-            blob.event_marks = marks[start:]
+            if start or added:
+                blob.event_marks = (
+                    b"".join((memoryview(marks)[start:], added))
+                    if start <= len(marks)
+                    else added[start - len(marks) :]
+                )
         return blob
 
     # -- external events --------------------------------------------------------------------

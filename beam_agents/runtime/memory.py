@@ -27,10 +27,12 @@ replay that diverged, but it reads as a miss.
 
 from __future__ import annotations
 
+import array
 import bisect
 import collections
 import dataclasses
 import hashlib
+import math
 import threading
 from collections.abc import Callable, Iterator
 
@@ -45,21 +47,38 @@ __all__ = ["Memory", "ReplayCache", "share_index"]
 class _Index:
     """Where each live key of a blob sits. Shared by every overlay on the blob: never changed.
 
-    `stamps[position]` grows with the position, so a key's position is the bisection of its
-    stamp; `dead` holds positions a later entry of the same key shadows (only in blobs that
-    `to_blob` did not write)."""
+    A key's stamp is in `recent` (-1: no longer live), else in `keys`; `keys` is shared along a
+    key's blobs and `recent` holds what changed since it was built, folded into a new `keys`
+    once it outgrows about the square root of it, so a commit copies O(sqrt(n)) of the index,
+    not all of it. `stamps[position]` grows with the position, so a key's position is the
+    bisection of its stamp; `dead` holds positions a later entry of the same key shadows (only
+    in blobs that `to_blob` did not write); `live` counts the live keys."""
 
     keys: dict[str, int]
-    stamps: list[int]
+    recent: dict[str, int]
+    live: int
+    stamps: array.array  # of int64: 8 bytes a stamp, no int object each
     dead: frozenset[int]
     total: int
     next_stamp: int
+
+    def stamp(self, key: str) -> int | None:
+        stamp = self.recent.get(key)
+        if stamp is None:
+            return self.keys.get(key)
+        return stamp if stamp >= 0 else None
 
 
 class _Indexes:
     """Indexes of recently written blobs by object identity, bounded by their entries. Holds
     each blob strongly, so an identity is never reused while its index is here (protobuf
-    messages take no weak references)."""
+    messages take no weak references).
+
+    A blob written in place of another (`put(..., replacing=old)`) drops the old one's index:
+    the key's state moved on, so the table holds about one blob per recently active key rather
+    than every version each key ever wrote (which held their bytes, event marks included, until
+    the bound pushed them out). Should state go back to the old blob (a failed bundle), its
+    index is built again on its first lookup."""
 
     def __init__(self, max_entries: int) -> None:
         self._max = max_entries
@@ -77,31 +96,40 @@ class _Indexes:
         # A blob changed after it was written (entries added or removed) is read afresh.
         return index if len(index.stamps) == len(blob.entries) else None
 
-    def put(self, blob, index: _Index) -> None:
+    def put(self, blob, index: _Index, replacing=None) -> None:
         size = len(index.stamps) + 1
-        if size > self._max:
-            return
         with self._lock:
-            old = self._table.pop(id(blob), None)
-            if old is not None:
-                self._held -= len(old[1].stamps) + 1
+            if replacing is not None and replacing is not blob:
+                self._pop(replacing)
+            if size > self._max:
+                return
+            self._pop(blob)
             self._table[id(blob)] = (blob, index)
             self._held += size
             while self._held > self._max:
                 _, (_, evicted) = self._table.popitem(last=False)
                 self._held -= len(evicted.stamps) + 1
 
+    def _pop(self, blob) -> None:
+        found = self._table.get(id(blob))
+        if found is not None and found[0] is blob:
+            del self._table[id(blob)]
+            self._held -= len(found[1].stamps) + 1
 
-# About 2**18 entries: some tens of MB at most, the recent working set of a worker's keys.
-_INDEXES = _Indexes(1 << 18)
+
+# About 2**20 entries, some 110 MB at most (106 bytes an entry): the indexes of about as many
+# memory entries as a portable harness's state cache holds by default (100 MB), so that a key
+# whose blob the harness hands back still finds its index. A key past it rebuilds its index on
+# its first lookup: a pass over its entries that costs some ten encodings of the blob.
+_INDEXES = _Indexes(1 << 20)
 
 
 def share_index(copy, source) -> None:
-    """Lets `copy`, a blob whose entries are `source`'s unchanged (a CopyFrom that changed only
-    other fields), use `source`'s index."""
+    """Gives `copy`, a blob written in place of `source` with `source`'s entries unchanged (a
+    CopyFrom that changed only other fields), `source`'s index."""
     index = _INDEXES.get(source)
     if index is not None:
-        _INDEXES.put(copy, index)
+        _INDEXES.put(copy, index, replacing=source)
 
 
 class _LruOverlay:
@@ -151,14 +179,15 @@ class _LruOverlay:
                 total -= size(entries[earlier])
             keys[key] = position
             total += size(entry)
-        return _Index(keys, list(range(len(entries))), frozenset(dead), total, len(entries))
+        positions = array.array("q", range(len(entries)))
+        return _Index(keys, {}, len(keys), positions, frozenset(dead), total, len(entries))
 
     def _position(self, key: str) -> int | None:
         """The live base position of `key`, if it has one."""
         if key in self._dropped:
             return None
         index = self._built()
-        stamp = index.keys.get(key)
+        stamp = index.stamp(key)
         return None if stamp is None else bisect.bisect_left(index.stamps, stamp)
 
     def _drop(self, key: str, position: int):
@@ -235,7 +264,7 @@ class _LruOverlay:
         removed = sorted(self._gone | index.dead, reverse=True)
         stamps = index.stamps
         if removed:
-            stamps = list(stamps)
+            stamps = array.array("q", stamps)
             for position in removed:
                 del blob.entries[position]
                 del stamps[position]
@@ -245,24 +274,35 @@ class _LruOverlay:
         # Set, not merged: MergeFrom skips proto3 zeros, so a total that dropped to 0 would
         # keep its old value.
         setattr(blob, total_field, total)
-        keys = dict(index.keys)
+        keys, recent = index.keys, dict(index.recent)
         for key in self._dropped:
-            del keys[key]
+            recent[key] = -1
         stamp = index.next_stamp
         if self._overlay:
-            stamps = stamps if removed else list(stamps)
+            stamps = stamps if removed else array.array("q", stamps)
             for key in self._overlay:
-                keys[key] = stamp
+                recent[key] = stamp
                 stamps.append(stamp)
                 stamp += 1
-        _INDEXES.put(blob, _Index(keys, stamps, frozenset(), total, stamp))
+        if len(recent) > 16 + math.isqrt(len(keys)):
+            keys = dict(keys)
+            for key, at in recent.items():
+                if at < 0:
+                    keys.pop(key, None)
+                else:
+                    keys[key] = at
+            recent = {}
+        live = index.live - len(self._dropped) + len(self._overlay)
+        _INDEXES.put(
+            blob, _Index(keys, recent, live, stamps, frozenset(), total, stamp), replacing=base
+        )
         return blob
 
     def __contains__(self, key: object) -> bool:
         return key in self._overlay or self._position(key) is not None
 
     def __len__(self) -> int:
-        return len(self._built().keys) - len(self._dropped) + len(self._overlay)
+        return self._built().live - len(self._dropped) + len(self._overlay)
 
     def keys(self) -> Iterator[str]:
         """Keys, least recent first (does not touch their order)."""

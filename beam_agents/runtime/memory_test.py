@@ -203,6 +203,35 @@ def test_the_cache_blob_round_trips_in_order():
 def test_memory_behaves_as_a_plain_lru_across_activations(initial, activations, budget):
     """Each activation reads what the previous one wrote, through the index derived at write
     time (and a copy that shares it), never a blob rebuilt from scratch."""
+    _across_activations(initial, activations, budget)
+
+
+_WIDE_KEYS = [f"k{i}" for i in range(48)]
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.dictionaries(st.sampled_from(_WIDE_KEYS), st.binary(max_size=4), max_size=40),
+    st.lists(
+        st.lists(
+            st.tuples(
+                st.sampled_from(["put", "get", "delete"]),
+                st.sampled_from(_WIDE_KEYS),
+                st.binary(max_size=4),
+            ),
+            max_size=12,
+        ),
+        min_size=20,
+        max_size=40,
+    ),
+)
+def test_an_index_whose_recent_changes_fold_still_finds_every_key(initial, activations):
+    """Enough keys change along a chain of blobs that the index folds its recent changes into
+    a new key table (deleted keys included) more than once."""
+    _across_activations(initial, activations, None)
+
+
+def _across_activations(initial, activations, budget) -> None:
     blob = MemoryBlob(state_schema_version=1)
     for key, value in initial.items():
         blob.entries.add(key=key, value=value)
