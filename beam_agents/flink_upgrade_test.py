@@ -9,6 +9,11 @@ executed twice. Then the roll-back: job 1 restored from job 2's savepoint wedges
 committed (its bundle fails, nothing is emitted for it), and job 2 restored again clears the
 wedge and finds the key's bytes exactly as it left them.
 
+Then the scale-out: a loop stopped with a savepoint at parallelism 1 is restored at
+parallelism 2 on two task managers. Every key continues where it was (the suspended ones resume
+on their approvals, the others' state is byte for byte what it was), both task managers run a
+share of the keys, and the loop's throughput at each parallelism is printed side by side.
+
 The effector is its own process (`beam-agents effector-service`) reading the intents topic,
 with its records in SQLite. Engines are started through tools/engines.sh unless they run
 already, and only those started here are stopped.
@@ -16,6 +21,7 @@ already, and only those started here are stopped.
 
 from __future__ import annotations
 
+import json
 import time
 from collections import Counter
 
@@ -23,6 +29,7 @@ import pytest
 
 from beam_agents._protos import AgentEnvelope, ToolIntent
 from beam_agents.demo import approve
+from beam_agents.flink import KafkaArrivals
 from beam_agents.kafka_bus import produce
 from beam_agents.testing.engines import Engines
 from beam_agents.testing.flink_loop import Loop
@@ -35,6 +42,15 @@ QUESTIONS = [b"c-2", b"c-4", b"c-6"]  # complete with the customer in memory
 KEYS = REFUNDS + QUESTIONS
 #: Bytes that are no AgentEnvelope (a truncated varint).
 UNDECODABLE = b"\xff"
+#: Questions sent at once, to new keys, to measure the loop's throughput.
+BURST = 60
+#: Beam runs Impulse at parallelism 1: chained to the Kafka read's first steps at parallelism
+#: 1 and not above, which changes Flink's generated ids of those operators, so a savepoint taken
+#: at 1 cannot be restored at 2. Unchained, every operator keeps its id at any parallelism.
+RESCALABLE = ("--unchained",)
+#: The vertex that holds the agents' state: Beam's stage that starts with RunAgent's stateful
+#: step (the stage before it ends with RunAgent's keying).
+RUN_AGENT = "TriageLoop/{RunAgent"
 #: The dead letters of the junk job 1 is sent: (entity_key, reason).
 JUNK = Counter({(b"", "undecodable_envelope"): 2, (b"c-9", "empty_envelope"): 1})
 
@@ -165,3 +181,95 @@ def test_a_savepoint_upgrade_migrates_every_key_on_first_read_and_a_roll_back_we
     assert again.llm_cache == left.llm_cache and again.seq == left.seq
     assert loop.dead_letters() == JUNK  # and nothing else
     loop.rest.cancel(job4.jid)
+
+
+def _burst(loop, label: str) -> float:
+    """Questions from a known customer to BURST new keys at once; completions per second from
+    the first sent to the last completed (the whole loop: Kafka, the job, the effector)."""
+    before = _count(loop.reader.records, loop.topics.completions)
+    keys = [f"{label}-{i}".encode() for i in range(BURST)]
+    started = time.monotonic()
+    loop.send(*(loop.ticket(k, "how do I export my invoices?", customer="c-2") for k in keys))
+    loop.read(lambda r: _count(r, loop.topics.completions) == before + BURST, timeout_s=300)
+    return BURST / (time.monotonic() - started)
+
+
+def _run_agent_subtasks(loop, jid: str) -> list[dict]:
+    placed = loop.rest.subtasks(jid)
+    (keyed,) = [name for name in placed if RUN_AGENT in name]
+    return placed[keyed]
+
+
+def _agent_reads(loop, jid: str) -> int:
+    return sum(s["metrics"]["read-records"] for s in _run_agent_subtasks(loop, jid))
+
+
+def test_a_loop_saved_at_parallelism_1_continues_every_key_at_parallelism_2_on_two_task_managers(
+    loop, engines
+):
+    topics = loop.topics
+    job1 = loop.start_job(options=RESCALABLE)
+    loop.send(*(loop.ticket(k, "I was charged twice, refund me") for k in REFUNDS))
+    loop.send(*(loop.ticket(k, "how do I export my invoices?") for k in QUESTIONS))
+    loop.read(lambda r: _count(r, topics.completions) == 3 and _count(r, topics.approvals) == 3)
+    one = _burst(loop, "p1")
+    assert len(_run_agent_subtasks(loop, job1.jid)) == 1
+    loop.send(*(loop.export(k, f"p1-{k.decode()}") for k in KEYS))
+    loop.read(lambda r: _count(r, topics.snapshots) == len(KEYS))
+    before = loop.snapshots("p1-")
+    savepoint = loop.savepoint(job1)
+
+    engines.run("add-taskmanager")
+    arrivals = KafkaArrivals(loop.bootstrap, topics.events)
+    try:
+        assert arrivals() == 0  # counts what arrives from now on
+        job2 = loop.start_job(savepoint=savepoint, parallelism=2, options=RESCALABLE)
+        subtasks = _run_agent_subtasks(loop, job2.jid)
+        assert len({s["taskmanager-id"] for s in subtasks}) == 2  # one on each task manager
+        loop.send(*(approve(a) for a in loop.messages(topics.approvals, ToolIntent)))
+        loop.read(lambda r: _count(r, topics.completions) == 3 + BURST + 3)
+        two = _burst(loop, "p2")
+        # Both subtasks ran agents: the keys, old and new, are split between them.
+        assert all(s["metrics"]["read-records"] > 0 for s in _run_agent_subtasks(loop, job2.jid))
+        loop.send(*(loop.export(k, f"p2-{k.decode()}") for k in KEYS))
+        loop.read(lambda r: len(loop.snapshots("p2-")) == len(KEYS))
+        after = loop.snapshots("p2-")
+        # Each event read once: the Impulse whose state was dropped started no second reader
+        # of the partition the restored read goes on with.
+        arrived, deadline = arrivals(), time.monotonic() + 30
+        while _agent_reads(loop, job2.jid) != arrived and time.monotonic() < deadline:
+            time.sleep(1)  # Flink's metrics trail by a second
+        assert _agent_reads(loop, job2.jid) == arrived
+        loop.rest.cancel(job2.jid)  # before its task manager goes: no failover to wait out
+        loop.rest.wait_for_state(job2.jid, {"CANCELED"})
+    finally:
+        arrivals.close()
+        engines.run("remove-taskmanager")
+
+    for key in QUESTIONS:  # untouched since the savepoint: the same state, wherever it went
+        for part in ("memory", "llm_cache", "continuation"):
+            assert getattr(after[key], part).SerializeToString(deterministic=True) == getattr(
+                before[key], part
+            ).SerializeToString(deterministic=True)
+        assert after[key].seq == before[key].seq
+    for key in REFUNDS:  # suspended at parallelism 1, resumed on their approvals at 2
+        assert before[key].continuation.pending_intent_ids
+        assert not after[key].continuation.pending_intent_ids
+        assert f"customer:{key.decode()}" in {e.key for e in after[key].memory.entries}
+    outcomes = Counter(c["outcome"] for _, c in loop.completions())
+    assert outcomes == Counter({"refunded": 3, "answered": 3 + 2 * BURST})
+    intents = loop.messages(topics.intents, ToolIntent)
+    records = loop.execution_records()
+    assert sorted(r.intent_id for r in records) == sorted(i.intent_id for i in intents)
+    print(
+        json.dumps(
+            {
+                "completions_per_s": {
+                    "parallelism_1": round(one, 2),
+                    "parallelism_2": round(two, 2),
+                },
+                "ratio_2_to_1": round(two / one, 2),
+                "repeats": loop.reader.repeats,
+            }
+        )
+    )
