@@ -1,0 +1,252 @@
+"""End-to-end throughput of the agent loop on Flink, against a bare Beam pipeline on the same
+cluster (issue 18 point 5).
+
+Both jobs run on the engines of tools/engines.sh (started here unless they run already) at
+parallelism 1, each reading its own events topic from Kafka:
+
+* the agents: the support-triage loop (beam_agents.testing.triage_loop: AgentLoop, RunAgent,
+  the scripted model) with `beam-agents effector-service` answering its tool intents. Each
+  key gets one question: two activations (the ticket, which asks the CRM, and the tool's
+  result, which answers and completes);
+* the bare pipeline: the same Kafka read, a stateful DoFn keyed by the record key that reads
+  and writes one value state, and a Kafka write: one activation per record.
+
+For each: activations per second (and per core of this machine) over a backlog of `--keys`
+records produced at once, from the first record produced to the last output read; then the
+latency from an event to the job's first output for it (an intent for the agents), p50 and
+p99, over `--paced` records produced `--rate` per second. The ratio is agents over bare.
+
+    python benchmarks/flink_throughput.py [--keys 10000] [--paced 200] [--rate 20]
+
+Figures: tools/engines/RESULTS.md. Absolute figures on a shared 2-core machine are noisy;
+the ratio, measured in one run, is the figure to compare.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import apache_beam as beam
+from apache_beam.io.kafka import ReadFromKafka, WriteToKafka
+from apache_beam.options.pipeline_options import PipelineOptions
+from apache_beam.typehints import Tuple
+from apache_beam.transforms.userstate import ReadModifyWriteStateSpec
+
+from beam_agents._protos import AgentEnvelope
+from beam_agents.beam_support import typed
+from beam_agents.flink import FlinkRest
+from beam_agents.kafka_bus import Topics, create_topics, produce
+from beam_agents.processes import Launched
+from beam_agents.testing.engines import Engines
+from beam_agents.testing.flink_loop import Loop
+
+GOAL = 0.7
+#: Beam's own hint: the Kafka transforms need a KvCoder across the language boundary.
+_KV = Tuple[bytes, bytes]
+
+
+class _Touch(beam.DoFn):
+    """A stateful activation with no agent: read the key's value, write the new one, emit."""
+
+    VALUE = ReadModifyWriteStateSpec("value", beam.coders.BytesCoder())
+
+    def process(self, element, value=beam.DoFn.StateParam(VALUE)):
+        key, record = element
+        value.read()
+        value.write(record)
+        yield key, record
+
+
+def bare_job(argv: list[str]) -> int:
+    """The bare pipeline, run by this script in a child process: events topic to out topic."""
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--kafka_bootstrap", required=True)
+    parser.add_argument("--topic_prefix", required=True)
+    parser.add_argument("--expansion_service", required=True)
+    args, pipeline_args = parser.parse_known_args(argv)
+    topics = Topics(args.topic_prefix)
+    pipeline = beam.Pipeline(options=PipelineOptions(pipeline_args))
+    records = pipeline | "ReadEvents" >> ReadFromKafka(
+        consumer_config={
+            "bootstrap.servers": args.kafka_bootstrap,
+            "group.id": f"{topics.prefix}.bare",
+            "auto.offset.reset": "earliest",
+        },
+        topics=[topics.events],
+        expansion_service=args.expansion_service,
+    )
+    touched = typed(records, _KV) | "Touch" >> beam.ParDo(_Touch())
+    _ = typed(touched, _KV) | "WriteOut" >> WriteToKafka(
+        producer_config={"bootstrap.servers": args.kafka_bootstrap},
+        topic=topics.completions,
+        expansion_service=args.expansion_service,
+    )
+    pipeline.run().wait_until_finish()
+    return 0
+
+
+class _Timestamps:
+    """The Kafka create times of every record on `topic`, by record key (the first of each)."""
+
+    def __init__(self, bootstrap: str, topic: str) -> None:
+        from confluent_kafka import Consumer
+
+        self._consumer = Consumer(
+            {
+                "bootstrap.servers": bootstrap,
+                "group.id": f"bench-{time.time_ns()}",
+                "auto.offset.reset": "earliest",
+                "enable.auto.commit": False,
+                "isolation.level": "read_committed",
+            }
+        )
+        self._consumer.subscribe([topic])
+        self.first: dict[bytes, int] = {}
+
+    def read_until(self, count: int, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while len(self.first) < count:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{len(self.first)} of {count} records in {timeout_s} s")
+            for message in self._consumer.consume(1000, timeout=1.0):
+                if message.error() is None:
+                    self.first.setdefault(message.key(), message.timestamp()[1])
+
+    def close(self) -> None:
+        self._consumer.close()
+
+
+def _ticket(key: bytes, now_ms: int) -> AgentEnvelope:
+    from beam_agents.examples.support_triage import ticket
+
+    return AgentEnvelope(
+        entity_key=key,
+        event_time_ms=now_ms,
+        external_event=ticket(f"t-{key.decode()}", "c-2", "how do I export my invoices?"),
+    )
+
+
+def _measure(bootstrap, events, *, done, first, keys, paced, rate, value) -> dict:
+    """Throughput: a backlog of `keys` records, from the first produced to the last output on
+    `done` (a key's last output). Latency: `paced` records, each to its first output on
+    `first`."""
+    finished = _Timestamps(bootstrap, done)
+    answered = finished if first == done else _Timestamps(bootstrap, first)
+    try:
+        started = time.monotonic()
+        now = int(time.time() * 1000)
+        produce(bootstrap, [(events, k, value(k, now), now) for k in _keys("b", keys)])
+        finished.read_until(keys, timeout_s=1800)
+        elapsed = time.monotonic() - started
+        sent = {}
+        for key in _keys("p", paced):
+            sent[key] = now = int(time.time() * 1000)
+            produce(bootstrap, [(events, key, value(key, now), now)])
+            time.sleep(1 / rate)
+        answered.read_until(keys + paced, timeout_s=600)
+        latencies = sorted(answered.first[k] - t for k, t in sent.items())
+    finally:
+        finished.close()
+        if answered is not finished:
+            answered.close()
+    return {
+        "elapsed_s": round(elapsed, 1),
+        "p50_ms": statistics.median(latencies),
+        "p99_ms": latencies[min(len(latencies) - 1, round(0.99 * len(latencies)))],
+    }
+
+
+def _keys(prefix: str, count: int) -> list[bytes]:
+    return [f"{prefix}-{i}".encode() for i in range(count)]
+
+
+def _agents(engines: Engines, work: Path, args) -> dict:
+    loop = Loop(engines, work)
+    try:
+        loop.start_job()
+        figures = _measure(
+            loop.bootstrap,
+            loop.topics.events,
+            done=loop.topics.completions,
+            first=loop.topics.intents,
+            keys=args.keys,
+            paced=args.paced,
+            rate=args.rate,
+            value=_ticket,
+        )
+    finally:
+        loop.close()
+    figures["activations"] = 2 * args.keys
+    return figures
+
+
+def _bare(engines: Engines, work: Path, args) -> dict:
+    bootstrap = engines.endpoints["KAFKA_BOOTSTRAP"]
+    topics = Topics(f"bare-{time.time_ns()}")
+    create_topics(bootstrap, topics)
+    rest = FlinkRest(engines.endpoints["FLINK_REST"])
+    known = set(rest.jobs())
+    command = [
+        sys.executable, __file__, "--bare-job",
+        "--kafka_bootstrap", bootstrap,
+        "--topic_prefix", topics.prefix,
+        "--expansion_service", engines.endpoints["EXPANSION_SERVICE"],
+        *engines.flink_options(),
+    ]  # fmt: skip
+    job = Launched(command, work / "bare.log")
+    try:
+        jid = rest.wait_for_new_job(known, job.check_alive)
+        figures = _measure(
+            bootstrap,
+            topics.events,
+            done=topics.completions,
+            first=topics.completions,
+            keys=args.keys,
+            paced=args.paced,
+            rate=args.rate,
+            value=lambda key, now: b"x" * 200,
+        )
+        rest.cancel(jid)
+    finally:
+        job.stop()
+    figures["activations"] = args.keys
+    return figures
+
+
+def main(argv: list[str]) -> int:
+    if argv[:1] == ["--bare-job"]:
+        return bare_job(argv[1:])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--keys", type=int, default=10_000)
+    parser.add_argument("--paced", type=int, default=200)
+    parser.add_argument("--rate", type=float, default=20.0)
+    args = parser.parse_args(argv)
+    engines = Engines().up(["kafka", "java", "flink"])
+    cores = os.cpu_count() or 1
+    try:
+        with tempfile.TemporaryDirectory() as work:
+            results = {}
+            for name, run in (("bare", _bare), ("agents", _agents)):
+                (Path(work) / name).mkdir()
+                figures = run(engines, Path(work) / name, args)
+                rate = figures["activations"] / figures["elapsed_s"]
+                figures["activations_per_s"] = round(rate, 1)
+                figures["activations_per_s_per_core"] = round(rate / cores, 1)
+                results[name] = figures
+                print(name, json.dumps(figures), flush=True)
+    finally:
+        engines.down()
+    ratio = results["agents"]["activations_per_s"] / results["bare"]["activations_per_s"]
+    print(f"agents / bare activations per second: {ratio:.2f} (goal at least {GOAL})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
