@@ -650,7 +650,7 @@ def test_a_memory_total_that_drops_to_zero_is_written_as_zero():
 
 
 def test_a_digest_matches_only_where_a_mark_holds_one():
-    from beam_agents.runtime.machine import _seen
+    from beam_agents.runtime.machine_events import _seen
 
     digest = bytes(range(16))
     straddling = b"\x00" * 12 + digest + b"\x00" * 20  # across two marks' digests
