@@ -53,7 +53,7 @@ def test_a_decision_is_one_signed_approval_bound_to_the_intents_content(tmp_path
     assert envelope.entity_key == b"c-1" and envelope.event_time_ms == NOW
     assert (approval.intent_id, approval.approved, approval.approver) == ("a-1", True, "alice")
     assert approval.decided_at_ms == NOW
-    # What RunAgent checks (machine._answer): the approvals ring's signature, and the digest
+    # What RunAgent checks (machine_answers): the approvals ring's signature, and the digest
     # of the pending intent's content.
     assert verify(approval, APPROVALS_RING) is Verification.VALID
     assert approval.intent_digest == content_digest(intent.SerializeToString(deterministic=True))

@@ -41,6 +41,7 @@ from beam_agents.errors import AgentContractError, LlmCallError
 from beam_agents.runtime.budget import BudgetMeter
 from beam_agents.runtime.memory import Memory, ReplayCache
 from beam_agents.runtime.tool_calling import ToolCall, ToolDefinition
+from beam_agents.runtime.trace_ids import span_id, trace_id
 
 __all__ = [
     "APPROVAL_TOOL",
@@ -236,25 +237,9 @@ def model_slot(model: str, concurrency: int | None):
         yield
 
 
-def trace_id(entity_key: bytes, seq: int) -> bytes:
-    """The 16-byte trace id of activation `seq` of a key (its resumes share it)."""
-    return _id(16, "trace", entity_key.hex(), seq)
-
-
-def span_id(entity_key: bytes, seq: int, *path: object) -> bytes:
-    """An 8-byte span id, a pure function of the key, seq and the span's place."""
-    return _id(8, "span", entity_key.hex(), seq, *path)
-
-
 def _saturating_add(ms: int, delta_ms: int) -> int:
     # Event times are any int64; a time past the end of int64 is the end of int64.
     return min(ms + delta_ms, 2**63 - 1)
-
-
-def _id(size: int, *parts: object) -> bytes:
-    digest = hashlib.sha256("|".join(map(str, parts)).encode("utf-8")).digest()[:size]
-    # W3C trace-context forbids all-zero ids.
-    return digest if any(digest) else digest[:-1] + b"\x01"
 
 
 class ActivationContext:

@@ -13,7 +13,7 @@ import os
 import pytest
 
 from beam_agents.effector import gate
-from beam_agents.runtime import machine
+from beam_agents.runtime import machine, machine_answers
 from beam_agents.testing.simulation import Simulation, SimulationFailure
 
 SEEDS = int(os.environ.get("BEAM_AGENTS_SIM_SEEDS", "2000"))
@@ -64,7 +64,9 @@ def test_it_goes_red_when_the_machine_changes_a_blob_it_read(monkeypatch):
 
 
 def test_it_goes_red_when_an_answer_is_taken_without_its_signature(monkeypatch):
-    monkeypatch.setattr(machine, "verify", lambda *args, **kwargs: machine.Verification.VALID)
+    monkeypatch.setattr(
+        machine_answers, "verify", lambda *args, **kwargs: machine_answers.Verification.VALID
+    )
     assert "forged answer" in _red()
 
 

@@ -1,0 +1,259 @@
+"""Activations, for `machine.KeyMachine`: running the agent, committing what it did, failures,
+and resuming a suspension.
+
+`Activations`, a mixin of KeyMachine, owns the agent's calls. `_run` builds the
+ActivationContext over the key's Memory and ReplayCache and calls the agent, so that whatever
+it raises or returns out of contract is a `Run` with an error, never the bundle's;
+`_commit_run` commits a success (the new state, its intents, traces and completion) and runs
+the mailbox of a suspension a completion ended; `_failed` dead-letters a failure with one
+ERROR trace event. `_resume` resumes the agent with every answer accepted so far: a resume
+that fails keeps them, dead-letters the failure (with the answers) and is tried again on the
+deadline timer with backoff, until its retries are spent and the suspension ends
+(`_end_suspension`) with its answers inside a `resume_failed` dead letter.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from beam_agents._protos import AgentEnvelope, Continuation, LlmCacheBlob, MemoryBlob, TraceEvent
+from beam_agents.errors import (
+    AgentContractError,
+    BudgetExceededError,
+    CheckpointRejectedError,
+    LlmCallError,
+    MemoryBudgetError,
+)
+from beam_agents.runtime import dead_letters as dl
+from beam_agents.runtime.budget import Budget, BudgetMeter
+from beam_agents.runtime.context import ActivationContext, Completion, Suspension
+from beam_agents.runtime.machine_answers import ordered_answers
+from beam_agents.runtime.machine_state import (
+    COMPLETIONS,
+    INTENTS,
+    TRACES,
+    KeyState,
+    Work,
+    saturating_add,
+)
+from beam_agents.runtime.memory import Memory, ReplayCache
+
+__all__ = ["Activations", "Run", "model_busy"]
+
+
+@dataclasses.dataclass
+class Run:
+    """One agent call's outcome: `result` on success, `error` on failure."""
+
+    ctx: ActivationContext
+    result: Completion | Suspension | None = None
+    error: Exception | None = None
+    memory: MemoryBlob | None = None
+    cache: LlmCacheBlob | None = None
+
+
+class Activations:
+    """KeyMachine's calls of the agent and their outcomes; see the module docstring."""
+
+    def _run(self, work: Work, now: int, seq: int, call, resume_of=None) -> Run:
+        config = self._config
+        state = work.state
+        memory = Memory.from_blob(
+            state.memory or MemoryBlob(), budget_bytes=config.memory_budget_bytes, now_ms=now
+        )
+        cache = ReplayCache.from_blob(
+            state.cache or LlmCacheBlob(),
+            max_entries=config.cache_max_entries,
+            max_bytes=config.cache_max_bytes,
+            max_response_bytes=config.cache_max_response_bytes,
+            now_ms=now,
+        )
+        ctx = ActivationContext(
+            entity_key=work.key,
+            seq=seq,
+            now_ms=now,
+            memory=memory,
+            cache=cache,
+            llm_client=self._llm_client,
+            adapter=self._agent.adapter,
+            first_step=resume_of.step_index if resume_of is not None else 0,
+            resume_of=resume_of,
+            keyring=self._keyring,
+            intent_ttl_ms=config.intent_ttl_ms,
+            suspend_deadline_ms=config.suspend_deadline_ms,
+            llm_concurrency=config.llm_concurrency,
+            meter=BudgetMeter(config.budget or Budget(), state.cache),
+        )
+        ctx.trace_activation(
+            TraceEvent.ACTIVATION_START,
+            {
+                "gen_ai.operation.name": "invoke_agent",
+                "gen_ai.agent.name": self._agent.adapter,
+                "beam_agents.resume": "true" if resume_of is not None else "false",
+            },
+        )
+        try:
+            result = call(ctx)
+            if not isinstance(result, Completion | Suspension):
+                raise AgentContractError(
+                    f"returned {type(result).__name__}, not a Completion or Suspension",
+                    agent=self._agent.adapter,
+                )
+            if isinstance(result, Completion) and not isinstance(result.output, bytes):
+                raise AgentContractError(
+                    f"completed with {type(result.output).__name__}, not bytes",
+                    agent=self._agent.adapter,
+                )
+            if isinstance(result, Suspension) and not isinstance(result.continuation, Continuation):
+                raise AgentContractError(
+                    f"suspended with a {type(result.continuation).__name__}, not a Continuation",
+                    agent=self._agent.adapter,
+                )
+            # An adapter may replace ctx.memory (a function agent keeps its writes apart
+            # until it completes): commit what the context holds at the end.
+            # What nothing changed is the blob read (to_blob), or no cache at all.
+            cache = ctx.cache.to_blob() if ctx.cache.changed else state.cache
+            return Run(ctx, result, memory=ctx.memory.to_blob(), cache=cache)
+        except Exception as e:  # the agent's failure is a dead letter, never the bundle's
+            return Run(ctx, error=e)
+
+    def _commit_run(self, work: Work, run: Run, now: int, *, marks, anchor, mailbox) -> None:
+        """Commits a successful activation and emits its outputs; a completion that ends a
+        suspension runs its mailbox next."""
+        ctx, result, state = run.ctx, run.result, work.state
+        work.count("activations")
+        if isinstance(result, Suspension):
+            suspended = self._copy(result.continuation)
+            suspended.mailbox.extend(mailbox)
+            ctx.trace_child(
+                TraceEvent.SUSPENDED,
+                "suspended",
+                {
+                    "beam_agents.pending": ",".join(suspended.pending_intent_ids),
+                    "beam_agents.deadline_ms": str(suspended.deadline_ms),
+                },
+            )
+        else:
+            suspended = None
+        ctx.trace_activation(
+            TraceEvent.ACTIVATION_END,
+            {"beam_agents.outcome": "suspended" if suspended is not None else "completed"},
+        )
+        # A blob the activation did not change is the one read: never stamped in place.
+        memory = self._marked(run.memory, marks, anchor, owned=run.memory is not state.memory)
+        cache = run.cache
+        if cache is not None and cache is not state.cache:
+            cache.state_schema_version = self._version
+            # The key's usage, this activation's included (only a model call changes it, and
+            # a model call changes the cache).
+            ctx.meter.write(cache)
+        work.commit(
+            KeyState(
+                seq=max(ctx.seq, state.seq or 0),
+                memory=memory,
+                cache=cache,
+                continuation=suspended,
+                pending=tuple(ctx.intents) if suspended is not None else (),
+            )
+        )
+        for intent in ctx.intents:
+            work.emit(INTENTS, intent)
+        for trace in ctx.traces:
+            work.emit(TRACES, trace)
+        if suspended is None:
+            work.emit(COMPLETIONS, result.output)
+            if mailbox:
+                self._drain(work, mailbox, anchor)
+
+    def _failed(
+        self,
+        work: Work,
+        run: Run,
+        now: int,
+        note: str = "",
+        answers=(),
+        reason: str = "",
+        event: AgentEnvelope | None = None,
+    ) -> None:
+        """Dead-letters a failed activation (under `reason`, else the error's own) with one
+        ERROR trace event."""
+        ctx, error = run.ctx, run.error
+        work.count("failed_activations")
+        reason = reason or {
+            BudgetExceededError: dl.BUDGET_EXCEEDED,
+            CheckpointRejectedError: dl.CHECKPOINT_REJECTED,
+            MemoryBudgetError: dl.MEMORY_BUDGET,
+            AgentContractError: dl.AGENT_CONTRACT,
+            LlmCallError: dl.LLM_FAILED,
+        }.get(type(error), dl.AGENT_RAISED)
+        ctx.traces.clear()
+        ctx.trace_child(
+            TraceEvent.ERROR,
+            "error",
+            {"error.type": type(error).__name__, "beam_agents.reason": reason},
+        )
+        detail = f"seq {ctx.seq}: {type(error).__name__}: {error}{note}"
+        work.dead(reason, detail, now, answers=answers, input=event)
+        for trace in ctx.traces:
+            work.emit(TRACES, trace)
+
+    def _resume(self, work: Work, suspended: Continuation, now: int) -> None:
+        """Resumes the agent with `suspended`'s answers (a new blob holding every answer
+        accepted so far); a failure keeps them and schedules a retry."""
+        answers = ordered_answers(suspended, work.state.pending)
+        run = self._run(
+            work,
+            now,
+            suspended.seq,
+            lambda ctx: self._agent.resume(ctx, answers),
+            resume_of=suspended,
+        )
+        if run.error is None:
+            self._commit_run(
+                work, run, now, marks=(), anchor=work.anchor, mailbox=list(suspended.mailbox)
+            )
+            return
+        if self._asks(run.error):
+            self._ask_budget(work, run, now, suspended=suspended)
+            return
+        failures = suspended.resume_failures + 1
+        limit = (
+            self._config.retryable_resume_retries
+            if model_busy(run.error)
+            else self._config.resume_retries
+        )
+        if failures > limit:
+            self._failed(
+                work,
+                run,
+                now,
+                f"; the resume failed {failures} times, so the suspension on "
+                f"{list(suspended.pending_intent_ids)} ended; its answers are in the record",
+                answers=suspended.answers,
+                reason=dl.RESUME_FAILED,
+            )
+            self._end_suspension(work, suspended)
+            return
+        retry = self._copy(suspended)
+        retry.resume_failures = failures
+        # From the later of the answer's time and the input's, so an answer stamped far behind
+        # does not make its retries due at once.
+        retry.retry_at_ms = saturating_add(max(now, work.anchor), self._config.backoff_ms(failures))
+        self._failed(
+            work,
+            run,
+            now,
+            f"; the resume keeps its {len(suspended.answers)} answers and is tried again at "
+            f"{retry.retry_at_ms} (retry {failures} of {limit})",
+            answers=suspended.answers,
+        )
+        work.commit(dataclasses.replace(work.state, continuation=retry))
+
+    def _end_suspension(self, work: Work, suspended: Continuation) -> None:
+        work.commit(dataclasses.replace(work.state, continuation=None, pending=()))
+        self._drain(work, list(suspended.mailbox), work.anchor)
+
+
+def model_busy(error: Exception) -> bool:
+    """A model that stayed busy or unreachable past its client's own retries."""
+    return isinstance(error, LlmCallError) and error.retryable

@@ -1,0 +1,93 @@
+"""The agent's activations (machine_activations): an accepted answer survives a failing resume,
+a function agent's memory writes count once however often it suspends, an agent out of
+contract is a dead letter, and memory totals are written as the activation left them. Each
+test drives KeyMachine through `testing.machine_harness`.
+"""
+
+from __future__ import annotations
+
+from beam_agents.runtime import RuntimeConfig, Suspension, agent
+from beam_agents.runtime.machine import ERRORS
+from beam_agents.testing.machine_harness import (
+    T0,
+    DownOnce,
+    Harness,
+    answer,
+    event,
+    pending,
+    refund,
+    summarise,
+)
+
+# Point 1: an accepted answer is durable input -------------------------------------------------
+
+
+def test_a_result_survives_a_failing_resume_and_is_never_presented_as_expired():
+    h = Harness(refund, llm=DownOnce(2), config=RuntimeConfig(resume_backoff_ms=1000))
+    h.send(event(T0, b"4200"))
+    (paid,) = pending(h)
+    h.send(answer(T0 + 5, paid, b"refunded 4200"))
+    (failed,) = h.values(ERRORS)
+    assert (
+        failed.reason == "llm_failed" and failed.answers[0].tool_result.payload == b"refunded 4200"
+    )
+    assert h.continuation.resume_failures == 1 and h.timers[0].at_ms == T0 + 5 + 1000
+    h.fire_deadline()  # down again: a second retry, twice the backoff
+    assert h.continuation.resume_failures == 2 and h.timers[0].at_ms == T0 + 1005 + 2000
+    h.fire_deadline()
+    assert h.values("completions") == [b"summary of refunded 4200 after 1 visit(s)"]
+    assert h.continuation is None and h.timers[0].at_ms is None
+
+
+# Point 3: a function agent's memory writes count once -----------------------------------------
+
+
+def test_a_function_agent_counts_one_visit_per_event_however_often_it_suspends():
+    h = Harness(refund, llm=summarise(""))
+    for n, at in enumerate((T0, T0 + 100), start=1):
+        h.send(event(at, b"7"))
+        (paid,) = pending(h)
+        assert h.memory.entries[0].value == str(n - 1).encode() if n > 1 else True
+        h.send(answer(at + 1, paid))
+    assert h.values("completions") == [
+        b"summary of ok after 1 visit(s)",
+        b"summary of ok after 2 visit(s)",
+    ]
+    assert [(e.key, e.value) for e in h.memory.entries] == [("visits", b"2")]
+
+
+# Contract and memory totals ---------------------------------------------------------------------
+
+
+class _BadSuspension:
+    adapter = "tests.bad/v1"
+
+    def start(self, ctx, event):
+        ctx.call_tool("a.tool", {})
+        return Suspension(continuation=b"not a continuation")
+
+    def resume(self, ctx, answers):
+        raise AssertionError("never resumed")
+
+
+def test_a_suspension_without_a_continuation_is_a_contract_dead_letter_not_a_crash():
+    h = Harness(_BadSuspension())
+    effects = h.send(event(T0, b"x"))
+    assert [e.reason for e in h.values(ERRORS)] == ["agent_contract"]
+    assert effects.state is None and h.values("intents") == []
+
+
+def test_a_memory_total_that_drops_to_zero_is_written_as_zero():
+    @agent(name="tests.forget/v1")
+    def forget(ctx, event):
+        if event == b"put":
+            ctx.memory.put("k", b"value")
+        else:
+            ctx.memory.delete("k")
+        return b"ok"
+
+    h = Harness(forget)
+    h.send(event(T0, b"put"))
+    assert h.memory.total_value_bytes == 5
+    h.send(event(T0 + 1, b"delete"))
+    assert h.memory.total_value_bytes == 0 and list(h.memory.entries) == []

@@ -1,0 +1,195 @@
+"""Answers to a suspended key's intents, for `machine.KeyMachine`: checked, then recorded.
+
+`AnswerChecks`, a mixin of KeyMachine, owns `_answer`. An answer is checked before it is
+recorded: the key must be suspended on that intent, the answer in time and of the intent's
+kind and entity, signed by a key of the answer keyring when one is configured (ToolResults by
+the effectors' ring, Approvals by the approvals channel's), and computed for the pending
+intent's content (`intent_digest`). Each refusal is a dead letter carrying the refused
+envelope, and the key keeps waiting; a copy of an answer already recorded is counted and
+dropped. An accepted answer is recorded in a copy of the Continuation before anything can fail
+with it; the agent resumes when the last of its own intents is answered, and answers to the
+runtime's own questions (escalations, budgets) go to the runtime, never the agent.
+
+The helpers here read answers in the Continuation's intent order (`ordered_answers`,
+`unanswered_intents`), never the order a bag, an export or a restore returns.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable
+
+from beam_agents._protos import AgentEnvelope, Continuation, ToolIntent, ToolResult
+from beam_agents.core.intent import content_digest
+from beam_agents.core.signing import Verification, verify
+from beam_agents.runtime import dead_letters as dl
+from beam_agents.runtime.budget import BUDGET_TOOL
+from beam_agents.runtime.context import ESCALATION_TOOL, Answer
+from beam_agents.runtime.machine_state import Work
+
+__all__ = [
+    "RUNTIME_TOOLS",
+    "AnswerChecks",
+    "answered_intent_id",
+    "ordered_answers",
+    "unanswered_intents",
+]
+
+#: The runtime's own questions to people: their answers go to the runtime, never the agent.
+RUNTIME_TOOLS = frozenset({ESCALATION_TOOL, BUDGET_TOOL})
+
+
+class AnswerChecks:
+    """KeyMachine's checks and records of answers; see the module docstring."""
+
+    def _answer(self, work: Work, envelope: AgentEnvelope, payload: str) -> None:
+        now = envelope.event_time_ms
+        answered_id = answered_intent_id(envelope)
+        suspended = work.state.continuation
+
+        def refuse(reason: str, detail: str) -> None:
+            work.dead(reason, detail, now, input=envelope)
+
+        if suspended is None:
+            refuse(dl.NO_SUSPENSION, f"an answer to {answered_id}, but the key is not suspended")
+            return
+        # An EXPIRED the runtime made is still recorded only while the resume it was made for
+        # awaits its retry: the agent has seen nothing yet, so a genuine answer on time takes
+        # its place.
+        stand_in = next(
+            (
+                a
+                for a in suspended.answers
+                if answered_intent_id(a) == answered_id and _made_here(a)
+            ),
+            None,
+        )
+        if stand_in is None and any(
+            answered_intent_id(a) == answered_id for a in suspended.answers
+        ):
+            # A copy of an answer already recorded (a redelivery): the recorded one stands.
+            if _same_answer(envelope, suspended.answers, answered_id):
+                work.count("duplicate_answers")
+                return
+            refuse(dl.UNKNOWN_INTENT, f"{answered_id} has another answer recorded already")
+            return
+        if now > suspended.deadline_ms:
+            refuse(
+                dl.AFTER_DEADLINE,
+                f"the answer to {answered_id} at {now} came after the deadline "
+                f"{suspended.deadline_ms}",
+            )
+            return
+        intent = next((i for i in work.state.pending if i.intent_id == answered_id), None)
+        if intent is None or answered_id not in suspended.pending_intent_ids:
+            refuse(
+                dl.UNKNOWN_INTENT,
+                f"{answered_id} is pending but its intent is missing"  # a partial restore
+                if answered_id in suspended.pending_intent_ids
+                else f"{answered_id} is not pending ({list(suspended.pending_intent_ids)})",
+            )
+            return
+        mismatch = _mismatch(work.key, intent, envelope, payload)
+        if mismatch:
+            refuse(dl.ANSWER_MISMATCH, mismatch)
+            return
+        answer = getattr(envelope, payload)
+        ring = self._answer_keyrings[payload]
+        if ring is not None:
+            outcome = verify(answer, ring)
+            if outcome is not Verification.VALID:
+                refuse(
+                    dl.BAD_ANSWER_SIGNATURE,
+                    f"the {payload} for {answered_id} is {outcome.value} "
+                    f"(key id {answer.signing_key_id!r})",
+                )
+                return
+        if answer.intent_digest or ring is not None:
+            want = content_digest(intent.SerializeToString(deterministic=True))
+            if answer.intent_digest != want:
+                refuse(
+                    dl.ANSWER_FOR_OTHER_CONTENT,
+                    f"the {payload} for {answered_id} was computed for content "
+                    f"{answer.intent_digest.hex() or '(none)'}, the pending intent is "
+                    f"{want.hex()}",
+                )
+                return
+        recorded = self._copy(suspended)
+        if stand_in is not None:
+            recorded.answers.remove(stand_in)
+        recorded.answers.append(envelope)
+        if intent.tool_name == BUDGET_TOOL:
+            self._budget_answered(work, recorded, envelope, now)
+            return
+        if intent.tool_name == ESCALATION_TOOL:
+            if not envelope.approval.approved:
+                # The human declined to keep waiting: resume now, the rest expired.
+                self._expire_and_resume(work, recorded, now)
+            else:
+                work.commit(dataclasses.replace(work.state, continuation=recorded))
+            return
+        if unanswered_intents(recorded, work.state.pending):
+            work.commit(dataclasses.replace(work.state, continuation=recorded))
+            return
+        self._resume(work, recorded, now)
+
+
+def answered_intent_id(envelope: AgentEnvelope) -> str:
+    if envelope.WhichOneof("payload") == "approval":
+        return envelope.approval.intent_id
+    return envelope.tool_result.intent_id
+
+
+def _made_here(answer: AgentEnvelope) -> bool:
+    """An EXPIRED result `_expire_and_resume` made (unsigned, bound to no content)."""
+    result = answer.tool_result
+    return (
+        answer.WhichOneof("payload") == "tool_result"
+        and result.status == ToolResult.EXPIRED
+        and not result.signature
+        and not result.intent_digest
+    )
+
+
+def _same_answer(envelope: AgentEnvelope, answers, answered_id: str) -> bool:
+    payload = envelope.WhichOneof("payload")
+    for recorded in answers:
+        if answered_intent_id(recorded) == answered_id:
+            return recorded.WhichOneof("payload") == payload and getattr(
+                recorded, payload
+            ) == getattr(envelope, payload)
+    return False
+
+
+def _mismatch(key: bytes, intent: ToolIntent, envelope: AgentEnvelope, payload: str) -> str:
+    approval = intent.kind == ToolIntent.APPROVAL
+    if approval != (payload == "approval"):
+        want = "an approval" if approval else "a tool result"
+        return f"{intent.intent_id} ({intent.tool_name}) wants {want}, got a {payload}"
+    if payload == "tool_result" and envelope.tool_result.entity_key not in (b"", key):
+        return f"the result of {intent.intent_id} names another entity"
+    return ""
+
+
+def unanswered_intents(suspended: Continuation, pending: Iterable[ToolIntent]) -> list[ToolIntent]:
+    """The agent's own pending intents (not the runtime's escalations) with no answer yet, in
+    the Continuation's intent order."""
+    answered = {answered_intent_id(a) for a in suspended.answers}
+    by_id = {i.intent_id: i for i in pending}
+    return [
+        by_id[i]
+        for i in suspended.pending_intent_ids
+        if i not in answered and i in by_id and by_id[i].tool_name not in RUNTIME_TOOLS
+    ]
+
+
+def ordered_answers(suspended: Continuation, pending: Iterable[ToolIntent]) -> list[Answer]:
+    """The answers to the agent's own intents (escalations are the runtime's), in the
+    Continuation's intent order: never the order a bag, an export or a restore returns."""
+    by_id = {answered_intent_id(a): a for a in suspended.answers}
+    intents = {i.intent_id: i for i in pending}
+    return [
+        Answer.from_envelope(intents[i], by_id[i])
+        for i in suspended.pending_intent_ids
+        if i in by_id and i in intents and intents[i].tool_name not in RUNTIME_TOOLS
+    ]

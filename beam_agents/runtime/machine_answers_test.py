@@ -1,0 +1,129 @@
+"""Answers to a suspended key (machine_answers): checked before they are recorded (the intent
+pending, the content it was computed for, a signature of the right ring), recorded in the
+Continuation's intent order, and a genuine answer on time taking the place of an EXPIRED the
+runtime made. Each test drives KeyMachine through `testing.machine_harness`.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from beam_agents._protos import ToolIntent
+from beam_agents.runtime import AtDeadline, DeadlinePolicy, RuntimeConfig
+from beam_agents.runtime.machine import ERRORS
+from beam_agents.testing.machine_harness import (
+    EFFECTOR,
+    FORGED,
+    FORGED_HUMAN,
+    T0,
+    DownOnce,
+    Harness,
+    answer,
+    approve,
+    asks,
+    event,
+    parallel,
+    pending,
+    refund,
+    summarise,
+)
+
+
+def test_a_result_on_time_while_an_expired_resume_awaits_its_retry_reaches_the_agent():
+    """The human let the agent go on without the answer, but its resume failed: the refund's
+    result arrives before the agent has seen anything and must not be presented as EXPIRED."""
+    policy = DeadlinePolicy(AtDeadline.ESCALATE, max_escalations=1, extension_ms=10**6)
+    config = RuntimeConfig(deadline_policy=policy, suspend_deadline_ms=10, resume_backoff_ms=1000)
+    h = Harness(refund, llm=DownOnce(1), config=config)
+    h.send(event(T0, b"4200"))
+    (paid,) = pending(h)
+    h.fire_deadline()  # escalates
+    escalation = pending(h)[1]
+    h.send(approve(T0 + 20, escalation, approved=False))  # go on without it: the resume fails
+    assert h.continuation.retry_at_ms
+    h.send(answer(T0 + 30, paid, b"refunded 4200"))  # on time, before any resume succeeded
+    h.fire_deadline()
+    assert h.values("completions") == [b"summary of refunded 4200 after 1 visit(s)"]
+
+
+# Point 4: answers reach resume in intent order ------------------------------------------------
+
+
+def test_answers_in_any_order_and_a_shuffled_restore_resume_in_the_continuations_order():
+    h = Harness(parallel)
+    h.send(event(T0, b"go"))
+    first, second, third = pending(h)
+    snapshot = h.export(T0 + 1)
+    snapshot.pending.reverse()  # an export or restore may list them in any order
+    restored = Harness(parallel)
+    restored.restore(snapshot)
+    for intent, payload in ((third, b"3"), (first, b"1"), (second, b"2")):
+        restored.send(answer(T0 + 2, intent, payload))
+    assert restored.values(ERRORS) == []
+    assert restored.values("completions") == [b"1,2,3"]
+
+
+# Point 5: a result answers the content it was computed for -----------------------------------
+
+
+def test_a_result_for_other_content_under_the_same_id_is_refused_and_the_key_keeps_waiting():
+    h = Harness(refund, llm=summarise(""), verify_answers=True)
+    h.send(event(T0, b"4200"))
+    (paid,) = pending(h)
+    other = ToolIntent()
+    other.CopyFrom(paid)
+    other.args_json = '{"amount":5000}'  # the first try's content, from a failed bundle
+    h.send(answer(T0 + 1, other, b"refunded 5000"))
+    (refused,) = h.values(ERRORS)
+    assert refused.reason == "answer_for_other_content"
+    assert refused.input.tool_result.payload == b"refunded 5000"
+    assert h.continuation is not None and list(h.continuation.answers) == []
+    h.send(answer(T0 + 2, paid, b"refunded 4200"))
+    assert h.values("completions") == [b"summary of refunded 4200 after 1 visit(s)"]
+
+
+# Point 9: answers are authenticated -------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "forge",
+    [
+        lambda intent: answer(T0 + 1, intent, b"paid", ring=None),
+        lambda intent: answer(T0 + 1, intent, b"paid", ring=FORGED),
+        lambda intent: approve(T0 + 1, intent, ring=None),
+    ],
+    ids=["unsigned result", "result under a forged key", "unsigned approval"],
+)
+def test_an_unsigned_or_forged_answer_is_refused_and_the_genuine_one_still_resumes(forge):
+    h = Harness(refund, llm=summarise(""), verify_answers=True)
+    h.send(event(T0, b"10"))
+    (paid,) = pending(h)
+    forged = forge(paid)
+    h.send(forged)
+    (refused,) = h.values(ERRORS)
+    want = "bad_answer_signature" if forged.HasField("tool_result") else "answer_mismatch"
+    assert refused.reason == want and refused.input == forged
+    assert list(h.continuation.answers) == []
+    h.send(answer(T0 + 2, paid, b"paid"))
+    assert h.values("completions") == [b"summary of paid after 1 visit(s)"]
+
+
+def test_a_signed_approval_resumes_and_a_forged_one_does_not():
+    h = Harness(asks, verify_answers=True)
+    h.send(event(T0, b"10"))
+    (question,) = pending(h)
+    h.send(approve(T0 + 1, question, ring=FORGED_HUMAN))
+    assert [e.reason for e in h.values(ERRORS)] == ["bad_answer_signature"]
+    h.send(approve(T0 + 2, question))
+    assert h.values("completions") == [b"approved"]
+
+
+def test_an_approval_signed_with_the_effectors_key_is_refused():
+    """The effector's result key is in the answer ring to verify its results; an approval it
+    signs is not the approvals channel's, and must not open an approval gate."""
+    h = Harness(asks, verify_answers=True)
+    h.send(event(T0, b"10"))
+    (question,) = pending(h)
+    h.send(approve(T0 + 1, question, ring=EFFECTOR))
+    assert [e.reason for e in h.values(ERRORS)] == ["bad_answer_signature"]
+    assert h.values("completions") == [] and h.continuation is not None

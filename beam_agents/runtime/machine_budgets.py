@@ -1,0 +1,166 @@
+"""Budgets, for `machine.KeyMachine`: putting a key's exceeded budget before a person.
+
+Under `OnBudget.ASK`, an activation stopped by one of the key's own limits (never an
+activation's, nor a model without a price) does not end: `BudgetQuestions`, a mixin of
+KeyMachine, suspends the key on an APPROVAL intent of BUDGET_TOOL (`_ask_budget`), with the
+event first in its mailbox (a start) or with its answers (a resume). Approved, the key's
+limits rise by the configured amounts and the activation runs again (`_budget_answered`);
+declined or unanswered by its deadline, it ends in a `budget_exceeded` dead letter with the
+event or the answers inside (`_budget_refused`). Each question has an id of its own, numbered
+by the raises granted so far. The metering itself is `budget.BudgetMeter`'s.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from beam_agents._protos import Continuation, LlmCacheBlob
+from beam_agents.core.migration import new_state_blob
+from beam_agents.errors import BudgetExceededError
+from beam_agents.runtime import dead_letters as dl
+from beam_agents.runtime.budget import BUDGET_TOOL, Budget, BudgetMeter, OnBudget
+from beam_agents.runtime.context import ActivationContext
+from beam_agents.runtime.machine_activations import Run
+from beam_agents.runtime.machine_answers import RUNTIME_TOOLS, answered_intent_id
+from beam_agents.runtime.machine_state import INTENTS, TRACES, Work, saturating_add
+from beam_agents.runtime.memory import Memory, ReplayCache
+
+__all__ = ["BudgetQuestions", "budget_asked", "holds_a_start"]
+
+#: The first step of the runtime's budget questions (uint32, beyond any agent's steps).
+_BUDGET_STEP = 2**31
+
+
+class BudgetQuestions:
+    """KeyMachine's budget questions; see the module docstring."""
+
+    def _asks(self, error: Exception | None) -> bool:
+        budget = self._config.budget
+        # Only a key's limits can be raised; an activation's or a missing price cannot.
+        return (
+            isinstance(error, BudgetExceededError)
+            and error.scope.startswith("key")
+            and budget is not None
+            and budget.on_exceed is OnBudget.ASK
+        )
+
+    def _ask_budget(
+        self,
+        work: Work,
+        run: Run,
+        now: int,
+        *,
+        event=None,
+        digests=(),
+        anchor=0,
+        suspended: Continuation | None = None,
+    ) -> None:
+        """Puts the budget before a person: an APPROVAL intent of BUDGET_TOOL, on which the key
+        waits with its event first in the mailbox (a start) or with its answers (a resume)."""
+        work.count("budget_asks")
+        config = self._config
+        seq = suspended.seq if suspended is not None else run.ctx.seq
+        # Numbered by the raises granted so far (kept in the key's cache blob): each question
+        # of the key has an id of its own, whatever ran or waited in between.
+        grants = work.state.cache.budget_grants if work.state.cache is not None else 0
+        ctx = ActivationContext(
+            entity_key=work.key,
+            seq=seq,
+            now_ms=now,
+            memory=Memory(),
+            cache=ReplayCache(),
+            llm_client=None,
+            adapter=self._agent.adapter,
+            # Steps no agent reaches, so the question never shares an id with an intent of
+            # the activation it holds up.
+            first_step=_BUDGET_STEP + grants,
+            resume_of=suspended,
+            keyring=self._keyring,
+            intent_ttl_ms=config.suspend_deadline_ms,
+        )
+        (question,) = ctx.escalate(
+            "The agent's next model call would pass its budget; approve to raise the key's "
+            "limits and let it go on, decline to end it.",
+            tool=BUDGET_TOOL,
+            reason=str(run.error),
+            raise_tokens=config.budget.raise_tokens,
+            raise_cost_micros=config.budget.raise_cost_micros,
+        )
+        deadline = saturating_add(now, config.suspend_deadline_ms)
+        if suspended is None:
+            waiting = new_state_blob(
+                Continuation,
+                seq=seq,
+                adapter=self._agent.adapter,
+                suspended_at_ms=now,
+                deadline_ms=deadline,
+                mailbox=[event],
+            )
+            waiting.state_schema_version = self._version
+            memory = self._marked(work.state.memory, digests, anchor, owned=False)
+            pending = (question,)
+        else:
+            waiting = self._copy(suspended)
+            waiting.deadline_ms = max(waiting.deadline_ms, deadline)
+            waiting.retry_at_ms = 0
+            memory = work.state.memory
+            pending = (*work.state.pending, question)
+        waiting.pending_intent_ids.append(question.intent_id)
+        work.commit(
+            dataclasses.replace(work.state, memory=memory, continuation=waiting, pending=pending)
+        )
+        work.emit(INTENTS, question)
+        for trace in ctx.traces:
+            work.emit(TRACES, trace)
+
+    def _budget_answered(self, work: Work, recorded: Continuation, envelope, now: int) -> None:
+        """A person's answer on a budget: approved, the key's limits rise and the activation
+        it held up runs again; declined, it ends as `budget_exceeded`."""
+        if not envelope.approval.approved:
+            self._budget_refused(
+                work, recorded, now, f"{envelope.approval.approver} declined to raise it"
+            )
+            return
+        meter = BudgetMeter(self._config.budget or Budget(), work.state.cache)
+        meter.grant()
+        cache = (
+            self._copy(work.state.cache)
+            if work.state.cache is not None
+            else new_state_blob(LlmCacheBlob)
+        )
+        cache.state_schema_version = self._version
+        meter.write(cache)
+        work.commit(dataclasses.replace(work.state, cache=cache))
+        if holds_a_start(recorded, work.state.pending):
+            self._retry_start(work, recorded, now)
+        else:
+            self._resume(work, recorded, now)
+
+    def _budget_refused(self, work: Work, suspended: Continuation, now: int, why: str) -> None:
+        start = holds_a_start(suspended, work.state.pending)
+        work.dead(
+            dl.BUDGET_EXCEEDED,
+            f"seq {suspended.seq}: {why}; the "
+            + ("event is in the record" if start else "answers are in the record"),
+            now,
+            input=suspended.mailbox[0] if start else None,
+            answers=() if start else suspended.answers,
+        )
+        if start:
+            rest = self._copy(suspended)
+            del rest.mailbox[0]
+            self._end_suspension(work, rest)
+        else:
+            self._end_suspension(work, suspended)
+
+
+def budget_asked(suspended: Continuation, pending) -> bool:
+    """A budget question is pending with no answer."""
+    answered = {answered_intent_id(a) for a in suspended.answers}
+    return any(i.tool_name == BUDGET_TOOL and i.intent_id not in answered for i in pending)
+
+
+def holds_a_start(suspended: Continuation, pending) -> bool:
+    """The suspension holds up a start (its event first in the mailbox), not a resume: it
+    waits on no intent of the agent's."""
+    return bool(suspended.mailbox) and all(i.tool_name in RUNTIME_TOOLS for i in pending)

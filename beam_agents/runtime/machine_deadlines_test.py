@@ -1,0 +1,69 @@
+"""Due times (machine_deadlines): a retry's timer comes before the deadline it postpones, and
+escalations keep a key waiting per suspension without standing in the way of the agent's own
+answers. Each test drives KeyMachine through `testing.machine_harness`.
+"""
+
+from __future__ import annotations
+
+from beam_agents.runtime import AtDeadline, DeadlinePolicy, RuntimeConfig
+from beam_agents.testing.machine_harness import (
+    T0,
+    DownOnce,
+    Harness,
+    answer,
+    approve,
+    asks,
+    event,
+    parallel,
+    pending,
+    refund,
+)
+
+
+def test_a_deadline_past_a_failed_resume_does_not_expire_the_answered_intent():
+    config = RuntimeConfig(
+        resume_backoff_ms=10**7, resume_backoff_max_ms=10**7, suspend_deadline_ms=100
+    )
+    h = Harness(refund, llm=DownOnce(1), config=config)
+    h.send(event(T0, b"10"))
+    (paid,) = pending(h)
+    h.send(answer(T0 + 5, paid))
+    # The timer is due at the retry, not at the (earlier) deadline: nothing expires.
+    assert h.timers[0].at_ms == T0 + 5 + 10**7
+    stale = h.fire_deadline(T0 + 100)
+    assert [e.reason for _, (_, e) in stale.outputs] == ["stale_timer"]
+    h.fire_deadline()
+    assert h.values("completions") == [b"summary of ok after 1 visit(s)"]
+
+
+# Point 11: escalation --------------------------------------------------------------------------
+
+
+def _escalating(max_escalations=1):
+    policy = DeadlinePolicy(AtDeadline.ESCALATE, max_escalations=max_escalations, extension_ms=50)
+    return RuntimeConfig(deadline_policy=policy, suspend_deadline_ms=10)
+
+
+def test_the_agents_own_answers_resume_it_while_an_escalation_is_pending():
+    h = Harness(parallel, config=_escalating())
+    h.send(event(T0, b"go"))
+    first, second, third = pending(h)
+    h.fire_deadline()  # escalates
+    assert len(pending(h)) == 4
+    for intent in (first, second, third):
+        h.send(answer(T0 + 20, intent, intent.tool_name.encode()))
+    assert h.values("completions") == [b"a.tool,b.tool,c.tool"]
+
+
+def test_escalations_are_counted_per_suspension_and_never_asked_about_nothing():
+    h = Harness(asks, config=_escalating())
+    h.send(event(T0, b"1"))
+    (question,) = pending(h)
+    h.fire_deadline()  # escalation 1 of 1
+    escalation = pending(h)[1]
+    h.send(approve(T0 + 20, escalation))  # keep waiting
+    h.send(approve(T0 + 30, question))
+    h.send(event(T0 + 40, b"2"))
+    assert h.continuation.escalations == 0  # a new suspension starts at 0
+    h.fire_deadline()
+    assert h.continuation.escalations == 1

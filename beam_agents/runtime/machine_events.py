@@ -1,0 +1,240 @@
+"""External events, for `machine.KeyMachine`: intake, dedupe, the mailbox and starts.
+
+An accepted event is marked in the key's MemoryBlob (`event_marks`: 24-byte marks, the time
+and a 16-byte digest of the event's time and bytes, and of a transport's idempotency key,
+`event_digests`), so a copy within `dedupe_window_ms` does nothing; the marks are cut to the
+window and to `dedupe_max_events` as new ones are added (`_marked`, which also moves the
+key's activity high-water mark that the TTL counts from).
+
+`Intake`, a mixin of KeyMachine, owns what happens to an event: a duplicate is counted and
+dropped; for a suspended key it waits in the Continuation's mailbox (bounded in events and
+bytes, else a `mailbox_full` dead letter); otherwise it starts an activation at the key's
+next seq (`_start`). A start whose model stays busy past its client's retries is deferred: the
+key waits on its deadline timer with the event first in its mailbox (`_defer`,
+`_retry_start`). When a suspension ends, its mailbox runs in event-time order until one
+suspends again (`_drain`). Activations themselves are `machine_activations`'.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import struct
+from collections.abc import Iterable
+
+from beam_agents._protos import AgentEnvelope, Continuation, MemoryBlob
+from beam_agents.core.migration import new_state_blob
+from beam_agents.runtime import dead_letters as dl
+from beam_agents.runtime.machine_activations import model_busy
+from beam_agents.runtime.machine_state import INT64_MAX, Work, saturating_add
+from beam_agents.runtime.memory import share_index
+
+__all__ = ["Intake", "event_digests"]
+
+_SEQ_PER_MS = 1000
+
+
+def event_digests(envelope: AgentEnvelope, idempotency_key: bytes = b"") -> list[bytes]:
+    """What marks an external event as seen (16 bytes each): its time and bytes, and a
+    transport's idempotency key where it has one."""
+    digests = [
+        hashlib.sha256(b"event|%d|" % envelope.event_time_ms + envelope.external_event).digest()
+    ]
+    if idempotency_key:
+        digests.append(hashlib.sha256(b"idempotency|" + idempotency_key).digest())
+    return [d[:_DIGEST] for d in digests]
+
+
+# MemoryBlob.event_marks: 24-byte marks, the time (8 bytes, big-endian) and the digest.
+_DIGEST = 16
+_MARK = 8 + _DIGEST
+_TIME = struct.Struct(">q")
+
+
+def _seen(marks: bytes, digest: bytes) -> bool:
+    """Whether `digest` is one of the marks' digests (a match must sit at a mark's digest)."""
+    at = marks.find(digest, 8)
+    while at != -1:
+        if at % _MARK == 8:
+            return True
+        at = marks.find(digest, at + 1)
+    return False
+
+
+def _first_after(marks: bytes, horizon: int) -> int:
+    """The byte offset of the first mark made at or after `horizon` (marks are in time
+    order)."""
+    low, high = 0, len(marks) // _MARK
+    if not high or _TIME.unpack_from(marks)[0] >= horizon:
+        return 0  # the common case: every mark is inside the window
+    while low < high:
+        middle = (low + high) // 2
+        if _TIME.unpack_from(marks, middle * _MARK)[0] < horizon:
+            low = middle + 1
+        else:
+            high = middle
+    return low * _MARK
+
+
+class Intake:
+    """KeyMachine's external events: dedupe, mailbox, starts; see the module docstring."""
+
+    def _marked(
+        self, memory: MemoryBlob | None, digests: Iterable[bytes], now: int, *, owned: bool
+    ) -> MemoryBlob:
+        """`memory` with the event marks added, old marks dropped, and the activity high-water
+        mark moved forward: changed in place when the caller `owned` it (a blob it just built),
+        else on a copy; `memory` itself when there is nothing to mark and the mark is ahead
+        already, so an answer or timer that did not touch memory writes none."""
+        if memory is None:
+            blob = MemoryBlob()
+        elif owned:
+            blob = memory
+        elif not digests and memory.last_activity_ms >= now:
+            return memory
+        else:
+            blob = self._copy(memory)
+            share_index(blob, memory)
+        blob.state_schema_version = self._version
+        latest = max(blob.last_activity_ms, now)
+        blob.last_activity_ms = latest
+        marks = blob.event_marks
+        if digests or marks:
+            config = self._config
+            stamp = _TIME.pack(latest)
+            added = b"".join([stamp + digest for digest in digests])
+            # The new marks are the latest, so the window and the cap cut only old ones (or,
+            # with a cap below the new marks, some of those); one copy of what stays.
+            start = max(
+                _first_after(marks, latest - config.dedupe_window_ms),
+                len(marks) + len(added) - config.dedupe_max_events * _MARK,
+            )
+            if start or added:
+                blob.event_marks = (
+                    b"".join((memoryview(marks)[start:], added))
+                    if start <= len(marks)
+                    else added[start - len(marks) :]
+                )
+        return blob
+
+    # -- external events --------------------------------------------------------------------
+
+    def _external(self, work: Work, envelope: AgentEnvelope, idempotency_key: bytes) -> None:
+        now = envelope.event_time_ms
+        state = work.state
+        digests = event_digests(envelope, idempotency_key)
+        marks = state.memory.event_marks if state.memory is not None else b""
+        if any(_seen(marks, d) for d in digests):
+            work.count("duplicate_events")
+            return
+        suspended = state.continuation
+        if suspended is None:
+            self._start(work, envelope, digests, work.anchor)
+            return
+        config = self._config
+        queued_bytes = sum(len(e.external_event) for e in suspended.mailbox)
+        if (
+            len(suspended.mailbox) >= config.mailbox_max_events
+            or queued_bytes + len(envelope.external_event) > config.mailbox_max_bytes
+        ):
+            work.dead(
+                dl.MAILBOX_FULL,
+                f"the key is suspended on {list(suspended.pending_intent_ids)} and its mailbox "
+                f"holds {len(suspended.mailbox)} events of {queued_bytes} bytes",
+                now,
+                input=envelope,
+            )
+            return
+        queued = self._copy(suspended)
+        queued.mailbox.append(envelope)
+        work.count("queued_events")
+        work.commit(
+            dataclasses.replace(
+                state,
+                memory=self._marked(state.memory, digests, work.anchor, owned=False),
+                continuation=queued,
+            )
+        )
+
+    def _start(
+        self, work: Work, envelope: AgentEnvelope, digests, anchor: int, failures: int = 0
+    ) -> None:
+        now = envelope.event_time_ms
+        state = work.state
+        seq = _next_seq(state.seq, now)
+        run = self._run(work, now, seq, lambda ctx: self._agent.start(ctx, envelope.external_event))
+        if run.error is None:
+            self._commit_run(work, run, now, marks=digests, anchor=anchor, mailbox=())
+        elif model_busy(run.error) and failures < self._config.retryable_resume_retries:
+            self._defer(work, envelope, digests, anchor, failures + 1)
+        elif self._asks(run.error):
+            self._ask_budget(work, run, now, event=envelope, digests=digests, anchor=anchor)
+        else:
+            # The record carries the event: one drained from a mailbox was marked as seen, so
+            # nothing else holds it.
+            self._failed(work, run, now, event=envelope)
+
+    def _defer(self, work: Work, envelope: AgentEnvelope, digests, anchor: int, failures: int):
+        """A start whose model stayed busy past its client's retries: the key waits on its
+        deadline timer, the event first in its mailbox (events after it queue behind), and
+        the start is tried again with backoff. Nothing else changes, so the retry runs the
+        same seq and emits the same ids."""
+        work.count("deferred_activations")
+        retry_at = saturating_add(
+            max(anchor, envelope.event_time_ms), self._config.backoff_ms(failures)
+        )
+        deferred = new_state_blob(
+            Continuation,
+            adapter=self._agent.adapter,
+            suspended_at_ms=envelope.event_time_ms,
+            deadline_ms=retry_at,
+            retry_at_ms=retry_at,
+            resume_failures=failures,
+            mailbox=[envelope],
+        )
+        deferred.state_schema_version = self._version
+        work.commit(
+            dataclasses.replace(
+                work.state,
+                memory=self._marked(work.state.memory, digests, anchor, owned=False),
+                continuation=deferred,
+                pending=(),
+            )
+        )
+
+    def _retry_start(self, work: Work, deferred: Continuation, fired_ms: int) -> None:
+        """The deferred start is due: its event runs again, then the events queued after it."""
+        first, *rest = deferred.mailbox
+        work.commit(dataclasses.replace(work.state, continuation=None, pending=()))
+        self._start(work, first, (), max(work.anchor, fired_ms), deferred.resume_failures)
+        suspended = work.state.continuation
+        if suspended is None:
+            self._drain(work, rest, work.anchor)
+        elif rest:
+            waiting = self._copy(suspended)
+            waiting.mailbox.extend(rest)
+            work.commit(dataclasses.replace(work.state, continuation=waiting))
+
+    def _drain(self, work: Work, mailbox, anchor: int) -> None:
+        """Runs the events queued during a suspension that just ended, in event-time order,
+        until one suspends again; the rest wait in its mailbox. They were marked as seen when
+        they were queued."""
+        queued = sorted(mailbox, key=lambda e: e.event_time_ms)
+        while queued:
+            envelope = queued.pop(0)
+            self._start(work, envelope, (), max(anchor, envelope.event_time_ms))
+            suspended = work.state.continuation
+            if suspended is not None:
+                rest = self._copy(suspended)
+                rest.mailbox.extend(queued)
+                work.commit(dataclasses.replace(work.state, continuation=rest))
+                return
+
+
+def _next_seq(stored: int | None, now_ms: int) -> int:
+    # A key with no seq starts at its first event's time in microsecond steps, so a key that
+    # starts over in a new job (no state restored) does not re-issue the ids of an earlier one.
+    # Never 0: an exported seq of 0 means "none".
+    if stored is not None:
+        return stored + 1
+    return max(1, min(now_ms, INT64_MAX // _SEQ_PER_MS - 1) * _SEQ_PER_MS)

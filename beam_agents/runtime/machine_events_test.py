@@ -1,0 +1,181 @@
+"""External events (machine_events): duplicates within the dedupe window do nothing, by their
+bytes or a transport's idempotency key, within the marks' count and window; a suspended key's
+events wait in its mailbox, bounded, and run in event-time order; a start whose model stays
+busy waits on a timer and keeps its place. Each test drives KeyMachine through
+`testing.machine_harness`.
+"""
+
+from __future__ import annotations
+
+import json
+
+from beam_agents.runtime import RuntimeConfig, agent
+from beam_agents.runtime.machine import ERRORS
+from beam_agents.testing.machine_harness import (
+    T0,
+    DownOnce,
+    Harness,
+    approve,
+    asks,
+    echo,
+    event,
+    pending,
+    summarise_event,
+)
+
+# Point 6: duplicates of external events ---------------------------------------------------------
+
+
+def test_the_same_event_twice_runs_once_within_the_dedupe_window():
+    h = Harness(echo, config=RuntimeConfig(dedupe_window_ms=1000))
+    h.send(event(T0, b"a"))
+    h.send(event(T0, b"a"))  # back to back
+    h.send(event(T0 + 10, b"b"))
+    h.send(event(T0, b"a"))  # after completion, late
+    assert h.values("completions") == [b"echo a", b"echo b"]
+    h.send(event(T0 + 5000, b"c"))  # the window moved past the first event
+    h.send(event(T0, b"a"))
+    assert h.values("completions") == [b"echo a", b"echo b", b"echo c", b"echo a"]
+
+
+def test_dedupe_marks_stay_within_their_count_and_window():
+    h = Harness(echo, config=RuntimeConfig(dedupe_window_ms=1000, dedupe_max_events=3))
+    for n in range(5):
+        h.send(event(T0 + n, b"e%d" % n))
+    assert len(h.memory.event_marks) == 3 * 24  # the three latest
+    h.send(event(T0 + 1, b"e1"))  # forgotten by count: runs again
+    h.send(event(T0 + 4, b"e4"))  # remembered
+    assert h.values("completions")[-1] == b"echo e1" and len(h.values("completions")) == 6
+    h.send(event(T0 + 5000, b"later"))
+    assert len(h.memory.event_marks) == 24  # the window dropped the rest
+
+
+def test_a_transport_idempotency_key_dedupes_copies_whose_bytes_differ():
+    h = Harness(echo)
+    h.send(event(T0, b"a"), idempotency_key=b"kafka:events/0@17")
+    h.send(event(T0 + 1, b"a, re-stamped"), idempotency_key=b"kafka:events/0@17")
+    h.send(event(T0 + 2, b"b"), idempotency_key=b"kafka:events/0@18")
+    assert h.values("completions") == [b"echo a", b"echo b"]
+
+
+def test_a_duplicate_of_a_queued_event_is_recognised_while_suspended():
+    h = Harness(asks)
+    h.send(event(T0, b"1"))
+    h.send(event(T0 + 1, b"2"))
+    h.send(event(T0 + 1, b"2"))
+    assert [e.external_event for e in h.continuation.mailbox] == [b"2"]
+
+
+def test_an_event_with_an_idempotency_key_leaves_two_of_the_dedupe_marks():
+    """dedupe_max_events bounds marks (RuntimeConfig says so): a keyed event leaves two."""
+    h = Harness(echo, config=RuntimeConfig(dedupe_max_events=4))
+    h.send(event(T0, b"a"), idempotency_key=b"kafka:events/0@1")
+    h.send(event(T0 + 1, b"b"), idempotency_key=b"kafka:events/0@2")
+    assert len(h.memory.event_marks) == 4 * 24
+    h.send(event(T0, b"a"), idempotency_key=b"kafka:events/0@1")  # one of the last two
+    assert h.values("completions") == [b"echo a", b"echo b"]
+    h.send(event(T0 + 2, b"c"), idempotency_key=b"kafka:events/0@3")
+    h.send(event(T0, b"a"), idempotency_key=b"kafka:events/0@1")  # forgotten: runs again
+    assert h.values("completions") == [b"echo a", b"echo b", b"echo c", b"echo a"]
+
+
+# Point 7: the mailbox -------------------------------------------------------------------------
+
+
+def test_events_for_a_suspended_key_queue_and_run_in_event_time_order_after_it_resumes():
+    h = Harness(asks)
+    h.send(event(T0, b"1"))
+    (question,) = pending(h)
+    h.send(event(T0 + 30, b"3"))
+    h.send(event(T0 + 20, b"2"))
+    snapshot = h.export(T0 + 40)
+    assert [e.external_event for e in snapshot.continuation.mailbox] == [b"3", b"2"]
+    restored = Harness(asks)
+    restored.restore(snapshot)
+    restored.send(approve(T0 + 50, question))
+    # The queued "2" runs first and suspends again; "3" waits in the new mailbox.
+    assert restored.values("completions") == [b"approved"]
+    (asked,) = pending(restored)
+    assert json.loads(asked.args_json)["amount"] == 2
+    assert [e.external_event for e in restored.continuation.mailbox] == [b"3"]
+    restored.send(approve(T0 + 60, asked, approved=False))
+    (last,) = pending(restored)
+    assert json.loads(last.args_json)["amount"] == 3
+    assert restored.values("completions") == [b"approved", b"declined"]
+
+
+def test_a_full_mailbox_dead_letters_the_event_with_the_event_inside():
+    h = Harness(asks, config=RuntimeConfig(mailbox_max_events=1))
+    h.send(event(T0, b"1"))
+    h.send(event(T0 + 1, b"2"))
+    h.send(event(T0 + 2, b"3"))
+    (full,) = h.values(ERRORS)
+    assert full.reason == "mailbox_full" and full.input.external_event == b"3"
+
+
+def test_a_mailbox_over_its_byte_bound_dead_letters_the_event_that_would_overflow_it():
+    h = Harness(asks, config=RuntimeConfig(mailbox_max_bytes=3))
+    h.send(event(T0, b"1"))
+    h.send(event(T0 + 1, b"22"))
+    h.send(event(T0 + 2, b"33"))  # 2 + 2 bytes > 3
+    (full,) = h.values(ERRORS)
+    assert full.reason == "mailbox_full" and full.input.external_event == b"33"
+    assert [e.external_event for e in h.continuation.mailbox] == [b"22"]
+
+
+@agent(name="tests.fragile/v1")
+def fragile(ctx, event: bytes) -> bytes:
+    if event == b"boom":
+        raise RuntimeError("the agent cannot handle this event")
+    decided = ctx.request_approval("go on?", event=event.decode())
+    return b"approved" if decided.ok else b"declined"
+
+
+def test_a_queued_event_whose_activation_fails_is_in_its_dead_letter():
+    """A queued event was marked as seen when it was queued, so its redelivery does nothing:
+    when its activation fails after the mailbox drains, the dead letter is all that holds it."""
+    h = Harness(fragile)
+    h.send(event(T0, b"first"))
+    (question,) = pending(h)
+    h.send(event(T0 + 1, b"boom"))
+    h.send(approve(T0 + 2, question, ring=None))
+    (failed,) = h.values(ERRORS)
+    assert failed.reason == "agent_raised" and failed.input.external_event == b"boom"
+
+
+def test_a_digest_matches_only_where_a_mark_holds_one():
+    from beam_agents.runtime.machine_events import _seen
+
+    digest = bytes(range(16))
+    straddling = b"\x00" * 12 + digest + b"\x00" * 20  # across two marks' digests
+    assert not _seen(straddling, digest)
+    assert _seen(straddling + b"\x00" * 8 + digest, digest)  # the third mark's
+
+
+# Issue 19 point 5: a busy model is not a failure ------------------------------------------------
+
+
+def test_a_start_whose_model_stays_busy_waits_on_a_timer_and_keeps_its_place():
+    config = RuntimeConfig(resume_backoff_ms=100, resume_backoff_max_ms=100)
+    h = Harness(summarise_event, llm=DownOnce(2), config=config)
+    h.send(event(T0, b"first"), arrival_ms=T0)
+    assert h.values(ERRORS) == [] and h.values("completions") == []
+    assert h.timers[0].at_ms == T0 + 100
+    h.send(event(T0 + 10, b"second"))  # waits behind the deferred one
+    h.send(event(T0, b"first"))  # a copy of the deferred event: dropped
+    assert [e.external_event for e in h.continuation.mailbox] == [b"first", b"second"]
+    h.fire_deadline()  # busy again: a second deferral
+    assert h.values("completions") == [] and h.continuation.resume_failures == 2
+    h.fire_deadline()
+    assert h.values("completions") == [b"summary of first", b"summary of second"]
+    assert h.continuation is None and h.values(ERRORS) == []
+
+
+def test_a_model_busy_past_the_retries_is_a_dead_letter_then_the_queue_runs():
+    config = RuntimeConfig(retryable_resume_retries=1, resume_backoff_ms=10)
+    h = Harness(summarise_event, llm=DownOnce(2), config=config)
+    h.send(event(T0, b"first"))
+    h.send(event(T0 + 1, b"second"))
+    h.fire_deadline()
+    assert [e.reason for e in h.values(ERRORS)] == ["llm_failed"]
+    assert h.values("completions") == [b"summary of second"] and h.continuation is None

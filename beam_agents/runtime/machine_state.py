@@ -1,0 +1,198 @@
+"""A key's state and its commit, for `machine.KeyMachine` (the design is in its docstring).
+
+`KeyState` is a key's state as stored, each blob at whatever version wrote it, never mutated;
+`Effects` is what one input produces (outputs, counters, and the whole new state with its
+timers, or nothing to write); `Work` holds one input's effects as they accumulate, so chained
+activations (a resume, then the mailbox) each see the state the one before committed.
+
+`Commits`, a mixin of KeyMachine, owns the state's way in and out: every decision reads blobs
+through migration (`_current`), a change is made on a new blob stamped with the current version
+(`_copy`, never the blob read: a portable harness hands back the object an earlier write
+stored), and `_finish` turns a Work into Effects, the deadline timer at the suspension's due
+time and the TTL from the key's latest activity (`_ttl_at`). It reads KeyMachine's `_config`,
+`_registry` and `_version`.
+
+This module imports none of the machine's others; they all build on it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from beam_agents._protos import Continuation, LlmCacheBlob, MemoryBlob, ToolIntent
+from beam_agents.beam_support import timer_timestamp
+from beam_agents.core.migration import migrate_to_current
+from beam_agents.runtime import dead_letters as dl
+
+__all__ = [
+    "COMPLETIONS",
+    "ERRORS",
+    "INT64_MAX",
+    "INTENTS",
+    "SNAPSHOTS",
+    "TRACES",
+    "Commits",
+    "Effects",
+    "KeyState",
+    "Work",
+    "due_at",
+    "saturating_add",
+    "timer_ms",
+]
+
+COMPLETIONS = "completions"
+INTENTS = "intents"
+TRACES = "traces"
+ERRORS = "errors"
+SNAPSHOTS = "snapshots"
+
+INT64_MAX = 2**63 - 1
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class KeyState:
+    """A key's state as stored, each blob at whatever version wrote it. Never mutated."""
+
+    seq: int | None = None
+    memory: MemoryBlob | None = None
+    cache: LlmCacheBlob | None = None
+    continuation: Continuation | None = None
+    pending: tuple[ToolIntent, ...] = ()
+
+    @property
+    def empty(self) -> bool:
+        """No state but perhaps a seq (which outlives the TTL)."""
+        return (
+            not self.pending
+            and self.memory is None
+            and self.cache is None
+            and self.continuation is None
+        )
+
+
+@dataclasses.dataclass
+class Effects:
+    """What one input produces. `state` is None when nothing is to be written; otherwise it
+    is the key's whole new state, `deadline_at` the deadline timer's time (None: clear it)
+    and `ttl_at` the TTL timer's (None: clear it)."""
+
+    outputs: list[tuple[str, tuple[bytes, object]]] = dataclasses.field(default_factory=list)
+    state: KeyState | None = None
+    deadline_at: int | None = None
+    ttl_at: int | None = None
+    #: Names of the counters to increment, once per occurrence.
+    counters: list[str] = dataclasses.field(default_factory=list)
+
+
+class Work:
+    """The effects of one input as they accumulate: chained activations (a resume, then the
+    mailbox) each see the state the previous one committed."""
+
+    def __init__(self, key: bytes, state: KeyState, stored: KeyState | None = None) -> None:
+        self.key = key
+        self.state = state
+        #: The state as read, through migration (`state` before any change) and before it: a
+        #: blob still the migrated one is written back as it was read.
+        self.current = state
+        self.stored = state if stored is None else stored
+        self.changed = False
+        self.effects = Effects()
+        #: The latest event or arrival time this input brought: the TTL counts from it.
+        self.anchor = 0
+
+    def commit(self, state: KeyState) -> None:
+        self.state = state
+        self.changed = True
+
+    def emit(self, tag: str, value) -> None:
+        self.effects.outputs.append((tag, (self.key, value)))
+
+    def dead(self, reason: str, detail: str, now: int, **fields) -> None:
+        self.emit(ERRORS, dl.error_record(self.key, reason, detail, now, **fields))
+
+    def count(self, name: str) -> None:
+        self.effects.counters.append(name)
+
+
+class Commits:
+    """KeyMachine's reads and commits of a key's state; see the module docstring."""
+
+    def _migrate(self, blob):
+        return None if blob is None else migrate_to_current(blob, self._registry)
+
+    def _current(self, stored: KeyState) -> KeyState:
+        """The state every decision reads: each blob through migrate_to_current, which
+        returns a current blob itself. StateSchemaFromFutureError propagates on purpose: the
+        bundle fails and the key waits, untouched, for the binary that wrote it.
+
+        `stored` itself when every blob is current, the common case: one field read a blob."""
+        version = self._version
+        memory, cache, continuation = stored.memory, stored.cache, stored.continuation
+        if (
+            (memory is None or memory.state_schema_version == version)
+            and (cache is None or cache.state_schema_version == version)
+            and (continuation is None or continuation.state_schema_version == version)
+        ):
+            return stored
+        return dataclasses.replace(
+            stored,
+            memory=self._migrate(stored.memory),
+            cache=self._migrate(stored.cache),
+            continuation=self._migrate(stored.continuation),
+        )
+
+    def _copy(self, blob):
+        """A new blob equal to `blob`, stamped with the current version: what a change is
+        made on, never the blob that was read."""
+        copied = type(blob)()
+        copied.CopyFrom(blob)
+        copied.state_schema_version = self._version
+        return copied
+
+    def _finish(self, work: Work, continuation: Continuation | None = None) -> Effects:
+        """Effects of `work`; `continuation` is the migrated view of a restored one."""
+        effects = work.effects
+        if work.changed:
+            state = work.state
+            suspended = continuation if continuation is not None else state.continuation
+            effects.deadline_at = None if suspended is None else due_at(suspended)
+            effects.ttl_at = (
+                None if state.empty else self._ttl_at(state.memory, suspended, work.anchor)
+            )
+            # A blob the input did not replace is written back as it was read: its migrated
+            # view reaches state only with a change of its own.
+            current, stored = work.current, work.stored
+            effects.state = KeyState(
+                seq=state.seq,
+                memory=stored.memory if state.memory is current.memory else state.memory,
+                cache=stored.cache if state.cache is current.cache else state.cache,
+                continuation=(
+                    stored.continuation
+                    if state.continuation is current.continuation
+                    else state.continuation
+                ),
+                pending=state.pending,
+            )
+        return effects
+
+    def _ttl_at(
+        self, memory: MemoryBlob | None, suspended: Continuation | None, anchor: int
+    ) -> int:
+        latest = max(anchor, memory.last_activity_ms if memory is not None else 0)
+        if suspended is not None:
+            latest = max(latest, due_at(suspended))
+        return saturating_add(latest, self._config.ttl_ms)
+
+
+def due_at(suspended: Continuation) -> int:
+    """When a suspension's timer is due: its retry, else its deadline."""
+    return suspended.retry_at_ms or suspended.deadline_ms
+
+
+def timer_ms(at_ms: int) -> int:
+    # Portable runners keep timers to the millisecond, clamped into the global window.
+    return timer_timestamp(at_ms).micros // 1000
+
+
+def saturating_add(a: int, b: int) -> int:
+    return min(a + b, INT64_MAX)

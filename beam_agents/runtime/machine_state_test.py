@@ -1,0 +1,108 @@
+"""A key's state and its commit (machine_state): nothing read is changed in place, the TTL only
+moves forward, and an activation writes only the blobs it changed. Each test drives KeyMachine
+through `testing.machine_harness`.
+"""
+
+from __future__ import annotations
+
+from beam_agents.runtime import AtDeadline, DeadlinePolicy, RuntimeConfig, agent
+from beam_agents.testing.machine_harness import (
+    SEQ,
+    T0,
+    Harness,
+    answer,
+    echo,
+    event,
+    parallel,
+    pending,
+    refund,
+    summarise,
+)
+
+# Point 2: never mutate what was read --------------------------------------------------------
+
+
+def test_refused_and_failing_inputs_leave_the_stored_objects_untouched():
+    """The Harness checks every step; here the steps that used to change state in place: an
+    answer recorded, a deadline expiring, a failing resume, an escalation."""
+    policy = DeadlinePolicy(AtDeadline.ESCALATE, max_escalations=1, extension_ms=50)
+    h = Harness(
+        parallel, llm=None, config=RuntimeConfig(deadline_policy=policy, suspend_deadline_ms=10)
+    )
+    h.send(event(T0, b"go"))
+    first = pending(h)[0]
+    stored = h.continuation
+    h.send(answer(T0 + 1, first))
+    assert list(stored.answers) == [] and h.continuation is not stored
+    h.fire_deadline()  # escalates
+    h.fire_deadline()  # expires the rest and resumes
+    (done,) = h.values("completions")
+    assert done == b"ok,,"
+
+
+# Point 8: the TTL only moves forward ------------------------------------------------------------
+
+
+def test_an_event_stamped_zero_never_wipes_the_memory_it_just_wrote():
+    ttl = 1000
+    h = Harness(echo, config=RuntimeConfig(ttl_ms=ttl))
+    h.send(event(T0, b"a"), arrival_ms=T0)
+    assert h.timers[1].at_ms == T0 + ttl
+    h.send(event(0, b"late"), arrival_ms=T0 + 5)
+    assert h.timers[1].at_ms == T0 + 5 + ttl and h.memory.last_activity_ms == T0 + 5
+    h.send(event(0, b"later"))  # no arrival time either (a bounded source)
+    assert h.timers[1].at_ms == T0 + 5 + ttl and h.memory.last_activity_ms == T0 + 5
+    h.fire_ttl(T0 + ttl)  # a stale firing of the earlier TTL
+    assert h.memory is not None
+    assert [(e.key, e.value) for e in h.memory.entries] == [("last", b"later")]
+    h.fire_ttl()
+    assert h.memory is None and h.states[0].value == SEQ + 2
+
+
+def test_a_new_key_whose_first_event_is_stamped_zero_counts_its_ttl_from_arrival():
+    h = Harness(echo, config=RuntimeConfig(ttl_ms=1000))
+    h.send(event(0, b"a"), arrival_ms=T0)
+    assert h.timers[1].at_ms == T0 + 1000 and h.states[0].value == 1  # seq 0 means "none"
+
+
+# Issue 18: an activation writes only what it changed ---------------------------------------------
+
+
+@agent(name="tests.lookup/v1")
+def lookup(ctx, event: bytes) -> bytes:
+    return ctx.call_tool("crm.lookup", {"id": event.decode()}).payload
+
+
+def test_a_resume_that_touches_no_memory_and_no_cache_writes_neither():
+    h = Harness(lookup, config=RuntimeConfig(ttl_ms=1000))
+    h.send(event(T0 + 5, b"7"))
+    memory = h.memory
+    (intent,) = pending(h)
+    # An answer stamped before the start's activity: nothing moves the TTL's anchor either.
+    h.send(answer(T0 + 4, intent, b"profile"))
+    assert h.values("completions") == [b"profile"]
+    assert h.memory is memory and h.states[2].value is None  # not rewritten, no cache made
+    assert h.timers[1].at_ms == T0 + 5 + 1000
+
+
+def test_a_later_answer_moves_the_ttl_anchor_forward_in_a_copy_of_the_memory():
+    h = Harness(lookup, config=RuntimeConfig(ttl_ms=1000))
+    h.send(event(T0, b"7"))
+    memory = h.memory
+    (intent,) = pending(h)
+    h.send(answer(T0 + 9, intent, b"profile"))
+    assert h.memory is not memory and h.memory.last_activity_ms == T0 + 9
+    assert h.memory.entries == memory.entries and h.states[2].value is None
+    h.fire_ttl(T0 + 1000)  # the TTL the start set has moved: the key stays
+    assert h.memory is not None and h.timers[1].at_ms == T0 + 9 + 1000
+
+
+def test_a_resume_that_replays_no_llm_call_keeps_the_cache_it_read():
+    h = Harness(refund, llm=summarise("a summary"))
+    h.send(event(T0, b"10"))
+    (paid,) = pending(h)
+    h.send(answer(T0 + 1, paid, b"paid"))  # one LLM call: the cache is written
+    cache = h.states[2].value
+    assert len(cache.entries) == 1
+    h.send(event(T0 + 2, b"20"))  # suspends before any LLM call: the cache is untouched
+    assert h.states[2].value is cache
