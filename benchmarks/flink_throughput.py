@@ -36,8 +36,8 @@ from pathlib import Path
 import apache_beam as beam
 from apache_beam.io.kafka import ReadFromKafka, WriteToKafka
 from apache_beam.options.pipeline_options import PipelineOptions
-from apache_beam.typehints import Tuple
 from apache_beam.transforms.userstate import ReadModifyWriteStateSpec
+from apache_beam.typehints import Tuple
 
 from beam_agents._protos import AgentEnvelope
 from beam_agents.beam_support import typed
