@@ -16,7 +16,8 @@ twice), every approval request reached the approvals topic.
   without HA forgets its jobs, so the job is restored from its retained checkpoint on disk
   (`engines.sh latest-checkpoint JOB`); the keys suspended before the kill resume on their
   approvals after it, and the others' state is byte for byte what it was;
-* the effector service SIGKILLed and restarted, between intents;
+* the effector service SIGKILLed and restarted, between intents; and dying inside its tools
+  and in the approval window, restarted by its supervisor;
 * every external event (tickets, approvals) produced twice, back to back, and once more after
   every key completed;
 * the Kafka read stalled (`engines.sh freeze-workers` stops the job's Java SDK harness that
@@ -88,7 +89,8 @@ def _until_complete(loop: Loop) -> None:
     loop.reader.settle(5)  # a late copy of anything would be on the topics by now
 
 
-def _assert_exactly_once(loop: Loop) -> None:
+def _assert_exactly_once(loop: Loop, reruns: Counter | None = None) -> None:
+    """`reruns`: the calls of idempotent tools run again after a crash inside them."""
     topics = loop.topics
     outcomes = Counter((k, c["outcome"]) for k, c in loop.completions())
     assert outcomes == Counter(
@@ -107,7 +109,7 @@ def _assert_exactly_once(loop: Loop) -> None:
     effects = Counter(e["key"] for e in loop.ledger.effects())
     assert effects == tools
     calls = Counter((loop.tmp_path / "calls.log").read_text().split()[1::2])
-    assert calls == tools
+    assert calls == tools + (reruns or Counter())
     assert Counter(r.intent_id for r in loop.execution_records()) == Counter(
         i.intent_id for i in intents
     )
@@ -144,6 +146,31 @@ def test_a_broker_down_45_s_before_and_after_the_approvals_loses_and_repeats_not
 def test_an_effector_killed_before_and_after_the_approvals_loses_and_repeats_nothing(loop):
     _loop_under(loop, loop.kill_effector)
     print(f"repeats a deduping consumer dropped: {loop.reader.repeats}")
+
+
+def test_an_effector_dying_inside_its_tools_and_in_the_approval_window_loses_and_repeats_nothing(
+    loop,
+):
+    """Before the approvals it dies inside the first CRM lookup and once an approval request is
+    recorded but not yet sent; after them, inside the first refund. Its supervisor starts it
+    again each time: the lookup is run again with the same key, the request is sent on
+    redelivery, and the refund is found done in the ledger, not paid twice."""
+    die = loop.tmp_path
+    (die / "die-in-crm.lookup").touch()
+    (die / "die-after-approval").touch()
+    loop.start_job()
+    _tickets(loop)
+    requests = _until_suspended(loop)
+    (die / "die-in-payments.refund").touch()
+    loop.send(*(approve(r) for r in requests))
+    _until_complete(loop)
+    assert not list(die.glob("die-*")) and loop.effector_restarts == 3
+    intents = loop.messages(loop.topics.intents, ToolIntent)
+    lookups = {i.intent_id for i in intents if i.tool_name == "crm.lookup"}
+    calls = Counter((die / "calls.log").read_text().split()[1::2])
+    (rerun,) = [i for i, n in calls.items() if n == 2]  # the first lookup, and only it
+    assert rerun in lookups
+    _assert_exactly_once(loop, reruns=Counter({rerun: 1}))
 
 
 def test_external_events_produced_twice_and_again_after_completion_complete_each_key_once(loop):

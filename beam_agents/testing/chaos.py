@@ -19,8 +19,9 @@ static group member; `FX_SESSION_TIMEOUT_MS` sets its session timeout.
 `python -m beam_agents.testing.chaos BOOTSTRAP PREFIX DIR triage` serves the support-triage
 loop's own tools instead (beam_agents.examples.support_triage.TOOLS, the demo's keyrings, as
 `beam-agents effector-service` does for beam_agents.testing.triage_loop), each call logged to
-calls.log and its effect to the ledger (no dedupe): the execution logs the Flink fault tests
-check every effect against.
+calls.log and its effect to the ledger (`triage_tools`: the lookup idempotent, the refund
+reconciled): the execution logs the Flink fault tests check every effect against. The
+die-in-TOOL and die-after-approval files work there too.
 """
 
 from __future__ import annotations
@@ -105,10 +106,27 @@ def tools(directory: Path) -> dict:
 
 
 def triage_tools(directory: Path) -> dict:
-    """The support-triage tools, each call and effect logged in `directory`."""
+    """The support-triage tools, each call logged in `directory`, declared as a production
+    effector would declare them: the CRM lookup is a read, safe to run again (idempotent; the
+    ledger keeps one entry per intent); the refund is reconciled against the ledger, which
+    answers what the refund answered."""
     from beam_agents.examples.support_triage import TOOLS
 
-    return {name: _tool(directory, name, dedupe=False, answer=fn) for name, fn in TOOLS.items()}
+    ledger = Ledger(directory)
+    refund = TOOLS["payments.refund"]
+
+    def refunded(intent: ToolIntent) -> bytes | None:
+        if ledger.find(intent.intent_id) is None:
+            return None
+        return refund(json.loads(intent.args_json), intent)
+
+    lookup = _tool(directory, "crm.lookup", dedupe=True, answer=TOOLS["crm.lookup"])
+    return {
+        "crm.lookup": ToolSpec(lookup, idempotent=True),
+        "payments.refund": ToolSpec(
+            _tool(directory, "payments.refund", dedupe=False, answer=refund), reconcile=refunded
+        ),
+    }
 
 
 class _DyingStore(SqliteExecutionStore):

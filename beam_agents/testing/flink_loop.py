@@ -11,8 +11,9 @@ While `read` waits, a beam_agents.flink.ReadWatchdog watches the running job. A 
 Kafka read stalls (seen while every job's Java harness ran in one shared worker pool, not
 since each job has its own: tools/engines/RESULTS.md) is reported on stderr, in `stalls` and
 in the engines' logs/stalls.log, cancelled and restored from its latest retained checkpoint,
-as an operator would; a second stall of the same job fails the test. `kill_effector` is a
-crash of the effector service and its supervisor's restart.
+as an operator would; a second stall of the same job fails the test. It also restarts an
+effector service that died, as a supervisor would (`effector_restarts`); `kill_effector`
+is a crash of it and that restart.
 """
 
 from __future__ import annotations
@@ -101,6 +102,7 @@ class Loop:
             ]  # fmt: skip
         self._effector_command = (module, args)
         self._effector_runs = 0
+        self.effector_restarts = 0
         self.effector = self._start_effector()
 
     def _start_effector(self) -> Launched:
@@ -109,6 +111,14 @@ class Loop:
         effector = self._launch(module, args, f"effector-{self._effector_runs}")
         effector.wait_for_output("serving")
         return effector
+
+    def _supervise_effector(self) -> None:
+        """Starts the effector service again if it died, as its supervisor would; counted in
+        `effector_restarts`."""
+        if self.effector.process.poll() is not None:
+            self.effector.stop()
+            self.effector = self._start_effector()
+            self.effector_restarts += 1
 
     def kill_effector(self) -> None:
         """SIGKILLs the effector service wherever it is and starts it again, as a supervisor
@@ -203,6 +213,7 @@ class Loop:
             except TimeoutError:
                 if time.monotonic() > deadline:
                     raise
+            self._supervise_effector()
             if self._watch():  # a restored job gets the whole wait again
                 deadline = time.monotonic() + timeout_s
 
