@@ -70,9 +70,10 @@ class _Index:
 
 
 class _Indexes:
-    """Indexes of recently written blobs by object identity, bounded by their entries. Holds
-    each blob strongly, so an identity is never reused while its index is here (protobuf
-    messages take no weak references).
+    """Indexes of recently written blobs by object identity, bounded by the bytes they hold:
+    the index (about 106 bytes an entry) and the blob itself, values and event marks
+    included. It holds each blob strongly, so an identity is never reused while its index is
+    here (protobuf messages take no weak references).
 
     A blob written in place of another (`put(..., replacing=old)`) drops the old one's index:
     the key's state moved on, so the table holds about one blob per recently active key rather
@@ -80,11 +81,13 @@ class _Indexes:
     the bound pushed them out). Should state go back to the old blob (a failed bundle), its
     index is built again on its first lookup."""
 
-    def __init__(self, max_entries: int) -> None:
-        self._max = max_entries
+    def __init__(self, max_bytes: int) -> None:
+        self._max = max_bytes
         self._held = 0
         self._lock = threading.Lock()
-        self._table: collections.OrderedDict[int, tuple[object, _Index]] = collections.OrderedDict()
+        self._table: collections.OrderedDict[int, tuple[object, _Index, int]] = (
+            collections.OrderedDict()
+        )
 
     def get(self, blob) -> _Index | None:
         with self._lock:
@@ -97,31 +100,38 @@ class _Indexes:
         return index if len(index.stamps) == len(blob.entries) else None
 
     def put(self, blob, index: _Index, replacing=None) -> None:
-        size = len(index.stamps) + 1
+        # Kept with the blob, so eviction takes back exactly what the put counted (the
+        # activation's event marks, added after the put, are not counted: one activation's).
+        size = _ENTRY_BYTES * (len(index.stamps) + 1) + index.total
+        size += len(getattr(blob, "event_marks", b""))
         with self._lock:
             if replacing is not None and replacing is not blob:
                 self._pop(replacing)
             if size > self._max:
                 return
             self._pop(blob)
-            self._table[id(blob)] = (blob, index)
+            self._table[id(blob)] = (blob, index, size)
             self._held += size
             while self._held > self._max:
-                _, (_, evicted) = self._table.popitem(last=False)
-                self._held -= len(evicted.stamps) + 1
+                _, (_, _, evicted) = self._table.popitem(last=False)
+                self._held -= evicted
 
     def _pop(self, blob) -> None:
         found = self._table.get(id(blob))
         if found is not None and found[0] is blob:
             del self._table[id(blob)]
-            self._held -= len(found[1].stamps) + 1
+            self._held -= found[2]
 
 
-# About 2**20 entries, some 110 MB at most (106 bytes an entry): the indexes of about as many
-# memory entries as a portable harness's state cache holds by default (100 MB), so that a key
-# whose blob the harness hands back still finds its index. A key past it rebuilds its index on
-# its first lookup: a pass over its entries that costs some ten encodings of the blob.
-_INDEXES = _Indexes(1 << 20)
+#: What an index costs a memory entry (measured: 106 bytes).
+_ENTRY_BYTES = 106
+# 128 MB of indexes and the blobs they hold, about what a portable harness's state cache holds
+# by default (100 MB), so that a key whose blob the harness hands back still finds its index.
+# Where reads decode their bytes (the DirectRunner, RocksDB, a harness cache miss) each
+# version is a new blob, and this bound is what keeps them from filling the worker. A key
+# past it rebuilds its index on its first lookup: a pass over its entries that costs some ten
+# encodings of the blob.
+_INDEXES = _Indexes(128 << 20)
 
 
 def share_index(copy, source) -> None:

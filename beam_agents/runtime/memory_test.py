@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from beam_agents._protos import LlmCacheBlob, MemoryBlob
 from beam_agents.core.migration import CURRENT_STATE_SCHEMA_VERSION
 from beam_agents.errors import MemoryBudgetError
+from beam_agents.runtime import memory as memory_module
 from beam_agents.runtime.memory import Memory, ReplayCache
 
 
@@ -290,3 +291,22 @@ def test_a_written_blob_changed_afterwards_is_read_afresh():
     blob.entries.add(key="b", value=b"22")  # a caller's own change: the kept index is stale
     again = Memory.from_blob(blob)
     assert again.get("b") == b"22" and list(again.keys()) == ["a", "b"]
+
+
+def test_the_index_table_holds_at_most_its_bytes_where_every_read_decodes_a_new_blob(
+    monkeypatch,
+):
+    """A runner whose state reads decode bytes (the DirectRunner, RocksDB) hands each
+    activation a new blob: the table of indexes, which holds its blobs, stays within its
+    bytes however many versions a key writes."""
+    limit = 100_000
+    table = memory_module._Indexes(limit)
+    monkeypatch.setattr(memory_module, "_INDEXES", table)
+    blob = MemoryBlob(state_schema_version=CURRENT_STATE_SCHEMA_VERSION)
+    for step in range(200):
+        memory = Memory.from_blob(blob, now_ms=step)
+        memory.put("note", bytes([step % 256]) * 10_000)
+        blob = MemoryBlob.FromString(memory.to_blob().SerializeToString())
+    held = [entry[0] for entry in table._table.values()]
+    assert 1 < len(held) < 200
+    assert sum(b.ByteSize() for b in held) <= limit
