@@ -195,8 +195,10 @@ start_beam_java() {
   # kept each cancelled job's Kafka clients (tools/engines/RESULTS.md). The harness's boot
   # program needs the venv: Flink runs it long after this script returns.
   [[ -x "$root/.venv/bin/python" ]] || bash "$root/tools/dev.sh" setup >&2
+  # Flink's process manager drops a PROCESS environment's output: the harness's goes to a log.
   cat >"$harness" <<EOF
 #!/usr/bin/env bash
+exec >>"$logs/java-harness.log" 2>&1
 exec "$root/.venv/bin/python" "$root/tools/engines/java_harness.py" --classpath "$lib" --engines "$run" "\$@"
 EOF
   chmod +x "$harness"
@@ -206,8 +208,11 @@ EOF
   wait_for java "expansion service" listening "$expansion_port"
 }
 
+# Ready once the cluster counts every task manager flink's PID file names (its lines past the
+# job manager and the job server) and the job server listens.
 flink_ready() {
-  curl -sf "http://127.0.0.1:$flink_rest_port/overview" | grep -q '"taskmanagers":1' \
+  local want=$(($(wc -l <"$run/flink.pids") - 2))
+  curl -sf "http://127.0.0.1:$flink_rest_port/overview" | grep -q "\"taskmanagers\":$want[,}]" \
     && listening "$job_port"
 }
 
@@ -329,7 +334,8 @@ restart_jobmanager() {
 
 signal_workers() {
   local pids
-  pids="$(pgrep -f -- "-Dbeam_agents.engines=$run " || true)"
+  # pgrep takes a pattern: the run directory's regex characters (a path may hold them) escaped.
+  pids="$(pgrep -f -- "-Dbeam_agents.engines=$(printf '%s' "$run" | sed 's/[][\.*^$+?(){}|]/\\&/g') " || true)"
   [[ -n "$pids" ]] || die "no Java SDK harness of these engines is running"
   # shellcheck disable=SC2086
   kill "-$1" $pids
@@ -350,11 +356,13 @@ add_taskmanager() {
 # Stops the second task manager; done once the cluster no longer counts it, so no job is
 # scheduled onto its slots.
 remove_taskmanager() {
-  local pid
+  local pid deadline
   pid="$(sed -n 4p "$run/flink.pids" 2>/dev/null)" || true
   [[ -n "$pid" ]] || die "no second task manager runs"
   kill "$pid" 2>/dev/null || true
-  while alive "$pid"; do sleep 0.2; done
+  deadline=$((SECONDS + 30))
+  while alive "$pid" && ((SECONDS < deadline)); do sleep 0.2; done
+  alive "$pid" && kill -9 "$pid" 2>/dev/null || true
   sed -i 4d "$run/flink.pids"
   wait_for flink "one task manager" flink_ready
   echo "tools/engines.sh: the second task manager stopped" >&2

@@ -10,8 +10,10 @@ down. Here a job's harness, and everything it opened, dies with the job.
 What Beam's own Go boot program does (sdks/java/container/boot.go) minus what only a
 container needs: it asks the provision service for the job's pipeline options and
 endpoints, and execs the harness JVM with them in its environment. The classpath is the
-engines' Java closure, which holds every transform the expansion service can expand, so no
-artifact is staged.
+engines' Java closure, which holds every transform the expansion service can expand, so the
+artifacts the job server stages for the environment are not read. A failure is one line on
+stderr (the wrapper tools/engines.sh writes logs it) and a non-zero exit, which Flink reports
+as the environment's process dying.
 """
 
 from __future__ import annotations
@@ -46,16 +48,24 @@ def main(argv: list[str]) -> int:
         parser.add_argument(f"--{flag}", default="")
     args = parser.parse_args(argv)
 
-    with grpc.insecure_channel(args.provision_endpoint) as channel:
-        info = (
-            beam_provision_api_pb2_grpc.ProvisionServiceStub(channel)
-            .GetProvisionInfo(
-                beam_provision_api_pb2.GetProvisionInfoRequest(),
-                metadata=[("worker_id", args.id)],
-                timeout=_PROVISION_TIMEOUT_S,
+    try:
+        with grpc.insecure_channel(args.provision_endpoint) as channel:
+            info = (
+                beam_provision_api_pb2_grpc.ProvisionServiceStub(channel)
+                .GetProvisionInfo(
+                    beam_provision_api_pb2.GetProvisionInfoRequest(),
+                    metadata=[("worker_id", args.id)],
+                    timeout=_PROVISION_TIMEOUT_S,
+                )
+                .info
             )
-            .info
+    except grpc.RpcError as e:
+        print(
+            f"java_harness: worker {args.id}: no provision info from {args.provision_endpoint}:"
+            f" {e.code().name} {e.details()}",
+            file=sys.stderr,
         )
+        return 1
     logging = info.logging_endpoint.url or args.logging_endpoint
     control = info.control_endpoint.url or args.control_endpoint
     if not logging or not control:
@@ -79,7 +89,11 @@ def main(argv: list[str]) -> int:
     # The engines' run directory on the command line lets tools/engines.sh find and signal
     # the harnesses of its own engines (freeze-workers), not another checkout's.
     java = ["java", _HEAP, f"-Dbeam_agents.engines={args.engines}", "-cp", classpath]
-    os.execvpe("java", [*java, "org.apache.beam.fn.harness.FnHarness"], env)
+    try:
+        os.execvpe("java", [*java, "org.apache.beam.fn.harness.FnHarness"], env)
+    except OSError as e:
+        print(f"java_harness: worker {args.id}: cannot run java: {e}", file=sys.stderr)
+        return 1
     return 0  # not reached: exec replaced this process
 
 
