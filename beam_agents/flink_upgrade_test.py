@@ -48,9 +48,6 @@ BURST = 60
 #: 1 and not above, which changes Flink's generated ids of those operators, so a savepoint taken
 #: at 1 cannot be restored at 2. Unchained, every operator keeps its id at any parallelism.
 RESCALABLE = ("--unchained",)
-#: The vertex that holds the agents' state: Beam's stage that starts with RunAgent's stateful
-#: step (the stage before it ends with RunAgent's keying).
-RUN_AGENT = "TriageLoop/{RunAgent"
 #: The dead letters of the junk job 1 is sent: (entity_key, reason).
 JUNK = Counter({(b"", "undecodable_envelope"): 2, (b"c-9", "empty_envelope"): 1})
 
@@ -194,16 +191,6 @@ def _burst(loop, label: str) -> float:
     return BURST / (time.monotonic() - started)
 
 
-def _run_agent_subtasks(loop, jid: str) -> list[dict]:
-    placed = loop.rest.subtasks(jid)
-    (keyed,) = [name for name in placed if RUN_AGENT in name]
-    return placed[keyed]
-
-
-def _agent_reads(loop, jid: str) -> int:
-    return sum(s["metrics"]["read-records"] for s in _run_agent_subtasks(loop, jid))
-
-
 def test_a_loop_saved_at_parallelism_1_continues_every_key_at_parallelism_2_on_two_task_managers(
     loop, engines
 ):
@@ -213,7 +200,7 @@ def test_a_loop_saved_at_parallelism_1_continues_every_key_at_parallelism_2_on_t
     loop.send(*(loop.ticket(k, "how do I export my invoices?") for k in QUESTIONS))
     loop.read(lambda r: _count(r, topics.completions) == 3 and _count(r, topics.approvals) == 3)
     one = _burst(loop, "p1")
-    assert len(_run_agent_subtasks(loop, job1.jid)) == 1
+    assert len(loop.agent_subtasks(job1.jid)) == 1
     loop.send(*(loop.export(k, f"p1-{k.decode()}") for k in KEYS))
     loop.read(lambda r: _count(r, topics.snapshots) == len(KEYS))
     before = loop.snapshots("p1-")
@@ -222,24 +209,24 @@ def test_a_loop_saved_at_parallelism_1_continues_every_key_at_parallelism_2_on_t
     engines.run("add-taskmanager")
     arrivals = KafkaArrivals(loop.bootstrap, topics.events)
     try:
-        assert arrivals() == 0  # counts what arrives from now on
+        arrivals()  # its first count: what arrives from now on is counted
         job2 = loop.start_job(savepoint=savepoint, parallelism=2, options=RESCALABLE)
-        subtasks = _run_agent_subtasks(loop, job2.jid)
+        subtasks = loop.agent_subtasks(job2.jid)
         assert len({s["taskmanager-id"] for s in subtasks}) == 2  # one on each task manager
         loop.send(*(approve(a) for a in loop.messages(topics.approvals, ToolIntent)))
         loop.read(lambda r: _count(r, topics.completions) == 3 + BURST + 3)
         two = _burst(loop, "p2")
         # Both subtasks ran agents: the keys, old and new, are split between them.
-        assert all(s["metrics"]["read-records"] > 0 for s in _run_agent_subtasks(loop, job2.jid))
+        assert all(s["metrics"]["read-records"] > 0 for s in loop.agent_subtasks(job2.jid))
         loop.send(*(loop.export(k, f"p2-{k.decode()}") for k in KEYS))
         loop.read(lambda r: len(loop.snapshots("p2-")) == len(KEYS))
         after = loop.snapshots("p2-")
-        # Each event read once: the Impulse whose state was dropped started no second reader
-        # of the partition the restored read goes on with.
+        # Each event read once: the restored read, with its Impulse's state mapped, started no
+        # second reader of the partition.
         arrived, deadline = arrivals(), time.monotonic() + 30
-        while _agent_reads(loop, job2.jid) != arrived and time.monotonic() < deadline:
+        while loop.agent_reads(job2.jid) != arrived and time.monotonic() < deadline:
             time.sleep(1)  # Flink's metrics trail by a second
-        assert _agent_reads(loop, job2.jid) == arrived
+        assert loop.agent_reads(job2.jid) == arrived
         loop.rest.cancel(job2.jid)  # before its task manager goes: no failover to wait out
         loop.rest.wait_for_state(job2.jid, {"CANCELED"})
     finally:

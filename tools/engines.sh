@@ -243,7 +243,7 @@ state.savepoints.dir: file://$run/flink-savepoints
 # Checkpoints on disk, outside the job manager, kept when a job is cancelled or its job
 # manager dies, so a job can be restored from its last one. Keyed state on the heap unless
 # BEAM_AGENTS_FLINK_STATE_BACKEND=rocksdb (the jar is on the classpath): with RocksDB a job
-# restored after a task manager kill read nothing more from Kafka (3 of 3 runs, no error;
+# restored after a task manager kill read nothing more from Kafka (2 of 2 runs, no error;
 # tools/engines/RESULTS.md), so it is not the default until that is understood.
 state.backend.type: ${BEAM_AGENTS_FLINK_STATE_BACKEND:-hashmap}
 state.backend.incremental: true

@@ -42,6 +42,8 @@ from beam_agents.testing.engines import Engines
 
 __all__ = ["Job", "Loop"]
 
+#: In the name of the vertex that runs RunAgent's stateful step.
+_RUN_AGENT = "TriageLoop/{RunAgent"
 #: How often `read` looks at the running job between records.
 _WATCH_EVERY_S = 5.0
 
@@ -247,6 +249,19 @@ class Loop:
             job.state_schema, checkpoint, job.parallelism, job.options
         )
         job.restores += 1
+
+    def agent_subtasks(self, jid: str) -> list[dict]:
+        """The subtasks of the job's vertex that holds the agents' state: Beam's stage that
+        starts with RunAgent's stateful step (the stage before it ends with RunAgent's
+        keying), chained or not."""
+        placed = self.rest.subtasks(jid)
+        (keyed,) = [name for name in placed if _RUN_AGENT in name]
+        return placed[keyed]
+
+    def agent_reads(self, jid: str) -> int:
+        """Records RunAgent's stage took in since the job's attempt started (Flink's count,
+        at most a second old)."""
+        return sum(s["metrics"]["read-records"] for s in self.agent_subtasks(jid))
 
     def count(self, topic: str) -> int:
         return len(self.reader.records[topic])
