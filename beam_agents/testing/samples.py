@@ -20,7 +20,16 @@ from beam_agents._protos import (
     TraceEvent,
 )
 
-__all__ = ["ALL_MESSAGES", "PARENT_SPAN_ID", "SPAN_ID", "TRACE_ID", "intent", "sample", "snapshot"]
+__all__ = [
+    "ALL_MESSAGES",
+    "PARENT_SPAN_ID",
+    "SPAN_ID",
+    "TRACE_ID",
+    "intent",
+    "roundtrip",
+    "sample",
+    "snapshot",
+]
 
 TRACE_ID = bytes(range(16))
 SPAN_ID = bytes(range(100, 108))
@@ -80,6 +89,11 @@ def snapshot() -> StateSnapshot:
         pending=[intent(intent_id="i-1"), intent(intent_id="i-2", step_index=4)],
         request_id="export-1",
     )
+
+
+def roundtrip(message: Message) -> Message:
+    """`message` through its bytes: what a reader of the wire gets."""
+    return type(message).FromString(message.SerializeToString())
 
 
 def sample(cls: type[Message]) -> Message:
