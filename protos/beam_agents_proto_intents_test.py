@@ -1,11 +1,7 @@
 """The wire-schemas spec's scenarios of tool intents and results that the schema itself answers
 for: their identity and field numbers, expiry, kinds, signatures and statuses, and their skew
-between schema versions. The other messages' are in beam_agents_proto_test.py.
-
-Each test names its scenario in its docstring ("Scenario: ..."). Old and future readers are
-real bindings built from an edited descriptor in a separate pool (beam_agents.testing), so the
-skew cases run the real parser on real bytes. Golden-corpus scenarios are proven in
-beam_agents/core/schema_compat_test.py, signing ones in beam_agents/core/signing_test.py.
+between schema versions, named and built as beam_agents_proto_test.py's (which has the other
+messages') are.
 """
 
 from __future__ import annotations
