@@ -148,6 +148,14 @@ def test_a_taskmanager_killed_before_and_after_the_approvals_loses_and_repeats_n
 ):
     _loop_under(loop, lambda: engines.run("restart-taskmanager", "--kill"))
     print(f"repeats a deduping consumer dropped: {loop.reader.repeats}")
+    # Cancelled, the job leaves no Java harness, not even one a killed task manager started.
+    (job,) = loop.jobs
+    loop.rest.cancel(job.jid)
+    loop.rest.wait_for_state(job.jid, {"CANCELED"})
+    deadline = time.monotonic() + 60
+    while left := engines.run("harnesses"):
+        assert time.monotonic() < deadline, f"Java harnesses left after the job: {left.split()}"
+        time.sleep(1)
 
 
 def test_a_broker_down_45_s_before_and_after_the_approvals_loses_and_repeats_nothing(loop, engines):

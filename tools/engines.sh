@@ -22,6 +22,7 @@
 #                                         alone and start a new one; without HA it forgets
 #                                         its jobs: restore them from their retained
 #                                         checkpoints (`latest-checkpoint JOB_ID`)
+#   bash tools/engines.sh harnesses       the PIDs of the running jobs' Java SDK harnesses
 #   bash tools/engines.sh freeze-workers | thaw-workers
 #                                         SIGSTOP / SIGCONT the running jobs' Java SDK
 #                                         harnesses: a Kafka read that emits nothing while
@@ -202,9 +203,12 @@ exec >>"$logs/java-harness.log" 2>&1
 exec "$root/.venv/bin/python" "$root/tools/engines/java_harness.py" --classpath "$lib" --engines "$run" "\$@"
 EOF
   chmod +x "$harness"
+  # The harness runs on the engines' classpath, so the environment stages only its boot
+  # program, not the expansion service's classpath (140 MB a job, which the job server keeps).
   JAVA_FLAGS="-Xmx384m" start_java java java-expansion "$lib" \
     org.apache.beam.sdk.expansion.service.ExpansionService "$expansion_port" \
-    --defaultEnvironmentType=PROCESS --defaultEnvironmentConfig="{\"command\": \"$harness\"}"
+    --defaultEnvironmentType=PROCESS --defaultEnvironmentConfig="{\"command\": \"$harness\"}" \
+    --filesToStage="$root/tools/engines/java_harness.py"
   wait_for java "expansion service" listening "$expansion_port"
 }
 
@@ -219,8 +223,8 @@ flink_ready() {
 start_flink() {
   local lib conf="$run/flink-conf"
   lib="$(jars flink)"
-  # Each job stages its Java harness's classpath (about 140 MB) with the job server, which
-  # keeps it after a cancelled job: here, not in /tmp, and emptied by a new cluster.
+  # Each job stages its environments' artifacts with the job server, which keeps them after a
+  # cancelled job: here, not in /tmp, and emptied by a new cluster.
   rm -rf "$run/flink-artifacts"
   mkdir -p "$conf" "$run/flink-tmp" "$run/flink-savepoints" "$run/flink-checkpoints" "$run/flink-artifacts"
   # Flink without flink-dist computes no memory defaults: every component is set, sized for
@@ -332,10 +336,15 @@ restart_jobmanager() {
   echo "tools/engines.sh: job manager $old stopped (SIG$signal), new one ready" >&2
 }
 
+# The PIDs of the Java SDK harnesses of these engines' jobs, one a line.
+harness_pids() {
+  # pgrep takes a pattern: the run directory's regex characters (a path may hold them) escaped.
+  pgrep -f -- "-Dbeam_agents.engines=$(printf '%s' "$run" | sed 's/[][\.*^$+?(){}|]/\\&/g') " || true
+}
+
 signal_workers() {
   local pids
-  # pgrep takes a pattern: the run directory's regex characters (a path may hold them) escaped.
-  pids="$(pgrep -f -- "-Dbeam_agents.engines=$(printf '%s' "$run" | sed 's/[][\.*^$+?(){}|]/\\&/g') " || true)"
+  pids="$(harness_pids)"
   [[ -n "$pids" ]] || die "no Java SDK harness of these engines is running"
   # shellcheck disable=SC2086
   kill "-$1" $pids
@@ -454,6 +463,7 @@ case "${1:-}" in
   remove-taskmanager) remove_taskmanager ;;
   restart-jobmanager) restart_jobmanager "${2:-}" ;;
   latest-checkpoint) latest_checkpoint "${2:?which job id}" ;;
+  harnesses) harness_pids ;;
   freeze-workers) signal_workers STOP ;;
   thaw-workers) signal_workers CONT ;;
   stop) stop "${2:?which service}" ;;
@@ -465,5 +475,5 @@ case "${1:-}" in
   endpoints) endpoints ;;
   flink-options) flink_options ;;
   flink-demo) shift; flink_demo "$@" ;;
-  *) sed -n '2,45p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2; exit 2 ;;
+  *) sed -n '2,46p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2; exit 2 ;;
 esac
