@@ -63,6 +63,11 @@ class FlinkRest:
         """The job's details: its state and its vertices with their status and metrics."""
         return self._call(f"/jobs/{jid}")
 
+    def cluster_config(self) -> dict[str, str]:
+        """The job manager's configuration, {key: value}: what the cluster's jobs run with,
+        their state backend and checkpoint storage among it."""
+        return {e["key"]: e["value"] for e in self._call("/jobmanager/config")}
+
     def subtasks(self, jid: str) -> dict[str, list[dict]]:
         """{vertex name: its subtasks}, each with its task manager (`taskmanager-id`), status
         and record counts: where a job runs, and how much each subtask did."""

@@ -315,3 +315,14 @@ def test_subtasks_names_each_vertex_with_the_task_manager_of_every_subtask():
         "Source: Kafka": ["tm0"],
         "RunAgent": ["tm0", "tm1"],
     }
+
+
+def test_cluster_config_is_the_job_managers_configuration_by_key():
+    def reply(request: Request) -> Reply:
+        assert request.path == "/jobmanager/config"
+        body = [{"key": "state.backend.type", "value": "rocksdb"}, {"key": "a", "value": "1"}]
+        return Reply(200, json.dumps(body).encode(), JSON)
+
+    with LocalHttpServer(reply) as server:
+        config = FlinkRest(server.url).cluster_config()
+    assert config == {"state.backend.type": "rocksdb", "a": "1"}

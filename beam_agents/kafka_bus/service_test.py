@@ -297,15 +297,19 @@ def _tool_intent(name: str, entity: bytes, **fields) -> ToolIntent:
 @pytest.mark.engines
 def test_effectors_killed_inside_tools_and_in_the_approval_window_lose_nothing(bootstrap, tmp_path):
     """A real service process SIGKILLed after each tool acted and before its result was sent,
-    and once after an approval was recorded and before its request was sent: the idempotent
-    tool runs again with the same key and the system keeps one effect, the reconciled one is
-    found done and not run again, the plain one goes to a person whose answer becomes its
-    result, and the approval request is sent on redelivery. No ERROR reaches the agent."""
+    once after an approval was recorded and before its request was sent, and once after
+    another approval's request was acknowledged and before its intent was committed: the
+    idempotent tool runs again with the same key and the system keeps one effect, the
+    reconciled one is found done and not run again, the plain one goes to a person whose
+    answer becomes its result, the unsent request is sent on redelivery and the sent one sent
+    again, a repeat a deduping consumer drops. No ERROR reaches the agent."""
     topics = fresh_topics(bootstrap)
     approval = _tool_intent("ask", b"c-4", kind=ToolIntent.APPROVAL)
+    acknowledged = _tool_intent("ask", b"c-5", kind=ToolIntent.APPROVAL)
     for name in ("payments.refund", "crm.note", "mail.send"):
         (tmp_path / f"die-in-{name}").touch()
     (tmp_path / "die-after-approval").touch()
+    (tmp_path / "die-after-request").touch()
     produce(
         bootstrap,
         [
@@ -313,17 +317,18 @@ def test_effectors_killed_inside_tools_and_in_the_approval_window_lose_nothing(b
             (topics.intents, b"c-2", _tool_intent("crm.note", b"c-2"), now_ms()),
             (topics.intents, b"c-3", _tool_intent("mail.send", b"c-3"), now_ms()),
             (topics.intents, b"c-4", approval, now_ms()),
+            (topics.intents, b"c-5", acknowledged, now_ms()),
         ],
     )
-    # Four faults, four kills: each restart redelivers the uncommitted intent.
-    for run in range(4):
+    # Five faults, five kills: each restart redelivers the uncommitted intent.
+    for run in range(5):
         _until_killed(_chaos_service(bootstrap, topics, tmp_path, f"killed-{run}"))
     assert not list(tmp_path.glob("die-*"))
     service = _chaos_service(bootstrap, topics, tmp_path, "last")
     reader = TopicReader(bootstrap, [topics.events, topics.approvals])
     try:
         records = reader.read(
-            lambda r: len(r[topics.events]) >= 2 and len(r[topics.approvals]) >= 2, 60
+            lambda r: len(r[topics.events]) >= 2 and len(r[topics.approvals]) >= 3, 60
         )
         inquiry = next(
             ToolIntent.FromString(v)
@@ -352,9 +357,12 @@ def test_effectors_killed_inside_tools_and_in_the_approval_window_lose_nothing(b
     assert sorted(results) == ["crm.note-c-2", "mail.send-c-3", "payments.refund-c-1"]
     assert all(len(r) == 1 and r[0].status == ToolResult.OK for r in results.values())
     assert json.loads(results["mail.send-c-3"][0].payload)["confirmed_by"] == "ops"
-    # The approval request, lost with the first process, was sent by the restarted one.
+    # The approval request lost with the first process was sent by the restarted one; the one
+    # acknowledged before its process died was sent again, and dropped here as a repeat.
     requests = [ToolIntent.FromString(v) for _, v in records[topics.approvals]]
-    assert approval.intent_id in [r.intent_id for r in requests]
+    sent = [r.intent_id for r in requests]
+    assert approval.intent_id in sent and acknowledged.intent_id in sent
+    assert reader.repeats[topics.approvals] == 1
     # The tools' own logs: refund called twice with one key and one effect; the others once.
     calls = (tmp_path / "calls.log").read_text().splitlines()
     assert sorted(calls) == [

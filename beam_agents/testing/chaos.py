@@ -12,7 +12,10 @@ idempotency key, the intent_id):
 Each call is logged to DIR/calls.log before it acts. A file DIR/die-in-TOOL makes the next
 call of TOOL act and then kill the process (the effect happened, no result was sent); a file
 DIR/die-after-approval kills it once an APPROVAL record is durable, before its request is
-sent. Each such file is removed as it fires, so a restarted service goes on. The service
+sent; DIR/die-after-request, once the broker acknowledged the request of a newly recorded
+APPROVAL, before the intent's offset is committed (the redelivered intent sends it again).
+The two approval files fire on two different approvals, die-after-approval first. Each such
+file is removed as it fires, so a restarted service goes on. The service
 prints `served ROUTE` to stdout for every message it handles. `FX_INSTANCE_ID` makes it a
 static group member; `FX_SESSION_TIMEOUT_MS` sets its session timeout.
 
@@ -21,7 +24,7 @@ loop's own tools instead (beam_agents.examples.support_triage.TOOLS, the demo's 
 `beam-agents effector-service` does for beam_agents.testing.triage_loop), each call logged to
 calls.log and its effect to the ledger (`triage_tools`: the lookup idempotent, the refund
 reconciled): the execution logs the Flink fault tests check every effect against. The
-die-in-TOOL and die-after-approval files work there too.
+die-in-TOOL and die-after-* files work there too.
 """
 
 from __future__ import annotations
@@ -132,19 +135,42 @@ def triage_tools(directory: Path) -> dict:
 class _DyingStore(SqliteExecutionStore):
     def __init__(self, directory: Path) -> None:
         super().__init__(directory / "effector.sqlite")
-        self._marker = directory / "die-after-approval"
+        self._directory = directory
+        #: A new approval was recorded while die-after-request was armed: the service dies
+        #: at the commit that follows its request's acknowledgement.
+        self.request_pending = False
 
     def claim(self, record: ExecutionRecord, keep_until_ms: int):
         known = super().claim(record, keep_until_ms)
         if known is None and record.outcome == ExecutionRecord.OUTCOME_APPROVAL:
-            _die_if(self._marker)
+            _die_if(self._directory / "die-after-approval")
+            self.request_pending = (self._directory / "die-after-request").exists()
         return known
+
+
+class _DyingConsumer:
+    """The service's consumer, dying at the commit of an intent whose approval request the
+    broker has acknowledged (EffectorService commits only after that acknowledgement)."""
+
+    def __init__(self, consumer, store: _DyingStore, directory: Path) -> None:
+        self._consumer = consumer
+        self._store = store
+        self._marker = directory / "die-after-request"
+
+    def commit(self, *args, **kwargs):
+        if self._store.request_pending:
+            _die_if(self._marker)
+        return self._consumer.commit(*args, **kwargs)
+
+    def __getattr__(self, name: str):
+        return getattr(self._consumer, name)
 
 
 def main(argv: list[str]) -> int:
     from beam_agents.kafka_bus import EffectorService, Topics
 
     bootstrap, prefix, directory = argv[0], argv[1], Path(argv[2])
+    store = _DyingStore(directory)
     if argv[3:] == ["triage"]:
         from beam_agents.demo import demo_approver_keyring, demo_effector_keyring, demo_keyring
 
@@ -152,7 +178,7 @@ def main(argv: list[str]) -> int:
             triage_tools(directory),
             mode=VerifyMode.REQUIRE,
             keyring=demo_keyring(),
-            store=_DyingStore(directory),
+            store=store,
             result_keyring=demo_effector_keyring(),
             approval_keyring=demo_approver_keyring(),
         )
@@ -160,7 +186,7 @@ def main(argv: list[str]) -> int:
         effector = Effector(
             tools(directory),
             mode=VerifyMode.OFF,
-            store=_DyingStore(directory),
+            store=store,
             result_keyring=RESULTS_RING,
             approval_keyring=APPROVER_RING,
         )
@@ -173,6 +199,9 @@ def main(argv: list[str]) -> int:
         instance_id=os.environ.get("FX_INSTANCE_ID") or None,
         session_timeout_ms=int(os.environ.get("FX_SESSION_TIMEOUT_MS", "10000")),
     )
+    # The one moment the service's own code has no seam for: between the acknowledgement of
+    # what it produced and its commit.
+    service._consumer = _DyingConsumer(service._consumer, store, directory)
     stop = threading.Event()
     for number in (signal.SIGTERM, signal.SIGINT):
         signal.signal(number, lambda *_: stop.set())

@@ -8,8 +8,9 @@ The effector is `beam-agents effector-service` with the demo's tools, or, with
 `close()` cancels the jobs, stops the processes and deletes the jobs' retained checkpoints.
 
 While `read` waits, a beam_agents.flink.ReadWatchdog watches the running job. A job whose
-Kafka read stalls (seen while every job's Java harness ran in one shared worker pool, not
-since each job has its own: tools/engines/RESULTS.md) is reported on stderr, in `stalls` and
+Kafka read stalls (seen without `--finish_bundle_before_checkpointing`, when Beam's runner held
+the outputs of a bundle a checkpoint had finished: tools/engines/RESULTS.md) is reported on
+stderr, in `stalls` and
 in the engines' logs/stalls.log, cancelled and restored from its latest retained checkpoint,
 as an operator would; a second stall of the same job fails the test. It also restarts an
 effector service that died, as a supervisor would (`effector_restarts`); `kill_effector`
@@ -142,7 +143,8 @@ class Loop:
         parallelism: int = 1,
         options: Sequence[str] = (),
     ) -> Job:
-        """Submits a job with `options` beside the engines' Flink options."""
+        """Submits a job with `options` beside the engines' Flink options; an option named in
+        both takes the value in `options`."""
         jid, launcher = self._submit(state_schema, savepoint, parallelism, tuple(options))
         job = Job(jid, launcher, state_schema, parallelism, tuple(options))
         self.jobs.append(job)
@@ -152,12 +154,13 @@ class Loop:
         self, state_schema: int, savepoint: str | None, parallelism: int, options: tuple
     ) -> tuple[str, Launched]:
         known = set(self.rest.jobs())
+        named = {o.split("=", 1)[0] for o in options}
         args = [
             "--kafka_bootstrap", self.bootstrap,
             "--topic_prefix", self.topics.prefix,
             "--expansion_service", self.engines.endpoints["EXPANSION_SERVICE"],
             "--state_schema", str(state_schema),
-            *self.engines.flink_options(),
+            *(o for o in self.engines.flink_options() if o.split("=", 1)[0] not in named),
             f"--parallelism={parallelism}",
             *options,
         ]  # fmt: skip
