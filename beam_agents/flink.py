@@ -63,10 +63,16 @@ class FlinkRest:
         """The job's details: its state and its vertices with their status and metrics."""
         return self._call(f"/jobs/{jid}")
 
-    def cluster_config(self) -> dict[str, str]:
-        """The job manager's configuration, {key: value}: what the cluster's jobs run with,
-        their state backend and checkpoint storage among it."""
-        return {e["key"]: e["value"] for e in self._call("/jobmanager/config")}
+    def checkpoint_config(self, jid: str) -> dict:
+        """How the job checkpoints: its `interval` (ms), `state_backend` (the class Flink
+        built, e.g. EmbeddedRocksDBStateBackend) and `checkpoint_storage`, among others."""
+        return self._call(f"/jobs/{jid}/checkpoints/config")
+
+    def pipeline_options(self, jid: str) -> dict[str, str]:
+        """The Beam pipeline options the job runs with, by their Java names
+        (`finishBundleBeforeCheckpointing`), as Beam's runner copies them into the job's
+        execution config; every value a string."""
+        return self._call(f"/jobs/{jid}/config")["execution-config"]["user-config"]
 
     def subtasks(self, jid: str) -> dict[str, list[dict]]:
         """{vertex name: its subtasks}, each with its task manager (`taskmanager-id`), status

@@ -317,12 +317,18 @@ def test_subtasks_names_each_vertex_with_the_task_manager_of_every_subtask():
     }
 
 
-def test_cluster_config_is_the_job_managers_configuration_by_key():
+def test_a_jobs_checkpoint_config_and_pipeline_options_come_from_its_rest_resources():
     def reply(request: Request) -> Reply:
-        assert request.path == "/jobmanager/config"
-        body = [{"key": "state.backend.type", "value": "rocksdb"}, {"key": "a", "value": "1"}]
+        if request.path == "/jobs/j1/checkpoints/config":
+            body = {"interval": 1000, "state_backend": "EmbeddedRocksDBStateBackend"}
+        else:
+            assert request.path == "/jobs/j1/config"
+            user = {"finishBundleBeforeCheckpointing": "true", "checkpointingInterval": "1000"}
+            body = {"jid": "j1", "execution-config": {"user-config": user}}
         return Reply(200, json.dumps(body).encode(), JSON)
 
     with LocalHttpServer(reply) as server:
-        config = FlinkRest(server.url).cluster_config()
-    assert config == {"state.backend.type": "rocksdb", "a": "1"}
+        rest = FlinkRest(server.url)
+        checkpoints, options = rest.checkpoint_config("j1"), rest.pipeline_options("j1")
+    assert checkpoints["state_backend"] == "EmbeddedRocksDBStateBackend"
+    assert options["finishBundleBeforeCheckpointing"] == "true"

@@ -26,9 +26,9 @@ __all__ = ["AgentLoop", "FlinkCheckpointOptions"]
 
 
 class FlinkCheckpointOptions(PipelineOptions):
-    """`--checkpointing_interval` (ms), read by Beam's Flink runner on the job server. Python's
-    own options do not declare it, so without this class Beam warns `Unparseable argument`
-    for an option that works."""
+    """`--checkpointing_interval` (ms) and `--finish_bundle_before_checkpointing`, read by
+    Beam's Flink runner on the job server. Python's own options do not declare them, so
+    without this class Beam warns `Unparseable argument` for options that work."""
 
     @classmethod
     def _add_argparse_args(cls, parser) -> None:
@@ -38,6 +38,22 @@ class FlinkCheckpointOptions(PipelineOptions):
             default=None,
             help="Flink checkpoint interval in milliseconds (Beam's Flink runner)",
         )
+        parser.add_argument(
+            "--finish_bundle_before_checkpointing",
+            type=_flag,
+            nargs="?",
+            const=True,
+            default=None,
+            help="finish each bundle before a checkpoint barrier passes (Beam's Flink runner): "
+            "without it the outputs of a bundle a checkpoint finished wait for the next input",
+        )
+
+
+def _flag(value: str) -> bool:
+    """`--flag`, `--flag=true` or `--flag=false`, as Beam's Java options read a boolean."""
+    if value.lower() not in ("true", "false"):
+        raise ValueError(f"not a boolean: {value!r}")
+    return value.lower() == "true"
 
 
 class _RecordValues(beam.DoFn):

@@ -150,17 +150,21 @@ class _DyingStore(SqliteExecutionStore):
 
 class _DyingConsumer:
     """The service's consumer, dying at the commit of an intent whose approval request the
-    broker has acknowledged (EffectorService commits only after that acknowledgement)."""
+    broker has acknowledged (EffectorService commits an intent only after that
+    acknowledgement; a send that failed is retried on the same intent before its commit)."""
 
-    def __init__(self, consumer, store: _DyingStore, directory: Path) -> None:
+    def __init__(self, consumer, store: _DyingStore, directory: Path, intents: str) -> None:
         self._consumer = consumer
         self._store = store
         self._marker = directory / "die-after-request"
+        self._intents = intents
 
-    def commit(self, *args, **kwargs):
-        if self._store.request_pending:
+    def commit(self, *args, message=None, **kwargs):
+        pending = self._store.request_pending
+        if pending and message is not None and message.topic() == self._intents:
+            self._store.request_pending = False
             _die_if(self._marker)
-        return self._consumer.commit(*args, **kwargs)
+        return self._consumer.commit(*args, message=message, **kwargs)
 
     def __getattr__(self, name: str):
         return getattr(self._consumer, name)
@@ -201,7 +205,7 @@ def main(argv: list[str]) -> int:
     )
     # The one moment the service's own code has no seam for: between the acknowledgement of
     # what it produced and its commit.
-    service._consumer = _DyingConsumer(service._consumer, store, directory)
+    service._consumer = _DyingConsumer(service._consumer, store, directory, topics.intents)
     stop = threading.Event()
     for number in (signal.SIGTERM, signal.SIGINT):
         signal.signal(number, lambda *_: stop.set())
