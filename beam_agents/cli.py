@@ -78,7 +78,6 @@ from pathlib import Path
 
 from google.protobuf import text_format
 
-from beam_agents.decoding import MESSAGE_TYPES, decode, describe, unknown_fields
 from beam_agents.errors import BeamAgentsError
 from beam_agents.preflight import (
     DEFAULT_MAX_BYTES,
@@ -89,6 +88,7 @@ from beam_agents.preflight import (
     read_input,
     report,
 )
+from beam_agents.wire.decoding import MESSAGE_TYPES, decode, describe, unknown_fields
 
 __all__ = ["EXIT_OK", "EXIT_REJECTED", "EXIT_USAGE", "main"]
 

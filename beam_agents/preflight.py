@@ -32,7 +32,6 @@ from beam_agents.core.migration import (
     default_registry,
     migrate_snapshot,
 )
-from beam_agents.decoding import decode
 from beam_agents.errors import (
     InputFileError,
     MessageDecodeError,
@@ -40,6 +39,7 @@ from beam_agents.errors import (
     MissingMigrationError,
     StateSchemaFromFutureError,
 )
+from beam_agents.wire.decoding import decode
 
 __all__ = [
     "DEFAULT_MAX_BYTES",

@@ -33,7 +33,7 @@ from apache_beam.testing.test_stream import TestStream
 from apache_beam.transforms import window
 
 from beam_agents._protos import AgentEnvelope, StateSnapshot
-from beam_agents.decoding import message_type
+from beam_agents.wire.decoding import message_type
 
 __all__ = ["OPTIONS_ENV", "Advance", "ManualClock", "Outputs", "run_round"]
 

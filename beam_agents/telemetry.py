@@ -34,7 +34,7 @@ from opentelemetry.semconv.attributes import error_attributes
 from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
 from beam_agents._protos import TraceEvent
-from beam_agents.core.wire import join_delimited, split_delimited
+from beam_agents.wire.fields import join_delimited, split_delimited
 
 __all__ = [
     "SERVICE_NAME",

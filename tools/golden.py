@@ -25,7 +25,7 @@ from google.protobuf.message import Message
 from google.protobuf.unknown_fields import UnknownFieldSet
 
 from beam_agents.core.migration import VERSIONED_MESSAGE_TYPES, MigrationRegistry
-from beam_agents.decoding import message_type
+from beam_agents.wire.decoding import message_type
 from tools.build_files import load_workspace
 
 __all__ = [

@@ -44,8 +44,8 @@ from collections.abc import Mapping
 import rfc8785
 
 from beam_agents._protos import ToolIntent
-from beam_agents.core.wire import strip_fields
 from beam_agents.errors import CanonicalJsonError
+from beam_agents.wire.fields import strip_fields
 
 __all__ = [
     "DELIVERY_FIELDS",

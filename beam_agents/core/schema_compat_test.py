@@ -16,7 +16,7 @@ from beam_agents.core.migration import (
     migrate_snapshot,
     migrate_to_current,
 )
-from beam_agents.decoding import message_type
+from beam_agents.wire.decoding import message_type
 from tools import golden
 from tools.workspace import data_root
 
@@ -135,7 +135,7 @@ def test_the_golden_future_field_survives_decode_and_re_encode():
 
 
 def test_the_corpus_covers_every_message_type():
-    from beam_agents.decoding import MESSAGE_TYPES
+    from beam_agents.wire.decoding import MESSAGE_TYPES
 
     covered = {f.type_name for f in FIXTURES}
     assert covered == {cls.DESCRIPTOR.full_name for cls in MESSAGE_TYPES.values()}

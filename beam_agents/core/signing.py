@@ -57,8 +57,8 @@ from pathlib import Path
 from google.protobuf.message import Message
 
 from beam_agents._protos import ToolIntent
-from beam_agents.core.wire import encode_varint, strip_fields
 from beam_agents.errors import KeyringError
+from beam_agents.wire.fields import encode_varint, strip_fields
 
 __all__ = [
     "KEYS_ENV",

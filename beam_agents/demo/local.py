@@ -14,7 +14,6 @@ from apache_beam.options.pipeline_options import PipelineOptions, StandardOption
 from apache_beam.typehints import Tuple
 
 from beam_agents._protos import AgentEnvelope
-from beam_agents.beam_support import typed
 from beam_agents.demo.account import Account
 from beam_agents.demo.parts import (
     CUSTOMER,
@@ -27,6 +26,7 @@ from beam_agents.effector import APPROVALS, DEAD_LETTERS, RESULTS, ExecuteIntent
 from beam_agents.examples.support_triage import TOOLS
 from beam_agents.rounds import Advance, ManualClock, run_round
 from beam_agents.runtime import COMPLETIONS, ERRORS, INTENTS, SNAPSHOTS
+from beam_agents.wire.beam_support import typed
 
 __all__ = ["ScriptedApprover", "TriageRound", "run_demo"]
 

@@ -59,7 +59,7 @@ back: tools and their `ToolSpec`, `VerifyMode`, `Route`, `EffectorOutput`, the o
 dead-letter reasons), `stores` (`ExecutionStore` and `SqliteExecutionStore`), `gate` (steps 1 to
 6 over any store, and `Effector`) and `transform` (`ExecuteIntents`, the gate over Beam keyed
 state). It imports the wire bindings, `beam_agents.core` (intent identity and signing) and
-`beam_agents.beam_support`; nothing else of beam_agents. The names below are the documented
+`beam_agents.wire.beam_support`; nothing else of beam_agents. The names below are the documented
 `beam_agents.effector` API, re-exported from the modules that own them.
 """
 

@@ -18,7 +18,6 @@ from apache_beam.typehints import Tuple
 from google.protobuf.message import DecodeError
 
 from beam_agents._protos import ActivationErrorRecord, AgentEnvelope, ExecutionRecord, ToolIntent
-from beam_agents.beam_support import timer_timestamp, typed
 from beam_agents.core.signing import Keyring
 from beam_agents.effector.gate import Gate, dead_letter
 from beam_agents.effector.spec import (
@@ -34,6 +33,7 @@ from beam_agents.effector.spec import (
     wall_clock_ms,
 )
 from beam_agents.effector.stores import ExecutionStore
+from beam_agents.wire.beam_support import timer_timestamp, typed
 
 __all__ = ["ExecuteIntents"]
 

@@ -7,14 +7,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from beam_agents._protos import AgentEnvelope, ToolIntent
-from beam_agents.core.wire import (
+from beam_agents.testing.samples import intent
+from beam_agents.wire.fields import (
     encode_varint,
     join_delimited,
     read_varint,
     split_delimited,
     strip_fields,
 )
-from beam_agents.testing.samples import intent
 
 
 @given(st.integers(0, 2**64 - 1))

@@ -1,4 +1,4 @@
-"""Type guessing and typed errors of beam_agents.decoding."""
+"""Type guessing and typed errors of beam_agents.wire.decoding."""
 
 from __future__ import annotations
 
@@ -17,7 +17,8 @@ from beam_agents._protos import (
     TraceEvent,
 )
 from beam_agents.core.migration import CURRENT_STATE_SCHEMA_VERSION
-from beam_agents.decoding import (
+from beam_agents.errors import BeamAgentsError, MessageDecodeError
+from beam_agents.wire.decoding import (
     MESSAGE_TYPES,
     UnknownField,
     decode,
@@ -25,7 +26,6 @@ from beam_agents.decoding import (
     message_type,
     unknown_fields,
 )
-from beam_agents.errors import BeamAgentsError, MessageDecodeError
 from tools import golden
 from tools.workspace import data_root
 
