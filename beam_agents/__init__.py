@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import importlib
 
-from beam_agents import _protos
+from beam_agents import _moved, _protos
+
+_moved.install()
 
 #: Each public name and the module that owns it.
 _OWNERS = {
@@ -42,11 +44,9 @@ _OWNERS = {
             "LlmClient",
             "LlmRequest",
             "LlmResponse",
-            "Memory",
             "OnBudget",
             "Price",
             "RefusingLlmClient",
-            "ReplayCache",
             "RunAgent",
             "RuntimeConfig",
             "ScriptedLlmClient",
@@ -68,6 +68,7 @@ _OWNERS = {
         ),
         "beam_agents.effector",
     ),
+    **dict.fromkeys(("Memory", "ReplayCache"), "beam_agents.state"),
     **dict.fromkeys(("Keyring", "sign", "verify"), "beam_agents.core.signing"),
     **dict.fromkeys(("AgentLoop", "EffectorService", "Topics"), "beam_agents.kafka_bus"),
     "BeamAgentsError": "beam_agents.errors",

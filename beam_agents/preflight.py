@@ -25,19 +25,19 @@ from pathlib import Path
 from google.protobuf.message import Message
 
 from beam_agents._protos import StateSnapshot
-from beam_agents.core.migration import (
-    SNAPSHOT_BLOB_FIELDS,
-    VERSIONED_MESSAGE_TYPES,
-    MigrationRegistry,
-    default_registry,
-    migrate_snapshot,
-)
 from beam_agents.errors import (
     InputFileError,
     MessageDecodeError,
     MigrationStepError,
     MissingMigrationError,
     StateSchemaFromFutureError,
+)
+from beam_agents.state.migration import (
+    SNAPSHOT_BLOB_FIELDS,
+    VERSIONED_MESSAGE_TYPES,
+    MigrationRegistry,
+    default_registry,
+    migrate_snapshot,
 )
 from beam_agents.wire.decoding import decode
 

@@ -7,8 +7,8 @@ import types
 import pytest
 
 from beam_agents._protos import Continuation, LlmCacheBlob, MemoryBlob, ToolIntent
-from beam_agents.core.migration import CURRENT_STATE_SCHEMA_VERSION, MigrationRegistry
 from beam_agents.preflight import Outcome, dry_run, report
+from beam_agents.state.migration import CURRENT_STATE_SCHEMA_VERSION, MigrationRegistry
 from beam_agents.testing.samples import snapshot
 
 FUTURE = CURRENT_STATE_SCHEMA_VERSION + 1

@@ -30,13 +30,13 @@ from google.protobuf import text_format
 from google.protobuf.message import Message
 
 from beam_agents._protos import AgentEnvelope, StateSnapshot, ToolIntent, TraceEvent
-from beam_agents.core.migration import MigrationRegistry
 from beam_agents.core.signing import SIGNATURE_FIELDS
 from beam_agents.loading import load_object
 from beam_agents.preflight import report
 from beam_agents.rounds import Advance, run_round
 from beam_agents.runtime import ERRORS, INTENTS, TRACES, Agent, RefusingLlmClient, RunAgent
 from beam_agents.runtime.dead_letters import CHECKPOINT_REJECTED, LLM_FAILED
+from beam_agents.state.migration import MigrationRegistry
 from beam_agents.wire.fields import split_delimited
 
 __all__ = ["DIVERGED", "REPRODUCED", "UNREPRODUCIBLE", "Replay", "load_agent", "replay"]

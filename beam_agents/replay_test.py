@@ -7,11 +7,11 @@ import pytest
 from beam_agents._protos import AgentEnvelope, ToolResult
 from beam_agents.cli import main
 from beam_agents.core.intent import intent_id
-from beam_agents.core.migration import MigrationRegistry
 from beam_agents.examples.support_triage import TOOLS, scripted_model, ticket, triage
 from beam_agents.replay import DIVERGED, REPRODUCED, UNREPRODUCIBLE, replay
 from beam_agents.rounds import Advance, run_round
 from beam_agents.runtime import INTENTS, SNAPSHOTS, TRACES, RunAgent, agent
+from beam_agents.state.migration import MigrationRegistry
 from beam_agents.wire.fields import join_delimited
 
 KEY, T0 = b"c-1", 1_764_460_800_000

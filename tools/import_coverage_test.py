@@ -68,12 +68,12 @@ def test_a_missing_workspace_library_is_reported(tree):
 
 
 def test_a_test_collecting_every_test_needs_every_tests_packages(tree):
-    build = tree / "beam_agents/core/BUILD.bazel"
+    build = tree / "beam_agents/state/BUILD.bazel"
     for dep in ("@pypi//langgraph", "@pypi//hypothesis", "@pypi//openai"):
         _drop_dep(build, "bump_drill_test", dep)
     (problem,) = check(load_workspace(tree), ["bump_drill_test"])
     assert problem == (
-        "beam_agents/core/BUILD.bazel bump_drill_test: runs or imports every test, but its deps "
+        "beam_agents/state/BUILD.bazel bump_drill_test: runs or imports every test, but its deps "
         "lack the packages other py_tests declare: @pypi//hypothesis, @pypi//langgraph, "
         "@pypi//openai"
     )

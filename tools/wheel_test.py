@@ -144,7 +144,7 @@ def test_every_message_class_imports_from_the_installed_wheel(installed):
 def test_migration_steps_import_from_the_installed_wheel_by_the_bazel_path(installed):
     code = (
         "import beam_agents_migrations\n"
-        "from beam_agents.core.migration import default_registry\n"
+        "from beam_agents.state.migration import default_registry\n"
         "assert 'site-packages' in beam_agents_migrations.__file__\n"
         "assert default_registry().missing_steps() == []\n"
         "print(beam_agents_migrations.__name__, beam_agents_migrations.STEP_MODULES)\n"

@@ -70,7 +70,7 @@ from langgraph.types import Command, interrupt
 from beam_agents._protos import ToolIntent, ToolResult
 from beam_agents.errors import AgentContractError, CheckpointRejectedError
 from beam_agents.runtime.context import ActivationContext, Answer, Completion, Suspension
-from beam_agents.runtime.memory import Memory
+from beam_agents.state.memory import Memory
 
 __all__ = [
     "BASE_ALLOWED_TYPES",

@@ -27,7 +27,6 @@ from beam_agents.adapters.langgraph import (
 )
 from beam_agents.cli import main
 from beam_agents.core.intent import intent_id
-from beam_agents.core.migration import CURRENT_STATE_SCHEMA_VERSION
 from beam_agents.errors import CheckpointRejectedError
 from beam_agents.rounds import Advance, run_round
 from beam_agents.runtime import (
@@ -36,10 +35,11 @@ from beam_agents.runtime import (
     INTENTS,
     SNAPSHOTS,
     TRACES,
-    Memory,
     RunAgent,
     ScriptedLlmClient,
 )
+from beam_agents.state import Memory
+from beam_agents.state.migration import CURRENT_STATE_SCHEMA_VERSION
 
 KEY, T0 = b"c-7", 1_764_460_800_000
 SEQ = T0 * 1000

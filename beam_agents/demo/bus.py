@@ -15,7 +15,6 @@ import apache_beam as beam
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from beam_agents._protos import AgentEnvelope, ToolIntent, TraceEvent
-from beam_agents.core.migration import MigrationRegistry
 from beam_agents.demo.account import Account
 from beam_agents.demo.parts import (
     CUSTOMER,
@@ -40,6 +39,7 @@ from beam_agents.kafka_bus import (
 from beam_agents.processes import Launched
 from beam_agents.rounds import Outputs
 from beam_agents.runtime import COMPLETIONS, ERRORS, INTENTS, TRACES
+from beam_agents.state.migration import MigrationRegistry
 
 __all__ = ["add_triage_loop", "launch_console", "launch_effector", "run_bus_demo"]
 

@@ -75,7 +75,6 @@ from beam_agents.runtime.context import (
     Suspension,
 )
 from beam_agents.runtime.function_agent import FunctionAgent, agent
-from beam_agents.runtime.memory import Memory, ReplayCache
 from beam_agents.runtime.react import react_agent
 from beam_agents.runtime.run_agent import (
     COMPLETIONS,
@@ -105,11 +104,9 @@ __all__ = [
     "LlmClient",
     "LlmRequest",
     "LlmResponse",
-    "Memory",
     "OnBudget",
     "Price",
     "RefusingLlmClient",
-    "ReplayCache",
     "RunAgent",
     "RuntimeConfig",
     "ScriptedLlmClient",

@@ -35,7 +35,6 @@ from beam_agents._protos import (
     ToolIntent,
     TraceEvent,
 )
-from beam_agents.core.migration import CURRENT_STATE_SCHEMA_VERSION, MigrationRegistry
 from beam_agents.core.signing import Keyring
 from beam_agents.runtime.config import RuntimeConfig
 from beam_agents.runtime.context import Agent, LlmClient
@@ -50,6 +49,7 @@ from beam_agents.runtime.machine import (
     KeyMachine,
     KeyState,
 )
+from beam_agents.state.migration import CURRENT_STATE_SCHEMA_VERSION, MigrationRegistry
 from beam_agents.wire.beam_support import timer_timestamp, typed
 from beam_agents.wire.fields import encode_varint, read_varint
 

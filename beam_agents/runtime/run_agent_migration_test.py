@@ -13,11 +13,11 @@ from beam_agents._protos import (
     ToolIntent,
     ToolResult,
 )
-from beam_agents.core.migration import MigrationRegistry
 from beam_agents.rounds import Advance, run_round
 from beam_agents.runtime import (
     RuntimeConfig,
 )
+from beam_agents.state.migration import MigrationRegistry
 from beam_agents.testing.probe import (
     DAY,
     FAR,

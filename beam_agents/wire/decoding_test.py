@@ -16,8 +16,8 @@ from beam_agents._protos import (
     ToolResult,
     TraceEvent,
 )
-from beam_agents.core.migration import CURRENT_STATE_SCHEMA_VERSION
 from beam_agents.errors import BeamAgentsError, MessageDecodeError
+from beam_agents.state.migration import CURRENT_STATE_SCHEMA_VERSION
 from beam_agents.wire.decoding import (
     MESSAGE_TYPES,
     UnknownField,

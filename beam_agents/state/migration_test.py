@@ -19,16 +19,6 @@ from beam_agents._protos import (
     StateSnapshot,
     ToolIntent,
 )
-from beam_agents.core import migration
-from beam_agents.core.migration import (
-    CURRENT_STATE_SCHEMA_VERSION,
-    VERSIONED_MESSAGE_TYPES,
-    MigrationRegistry,
-    default_registry,
-    migrate_snapshot,
-    migrate_to_current,
-    new_state_blob,
-)
 from beam_agents.errors import (
     BeamAgentsError,
     DuplicateMigrationError,
@@ -37,6 +27,16 @@ from beam_agents.errors import (
     MissingMigrationError,
     StateSchemaFromFutureError,
     UnversionedMessageError,
+)
+from beam_agents.state import migration
+from beam_agents.state.migration import (
+    CURRENT_STATE_SCHEMA_VERSION,
+    VERSIONED_MESSAGE_TYPES,
+    MigrationRegistry,
+    default_registry,
+    migrate_snapshot,
+    migrate_to_current,
+    new_state_blob,
 )
 from beam_agents.testing.samples import snapshot
 

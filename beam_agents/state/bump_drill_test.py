@@ -86,8 +86,8 @@ def _pytest(workspace: Path, *tests: str) -> subprocess.CompletedProcess:
     return _run(workspace, "-m", "pytest", "-p", "no:cacheprovider", "-v", *tests)
 
 
-COMPLETENESS = "beam_agents/core/schema_completeness_test.py"
-COMPAT = "beam_agents/core/schema_compat_test.py"
+COMPLETENESS = "beam_agents/state/schema_completeness_test.py"
+COMPAT = "beam_agents/state/schema_compat_test.py"
 
 
 def test_the_drill_runs_against_the_copy(workspace):
@@ -104,7 +104,7 @@ def test_the_drill_runs_against_the_copy(workspace):
 
 def test_raising_the_version_fails_the_checklist_naming_each_missing_item(workspace):
     _replace(
-        workspace / "beam_agents/core/migration.py",
+        workspace / "beam_agents/state/migration.py",
         "CURRENT_STATE_SCHEMA_VERSION = 1\n",
         "CURRENT_STATE_SCHEMA_VERSION = 2\n",
     )
@@ -120,7 +120,7 @@ def test_raising_the_version_fails_the_checklist_naming_each_missing_item(worksp
         "no migration registered for (LlmCacheBlob, 1)",
         "golden/v2/ missing",
         "golden/v2/BUILD.bazel has no filegroup 'v2'",
-        "//beam_agents/core:schema_compat_test does not have //golden/v2 in its data",
+        "//beam_agents/state:schema_compat_test does not have //golden/v2 in its data",
     ):
         assert missing in result.stdout
     assert "golden/v2/builders.py is missing; schema_completeness_test names" in result.stdout
@@ -154,13 +154,13 @@ def test_real_steps_and_the_v2_corpus_complete_the_bump(workspace):
     _replace(v2 / "BUILD.bazel", 'name = "v1"', 'name = "v2"')
     for test in ("schema_compat_test", "schema_completeness_test"):
         _replace(
-            workspace / "beam_agents/core/BUILD.bazel",
+            workspace / "beam_agents/state/BUILD.bazel",
             f'name = "{test}",',
             f'name = "{test}",  # drill',
         )
-    core_build = workspace / "beam_agents/core/BUILD.bazel"
-    core_build.write_text(
-        core_build.read_text().replace('"//golden/v1"', '"//golden/v1", "//golden/v2"')
+    state_build = workspace / "beam_agents/state/BUILD.bazel"
+    state_build.write_text(
+        state_build.read_text().replace('"//golden/v1"', '"//golden/v1", "//golden/v2"')
     )
 
     generated = _run(workspace, "tools/gen_golden.py")
@@ -179,7 +179,7 @@ def test_real_steps_and_the_v2_corpus_complete_the_bump(workspace):
         "-c",
         "from pathlib import Path\n"
         "from beam_agents._protos import MemoryBlob\n"
-        "from beam_agents.core.migration import migrate_to_current\n"
+        "from beam_agents.state.migration import migrate_to_current\n"
         "old = MemoryBlob.FromString(Path('golden/v1/memory_blob.binpb').read_bytes())\n"
         "new = migrate_to_current(old)\n"
         "assert (old.state_schema_version, new.state_schema_version) == (1, 2)\n"

@@ -58,7 +58,7 @@ __all__ = [
 ]
 
 #: The state schema version this binary reads and writes. Raising it is a bump: see
-#: beam_agents/core/schema_completeness_test.py for what must exist before it merges.
+#: beam_agents/state/schema_completeness_test.py for what must exist before it merges.
 CURRENT_STATE_SCHEMA_VERSION = 1
 
 #: The keyed-state blobs that carry state_schema_version and migrate on read.

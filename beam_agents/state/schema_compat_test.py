@@ -10,7 +10,7 @@ from google.protobuf.message import Message
 from google.protobuf.unknown_fields import UnknownFieldSet
 
 from beam_agents._protos import AgentEnvelope, StateSnapshot, ToolIntent
-from beam_agents.core.migration import (
+from beam_agents.state.migration import (
     CURRENT_STATE_SCHEMA_VERSION,
     VERSIONED_MESSAGE_TYPES,
     migrate_snapshot,

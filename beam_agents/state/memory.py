@@ -37,8 +37,8 @@ import threading
 from collections.abc import Callable, Iterator
 
 from beam_agents._protos import LlmCacheBlob, MemoryBlob
-from beam_agents.core.migration import CURRENT_STATE_SCHEMA_VERSION
 from beam_agents.errors import MemoryBudgetError
+from beam_agents.state.migration import CURRENT_STATE_SCHEMA_VERSION
 
 __all__ = ["Memory", "ReplayCache", "share_index"]
 

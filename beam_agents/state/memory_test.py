@@ -10,10 +10,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from beam_agents._protos import LlmCacheBlob, MemoryBlob
-from beam_agents.core.migration import CURRENT_STATE_SCHEMA_VERSION
 from beam_agents.errors import MemoryBudgetError
-from beam_agents.runtime import memory as memory_module
-from beam_agents.runtime.memory import Memory, ReplayCache
+from beam_agents.state import memory as memory_module
+from beam_agents.state.memory import Memory, ReplayCache
+from beam_agents.state.migration import CURRENT_STATE_SCHEMA_VERSION
 
 
 def test_reads_and_writes_make_an_entry_the_most_recent():

@@ -1,0 +1,86 @@
+"""The old module paths of beam_agents, importable after its packages were cut by concept.
+
+A user's `import beam_agents.kafka_bus`, a service started with `--tools
+beam_agents.demo:demo_keyring`, or a pickle naming a class at an old path still finds it: a
+finder first on `sys.meta_path` answers each path in `MOVED`, and every module under it, with
+the module at its new path (the same object, so classes stay identical), warning with a
+DeprecationWarning that names the new path. A package that was split has no new home; its old
+modules each have theirs (`None` in the table), and importing it gives an empty package.
+
+Only paths users were told of are here; the README names the new ones.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.abc
+import importlib.machinery
+import importlib.util
+import sys
+import types
+import warnings
+
+#: Each moved module or package and its new path; a package's modules follow it.
+MOVED: dict[str, str | None] = {
+    "beam_agents.core.migration": "beam_agents.state.migration",
+}
+
+
+def new_path(name: str) -> str | None:
+    """Where the module `name` is now, if it moved."""
+    if name in MOVED:
+        return MOVED[name]
+    package = name.rpartition(".")[0]
+    while package:
+        if MOVED.get(package):
+            return MOVED[package] + name[len(package) :]
+        package = package.rpartition(".")[0]
+    return None
+
+
+class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    def __init__(self) -> None:
+        self._own_specs: dict[str, importlib.machinery.ModuleSpec] = {}
+
+    def find_spec(self, fullname, path=None, target=None):
+        if not fullname.startswith("beam_agents."):
+            return None
+        new = new_path(fullname)
+        if new is None:  # not moved, or a split package
+            if fullname not in MOVED:
+                return None
+            return importlib.machinery.ModuleSpec(fullname, self, is_package=True)
+        own = importlib.util.find_spec(new)
+        if own is None:
+            return None
+        is_package = own.submodule_search_locations is not None
+        return importlib.machinery.ModuleSpec(fullname, self, is_package=is_package)
+
+    def create_module(self, spec):
+        new = new_path(spec.name)
+        if new is None:  # a split package: only its moved modules import
+            return types.ModuleType(spec.name, f"{spec.name} was split; see beam_agents._moved")
+        warnings.warn(
+            f"{spec.name} is now {new}; import it from there",
+            DeprecationWarning,
+            stacklevel=2,  # the importer (warnings skips the import machinery's frames)
+        )
+        module = importlib.import_module(new)
+        self._own_specs[spec.name] = module.__spec__
+        return module
+
+    def exec_module(self, module):
+        # The import system stamped the alias's spec on the module; it gets its own back.
+        own = self._own_specs.pop(module.__spec__.name, None)
+        if own is not None:
+            module.__spec__ = own
+
+
+_FINDER = _Finder()
+
+
+def install() -> None:
+    """Puts the finder first on sys.meta_path, once: an old path must not be found as a
+    leftover folder (a namespace package) before it is redirected."""
+    if _FINDER not in sys.meta_path:
+        sys.meta_path.insert(0, _FINDER)
