@@ -66,10 +66,10 @@ _OWNERS = {
             "ToolSpec",
             "VerifyMode",
         ),
-        "beam_agents.effector",
+        "beam_agents.intents.effector",
     ),
     **dict.fromkeys(("Memory", "ReplayCache"), "beam_agents.state"),
-    **dict.fromkeys(("Keyring", "sign", "verify"), "beam_agents.core.signing"),
+    **dict.fromkeys(("Keyring", "sign", "verify"), "beam_agents.intents.signing"),
     **dict.fromkeys(("AgentLoop", "EffectorService", "Topics"), "beam_agents.kafka_bus"),
     "BeamAgentsError": "beam_agents.errors",
 }

@@ -22,7 +22,13 @@ import warnings
 
 #: Each moved module or package and its new path; a package's modules follow it.
 MOVED: dict[str, str | None] = {
+    "beam_agents.core": None,
+    "beam_agents.core.intent": "beam_agents.intents.identity",
     "beam_agents.core.migration": "beam_agents.state.migration",
+    "beam_agents.core.signing": "beam_agents.intents.signing",
+    "beam_agents.core.wire": "beam_agents.wire.fields",
+    "beam_agents.decoding": "beam_agents.wire.decoding",
+    "beam_agents.effector": "beam_agents.intents.effector",
 }
 
 

@@ -47,10 +47,27 @@ def test_the_old_paths_are_gone_from_the_source_tree():
         assert not path.with_suffix(".py").exists() and not list(path.glob("*.py")), old
 
 
-def test_a_pickle_naming_a_class_at_its_old_path_loads_the_class_at_its_new_path():
-    old = "beam_agents.core.migration"
-    loaded = pickle.loads(f"c{old}\nMigrationRegistry\n.".encode())
-    assert loaded is importlib.import_module(MOVED[old]).MigrationRegistry
+def test_a_moved_packages_modules_follow_it(monkeypatch):
+    _forget(monkeypatch, "beam_agents.effector")
+    with pytest.warns(DeprecationWarning):
+        from beam_agents.effector import gate
+    assert gate is importlib.import_module("beam_agents.intents.effector.gate")
+
+
+def test_a_split_package_is_empty_and_its_modules_import_from_their_new_homes(monkeypatch):
+    _forget(monkeypatch, "beam_agents.core")
+    core = importlib.import_module("beam_agents.core")
+    assert not [name for name in vars(core) if not name.startswith("__")]
+    with pytest.warns(DeprecationWarning, match="beam_agents.core.signing is now"):
+        from beam_agents.core import signing
+    assert signing.sign is importlib.import_module("beam_agents.intents.signing").sign
+
+
+def test_a_pickle_naming_a_class_at_its_old_path_loads_the_class_at_its_new_path(monkeypatch):
+    _forget(monkeypatch, "beam_agents.effector")
+    with pytest.warns(DeprecationWarning):
+        loaded = pickle.loads(b"cbeam_agents.effector.spec\nToolSpec\n.")
+    assert loaded is importlib.import_module("beam_agents.intents.effector.spec").ToolSpec
 
 
 def test_paths_that_did_not_move_are_left_alone():

@@ -42,7 +42,7 @@ digest-only entry, state this binary cannot read); 2 usage error.
 difference that would make Dataflow refuse an --update or lose state. Exit codes: 0
 compatible; 1 not; 2 usage error.
 
-`effector-service` runs the effector of beam_agents.effector on a Kafka loop's intents topic
+`effector-service` runs the effector of beam_agents.intents.effector on a Kafka loop's intents topic
 (beam_agents.kafka_bus.EffectorService), with its records in the SQLite store FILE, until
 SIGTERM or SIGINT; --tools names a dict of tool name to callable, --keyring a function returning
 the Keyring that verifies intents (required unless --mode off), --result-keyring one whose active
@@ -145,7 +145,7 @@ def _effector_service(args: argparse.Namespace) -> int:
     import signal
     import threading
 
-    from beam_agents.effector import Effector, VerifyMode
+    from beam_agents.intents.effector import Effector, VerifyMode
     from beam_agents.kafka_bus import EffectorService, Topics
     from beam_agents.loading import load_object
 

@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from beam_agents._protos import ToolResult
-from beam_agents.effector import Effector, Route, VerifyMode
 from beam_agents.errors import ToolCallError
+from beam_agents.intents.effector import Effector, Route, VerifyMode
 from beam_agents.mcp_tools import (
     IDEMPOTENCY_META_KEY,
     HttpServer,

@@ -7,8 +7,8 @@ import re
 import subprocess
 import sys
 
-from beam_agents import effector
-from beam_agents.core.signing import Verification
+from beam_agents.intents import effector
+from beam_agents.intents.signing import Verification
 from beam_agents.runtime.dead_letters import REASONS
 from tools.workspace import data_root
 

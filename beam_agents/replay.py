@@ -30,7 +30,7 @@ from google.protobuf import text_format
 from google.protobuf.message import Message
 
 from beam_agents._protos import AgentEnvelope, StateSnapshot, ToolIntent, TraceEvent
-from beam_agents.core.signing import SIGNATURE_FIELDS
+from beam_agents.intents.signing import SIGNATURE_FIELDS
 from beam_agents.loading import load_object
 from beam_agents.preflight import report
 from beam_agents.rounds import Advance, run_round

@@ -6,8 +6,8 @@ import pytest
 
 from beam_agents._protos import AgentEnvelope, ToolResult
 from beam_agents.cli import main
-from beam_agents.core.intent import intent_id
 from beam_agents.examples.support_triage import TOOLS, scripted_model, ticket, triage
+from beam_agents.intents.identity import intent_id
 from beam_agents.replay import DIVERGED, REPRODUCED, UNREPRODUCIBLE, replay
 from beam_agents.rounds import Advance, run_round
 from beam_agents.runtime import INTENTS, SNAPSHOTS, TRACES, RunAgent, agent

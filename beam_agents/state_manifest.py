@@ -30,7 +30,7 @@ def describe() -> dict:
     ExecuteIntents, described as Beam itself sees it (update_check.describe_graph)."""
     import apache_beam as beam
 
-    from beam_agents.effector import ExecuteIntents, VerifyMode
+    from beam_agents.intents.effector import ExecuteIntents, VerifyMode
     from beam_agents.runtime import RunAgent, agent
     from beam_agents.update_check import describe_graph
 

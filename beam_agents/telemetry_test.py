@@ -16,7 +16,7 @@ from opentelemetry.semconv._incubating.attributes import gen_ai_attributes
 from opentelemetry.trace import StatusCode
 
 from beam_agents._protos import AgentEnvelope, TraceEvent
-from beam_agents.core.intent import intent_id
+from beam_agents.intents.identity import intent_id
 from beam_agents.rounds import Advance, run_round
 from beam_agents.runtime import TRACES, RunAgent, ScriptedLlmClient, agent
 from beam_agents.telemetry import ExportTraces, to_spans, write_trace_file

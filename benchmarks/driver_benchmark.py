@@ -42,7 +42,7 @@ from beam_agents._protos import (
     ToolIntent,
     ToolResult,
 )
-from beam_agents.core.intent import content_digest
+from beam_agents.intents.identity import content_digest
 from beam_agents.runtime import RuntimeConfig, ScriptedLlmClient, agent
 from beam_agents.runtime.machine import KeyMachine
 from beam_agents.runtime.run_agent import _read, _write

@@ -4,7 +4,7 @@ intents and results (beam_agents_proto_intents_test.py).
 Each test names its scenario in its docstring ("Scenario: ..."). Old and future readers are
 real bindings built from an edited descriptor in a separate pool (beam_agents.testing), so the
 skew cases run the real parser on real bytes. Golden-corpus scenarios are proven in
-beam_agents/state/schema_compat_test.py, signing ones in beam_agents/core/signing_test.py.
+beam_agents/state/schema_compat_test.py, signing ones in beam_agents/intents/signing_test.py.
 """
 
 from __future__ import annotations

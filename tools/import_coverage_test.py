@@ -49,11 +49,12 @@ def _drop_dep(build: Path, test: str, dep: str) -> None:
 
 
 def test_a_missing_pypi_dep_is_reported(tree):
-    _drop_dep(tree / "beam_agents/core/BUILD.bazel", "intent_test", "@pypi//hypothesis")
-    (problem,) = check(load_workspace(tree), ["intent_test"])
+    _drop_dep(tree / "beam_agents/intents/BUILD.bazel", "identity_test", "@pypi//hypothesis")
+    (problem,) = check(load_workspace(tree), ["identity_test"])
     assert problem == (
-        "beam_agents/core/BUILD.bazel intent_test: importing beam_agents/core/intent_test.py "
-        "with only its deps: ModuleNotFoundError: No module named 'hypothesis'"
+        "beam_agents/intents/BUILD.bazel identity_test: importing "
+        "beam_agents/intents/identity_test.py with only its deps: "
+        "ModuleNotFoundError: No module named 'hypothesis'"
     )
 
 
@@ -83,7 +84,7 @@ def test_the_runfiles_follow_deps_transitively_and_add_what_the_macro_adds():
     ws = load_workspace(source_root())
     files, pypi = runfiles(ws, ws.packages["tools"]["gen_golden_test"])
     assert {"tools/gen_golden_test.py", "tools/pytest_main.py", "tools/golden.py"} <= files
-    assert "beam_agents/core/signing.py" in files  # //tools -> //beam_agents/core
+    assert "beam_agents/intents/signing.py" in files  # //tools -> //beam_agents/intents
     assert {"pytest", "protobuf", "rfc8785"} <= pypi
     assert "hypothesis" not in pypi
 

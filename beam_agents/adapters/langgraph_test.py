@@ -26,8 +26,8 @@ from beam_agents.adapters.langgraph import (
     request_approval,
 )
 from beam_agents.cli import main
-from beam_agents.core.intent import intent_id
 from beam_agents.errors import CheckpointRejectedError
+from beam_agents.intents.identity import intent_id
 from beam_agents.rounds import Advance, run_round
 from beam_agents.runtime import (
     COMPLETIONS,

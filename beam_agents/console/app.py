@@ -42,7 +42,7 @@ from beam_agents.console.bus import ConsoleBus
 from beam_agents.console.config import Role
 from beam_agents.console.inbox import DecisionRefused
 from beam_agents.console.timeline import timeline
-from beam_agents.effector import wall_clock_ms
+from beam_agents.intents.effector import wall_clock_ms
 from beam_agents.kafka_bus import KafkaBusError
 
 __all__ = ["SESSION_COOKIE", "create_app"]

@@ -24,7 +24,7 @@ from argon2.exceptions import InvalidHashError, VerificationError
 
 from beam_agents.console.config import Role, User
 from beam_agents.console.db import Database
-from beam_agents.effector import wall_clock_ms
+from beam_agents.intents.effector import wall_clock_ms
 
 __all__ = [
     "MAX_FAILURES",

@@ -20,9 +20,9 @@ import pytest
 from beam_agents._protos import AgentEnvelope, StateSnapshot, TraceEvent
 from beam_agents.console.app import create_app
 from beam_agents.console.service import serving
-from beam_agents.core.signing import Verification, verify
 from beam_agents.demo import DEMO_PASSWORD, DEMO_USER, demo_approver_keyring
-from beam_agents.effector import wall_clock_ms
+from beam_agents.intents.effector import wall_clock_ms
+from beam_agents.intents.signing import Verification, verify
 from beam_agents.testing.console import (
     APPROVALS_RING,
     PASSWORD,

@@ -23,7 +23,7 @@ from typing import Any, Protocol
 from beam_agents._protos import AgentEnvelope
 from beam_agents.console.inbox import Decision, Inbox
 from beam_agents.console.observed import Observations
-from beam_agents.effector import wall_clock_ms
+from beam_agents.intents.effector import wall_clock_ms
 from beam_agents.kafka_bus import KafkaBusError, Topics, produce
 
 __all__ = ["ConsoleBus", "KafkaPublisher", "Publisher"]

@@ -28,9 +28,9 @@ import tomllib
 from collections.abc import Mapping
 from pathlib import Path
 
-from beam_agents.core.signing import Keyring
-from beam_agents.effector import VerifyMode
 from beam_agents.errors import BeamAgentsError, KeyringError
+from beam_agents.intents.effector import VerifyMode
+from beam_agents.intents.signing import Keyring
 from beam_agents.kafka_bus import Topics
 from beam_agents.loading import load_object
 

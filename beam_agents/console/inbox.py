@@ -33,10 +33,10 @@ from google.protobuf.message import DecodeError
 
 from beam_agents._protos import AgentEnvelope, StateSnapshot, ToolIntent, TraceEvent
 from beam_agents.console.db import Database
-from beam_agents.core.intent import content_digest, effective_kind
-from beam_agents.core.signing import Keyring, sign, verify
-from beam_agents.effector import VerifyMode, wall_clock_ms
 from beam_agents.errors import BeamAgentsError
+from beam_agents.intents.effector import VerifyMode, wall_clock_ms
+from beam_agents.intents.identity import content_digest, effective_kind
+from beam_agents.intents.signing import Keyring, sign, verify
 
 __all__ = ["Approval", "Decision", "DecisionRefused", "Inbox"]
 

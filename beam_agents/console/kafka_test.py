@@ -16,9 +16,9 @@ from beam_agents._protos import AgentEnvelope, TraceEvent
 from beam_agents.console.app import create_app
 from beam_agents.console.bus import ConsoleBus, KafkaPublisher
 from beam_agents.console.service import serving
-from beam_agents.core.signing import Verification, verify
 from beam_agents.demo import DEMO_PASSWORD, DEMO_USER, demo_approver_keyring
-from beam_agents.effector import wall_clock_ms
+from beam_agents.intents.effector import wall_clock_ms
+from beam_agents.intents.signing import Verification, verify
 from beam_agents.kafka_bus import TopicReader, Topics, create_topics, produce
 from beam_agents.testing.console import APPROVALS_RING, Browser, approval_intent, make_bus
 from beam_agents.testing.console_loop import DemoLoop, kafka_broker

@@ -15,7 +15,7 @@ from google.protobuf.message import DecodeError
 
 from beam_agents._protos import ActivationErrorRecord, StateSnapshot, TraceEvent
 from beam_agents.console.db import Database
-from beam_agents.effector import wall_clock_ms
+from beam_agents.intents.effector import wall_clock_ms
 from beam_agents.kafka_bus import decode_dead_letter
 
 __all__ = ["Activation", "Observations"]

@@ -22,8 +22,14 @@ from beam_agents.demo.parts import (
     demo_keyring,
     triage_agent,
 )
-from beam_agents.effector import APPROVALS, DEAD_LETTERS, RESULTS, ExecuteIntents, VerifyMode
 from beam_agents.examples.support_triage import TOOLS
+from beam_agents.intents.effector import (
+    APPROVALS,
+    DEAD_LETTERS,
+    RESULTS,
+    ExecuteIntents,
+    VerifyMode,
+)
 from beam_agents.rounds import Advance, ManualClock, run_round
 from beam_agents.runtime import COMPLETIONS, ERRORS, INTENTS, SNAPSHOTS
 from beam_agents.wire.beam_support import typed

@@ -5,9 +5,9 @@ with the scripted model and those keys."""
 from __future__ import annotations
 
 from beam_agents._protos import AgentEnvelope, ToolIntent
-from beam_agents.core.intent import content_digest
-from beam_agents.core.signing import Keyring, sign
 from beam_agents.examples.support_triage import scripted_model, ticket, triage
+from beam_agents.intents.identity import content_digest
+from beam_agents.intents.signing import Keyring, sign
 from beam_agents.runtime import RunAgent
 
 __all__ = [

@@ -33,8 +33,9 @@ Java expansion service and workers (`bash tools/engines.sh start java`).
 The package: `topics` (the loop's topic names, `create_topics`, `KafkaBusError`), `records`
 (record values and ids, `produce`, `TopicReader`), `loop` (`AgentLoop`, the pipeline half) and
 `service` (`EffectorService`). It imports the wire bindings, `beam_agents.runtime` and
-`beam_agents.effector`; confluent_kafka only inside the functions that need it, so the pipeline
-half runs without the extra. The names below are the documented `beam_agents.kafka_bus` API.
+`beam_agents.intents.effector`; confluent_kafka only inside the functions that need it, so the
+pipeline half runs without the extra. The names below are the documented
+`beam_agents.kafka_bus` API.
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ from typing import Any
 from google.protobuf.message import DecodeError
 
 from beam_agents._protos import AgentEnvelope
-from beam_agents.effector import Effector, EffectorOutput, Route
+from beam_agents.intents.effector import Effector, EffectorOutput, Route
 from beam_agents.kafka_bus.records import Unacknowledged, retriable, send
 from beam_agents.kafka_bus.topics import KafkaBusError, Topics
 from beam_agents.runtime.dead_letters import to_envelope

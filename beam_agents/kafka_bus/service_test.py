@@ -14,16 +14,16 @@ import time
 import pytest
 
 from beam_agents._protos import AgentEnvelope, ExecutionRecord, ToolIntent, ToolResult
-from beam_agents.core.intent import content_digest
-from beam_agents.core.signing import Keyring, sign
-from beam_agents.effector import (
+from beam_agents.intents.effector import (
     INQUIRY_SUFFIX,
     INQUIRY_TOOL,
     Effector,
     Route,
     VerifyMode,
 )
-from beam_agents.effector.gate import _process_start
+from beam_agents.intents.effector.gate import _process_start
+from beam_agents.intents.identity import content_digest
+from beam_agents.intents.signing import Keyring, sign
 from beam_agents.kafka_bus import (
     EffectorService,
     TopicReader,

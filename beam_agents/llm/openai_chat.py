@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import os
 
-from beam_agents.core.intent import parse_args_json
 from beam_agents.errors import CanonicalJsonError, LlmCallError
+from beam_agents.intents.identity import parse_args_json
 from beam_agents.llm.resilience import (
     Failure,
     ResilientClient,

@@ -36,8 +36,8 @@ import random
 import time
 from collections.abc import Callable, Iterator
 
-from beam_agents.core.intent import canonical_args_json
 from beam_agents.errors import CanonicalJsonError, LlmCallError
+from beam_agents.intents.identity import canonical_args_json
 from beam_agents.runtime.context import LlmRequest, LlmResponse
 
 __all__ = [

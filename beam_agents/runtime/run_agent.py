@@ -35,7 +35,7 @@ from beam_agents._protos import (
     ToolIntent,
     TraceEvent,
 )
-from beam_agents.core.signing import Keyring
+from beam_agents.intents.signing import Keyring
 from beam_agents.runtime.config import RuntimeConfig
 from beam_agents.runtime.context import Agent, LlmClient
 from beam_agents.runtime.dead_letters import NO_ENTITY_KEY, UNDECODABLE, error_record

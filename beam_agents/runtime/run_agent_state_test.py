@@ -13,8 +13,8 @@ from beam_agents._protos import (
     ToolResult,
     TraceEvent,
 )
-from beam_agents.core.intent import intent_id
 from beam_agents.errors import LlmCallError
+from beam_agents.intents.identity import intent_id
 from beam_agents.rounds import Advance, run_round
 from beam_agents.runtime import (
     LlmResponse,

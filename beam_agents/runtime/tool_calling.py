@@ -25,7 +25,7 @@ import dataclasses
 import re
 from collections.abc import Mapping
 
-from beam_agents.core.intent import canonical_args_json
+from beam_agents.intents.identity import canonical_args_json
 
 __all__ = [
     "TOOL_NAME",

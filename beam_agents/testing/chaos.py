@@ -34,8 +34,8 @@ import threading
 from pathlib import Path
 
 from beam_agents._protos import ExecutionRecord, ToolIntent
-from beam_agents.core.signing import Keyring
-from beam_agents.effector import Effector, SqliteExecutionStore, ToolSpec, VerifyMode
+from beam_agents.intents.effector import Effector, SqliteExecutionStore, ToolSpec, VerifyMode
+from beam_agents.intents.signing import Keyring
 
 __all__ = ["APPROVER_RING", "RESULTS_RING", "Ledger", "main", "triage_tools"]
 

@@ -13,7 +13,8 @@ import rfc8785
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from beam_agents.core.intent import (
+from beam_agents.errors import BeamAgentsError, CanonicalJsonError
+from beam_agents.intents.identity import (
     INTENT_NAMESPACE,
     MAX_ARGS_DEPTH,
     MAX_SAFE_INTEGER,
@@ -22,7 +23,6 @@ from beam_agents.core.intent import (
     intent_id_name,
     parse_args_json,
 )
-from beam_agents.errors import BeamAgentsError, CanonicalJsonError
 
 
 def test_intent_id_is_the_uuid5_of_the_documented_canonical_string():
@@ -39,7 +39,9 @@ def test_the_frozen_namespace_still_gives_the_ids_already_in_flight():
 
 
 def test_the_same_inputs_give_the_same_id_in_another_process():
-    code = "from beam_agents.core.intent import intent_id; print(intent_id(b'\\x00k|1', 7, 3, 2))"
+    code = (
+        "from beam_agents.intents.identity import intent_id; print(intent_id(b'\\x00k|1', 7, 3, 2))"
+    )
     other = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert other.stdout.strip() == intent_id(b"\x00k|1", 7, 3, 2)
 

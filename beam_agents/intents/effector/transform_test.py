@@ -14,8 +14,14 @@ from apache_beam.testing.util import assert_that, equal_to
 from apache_beam.transforms import window
 
 from beam_agents._protos import ToolIntent, ToolResult
-from beam_agents.core.signing import Keyring
-from beam_agents.effector import APPROVALS, DEAD_LETTERS, RESULTS, ExecuteIntents, VerifyMode
+from beam_agents.intents.effector import (
+    APPROVALS,
+    DEAD_LETTERS,
+    RESULTS,
+    ExecuteIntents,
+    VerifyMode,
+)
+from beam_agents.intents.signing import Keyring
 from beam_agents.rounds import ManualClock
 from beam_agents.testing.effectors import (
     KEYS,

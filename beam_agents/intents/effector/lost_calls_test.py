@@ -14,8 +14,7 @@ import sys
 import pytest
 
 from beam_agents._protos import AgentEnvelope, ExecutionRecord, ToolIntent, ToolResult
-from beam_agents.core.signing import KEYS_ENV, Keyring, Verification, sign, verify
-from beam_agents.effector import (
+from beam_agents.intents.effector import (
     INQUIRY_SUFFIX,
     INQUIRY_TOOL,
     Effector,
@@ -24,6 +23,7 @@ from beam_agents.effector import (
     VerifyMode,
     content_digest,
 )
+from beam_agents.intents.signing import KEYS_ENV, Keyring, Verification, sign, verify
 from beam_agents.rounds import ManualClock
 from beam_agents.testing.effectors import (
     INT64_MAX,
@@ -38,8 +38,8 @@ from beam_agents.testing.samples import intent
 
 SERVICE = """
 import json, os, signal, sys
-from beam_agents.core.signing import Keyring
-from beam_agents.effector import Effector, VerifyMode
+from beam_agents.intents.signing import Keyring
+from beam_agents.intents.effector import Effector, VerifyMode
 
 store, log, now, die_in_tool = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4] == "1"
 

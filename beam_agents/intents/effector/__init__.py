@@ -58,16 +58,15 @@ The package, in the order an intent meets it: `spec` (what a caller gives the ef
 back: tools and their `ToolSpec`, `VerifyMode`, `Route`, `EffectorOutput`, the output tags and
 dead-letter reasons), `stores` (`ExecutionStore` and `SqliteExecutionStore`), `gate` (steps 1 to
 6 over any store, and `Effector`) and `transform` (`ExecuteIntents`, the gate over Beam keyed
-state). It imports the wire bindings, `beam_agents.core` (intent identity and signing) and
-`beam_agents.wire.beam_support`; nothing else of beam_agents. The names below are the documented
-`beam_agents.effector` API, re-exported from the modules that own them.
+state). It imports the wire bindings, the intents' `identity` and `signing` and
+`beam_agents.wire.beam_support`; nothing of the runtime. The names below are the documented
+`beam_agents.intents.effector` API, re-exported from the modules that own them.
 """
 
 from __future__ import annotations
 
-from beam_agents.core.intent import DELIVERY_FIELDS, content_digest
-from beam_agents.effector.gate import Effector
-from beam_agents.effector.spec import (
+from beam_agents.intents.effector.gate import Effector
+from beam_agents.intents.effector.spec import (
     APPROVALS,
     DEAD_LETTERS,
     DEFAULT_RETENTION_MS,
@@ -83,8 +82,9 @@ from beam_agents.effector.spec import (
     VerifyMode,
     wall_clock_ms,
 )
-from beam_agents.effector.stores import ExecutionStore, SqliteExecutionStore
-from beam_agents.effector.transform import ExecuteIntents
+from beam_agents.intents.effector.stores import ExecutionStore, SqliteExecutionStore
+from beam_agents.intents.effector.transform import ExecuteIntents
+from beam_agents.intents.identity import DELIVERY_FIELDS, content_digest
 
 __all__ = [
     "APPROVALS",

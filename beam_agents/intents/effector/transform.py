@@ -18,9 +18,8 @@ from apache_beam.typehints import Tuple
 from google.protobuf.message import DecodeError
 
 from beam_agents._protos import ActivationErrorRecord, AgentEnvelope, ExecutionRecord, ToolIntent
-from beam_agents.core.signing import Keyring
-from beam_agents.effector.gate import Gate, dead_letter
-from beam_agents.effector.spec import (
+from beam_agents.intents.effector.gate import Gate, dead_letter
+from beam_agents.intents.effector.spec import (
     APPROVALS,
     DEAD_LETTERS,
     DEFAULT_RETENTION_MS,
@@ -32,10 +31,14 @@ from beam_agents.effector.spec import (
     check_retention,
     wall_clock_ms,
 )
-from beam_agents.effector.stores import ExecutionStore
+from beam_agents.intents.effector.stores import ExecutionStore
+from beam_agents.intents.signing import Keyring
 from beam_agents.wire.beam_support import timer_timestamp, typed
 
 __all__ = ["ExecuteIntents"]
+
+# The namespace operators' dashboards and alerts know the counters by: the package's old path.
+_METRICS = "beam_agents.effector"
 
 
 class _Serialize(beam.DoFn):
@@ -105,8 +108,8 @@ class _ExecuteOnce(beam.DoFn):
         self._clock = clock
         self._retention_ms = retention_ms
         self._gate: Gate | None = None
-        self._duplicates = beam.metrics.Metrics.counter("beam_agents.effector", "duplicates")
-        self._executions = beam.metrics.Metrics.counter("beam_agents.effector", "executions")
+        self._duplicates = beam.metrics.Metrics.counter(_METRICS, "duplicates")
+        self._executions = beam.metrics.Metrics.counter(_METRICS, "executions")
 
     def setup(self) -> None:
         keyring = None if self._mode is VerifyMode.OFF else self._keyring_loader()

@@ -15,7 +15,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from beam_agents._protos import ToolIntent
-from beam_agents.core.signing import (
+from beam_agents.errors import KeyringError
+from beam_agents.intents.signing import (
     KEYS_ENV,
     KEYS_FILE_ENV,
     Keyring,
@@ -26,7 +27,6 @@ from beam_agents.core.signing import (
     strip_signature,
     verify,
 )
-from beam_agents.errors import KeyringError
 from beam_agents.testing.samples import intent
 from beam_agents.testing.schema_variants import SchemaVariant
 

@@ -22,14 +22,8 @@ from beam_agents._protos import (
     ToolIntent,
     ToolResult,
 )
-from beam_agents.core.intent import (
-    canonical_args_json,
-    content_digest,
-    effective_kind,
-    parse_args_json,
-)
-from beam_agents.core.signing import Keyring, Verification, sign, verify
-from beam_agents.effector.spec import (
+from beam_agents.errors import CanonicalJsonError
+from beam_agents.intents.effector.spec import (
     DEFAULT_RETENTION_MS,
     INQUIRY_SUFFIX,
     INQUIRY_TOOL,
@@ -43,8 +37,14 @@ from beam_agents.effector.spec import (
     check_retention,
     wall_clock_ms,
 )
-from beam_agents.effector.stores import ExecutionStore, SqliteExecutionStore
-from beam_agents.errors import CanonicalJsonError
+from beam_agents.intents.effector.stores import ExecutionStore, SqliteExecutionStore
+from beam_agents.intents.identity import (
+    canonical_args_json,
+    content_digest,
+    effective_kind,
+    parse_args_json,
+)
+from beam_agents.intents.signing import Keyring, Verification, sign, verify
 
 __all__ = ["Effector", "Gate", "dead_letter"]
 

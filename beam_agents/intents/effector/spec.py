@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 
 from beam_agents._protos import ActivationErrorRecord, AgentEnvelope, ToolIntent
-from beam_agents.core.signing import Verification
+from beam_agents.intents.signing import Verification
 
 __all__ = [
     "APPROVALS",

@@ -6,8 +6,7 @@ from __future__ import annotations
 import pytest
 
 from beam_agents._protos import ToolIntent, ToolResult
-from beam_agents.core.signing import Keyring, Verification, sign, verify
-from beam_agents.effector import (
+from beam_agents.intents.effector import (
     REASON_CONFLICT,
     REASON_UNDECODABLE,
     Effector,
@@ -16,6 +15,7 @@ from beam_agents.effector import (
     VerifyMode,
     content_digest,
 )
+from beam_agents.intents.signing import Keyring, Verification, sign, verify
 from beam_agents.rounds import ManualClock
 from beam_agents.testing.effectors import (
     INT64_MAX,
