@@ -8,11 +8,11 @@ The public API is what `__all__` lists, imported from here:
 
     from beam_agents import RunAgent, agent, ExecuteIntents, Effector, AgentEnvelope
 
-Names resolve on first use (PEP 562), so importing the package stays cheap for the command
-line; each comes from the module that owns it. Integrations that need an optional extra are
-imported from their own modules: `beam_agents.llm.openai_chat`, `.anthropic_messages` and
-`.gemini` (LLM clients), `beam_agents.adapters.langgraph`, `beam_agents.telemetry`,
-`beam_agents.mcp_tools` and `beam_agents.console`.
+Names resolve on first use (PEP 562), so importing the package stays cheap for the command line;
+each comes from the module that owns it. Integrations that need an optional extra are imported from
+their own modules: `beam_agents.integrations.llm.openai_chat`, `.anthropic_messages` and `.gemini`
+(LLM clients), `beam_agents.integrations.langgraph`, `beam_agents.integrations.telemetry`,
+`beam_agents.integrations.mcp_tools` and `beam_agents.console`.
 """
 
 from __future__ import annotations

@@ -22,6 +22,8 @@ import warnings
 
 #: Each moved module or package and its new path; a package's modules follow it.
 MOVED: dict[str, str | None] = {
+    "beam_agents.adapters": None,
+    "beam_agents.adapters.langgraph": "beam_agents.integrations.langgraph",
     "beam_agents.core": None,
     "beam_agents.core.intent": "beam_agents.intents.identity",
     "beam_agents.core.migration": "beam_agents.state.migration",
@@ -29,6 +31,9 @@ MOVED: dict[str, str | None] = {
     "beam_agents.core.wire": "beam_agents.wire.fields",
     "beam_agents.decoding": "beam_agents.wire.decoding",
     "beam_agents.effector": "beam_agents.intents.effector",
+    "beam_agents.llm": "beam_agents.integrations.llm",
+    "beam_agents.mcp_tools": "beam_agents.integrations.mcp_tools",
+    "beam_agents.telemetry": "beam_agents.integrations.telemetry",
 }
 
 

@@ -29,8 +29,8 @@ certainty is refused, naming the candidate types. Exit codes: 0 decoded (whateve
 verdict); 1 input rejected (not a regular file, over --max-bytes, unreadable, not a beam_agents
 message, or ambiguous without --type); 2 usage error.
 
-`export-traces` sends a file of TraceEvents (length-delimited, beam_agents.telemetry's format)
-to an OTLP/HTTP endpoint as OpenTelemetry spans (needs the beam-agents[otel] extra). Exit
+`export-traces` sends a file of TraceEvents (length-delimited, beam_agents.integrations.telemetry's
+format) to an OTLP/HTTP endpoint as OpenTelemetry spans (needs the beam-agents[otel] extra). Exit
 codes: 0 exported; 1 not a trace file, or the endpoint refused; 2 usage error.
 
 `replay` re-runs one activation offline from an exported StateSnapshot, with a model client
@@ -203,7 +203,7 @@ def _export_traces(args: argparse.Namespace) -> int:
     # Deferred: OpenTelemetry is an optional extra that the other commands do not need.
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
-    from beam_agents.telemetry import export_file
+    from beam_agents.integrations.telemetry import export_file
 
     exporter = OTLPSpanExporter(endpoint=args.endpoint, timeout=30)
     try:
@@ -347,7 +347,9 @@ def _parser() -> argparse.ArgumentParser:
     export = commands.add_parser(
         "export-traces", help="send a file of TraceEvents to an OTLP/HTTP endpoint as spans"
     )
-    export.add_argument("file", help="a file beam_agents.telemetry.write_trace_file wrote")
+    export.add_argument(
+        "file", help="a file beam_agents.integrations.telemetry.write_trace_file wrote"
+    )
     export.add_argument(
         "--endpoint",
         default="http://localhost:4318/v1/traces",

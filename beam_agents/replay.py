@@ -6,10 +6,10 @@
 SNAPSHOT is a key's StateSnapshot exported before the activation (for a resume: while it was
 suspended), ENVELOPE the AgentEnvelope that started or resumed it, and the recorded files the
 ToolIntents and TraceEvents it emitted in production (length-delimited, as
-`beam_agents.telemetry.write_trace_file` writes them). The replay restores the snapshot and
-delivers the envelope in a local Beam pipeline with this binary's agent and RunAgent, and a model
-client that refuses every call: every LLM answer must come from the key's replay cache. Intents
-are compared without their signature fields (no keys are needed offline).
+`beam_agents.integrations.telemetry.write_trace_file` writes them). The replay restores the snapshot
+and delivers the envelope in a local Beam pipeline with this binary's agent and RunAgent, and a
+model client that refuses every call: every LLM answer must come from the key's replay cache.
+Intents are compared without their signature fields (no keys are needed offline).
 
 Verdicts and exit codes: 0 reproduced (the same intents and traces, or, with nothing recorded,
 an activation that ran without calling the model); 1 diverged (a unified diff of what

@@ -16,10 +16,10 @@ from opentelemetry.semconv._incubating.attributes import gen_ai_attributes
 from opentelemetry.trace import StatusCode
 
 from beam_agents._protos import AgentEnvelope, TraceEvent
+from beam_agents.integrations.telemetry import ExportTraces, to_spans, write_trace_file
 from beam_agents.intents.identity import intent_id
 from beam_agents.rounds import Advance, run_round
 from beam_agents.runtime import TRACES, RunAgent, ScriptedLlmClient, agent
-from beam_agents.telemetry import ExportTraces, to_spans, write_trace_file
 from beam_agents.testing.local_http import LocalHttpServer, Reply
 
 T0, KEY = 1_764_460_800_000, b"k-1"

@@ -1,8 +1,9 @@
 """An LlmClient for Gemini's generateContent, on the official `google-genai` package (the
 `beam-agents[gemini]` extra).
 
-Retries, deadlines, the response size cap and typed errors are `beam_agents.llm.resilience`'s,
-shared with the other providers; the SDK retries nothing unless told to, and is not told.
+Retries, deadlines, the response size cap and typed errors are
+`beam_agents.integrations.llm.resilience`'s, shared with the other providers; the SDK retries
+nothing unless told to, and is not told.
 
 Conversations are in the one format of `beam_agents.runtime.tool_calling` (OpenAI's) and are
 translated: system messages become the `system_instruction`; the assistant is the `model`
@@ -20,7 +21,7 @@ from __future__ import annotations
 import json
 import os
 
-from beam_agents.llm.resilience import (
+from beam_agents.integrations.llm.resilience import (
     Failure,
     ResilientClient,
     checked_arguments,

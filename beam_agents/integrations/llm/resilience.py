@@ -1,4 +1,4 @@
-"""What every model client in beam_agents.llm shares: retries, deadlines and a bounded body.
+"""What every model client in beam_agents.integrations.llm shares: retries, deadlines, a cap.
 
 `ResilientClient` is the base of the OpenAI, Anthropic and Gemini clients. A subclass builds its
 provider's SDK on the HTTP client it is given (`_make_sdk`), sends one request (`_send`) and

@@ -2,9 +2,9 @@
 package (the `beam-agents[openai]` extra): OpenAI itself, or vLLM, Ollama and llama.cpp's server
 through `base_url`.
 
-Retries, deadlines, the response size cap and typed errors are `beam_agents.llm.resilience`'s,
-shared with the other providers; the SDK's own retries are off. Token usage comes back in the
-LlmResponse, and from there into the LLM_CALL trace event.
+Retries, deadlines, the response size cap and typed errors are
+`beam_agents.integrations.llm.resilience`'s, shared with the other providers; the SDK's own retries
+are off. Token usage comes back in the LlmResponse, and from there into the LLM_CALL trace event.
 
 Tool calling: `LlmRequest.tools` go out as OpenAI `tools` (functions); the message's
 `tool_calls` come back as `LlmResponse.tool_calls`, their JSON-text arguments parsed under the
@@ -21,13 +21,13 @@ from __future__ import annotations
 import os
 
 from beam_agents.errors import CanonicalJsonError, LlmCallError
-from beam_agents.intents.identity import parse_args_json
-from beam_agents.llm.resilience import (
+from beam_agents.integrations.llm.resilience import (
     Failure,
     ResilientClient,
     connection_failure,
     status_failure,
 )
+from beam_agents.intents.identity import parse_args_json
 from beam_agents.runtime.context import LlmRequest, LlmResponse
 from beam_agents.runtime.tool_calling import ToolCall
 

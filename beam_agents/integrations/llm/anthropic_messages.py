@@ -1,8 +1,9 @@
 """An LlmClient for Anthropic's Messages API, on the official `anthropic` package (the
 `beam-agents[anthropic]` extra).
 
-Retries, deadlines, the response size cap and typed errors are `beam_agents.llm.resilience`'s,
-shared with the other providers; the SDK's own retries are off.
+Retries, deadlines, the response size cap and typed errors are
+`beam_agents.integrations.llm.resilience`'s, shared with the other providers; the SDK's own retries
+are off.
 
 Conversations are in the one format of `beam_agents.runtime.tool_calling` (OpenAI's) and are
 translated: system messages become the `system` parameter; an assistant message's text and
@@ -20,7 +21,7 @@ from __future__ import annotations
 import json
 import os
 
-from beam_agents.llm.resilience import (
+from beam_agents.integrations.llm.resilience import (
     Failure,
     ResilientClient,
     checked_arguments,

@@ -18,14 +18,14 @@ import pytest
 
 from beam_agents._protos import ToolResult
 from beam_agents.errors import ToolCallError
-from beam_agents.intents.effector import Effector, Route, VerifyMode
-from beam_agents.mcp_tools import (
+from beam_agents.integrations.mcp_tools import (
     IDEMPOTENCY_META_KEY,
     HttpServer,
     McpTool,
     StdioServer,
     tool_definitions,
 )
+from beam_agents.intents.effector import Effector, Route, VerifyMode
 from beam_agents.rounds import ManualClock
 from beam_agents.testing import mcp_servers
 from beam_agents.testing.samples import intent
