@@ -12,7 +12,7 @@ Names resolve on first use (PEP 562), so importing the package stays cheap for t
 each comes from the module that owns it. Integrations that need an optional extra are imported from
 their own modules: `beam_agents.integrations.llm.openai_chat`, `.anthropic_messages` and `.gemini`
 (LLM clients), `beam_agents.integrations.langgraph`, `beam_agents.integrations.telemetry`,
-`beam_agents.integrations.mcp_tools` and `beam_agents.console`.
+`beam_agents.integrations.mcp_tools` and `beam_agents.ops.console`.
 """
 
 from __future__ import annotations

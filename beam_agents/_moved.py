@@ -24,16 +24,23 @@ import warnings
 MOVED: dict[str, str | None] = {
     "beam_agents.adapters": None,
     "beam_agents.adapters.langgraph": "beam_agents.integrations.langgraph",
+    "beam_agents.cli": "beam_agents.ops.cli",
+    "beam_agents.console": "beam_agents.ops.console",
     "beam_agents.core": None,
     "beam_agents.core.intent": "beam_agents.intents.identity",
     "beam_agents.core.migration": "beam_agents.state.migration",
     "beam_agents.core.signing": "beam_agents.intents.signing",
     "beam_agents.core.wire": "beam_agents.wire.fields",
     "beam_agents.decoding": "beam_agents.wire.decoding",
+    "beam_agents.demo": "beam_agents.ops.demo",
     "beam_agents.effector": "beam_agents.intents.effector",
     "beam_agents.llm": "beam_agents.integrations.llm",
     "beam_agents.mcp_tools": "beam_agents.integrations.mcp_tools",
+    "beam_agents.preflight": "beam_agents.ops.preflight",
+    "beam_agents.processes": "beam_agents.ops.processes",
+    "beam_agents.rounds": "beam_agents.ops.rounds",
     "beam_agents.telemetry": "beam_agents.integrations.telemetry",
+    "beam_agents.update_check": "beam_agents.ops.update_check",
 }
 
 

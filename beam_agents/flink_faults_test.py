@@ -34,9 +34,9 @@ from collections import Counter
 import pytest
 
 from beam_agents._protos import AgentEnvelope, ToolIntent
-from beam_agents.demo import approve
 from beam_agents.errors import ReadStalledError
 from beam_agents.flink import KafkaArrivals, ReadWatchdog
+from beam_agents.ops.demo import approve
 from beam_agents.testing.engines import Engines
 from beam_agents.testing.flink_loop import Loop
 

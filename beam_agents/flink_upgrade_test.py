@@ -28,9 +28,9 @@ from collections import Counter
 import pytest
 
 from beam_agents._protos import AgentEnvelope, ToolIntent
-from beam_agents.demo import approve
 from beam_agents.flink import KafkaArrivals
 from beam_agents.kafka_bus import produce
+from beam_agents.ops.demo import approve
 from beam_agents.testing.engines import Engines
 from beam_agents.testing.flink_loop import Loop
 from beam_agents.testing.synthetic_v2 import MIGRATED_KEY

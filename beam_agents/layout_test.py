@@ -44,7 +44,7 @@ def _names_testing(modules: set[str]) -> bool:
 
 
 def test_every_way_of_naming_a_module_is_seen():
-    here = PACKAGE / "replay.py"
+    here = PACKAGE / "errors.py"
     for source in [
         "import beam_agents.testing.samples",
         "import beam_agents.testing as t",
@@ -58,7 +58,7 @@ def test_every_way_of_naming_a_module_is_seen():
         "load('beam_agents.testing.chaos:triage')",
     ]:
         assert _names_testing(_imported_modules(here, source)), source
-    assert not _names_testing(_imported_modules(here, "from beam_agents import rounds"))
+    assert not _names_testing(_imported_modules(here, "from beam_agents.ops import rounds"))
 
 
 def test_nothing_but_tests_imports_the_testing_package():

@@ -55,7 +55,7 @@ def test_the_effector_dead_letter_table_lists_every_reason():
 #: The modules a README snippet may import from: the package's API, and the integrations that
 #: need an optional extra.
 _EXTRAS = (
-    "beam_agents.console",
+    "beam_agents.ops.console",
     "beam_agents.integrations.langgraph",
     "beam_agents.integrations.llm.anthropic_messages",
     "beam_agents.integrations.llm.gemini",

@@ -12,7 +12,7 @@ from apache_beam.options.pipeline_options import PipelineOptions
 
 from beam_agents._protos import AgentEnvelope, ToolIntent
 from beam_agents.examples.support_triage import ticket
-from beam_agents.state_manifest import MANIFEST
+from beam_agents.ops.state_manifest import MANIFEST
 from beam_agents.wire.fields import join_delimited
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))

@@ -437,7 +437,7 @@ flink_demo() {
   # `import apache_beam` warns that apitools, a Google Cloud dependency the demo never uses,
   # is missing (before any logging is configured): that one line is dropped.
   # shellcheck disable=SC2046
-  "$root/.venv/bin/python" -m beam_agents.demo --bus=kafka \
+  "$root/.venv/bin/python" -m beam_agents.ops.demo --bus=kafka \
     --kafka_bootstrap="127.0.0.1:$kafka_port" --expansion_service="127.0.0.1:$expansion_port" \
     --flink_rest="http://127.0.0.1:$flink_rest_port" $(flink_options) "$@" 2> >(grep -v '^WARNING:root:apitools not found' >&2) || status=$?
   # The job server does not pass a cancel on to the cluster, and a LOOPBACK job outlives the

@@ -177,7 +177,7 @@ def test_the_wheel_holds_the_packages_and_no_plain_migrations_package(wheel):
     assert top_level == {"beam_agents", "beam_agents_migrations"}
     assert "beam_agents/_protos/beam_agents_pb2.pyi" in files
     assert "beam_agents/py.typed" in files
-    assert "beam_agents/state_manifest.json" in files
+    assert "beam_agents/ops/state_manifest.json" in files
     assert not [name for name in files if name.endswith("_test.py")]
 
 

@@ -18,7 +18,6 @@ from langgraph.graph import END, START, StateGraph
 from langgraph.types import Command, interrupt
 
 from beam_agents._protos import AgentEnvelope, StateSnapshot, ToolIntent, ToolResult, TraceEvent
-from beam_agents.cli import main
 from beam_agents.errors import CheckpointRejectedError
 from beam_agents.integrations.langgraph import (
     LangGraphAgent,
@@ -28,7 +27,8 @@ from beam_agents.integrations.langgraph import (
     request_approval,
 )
 from beam_agents.intents.identity import intent_id
-from beam_agents.rounds import Advance, run_round
+from beam_agents.ops.cli import main
+from beam_agents.ops.rounds import Advance, run_round
 from beam_agents.runtime import (
     COMPLETIONS,
     ERRORS,

@@ -26,7 +26,7 @@ from beam_agents.integrations.mcp_tools import (
     tool_definitions,
 )
 from beam_agents.intents.effector import Effector, Route, VerifyMode
-from beam_agents.rounds import ManualClock
+from beam_agents.ops.rounds import ManualClock
 from beam_agents.testing import mcp_servers
 from beam_agents.testing.samples import intent
 

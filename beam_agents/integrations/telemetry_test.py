@@ -18,7 +18,7 @@ from opentelemetry.trace import StatusCode
 from beam_agents._protos import AgentEnvelope, TraceEvent
 from beam_agents.integrations.telemetry import ExportTraces, to_spans, write_trace_file
 from beam_agents.intents.identity import intent_id
-from beam_agents.rounds import Advance, run_round
+from beam_agents.ops.rounds import Advance, run_round
 from beam_agents.runtime import TRACES, RunAgent, ScriptedLlmClient, agent
 from beam_agents.testing.local_http import LocalHttpServer, Reply
 
@@ -167,7 +167,7 @@ def test_a_trace_file_exports_from_the_command_line(tmp_path, traces):
             [
                 sys.executable,
                 "-m",
-                "beam_agents.cli",
+                "beam_agents.ops.cli",
                 "export-traces",
                 str(path),
                 "--endpoint",
@@ -185,7 +185,7 @@ def test_a_trace_file_exports_from_the_command_line(tmp_path, traces):
     broken = tmp_path / "broken.binpb"
     broken.write_bytes(b"\x80")
     result = subprocess.run(
-        [sys.executable, "-m", "beam_agents.cli", "export-traces", str(broken)],
+        [sys.executable, "-m", "beam_agents.ops.cli", "export-traces", str(broken)],
         capture_output=True,
         text=True,
         timeout=120,

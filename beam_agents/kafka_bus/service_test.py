@@ -30,7 +30,7 @@ from beam_agents.kafka_bus import (
     decode_dead_letter,
     produce,
 )
-from beam_agents.processes import Launched
+from beam_agents.ops.processes import Launched
 from beam_agents.testing.broker import fresh_topics, kafka_bootstrap, now_ms
 from beam_agents.testing.chaos import APPROVER_RING, Ledger
 from beam_agents.testing.samples import intent

@@ -119,7 +119,7 @@ class _KeyAndTag(beam.DoFn):
 class _AgentDoFn(beam.DoFn):
     """Moves a key's state between Beam and the KeyMachine; see the module docstring."""
 
-    # Frozen (beam_agents/state_manifest.json): a renamed spec, another coder or another timer
+    # Frozen (beam_agents/ops/state_manifest.json): a renamed spec, another coder or another timer
     # domain breaks Dataflow --update's state restore for every key.
     MEMORY = ReadModifyWriteStateSpec("memory", DeterministicProtoCoder(MemoryBlob))
     CONTINUATION = ReadModifyWriteStateSpec("continuation", DeterministicProtoCoder(Continuation))

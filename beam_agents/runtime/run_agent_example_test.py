@@ -15,7 +15,7 @@ from beam_agents.examples.support_triage import TOOLS
 from beam_agents.intents.effector import Effector, Route, VerifyMode
 from beam_agents.intents.identity import intent_id
 from beam_agents.intents.signing import Verification, verify
-from beam_agents.rounds import Advance, ManualClock, run_round
+from beam_agents.ops.rounds import Advance, ManualClock, run_round
 from beam_agents.testing.probe import (
     CHARGED_TWICE,
     KEY,

@@ -13,7 +13,7 @@ from beam_agents._protos import (
     ToolIntent,
     ToolResult,
 )
-from beam_agents.rounds import Advance, run_round
+from beam_agents.ops.rounds import Advance, run_round
 from beam_agents.runtime import (
     RuntimeConfig,
 )

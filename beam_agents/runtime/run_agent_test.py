@@ -17,7 +17,7 @@ from beam_agents._protos import (
     TraceEvent,
 )
 from beam_agents.intents.identity import intent_id
-from beam_agents.rounds import Advance, run_round
+from beam_agents.ops.rounds import Advance, run_round
 from beam_agents.testing.probe import (
     CHARGED_TWICE,
     FAR,

@@ -6,7 +6,7 @@ It owns the state-schema versions and the read-path migration of the keyed-state
 registered in `beam_agents_migrations`), and the views an agent gets of them (`memory`:
 `Memory`, the working memory, and `ReplayCache`, the LLM replay cache, both LRU maps over their
 blobs). Which state spec ids hold the blobs, and with which coders, is RunAgent's
-(`beam_agents.runtime`); `beam_agents/state_manifest.json` freezes them.
+(`beam_agents.runtime`); `beam_agents/ops/state_manifest.json` freezes them.
 
 It may import the layers below it: `beam_agents.wire`, `beam_agents.errors` and the bindings
 (`beam_agents/layout_test.py` enforces it).

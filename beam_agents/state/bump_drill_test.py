@@ -190,7 +190,9 @@ def test_real_steps_and_the_v2_corpus_complete_the_bump(workspace):
 
 
 def test_after_the_bump_the_operator_commands_show_the_migration(workspace):
-    inspected = _run(workspace, "-m", "beam_agents.cli", "inspect", "golden/v1/memory_blob.binpb")
+    inspected = _run(
+        workspace, "-m", "beam_agents.ops.cli", "inspect", "golden/v1/memory_blob.binpb"
+    )
     assert inspected.returncode == 0, inspected.stderr
     assert "# MemoryBlob state_schema_version 1: migrates 1 -> 2 through 1 step(s)" in (
         inspected.stdout
@@ -201,7 +203,7 @@ def test_after_the_bump_the_operator_commands_show_the_migration(workspace):
     export.mkdir()
     for name in ("state_snapshot", "state_snapshot_running"):
         shutil.copy(workspace / "golden" / "v1" / f"{name}.binpb", export)
-    checked = _run(workspace, "-m", "beam_agents.cli", "dry-run", str(export))
+    checked = _run(workspace, "-m", "beam_agents.ops.cli", "dry-run", str(export))
     assert checked.returncode == 0, checked.stdout
     assert "memory: MemoryBlob state_schema_version 1: migrates 1 -> 2" in checked.stdout
     assert "summary: 2 files, 2 ready, 0 not; 7 blobs: 0 current, 7 migrate" in checked.stdout

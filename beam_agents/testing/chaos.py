@@ -146,7 +146,7 @@ def main(argv: list[str]) -> int:
 
     bootstrap, prefix, directory = argv[0], argv[1], Path(argv[2])
     if argv[3:] == ["triage"]:
-        from beam_agents.demo import demo_approver_keyring, demo_effector_keyring, demo_keyring
+        from beam_agents.ops.demo import demo_approver_keyring, demo_effector_keyring, demo_keyring
 
         effector = Effector(
             triage_tools(directory),

@@ -10,7 +10,7 @@ from __future__ import annotations
 from beam_agents._protos import ToolIntent
 from beam_agents.intents.effector import Effector, VerifyMode
 from beam_agents.intents.signing import Keyring, sign
-from beam_agents.rounds import ManualClock
+from beam_agents.ops.rounds import ManualClock
 from beam_agents.testing.samples import intent
 
 __all__ = [

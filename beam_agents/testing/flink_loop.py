@@ -36,7 +36,7 @@ from beam_agents.errors import ReadStalledError
 from beam_agents.examples.support_triage import ticket
 from beam_agents.flink import FlinkRest, KafkaArrivals, ReadWatchdog
 from beam_agents.kafka_bus import TopicReader, Topics, create_topics, decode_dead_letter, produce
-from beam_agents.processes import Launched
+from beam_agents.ops.processes import Launched
 from beam_agents.testing.chaos import Ledger
 from beam_agents.testing.engines import Engines
 
@@ -94,13 +94,13 @@ class Loop:
             module = "beam_agents.testing.chaos"
             args = [self.bootstrap, self.topics.prefix, str(tmp_path), "triage"]
         else:
-            module = "beam_agents.cli"
+            module = "beam_agents.ops.cli"
             args = [
                 "effector-service", "--bootstrap-servers", self.bootstrap,
                 "--topic-prefix", self.topics.prefix, "--store", str(self.effector_store),
                 "--tools", "beam_agents.examples.support_triage:TOOLS",
-                "--keyring", "beam_agents.demo:demo_keyring",
-                "--result-keyring", "beam_agents.demo:demo_effector_keyring",
+                "--keyring", "beam_agents.ops.demo:demo_keyring",
+                "--result-keyring", "beam_agents.ops.demo:demo_effector_keyring",
             ]  # fmt: skip
         self._effector_command = (module, args)
         self._effector_runs = 0

@@ -4,7 +4,7 @@
         --expansion_service HOST:PORT [--state_schema {1,2}] [--unchained]
         [BEAM PIPELINE OPTIONS]
 
-builds the demo's loop job (beam_agents.demo.add_triage_loop), runs it and waits until the
+builds the demo's loop job (beam_agents.ops.demo.add_triage_loop), runs it and waits until the
 runner ends the job. `--state_schema 2` is the second binary of the upgrade test: the same job
 with the synthetic version-2 migration steps registered (beam_agents.testing.synthetic_v2).
 The transform names, and so the state a savepoint holds, are the same in both. `--unchained`
@@ -21,8 +21,8 @@ from collections.abc import Sequence
 import apache_beam as beam
 from apache_beam.options.pipeline_options import PipelineOptions
 
-from beam_agents.demo import add_triage_loop
 from beam_agents.kafka_bus import Topics
+from beam_agents.ops.demo import add_triage_loop
 from beam_agents.testing.synthetic_v2 import registry_v2
 
 __all__ = ["main"]

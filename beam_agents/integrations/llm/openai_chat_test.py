@@ -12,7 +12,7 @@ from beam_agents._protos import AgentEnvelope
 from beam_agents.errors import LlmCallError
 from beam_agents.integrations.llm.openai_chat import OpenAIChatClient
 from beam_agents.intents.identity import intent_id
-from beam_agents.rounds import Advance, run_round
+from beam_agents.ops.rounds import Advance, run_round
 from beam_agents.runtime import LlmRequest, RunAgent, RuntimeConfig, agent
 from beam_agents.runtime.tool_calling import (
     ToolCall,

@@ -24,7 +24,7 @@ from beam_agents.intents.effector import (
     content_digest,
 )
 from beam_agents.intents.signing import KEYS_ENV, Keyring, Verification, sign, verify
-from beam_agents.rounds import ManualClock
+from beam_agents.ops.rounds import ManualClock
 from beam_agents.testing.effectors import (
     INT64_MAX,
     KEYS,

@@ -2,7 +2,7 @@
 
 The transform names (GlobalWindow, KeyByIntentId, ExecuteOnce, DeadLetters), the DoFn class
 names in them, the state spec `execution`, its coder and the `retention` timer's domain are
-frozen by beam_agents/state_manifest.json: a running job's `--update` matches them.
+frozen by beam_agents/ops/state_manifest.json: a running job's `--update` matches them.
 """
 
 from __future__ import annotations

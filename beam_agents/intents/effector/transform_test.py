@@ -22,7 +22,7 @@ from beam_agents.intents.effector import (
     VerifyMode,
 )
 from beam_agents.intents.signing import Keyring
-from beam_agents.rounds import ManualClock
+from beam_agents.ops.rounds import ManualClock
 from beam_agents.testing.effectors import (
     KEYS,
     NOW,
