@@ -70,7 +70,7 @@ _OWNERS = {
     ),
     **dict.fromkeys(("Memory", "ReplayCache"), "beam_agents.state"),
     **dict.fromkeys(("Keyring", "sign", "verify"), "beam_agents.intents.signing"),
-    **dict.fromkeys(("AgentLoop", "EffectorService", "Topics"), "beam_agents.kafka_bus"),
+    **dict.fromkeys(("AgentLoop", "EffectorService", "Topics"), "beam_agents.bus"),
     "BeamAgentsError": "beam_agents.errors",
 }
 

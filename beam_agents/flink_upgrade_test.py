@@ -1,6 +1,6 @@
 """An upgrade across binaries on a real Flink cluster, with Kafka as the agents' message bus.
 
-Job 1 (state schema 1) runs the support-triage loop (beam_agents.kafka_bus.AgentLoop) and leaves
+Job 1 (state schema 1) runs the support-triage loop (beam_agents.bus.AgentLoop) and leaves
 three keys suspended on a refund approval and three with memory; it is stopped with a
 savepoint. Job 2, built with the synthetic version-2 migration steps, restores from it. What is
 proved is read back from Kafka outside the pipeline: every key's state went through the step
@@ -28,8 +28,8 @@ from collections import Counter
 import pytest
 
 from beam_agents._protos import AgentEnvelope, ToolIntent
+from beam_agents.bus import produce
 from beam_agents.flink import KafkaArrivals
-from beam_agents.kafka_bus import produce
 from beam_agents.ops.demo import approve
 from beam_agents.testing.engines import Engines
 from beam_agents.testing.flink_loop import Loop

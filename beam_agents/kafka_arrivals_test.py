@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from beam_agents.kafka_bus import produce
+from beam_agents.bus import produce
 from beam_agents.testing.broker import fresh_topics, kafka_bootstrap, now_ms
 
 

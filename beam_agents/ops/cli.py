@@ -43,7 +43,7 @@ difference that would make Dataflow refuse an --update or lose state. Exit codes
 compatible; 1 not; 2 usage error.
 
 `effector-service` runs the effector of beam_agents.intents.effector on a Kafka loop's intents topic
-(beam_agents.kafka_bus.EffectorService), with its records in the SQLite store FILE, until
+(beam_agents.bus.EffectorService), with its records in the SQLite store FILE, until
 SIGTERM or SIGINT; --tools names a dict of tool name to callable, --keyring a function returning
 the Keyring that verifies intents (required unless --mode off), --result-keyring one whose active
 key signs every result and inquiry, --approval-keyring one that verifies people's answers to
@@ -145,8 +145,8 @@ def _effector_service(args: argparse.Namespace) -> int:
     import signal
     import threading
 
+    from beam_agents.bus import EffectorService, Topics
     from beam_agents.intents.effector import Effector, VerifyMode
-    from beam_agents.kafka_bus import EffectorService, Topics
     from beam_agents.ops.loading import load_object
 
     try:

@@ -142,7 +142,7 @@ class _DyingStore(SqliteExecutionStore):
 
 
 def main(argv: list[str]) -> int:
-    from beam_agents.kafka_bus import EffectorService, Topics
+    from beam_agents.bus import EffectorService, Topics
 
     bootstrap, prefix, directory = argv[0], argv[1], Path(argv[2])
     if argv[3:] == ["triage"]:

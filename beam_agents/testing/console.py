@@ -12,10 +12,10 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from beam_agents._protos import ToolIntent
+from beam_agents.bus import KafkaBusError, Topics
 from beam_agents.intents.effector import VerifyMode
 from beam_agents.intents.identity import canonical_args_json
 from beam_agents.intents.signing import Keyring, sign
-from beam_agents.kafka_bus import KafkaBusError, Topics
 from beam_agents.ops.console.auth import Auth, hash_password
 from beam_agents.ops.console.bus import ConsoleBus
 from beam_agents.ops.console.config import Role, User

@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from beam_agents._protos import AgentEnvelope, StateSnapshot
-from beam_agents.kafka_bus import TopicReader, Topics, create_topics, produce, record_value
+from beam_agents.bus import TopicReader, Topics, create_topics, produce, record_value
 from beam_agents.ops.demo import (
     CUSTOMER,
     demo_ticket,

@@ -32,10 +32,10 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from beam_agents._protos import AgentEnvelope, ExecutionRecord, StateSnapshot
+from beam_agents.bus import TopicReader, Topics, create_topics, decode_dead_letter, produce
 from beam_agents.errors import ReadStalledError
 from beam_agents.examples.support_triage import ticket
 from beam_agents.flink import FlinkRest, KafkaArrivals, ReadWatchdog
-from beam_agents.kafka_bus import TopicReader, Topics, create_topics, decode_dead_letter, produce
 from beam_agents.ops.processes import Launched
 from beam_agents.testing.chaos import Ledger
 from beam_agents.testing.engines import Engines

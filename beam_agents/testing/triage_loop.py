@@ -21,7 +21,7 @@ from collections.abc import Sequence
 import apache_beam as beam
 from apache_beam.options.pipeline_options import PipelineOptions
 
-from beam_agents.kafka_bus import Topics
+from beam_agents.bus import Topics
 from beam_agents.ops.demo import add_triage_loop
 from beam_agents.testing.synthetic_v2 import registry_v2
 

@@ -37,8 +37,8 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from beam_agents._protos import ToolIntent
+from beam_agents.bus import KafkaBusError
 from beam_agents.intents.effector import wall_clock_ms
-from beam_agents.kafka_bus import KafkaBusError
 from beam_agents.ops.console.auth import Auth, RateLimited, Session
 from beam_agents.ops.console.bus import ConsoleBus
 from beam_agents.ops.console.config import Role

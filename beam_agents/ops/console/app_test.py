@@ -11,7 +11,7 @@ from urllib.parse import urlencode
 import pytest
 
 from beam_agents._protos import AgentEnvelope, StateSnapshot, TraceEvent
-from beam_agents.kafka_bus import Topics
+from beam_agents.bus import Topics
 from beam_agents.ops.console.app import AUDIT_PER_PAGE, PER_PAGE, SESSION_COOKIE, create_app
 from beam_agents.ops.console.auth import MAX_FAILURES
 from beam_agents.ops.console.service import serving

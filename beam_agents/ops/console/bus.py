@@ -21,8 +21,8 @@ from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
 from beam_agents._protos import AgentEnvelope
+from beam_agents.bus import KafkaBusError, Topics, produce
 from beam_agents.intents.effector import wall_clock_ms
-from beam_agents.kafka_bus import KafkaBusError, Topics, produce
 from beam_agents.ops.console.inbox import Decision, Inbox
 from beam_agents.ops.console.observed import Observations
 

@@ -28,10 +28,10 @@ import tomllib
 from collections.abc import Mapping
 from pathlib import Path
 
+from beam_agents.bus import Topics
 from beam_agents.errors import BeamAgentsError, KeyringError
 from beam_agents.intents.effector import VerifyMode
 from beam_agents.intents.signing import Keyring
-from beam_agents.kafka_bus import Topics
 from beam_agents.ops.loading import load_object
 
 __all__ = ["ConsoleConfig", "ConsoleConfigError", "Role", "User", "load_keyring"]

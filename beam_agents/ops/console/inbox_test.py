@@ -9,10 +9,10 @@ import threading
 import pytest
 
 from beam_agents._protos import AgentEnvelope, StateSnapshot, ToolIntent, TraceEvent
+from beam_agents.bus import KafkaBusError
 from beam_agents.intents.effector import VerifyMode
 from beam_agents.intents.identity import content_digest
 from beam_agents.intents.signing import Keyring, Verification, sign, verify
-from beam_agents.kafka_bus import KafkaBusError
 from beam_agents.ops.console.inbox import DecisionRefused
 from beam_agents.ops.rounds import ManualClock
 from beam_agents.testing.console import (

@@ -13,9 +13,9 @@ import time
 import pytest
 
 from beam_agents._protos import AgentEnvelope, TraceEvent
+from beam_agents.bus import TopicReader, Topics, create_topics, produce
 from beam_agents.intents.effector import wall_clock_ms
 from beam_agents.intents.signing import Verification, verify
-from beam_agents.kafka_bus import TopicReader, Topics, create_topics, produce
 from beam_agents.ops.console.app import create_app
 from beam_agents.ops.console.bus import ConsoleBus, KafkaPublisher
 from beam_agents.ops.console.service import serving

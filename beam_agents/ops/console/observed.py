@@ -14,8 +14,8 @@ from collections.abc import Callable
 from google.protobuf.message import DecodeError
 
 from beam_agents._protos import ActivationErrorRecord, StateSnapshot, TraceEvent
+from beam_agents.bus import decode_dead_letter
 from beam_agents.intents.effector import wall_clock_ms
-from beam_agents.kafka_bus import decode_dead_letter
 from beam_agents.ops.console.db import Database
 
 __all__ = ["Activation", "Observations"]

@@ -14,7 +14,7 @@ and at the end the activation's traces as a tree. `python examples/support_triag
 same rounds with ordinary Beam pipeline options (`--runner=...`).
 
 `--bus=kafka` runs the same conversation as a production deployment would: one streaming job
-(`add_triage_loop`, beam_agents.kafka_bus.AgentLoop) reads its events from Kafka, the effector
+(`add_triage_loop`, beam_agents.bus.AgentLoop) reads its events from Kafka, the effector
 runs as its own process (`beam-agents effector-service`) on the intents topic, and the demo
 plays the approver on the approvals topic. It needs a Kafka broker and Beam's Java expansion
 service (`--kafka_bootstrap`, `--expansion_service`) and a runner that runs unbounded

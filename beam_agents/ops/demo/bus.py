@@ -15,10 +15,7 @@ import apache_beam as beam
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from beam_agents._protos import AgentEnvelope, ToolIntent, TraceEvent
-from beam_agents.errors import FlinkRestError, ReadStalledError
-from beam_agents.examples.support_triage import scripted_model, triage
-from beam_agents.flink import FlinkRest, KafkaArrivals, ReadWatchdog
-from beam_agents.kafka_bus import (
+from beam_agents.bus import (
     AgentLoop,
     TopicReader,
     Topics,
@@ -26,6 +23,9 @@ from beam_agents.kafka_bus import (
     decode_dead_letter,
     produce,
 )
+from beam_agents.errors import FlinkRestError, ReadStalledError
+from beam_agents.examples.support_triage import scripted_model, triage
+from beam_agents.flink import FlinkRest, KafkaArrivals, ReadWatchdog
 from beam_agents.ops.demo.account import Account
 from beam_agents.ops.demo.parts import (
     CUSTOMER,

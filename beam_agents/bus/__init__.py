@@ -1,4 +1,5 @@
-"""The agent loop over Kafka: RunAgent in a streaming pipeline, the effector as its own service.
+"""The bus: the agent loop over Kafka, RunAgent in a streaming pipeline and the effector as its
+own service.
 
 A pipeline cannot feed its outputs back to its input; a message bus closes the loop. One loop
 uses one set of topics, named by a prefix (`Topics`), every record keyed by its entity_key:
@@ -32,16 +33,18 @@ Java expansion service and workers (`bash tools/engines.sh start java`).
 
 The package: `topics` (the loop's topic names, `create_topics`, `KafkaBusError`), `records`
 (record values and ids, `produce`, `TopicReader`), `loop` (`AgentLoop`, the pipeline half) and
-`service` (`EffectorService`). It imports the wire bindings, `beam_agents.runtime` and
-`beam_agents.intents.effector`; confluent_kafka only inside the functions that need it, so the
-pipeline half runs without the extra. The names below are the documented
-`beam_agents.kafka_bus` API.
+`service` (`EffectorService`); confluent_kafka only inside the functions that need it, so the
+pipeline half runs without the extra. The names below are the documented `beam_agents.bus` API.
+
+It may import the layers below it: `beam_agents.runtime`, `beam_agents.intents` (the effector),
+`beam_agents.state`, `beam_agents.wire`, `beam_agents.errors` and the bindings; not
+`beam_agents.integrations`, its sibling (`beam_agents/layout_test.py` enforces it).
 """
 
 from __future__ import annotations
 
-from beam_agents.kafka_bus.loop import AgentLoop, FlinkCheckpointOptions
-from beam_agents.kafka_bus.records import (
+from beam_agents.bus.loop import AgentLoop, FlinkCheckpointOptions
+from beam_agents.bus.records import (
     RECORD_ID_HEADER,
     TopicReader,
     decode_dead_letter,
@@ -50,8 +53,8 @@ from beam_agents.kafka_bus.records import (
     record_id_of,
     record_value,
 )
-from beam_agents.kafka_bus.service import EffectorService
-from beam_agents.kafka_bus.topics import KafkaBusError, Topics, create_topics
+from beam_agents.bus.service import EffectorService
+from beam_agents.bus.topics import KafkaBusError, Topics, create_topics
 
 __all__ = [
     "RECORD_ID_HEADER",

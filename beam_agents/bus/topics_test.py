@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from beam_agents.kafka_bus import Topics
+from beam_agents.bus import Topics
 
 
 @pytest.mark.parametrize("prefix", ["", "has space", "slash/", "x" * 201, "ünï"])

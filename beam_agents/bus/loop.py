@@ -16,8 +16,8 @@ from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.typehints import Tuple
 
 from beam_agents._protos import ActivationErrorRecord
-from beam_agents.kafka_bus.records import record_value
-from beam_agents.kafka_bus.topics import Topics
+from beam_agents.bus.records import record_value
+from beam_agents.bus.topics import Topics
 from beam_agents.runtime import ERRORS, RunAgent
 from beam_agents.runtime.dead_letters import UNDECODABLE, error_record
 from beam_agents.wire.beam_support import typed

@@ -14,6 +14,12 @@ import time
 import pytest
 
 from beam_agents._protos import AgentEnvelope, ExecutionRecord, ToolIntent, ToolResult
+from beam_agents.bus import (
+    EffectorService,
+    TopicReader,
+    decode_dead_letter,
+    produce,
+)
 from beam_agents.intents.effector import (
     INQUIRY_SUFFIX,
     INQUIRY_TOOL,
@@ -24,12 +30,6 @@ from beam_agents.intents.effector import (
 from beam_agents.intents.effector.gate import _process_start
 from beam_agents.intents.identity import content_digest
 from beam_agents.intents.signing import Keyring, sign
-from beam_agents.kafka_bus import (
-    EffectorService,
-    TopicReader,
-    decode_dead_letter,
-    produce,
-)
 from beam_agents.ops.processes import Launched
 from beam_agents.testing.broker import fresh_topics, kafka_bootstrap, now_ms
 from beam_agents.testing.chaos import APPROVER_RING, Ledger

@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from beam_agents._protos import ActivationErrorRecord, AgentEnvelope
-from beam_agents.kafka_bus.topics import KafkaBusError
+from beam_agents.bus.topics import KafkaBusError
 from beam_agents.runtime.dead_letters import to_envelope
 
 __all__ = [

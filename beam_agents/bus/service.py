@@ -14,9 +14,9 @@ from typing import Any
 from google.protobuf.message import DecodeError
 
 from beam_agents._protos import AgentEnvelope
+from beam_agents.bus.records import Unacknowledged, retriable, send
+from beam_agents.bus.topics import KafkaBusError, Topics
 from beam_agents.intents.effector import Effector, EffectorOutput, Route
-from beam_agents.kafka_bus.records import Unacknowledged, retriable, send
-from beam_agents.kafka_bus.topics import KafkaBusError, Topics
 from beam_agents.runtime.dead_letters import to_envelope
 
 __all__ = ["EffectorService"]
@@ -152,7 +152,7 @@ class EffectorService:
         self._backoff_s = min(max(self._backoff_s * 2, 0.5), 10.0)
         detail = what if error is None else f"{what}: {error.name()}"
         print(
-            f"beam_agents.kafka_bus: retrying in {self._backoff_s:.1f} s after {detail}",
+            f"beam_agents.bus: retrying in {self._backoff_s:.1f} s after {detail}",
             file=sys.stderr,
             flush=True,
         )

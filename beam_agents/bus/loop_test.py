@@ -7,7 +7,7 @@ import apache_beam as beam
 from apache_beam.testing.util import assert_that, equal_to
 
 from beam_agents._protos import AgentEnvelope
-from beam_agents.kafka_bus.loop import _RecordValues
+from beam_agents.bus.loop import _RecordValues
 from beam_agents.runtime import COMPLETIONS, RunAgent, agent
 
 
