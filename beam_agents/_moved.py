@@ -34,6 +34,7 @@ MOVED: dict[str, str | None] = {
     "beam_agents.decoding": "beam_agents.wire.decoding",
     "beam_agents.demo": "beam_agents.ops.demo",
     "beam_agents.effector": "beam_agents.intents.effector",
+    "beam_agents.flink": "beam_agents.bus.flink",
     "beam_agents.kafka_bus": "beam_agents.bus",
     "beam_agents.llm": "beam_agents.integrations.llm",
     "beam_agents.mcp_tools": "beam_agents.integrations.mcp_tools",

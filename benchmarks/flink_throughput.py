@@ -42,7 +42,7 @@ from apache_beam.typehints import Tuple
 
 from beam_agents._protos import AgentEnvelope
 from beam_agents.bus import Topics, create_topics, produce
-from beam_agents.flink import FlinkRest
+from beam_agents.bus.flink import FlinkRest
 from beam_agents.ops.processes import Launched
 from beam_agents.testing.engines import Engines
 from beam_agents.testing.flink_loop import Loop

@@ -253,7 +253,7 @@ state.backend.type: ${BEAM_AGENTS_FLINK_STATE_BACKEND:-hashmap}
 state.backend.incremental: true
 state.checkpoints.dir: file://$run/flink-checkpoints
 execution.checkpointing.externalized-checkpoint-retention: RETAIN_ON_CANCELLATION
-# The REST API's job metrics at most 1 s old, not 10 s: beam_agents.flink.ReadWatchdog
+# The REST API's job metrics at most 1 s old, not 10 s: beam_agents.bus.flink.ReadWatchdog
 # compares them with the records arriving on the topic.
 metrics.fetcher.update-interval: 1000
 # A dead job or task manager is noticed by a missed heartbeat: 15 s, not Flink's 50 s, so the

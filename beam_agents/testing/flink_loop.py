@@ -7,7 +7,7 @@ The effector is `beam-agents effector-service` with the demo's tools, or, with
 `triage`), whose calls.log and ledger are the tools' own account of every effect.
 `close()` cancels the jobs, stops the processes and deletes the jobs' retained checkpoints.
 
-While `read` waits, a beam_agents.flink.ReadWatchdog watches the running job. A job whose
+While `read` waits, a beam_agents.bus.flink.ReadWatchdog watches the running job. A job whose
 Kafka read stalls (seen while every job's Java harness ran in one shared worker pool, not
 since each job has its own: tools/engines/RESULTS.md) is reported on stderr, in `stalls` and
 in the engines' logs/stalls.log, cancelled and restored from its latest retained checkpoint,
@@ -33,9 +33,9 @@ from pathlib import Path
 
 from beam_agents._protos import AgentEnvelope, ExecutionRecord, StateSnapshot
 from beam_agents.bus import TopicReader, Topics, create_topics, decode_dead_letter, produce
+from beam_agents.bus.flink import FlinkRest, KafkaArrivals, ReadWatchdog
 from beam_agents.errors import ReadStalledError
 from beam_agents.examples.support_triage import ticket
-from beam_agents.flink import FlinkRest, KafkaArrivals, ReadWatchdog
 from beam_agents.ops.processes import Launched
 from beam_agents.testing.chaos import Ledger
 from beam_agents.testing.engines import Engines

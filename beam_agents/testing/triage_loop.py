@@ -9,7 +9,7 @@ runner ends the job. `--state_schema 2` is the second binary of the upgrade test
 with the synthetic version-2 migration steps registered (beam_agents.testing.synthetic_v2).
 The transform names, and so the state a savepoint holds, are the same in both. `--unchained`
 turns Flink's operator chaining off, so the job's savepoints can be restored at another
-parallelism (beam_agents/flink_upgrade_test.py).
+parallelism (beam_agents/bus/flink_upgrade_test.py).
 """
 
 from __future__ import annotations

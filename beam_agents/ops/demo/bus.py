@@ -23,9 +23,9 @@ from beam_agents.bus import (
     decode_dead_letter,
     produce,
 )
+from beam_agents.bus.flink import FlinkRest, KafkaArrivals, ReadWatchdog
 from beam_agents.errors import FlinkRestError, ReadStalledError
 from beam_agents.examples.support_triage import scripted_model, triage
-from beam_agents.flink import FlinkRest, KafkaArrivals, ReadWatchdog
 from beam_agents.ops.demo.account import Account
 from beam_agents.ops.demo.parts import (
     CUSTOMER,
@@ -137,7 +137,7 @@ def run_bus_demo(
     """The demo over Kafka (the package docstring); returns 0 when the agent completed. With a
     `console_port` a person decides the approval in the console (port 0: a free one). With
     `flink_rest` (the job runs on that Flink cluster) a read that stalls ends the demo within
-    a minute, saying so (beam_agents.flink.ReadWatchdog)."""
+    a minute, saying so (beam_agents.bus.flink.ReadWatchdog)."""
     t0 = int(time.time() * 1000)
     if timeout_s is None:
         # A person gets the approval intent's lifetime (RunAgent's default TTL, one hour).

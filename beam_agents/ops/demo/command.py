@@ -25,7 +25,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--expansion_service")
     parser.add_argument("--console", action="store_true")
     parser.add_argument("--console_port", type=int, default=8080)
-    # On Flink: the cluster's REST address, for the stalled-read watchdog (beam_agents.flink).
+    # On Flink: the cluster's REST address, for the stalled-read watchdog (beam_agents.bus.flink).
     parser.add_argument("--flink_rest")
     args, pipeline_args = parser.parse_known_args(list(argv) if argv is not None else sys.argv[1:])
     options = PipelineOptions(pipeline_args)

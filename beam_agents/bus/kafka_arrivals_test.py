@@ -1,4 +1,4 @@
-"""The stalled-read watchdog's count (beam_agents.flink.KafkaArrivals) on a real broker: it
+"""The stalled-read watchdog's count (beam_agents.bus.flink.KafkaArrivals) on a real broker: it
 counts committed records only, follows a partition added, and knows nothing of a deleted topic.
 Beside flink.py, apart from flink_test.py because it needs the broker (`-m engines`)."""
 
@@ -31,7 +31,7 @@ def _first_look(arrivals) -> None:
 def test_the_watchdogs_arrivals_are_committed_records_not_markers_or_aborted_ones(bootstrap):
     from confluent_kafka import Producer
 
-    from beam_agents.flink import KafkaArrivals
+    from beam_agents.bus.flink import KafkaArrivals
 
     topics = fresh_topics(bootstrap)
     produce(bootstrap, [(topics.events, b"c-1", b"there before the first look", now_ms())])
@@ -65,7 +65,7 @@ def test_the_watchdogs_arrivals_count_a_partition_added_and_know_nothing_of_a_de
     from confluent_kafka import Producer
     from confluent_kafka.admin import AdminClient, NewPartitions
 
-    from beam_agents.flink import KafkaArrivals
+    from beam_agents.bus.flink import KafkaArrivals
 
     topics = fresh_topics(bootstrap)
     admin = AdminClient({"bootstrap.servers": bootstrap})

@@ -21,7 +21,7 @@ twice), every approval request reached the approvals topic.
 * every external event (tickets, approvals) produced twice, back to back, and once more after
   every key completed;
 * the Kafka read stalled (`engines.sh freeze-workers` stops the job's Java SDK harness that
-  runs it): beam_agents.flink.ReadWatchdog reports it within a minute, and the job restored from
+  runs it): beam_agents.bus.flink.ReadWatchdog reports it within a minute, and the job restored from
   its latest checkpoint loses and repeats nothing.
 """
 
@@ -34,8 +34,8 @@ from collections import Counter
 import pytest
 
 from beam_agents._protos import AgentEnvelope, ToolIntent
+from beam_agents.bus.flink import KafkaArrivals, ReadWatchdog
 from beam_agents.errors import ReadStalledError
-from beam_agents.flink import KafkaArrivals, ReadWatchdog
 from beam_agents.ops.demo import approve
 from beam_agents.testing.engines import Engines
 from beam_agents.testing.flink_loop import Loop

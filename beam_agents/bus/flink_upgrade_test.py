@@ -29,7 +29,7 @@ import pytest
 
 from beam_agents._protos import AgentEnvelope, ToolIntent
 from beam_agents.bus import produce
-from beam_agents.flink import KafkaArrivals
+from beam_agents.bus.flink import KafkaArrivals
 from beam_agents.ops.demo import approve
 from beam_agents.testing.engines import Engines
 from beam_agents.testing.flink_loop import Loop

@@ -10,8 +10,8 @@ import threading
 
 import pytest
 
+from beam_agents.bus.flink import FlinkRest, KafkaArrivals, ReadWatchdog
 from beam_agents.errors import FlinkRestError, ReadStalledError
-from beam_agents.flink import FlinkRest, KafkaArrivals, ReadWatchdog
 from beam_agents.testing.local_http import JSON, LocalHttpServer, Reply, Request
 
 
