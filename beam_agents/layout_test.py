@@ -1,9 +1,11 @@
-"""The package layout's rules, read from the sources: test support is a leaf that only tests
-(and other test support) import."""
+"""The package layout's rules, read from the sources: the packages are layers, each importing
+only itself and the layers below it, and test support is a leaf that only tests (and other test
+support) import."""
 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 from tools.workspace import source_root
@@ -37,6 +39,122 @@ def _imported_modules(path: Path, source: str | None = None) -> set[str]:
         elif isinstance(node, ast.Constant) and isinstance(node.value, str):
             modules.add(node.value.split(":", 1)[0])
     return modules
+
+
+#: The packages of beam_agents, bottom up. A module may import its own package and the layers
+#: below its own, never a layer above it or a package beside it in its layer: the data path
+#: (bytes, coders, migrated state, intents, the runtime's context and commit, the effector, the
+#: loop on a bus) reads upward. Tests (`*_test.py`) may import anything.
+LAYERS = (
+    ("errors", "_protos"),  # the one root error; the generated bindings
+    ("wire",),
+    ("state",),
+    ("intents",),
+    ("runtime",),
+    ("integrations", "bus"),
+    ("examples",),
+    ("ops",),
+    ("beam_agents",),  # the package root: the public API (__init__) and the moved paths (_moved)
+    ("testing",),
+)
+_RANK = {package: rank for rank, layer in enumerate(LAYERS) for package in layer}
+
+
+def _package_of(module: str) -> str:
+    """The layer package of a module of beam_agents: its first component below beam_agents,
+    or "beam_agents" for the package root's own modules other than errors and the bindings."""
+    parts = module.split(".")
+    if len(parts) == 1 or (parts[1] not in ("errors", "_protos") and _is_root_module(parts[1])):
+        return "beam_agents"
+    return parts[1]
+
+
+def _is_root_module(name: str) -> bool:
+    return (PACKAGE / f"{name}.py").is_file()
+
+
+def _exists(module: str) -> bool:
+    path = ROOT.joinpath(*module.split("."))
+    return path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()
+
+
+def _imports_of(path: Path, source: str | None = None) -> list[tuple[int, str]]:
+    """(line, module) for every module of beam_agents a file imports, at any depth, relative
+    imports resolved; a string counts when it names an existing module (a `module:attribute`
+    loader, importlib.import_module, a lazy-attribute table), not when it merely starts with
+    the package's name (metric namespaces, trace attributes, tool names)."""
+    tree = ast.parse(path.read_text() if source is None else source, filename=str(path))
+    package = _module_of(path).rsplit(".", 1)[0]
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parent = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+                base = f"{parent}.{base}" if base else parent
+            names = [
+                f"{base}.{a.name}" if _exists(f"{base}.{a.name}") else base for a in node.names
+            ]
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+            name = node.value.split(":", 1)[0]
+            names = [name] if re.fullmatch(r"beam_agents(\.\w+)+", name) and _exists(name) else []
+        else:
+            continue
+        found += [(node.lineno, n) for n in names if n.split(".")[0] == "beam_agents"]
+    return found
+
+
+def _layer_violations(path: Path, source: str | None = None) -> list[str]:
+    own = _package_of(_module_of(path))
+    return [
+        f"{path.relative_to(ROOT)}:{line}: {own} imports {module}, in layer "
+        f"{_RANK[_package_of(module)]} ({_package_of(module)}); {own} is in layer {_RANK[own]}"
+        for line, module in _imports_of(path, source)
+        if _package_of(module) != own and _RANK[_package_of(module)] >= _RANK[own]
+    ]
+
+
+def _product_modules() -> list[Path]:
+    return [path for path in PACKAGE.rglob("*.py") if not path.name.endswith("_test.py")]
+
+
+def test_every_package_is_in_a_layer():
+    packages = {_package_of(_module_of(path)) for path in _product_modules()}
+    assert packages == set(_RANK)
+
+
+def test_every_package_says_what_it_owns_and_what_it_may_import():
+    for package in set(_RANK) - {"errors", "_protos", "beam_agents"}:
+        docstring = ast.get_docstring(ast.parse((PACKAGE / package / "__init__.py").read_text()))
+        assert docstring and "may import" in docstring, f"beam_agents/{package}/__init__.py"
+
+
+def test_a_layer_violation_names_the_file_the_line_and_the_import():
+    state = PACKAGE / "state" / "memory.py"
+    upward = "import beam_agents.wire.fields\n\ndef f():\n    from beam_agents.runtime import X"
+    assert _layer_violations(state, upward) == [
+        "beam_agents/state/memory.py:4: state imports beam_agents.runtime, in layer 4 (runtime); "
+        "state is in layer 2"
+    ]
+    beside = "load('beam_agents.integrations.telemetry:to_spans')"
+    assert _layer_violations(PACKAGE / "bus" / "loop.py", beside) == [
+        "beam_agents/bus/loop.py:1: bus imports beam_agents.integrations.telemetry, in layer 5 "
+        "(integrations); bus is in layer 5"
+    ]
+    api = "from beam_agents import RunAgent, errors, _protos"
+    assert _layer_violations(PACKAGE / "wire" / "fields.py", api) == [
+        "beam_agents/wire/fields.py:1: wire imports beam_agents, in layer 8 (beam_agents); "
+        "wire is in layer 1"
+    ]
+    not_modules = "COUNTER = 'beam_agents.effector'\nTOOL = 'beam_agents.budget'"
+    assert _layer_violations(PACKAGE / "wire" / "fields.py", not_modules) == []
+
+
+def test_each_package_imports_only_itself_and_the_layers_below_it():
+    violations = [v for path in sorted(_product_modules()) for v in _layer_violations(path)]
+    assert violations == [], "\n".join(violations)
 
 
 def _names_testing(modules: set[str]) -> bool:
