@@ -13,6 +13,9 @@ each comes from the module that owns it. Integrations that need an optional extr
 their own modules: `beam_agents.integrations.llm.openai_chat`, `.anthropic_messages` and `.gemini`
 (LLM clients), `beam_agents.integrations.langgraph`, `beam_agents.integrations.telemetry`,
 `beam_agents.integrations.mcp_tools` and `beam_agents.ops.console`.
+
+The package root is the top of the layers below it (README, "Layout"); importing it installs the
+finder of the module paths the packages had before they were cut by concept (`_moved`).
 """
 
 from __future__ import annotations

@@ -11,6 +11,7 @@ import warnings
 import pytest
 
 from beam_agents._moved import MOVED, new_path
+from beam_agents.ops.loading import load_object
 from tools.workspace import source_root
 
 
@@ -68,6 +69,14 @@ def test_a_pickle_naming_a_class_at_its_old_path_loads_the_class_at_its_new_path
     with pytest.warns(DeprecationWarning):
         loaded = pickle.loads(b"cbeam_agents.effector.spec\nToolSpec\n.")
     assert loaded is importlib.import_module("beam_agents.intents.effector.spec").ToolSpec
+
+
+def test_an_object_named_module_colon_name_at_its_old_path_loads(monkeypatch):
+    """A service still started with `--keyring beam_agents.demo:demo_keyring` after an upgrade."""
+    _forget(monkeypatch, "beam_agents.demo")
+    with pytest.warns(DeprecationWarning, match="beam_agents.demo is now beam_agents.ops.demo"):
+        loaded = load_object("beam_agents.demo:demo_keyring")
+    assert loaded is importlib.import_module("beam_agents.ops.demo").demo_keyring
 
 
 def test_paths_that_did_not_move_are_left_alone():
