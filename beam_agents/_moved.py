@@ -1,11 +1,12 @@
 """The old module paths of beam_agents, importable after its packages were cut by concept.
 
 A user's `import beam_agents.kafka_bus`, a service started with `--tools
-beam_agents.demo:demo_keyring`, or a pickle naming a class at an old path still finds it: a
-finder first on `sys.meta_path` answers each path in `MOVED`, and every module under it, with
-the module at its new path (the same object, so classes stay identical), warning with a
-DeprecationWarning that names the new path. A package that was split has no new home; its old
-modules each have theirs (`None` in the table), and importing it gives an empty package.
+beam_agents.demo:demo_keyring` or as `python -m beam_agents.cli`, or a pickle naming a class at
+an old path still finds it: a finder first on `sys.meta_path` answers each path in `MOVED`, and
+every module under it, with the module at its new path (the same object, so classes stay
+identical), warning with a DeprecationWarning that names the new path. A package that was split
+has no new home; its old modules each have theirs (`None` in the table), and importing it gives
+an empty package.
 
 Only paths users were told of are here; the README names the new ones.
 """
@@ -74,17 +75,16 @@ class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         if own is None:
             return None
         is_package = own.submodule_search_locations is not None
-        return importlib.machinery.ModuleSpec(fullname, self, is_package=is_package)
+        # The origin is the new module's file: runpy gives it to `python -m OLD` as sys.argv[0].
+        return importlib.machinery.ModuleSpec(
+            fullname, self, origin=own.origin, is_package=is_package
+        )
 
     def create_module(self, spec):
         new = new_path(spec.name)
         if new is None:  # a split package: only its moved modules import
             return types.ModuleType(spec.name, f"{spec.name} was split; see beam_agents._moved")
-        warnings.warn(
-            f"{spec.name} is now {new}; import it from there",
-            DeprecationWarning,
-            stacklevel=2,  # the importer (warnings skips the import machinery's frames)
-        )
+        _warn(spec.name, new, "import it from there")
         module = importlib.import_module(new)
         self._own_specs[spec.name] = module.__spec__
         return module
@@ -94,6 +94,17 @@ class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         own = self._own_specs.pop(module.__spec__.name, None)
         if own is not None:
             module.__spec__ = own
+
+    def get_code(self, fullname):
+        """The new module's code, for `python -m OLD` (runpy runs it as __main__)."""
+        new = new_path(fullname)
+        _warn(fullname, new, f"run python -m {new.removesuffix('.__main__')}")
+        return importlib.util.find_spec(new).loader.get_code(new)
+
+
+def _warn(old: str, new: str, advice: str) -> None:
+    # stacklevel 3: the importer (warnings skips the import machinery's frames).
+    warnings.warn(f"{old} is now {new}; {advice}", DeprecationWarning, stacklevel=3)
 
 
 _FINDER = _Finder()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib
 import pickle
+import subprocess
 import sys
 import warnings
 
@@ -77,6 +78,20 @@ def test_an_object_named_module_colon_name_at_its_old_path_loads(monkeypatch):
     with pytest.warns(DeprecationWarning, match="beam_agents.demo is now beam_agents.ops.demo"):
         loaded = load_object("beam_agents.demo:demo_keyring")
     assert loaded is importlib.import_module("beam_agents.ops.demo").demo_keyring
+
+
+def test_python_dash_m_runs_the_module_at_its_new_path():
+    result = subprocess.run(
+        [sys.executable, "-W", "default", "-m", "beam_agents.cli", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "update-check" in result.stdout
+    assert "beam_agents.cli is now beam_agents.ops.cli; run python -m beam_agents.ops.cli" in (
+        result.stderr
+    )
 
 
 def test_paths_that_did_not_move_are_left_alone():
