@@ -25,6 +25,7 @@ import warnings
 MOVED: dict[str, str | None] = {
     "beam_agents.adapters": None,
     "beam_agents.adapters.langgraph": "beam_agents.integrations.langgraph",
+    "beam_agents.beam_support": "beam_agents.wire.beam_support",
     "beam_agents.cli": "beam_agents.ops.cli",
     "beam_agents.console": "beam_agents.ops.console",
     "beam_agents.core": None,
@@ -38,10 +39,15 @@ MOVED: dict[str, str | None] = {
     "beam_agents.flink": "beam_agents.bus.flink",
     "beam_agents.kafka_bus": "beam_agents.bus",
     "beam_agents.llm": "beam_agents.integrations.llm",
+    "beam_agents.loading": "beam_agents.ops.loading",
     "beam_agents.mcp_tools": "beam_agents.integrations.mcp_tools",
     "beam_agents.preflight": "beam_agents.ops.preflight",
     "beam_agents.processes": "beam_agents.ops.processes",
+    "beam_agents.replay": "beam_agents.ops.replay",
     "beam_agents.rounds": "beam_agents.ops.rounds",
+    # Pickled Memory and ReplayCache objects name it.
+    "beam_agents.runtime.memory": "beam_agents.state.memory",
+    "beam_agents.state_manifest": "beam_agents.ops.state_manifest",
     "beam_agents.telemetry": "beam_agents.integrations.telemetry",
     "beam_agents.update_check": "beam_agents.ops.update_check",
 }

@@ -15,6 +15,114 @@ from beam_agents._moved import MOVED, new_path
 from beam_agents.ops.loading import load_object
 from tools.workspace import source_root
 
+#: Every module of beam_agents at 260e133, the last commit before the package was cut by concept
+#: (`git ls-tree -r --name-only 260e133 beam_agents`, tests left out): users may name any of them.
+BASE_MODULES = (
+    "beam_agents",
+    "beam_agents._protos",
+    "beam_agents._protos.beam_agents_pb2",
+    "beam_agents.adapters",
+    "beam_agents.adapters.langgraph",
+    "beam_agents.beam_support",
+    "beam_agents.cli",
+    "beam_agents.console",
+    "beam_agents.console.app",
+    "beam_agents.console.auth",
+    "beam_agents.console.bus",
+    "beam_agents.console.config",
+    "beam_agents.console.db",
+    "beam_agents.console.inbox",
+    "beam_agents.console.observed",
+    "beam_agents.console.service",
+    "beam_agents.console.timeline",
+    "beam_agents.core",
+    "beam_agents.core.intent",
+    "beam_agents.core.migration",
+    "beam_agents.core.signing",
+    "beam_agents.core.wire",
+    "beam_agents.decoding",
+    "beam_agents.demo",
+    "beam_agents.demo.__main__",
+    "beam_agents.demo.account",
+    "beam_agents.demo.bus",
+    "beam_agents.demo.command",
+    "beam_agents.demo.local",
+    "beam_agents.demo.parts",
+    "beam_agents.effector",
+    "beam_agents.effector.gate",
+    "beam_agents.effector.spec",
+    "beam_agents.effector.stores",
+    "beam_agents.effector.transform",
+    "beam_agents.errors",
+    "beam_agents.examples",
+    "beam_agents.examples.support_triage",
+    "beam_agents.flink",
+    "beam_agents.kafka_bus",
+    "beam_agents.kafka_bus.loop",
+    "beam_agents.kafka_bus.records",
+    "beam_agents.kafka_bus.service",
+    "beam_agents.kafka_bus.topics",
+    "beam_agents.llm",
+    "beam_agents.llm.anthropic_messages",
+    "beam_agents.llm.gemini",
+    "beam_agents.llm.openai_chat",
+    "beam_agents.llm.resilience",
+    "beam_agents.loading",
+    "beam_agents.mcp_tools",
+    "beam_agents.preflight",
+    "beam_agents.processes",
+    "beam_agents.replay",
+    "beam_agents.rounds",
+    "beam_agents.runtime",
+    "beam_agents.runtime.budget",
+    "beam_agents.runtime.config",
+    "beam_agents.runtime.context",
+    "beam_agents.runtime.dead_letters",
+    "beam_agents.runtime.function_agent",
+    "beam_agents.runtime.machine",
+    "beam_agents.runtime.machine_activations",
+    "beam_agents.runtime.machine_answers",
+    "beam_agents.runtime.machine_budgets",
+    "beam_agents.runtime.machine_deadlines",
+    "beam_agents.runtime.machine_events",
+    "beam_agents.runtime.machine_state",
+    "beam_agents.runtime.memory",
+    "beam_agents.runtime.react",
+    "beam_agents.runtime.run_agent",
+    "beam_agents.runtime.tool_calling",
+    "beam_agents.runtime.trace_ids",
+    "beam_agents.state_manifest",
+    "beam_agents.telemetry",
+    "beam_agents.testing",
+    "beam_agents.testing.broker",
+    "beam_agents.testing.chaos",
+    "beam_agents.testing.console",
+    "beam_agents.testing.console_loop",
+    "beam_agents.testing.effectors",
+    "beam_agents.testing.engines",
+    "beam_agents.testing.flink_loop",
+    "beam_agents.testing.llm_servers",
+    "beam_agents.testing.local_http",
+    "beam_agents.testing.machine_harness",
+    "beam_agents.testing.mcp_servers",
+    "beam_agents.testing.probe",
+    "beam_agents.testing.samples",
+    "beam_agents.testing.schema_variants",
+    "beam_agents.testing.simulation",
+    "beam_agents.testing.simulation_agents",
+    "beam_agents.testing.simulation_checks",
+    "beam_agents.testing.simulation_state",
+    "beam_agents.testing.simulation_world",
+    "beam_agents.testing.synthetic_v2",
+    "beam_agents.testing.triage_loop",
+    "beam_agents.update_check",
+)
+
+
+def _in_source_tree(module: str) -> bool:
+    path = source_root().joinpath(*module.split("."))
+    return path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()
+
 
 def _forget(monkeypatch, old: str) -> None:
     """Makes the next import of `old` (and of the modules under it) go through the finder."""
@@ -101,3 +209,38 @@ def test_paths_that_did_not_move_are_left_alone():
         warnings.simplefilter("error")
         with pytest.raises(ModuleNotFoundError):
             importlib.import_module("beam_agents.never_was")
+
+
+def test_every_module_of_the_layout_before_still_exists_or_has_moved():
+    lost = []
+    for old in BASE_MODULES:
+        new = new_path(old)
+        if new is None and old not in MOVED and not _in_source_tree(old):
+            lost.append(f"{old}: gone, and not in MOVED")
+        elif new is not None and not _in_source_tree(new):
+            lost.append(f"{old}: moved to {new}, which is not there")
+    assert lost == []
+
+
+def test_a_pickled_memory_naming_its_old_module_loads(monkeypatch):
+    """Memory and ReplayCache lived in beam_agents.runtime.memory; a pickle made there loads."""
+    from beam_agents.state.memory import Memory, ReplayCache
+
+    memory = Memory(budget_bytes=64)
+    memory.put("k", b"v")
+    old = pickle.dumps(memory, protocol=0).replace(
+        b"beam_agents.state.memory\n", b"beam_agents.runtime.memory\n"
+    )
+    assert b"beam_agents.runtime.memory\nMemory\n" in old
+    _forget(monkeypatch, "beam_agents.runtime.memory")
+    with pytest.warns(DeprecationWarning, match="beam_agents.runtime.memory is now"):
+        loaded = pickle.loads(old)
+    assert type(loaded) is Memory and loaded.get("k") == b"v"
+    assert pickle.loads(b"cbeam_agents.runtime.memory\nReplayCache\n.") is ReplayCache
+
+
+def test_the_runtime_still_exports_memory_and_the_replay_cache():
+    import beam_agents.runtime as runtime
+    from beam_agents.state.memory import Memory, ReplayCache
+
+    assert (runtime.Memory, runtime.ReplayCache) == (Memory, ReplayCache)

@@ -92,6 +92,9 @@ from beam_agents.runtime.run_agent import (
 )
 from beam_agents.runtime.tool_calling import ToolCall, ToolDefinition
 
+# Exported here before the state package owned them.
+from beam_agents.state.memory import Memory, ReplayCache
+
 __all__ = [
     "APPROVAL_TOOL",
     "COMPLETIONS",
@@ -110,9 +113,11 @@ __all__ = [
     "LlmClient",
     "LlmRequest",
     "LlmResponse",
+    "Memory",
     "OnBudget",
     "Price",
     "RefusingLlmClient",
+    "ReplayCache",
     "RunAgent",
     "RuntimeConfig",
     "ScriptedLlmClient",
