@@ -1,4 +1,5 @@
-"""Every py_test imports with only its declared deps on the path, as under Bazel.
+"""Every py_test, and every py_library's sources, import with only the declared deps on the
+path, as under Bazel.
 
 The broken forms are put back into a copy of the source tree: a test whose @pypi dep is gone,
 one whose workspace library is gone, and bump_drill_test without the packages its
@@ -17,7 +18,7 @@ from tools.import_coverage import check, pypi_closure, runfiles
 from tools.workspace import source_root
 
 
-def test_every_py_test_of_the_repository_imports_with_only_its_deps():
+def test_every_py_test_and_py_library_of_the_repository_imports_with_only_its_deps():
     problems = check(load_workspace(source_root()))
     assert problems == [], "\n".join(problems)
 
@@ -65,6 +66,16 @@ def test_a_missing_workspace_library_is_reported(tree):
     assert problem.startswith(
         "tools/BUILD.bazel check_breaking_test: importing tools/check_breaking_test.py with only "
         "its deps: ImportError: cannot import name 'check_breaking' from 'tools'"
+    )
+
+
+def test_a_library_missing_a_workspace_dep_is_reported(tree):
+    """Its tests may bring the dep, but a binary built on the library alone would not."""
+    _drop_dep(tree / "beam_agents/ops/BUILD.bazel", "replay", ":ops")
+    (problem,) = check(load_workspace(tree), ["replay"])
+    assert problem == (
+        "beam_agents/ops/BUILD.bazel replay: importing beam_agents/ops/replay.py with only its "
+        "deps: ModuleNotFoundError: No module named 'beam_agents.ops.preflight'"
     )
 
 
