@@ -17,6 +17,7 @@ import importlib
 import importlib.abc
 import importlib.machinery
 import importlib.util
+import os
 import sys
 import types
 import warnings
@@ -108,9 +109,27 @@ class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         return importlib.util.find_spec(new).loader.get_code(new)
 
 
+_MACHINERY = (__file__, os.path.dirname(importlib.__file__) + os.sep)
+
+
 def _warn(old: str, new: str, advice: str) -> None:
-    # stacklevel 3: the importer (warnings skips the import machinery's frames).
-    warnings.warn(f"{old} is now {new}; {advice}", DeprecationWarning, stacklevel=3)
+    """Warns at the first frame outside this finder and the import system: the `import`
+    statement, or whoever called importlib.import_module. warnings.warn skips only the frozen
+    bootstrap's frames, so a stacklevel would land in importlib/__init__.py, where the default
+    filters (a DeprecationWarning shows where __main__ caused it) hide it."""
+    frame = sys._getframe(1)
+    while frame.f_back is not None and (
+        frame.f_code.co_filename.startswith(("<frozen ", *_MACHINERY))
+    ):
+        frame = frame.f_back
+    warnings.warn_explicit(
+        f"{old} is now {new}; {advice}",
+        DeprecationWarning,
+        frame.f_code.co_filename,
+        frame.f_lineno,
+        module=frame.f_globals.get("__name__", "<string>"),
+        registry=frame.f_globals.setdefault("__warningregistry__", {}),
+    )
 
 
 _FINDER = _Finder()

@@ -4,6 +4,7 @@ names the new path; nothing else is redirected."""
 from __future__ import annotations
 
 import importlib
+import os
 import pickle
 import subprocess
 import sys
@@ -147,6 +148,33 @@ def test_the_warning_points_at_the_import_statement(monkeypatch):
     with pytest.warns(DeprecationWarning) as caught:
         exec(f"import {old}", {"__name__": "users_job"})
     assert caught[0].filename == "<string>"
+
+
+def test_a_warning_for_a_module_imported_by_name_points_at_who_named_it(monkeypatch):
+    """Not at importlib's frames, or the default filters (which show a DeprecationWarning only
+    where __main__ caused it) would hide it from the script that asked for the old path."""
+    from beam_agents.ops import loading
+
+    _forget(monkeypatch, "beam_agents.demo")
+    _forget(monkeypatch, "beam_agents.flink")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("default")
+        load_object("beam_agents.demo:demo_keyring")
+        importlib.import_module("beam_agents.flink")
+    assert [(w.category, w.filename) for w in caught] == [
+        (DeprecationWarning, loading.__file__),
+        (DeprecationWarning, __file__),
+    ]
+
+
+def test_the_default_filters_show_a_scripts_import_by_name_of_an_old_path():
+    script = "import importlib\nimportlib.import_module('beam_agents.decoding')"
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONWARNINGS"}
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, env=env
+    )
+    assert result.returncode == 0, result.stderr
+    assert "<string>:2: DeprecationWarning: beam_agents.decoding is now" in result.stderr
 
 
 def test_the_old_paths_are_gone_from_the_source_tree():
