@@ -8,6 +8,7 @@ import ast
 import re
 from pathlib import Path
 
+from beam_agents._moved import MOVED, new_path
 from tools.workspace import source_root
 
 ROOT = source_root()
@@ -56,6 +57,12 @@ def _exists(module: str) -> bool:
     return path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()
 
 
+def _names_module(name: str) -> bool:
+    """Whether `name` is a module, here or at an old path (`from beam_agents import flink`)."""
+    new = new_path(name)
+    return _exists(name) or (name in MOVED and new is None) or (new is not None and _exists(new))
+
+
 def _imports_of(path: Path, source: str | None = None) -> list[tuple[int, str]]:
     """(line, module) for every module of beam_agents a file imports, at any depth, relative
     imports resolved; a string counts when it names an existing module (a `module:attribute`
@@ -73,7 +80,8 @@ def _imports_of(path: Path, source: str | None = None) -> list[tuple[int, str]]:
                 parent = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
                 base = f"{parent}.{base}" if base else parent
             names = [
-                f"{base}.{a.name}" if _exists(f"{base}.{a.name}") else base for a in node.names
+                f"{base}.{a.name}" if _names_module(f"{base}.{a.name}") else base
+                for a in node.names
             ]
         elif isinstance(node, ast.Constant) and isinstance(node.value, str):
             name = node.value.split(":", 1)[0]
@@ -86,12 +94,19 @@ def _imports_of(path: Path, source: str | None = None) -> list[tuple[int, str]]:
 
 def _layer_violations(path: Path, source: str | None = None) -> list[str]:
     own = _package_of(_module_of(path))
-    return [
-        f"{path.relative_to(ROOT)}:{line}: {own} imports {module}, in layer "
-        f"{_RANK[_package_of(module)]} ({_package_of(module)}); {own} is in layer {_RANK[own]}"
-        for line, module in _imports_of(path, source)
-        if _package_of(module) != own and _RANK[_package_of(module)] >= _RANK[own]
-    ]
+    found = []
+    for line, module in _imports_of(path, source):
+        where = f"{path.relative_to(ROOT)}:{line}: {own} imports"
+        new = new_path(module)
+        if new is not None or module in MOVED:
+            advice = f"import {new}" if new else "it was split; import its modules' new paths"
+            found.append(f"{where} the moved path {module}; {advice}")
+        elif _package_of(module) != own and _RANK[_package_of(module)] >= _RANK[own]:
+            found.append(
+                f"{where} {module}, in layer {_RANK[_package_of(module)]} "
+                f"({_package_of(module)}); {own} is in layer {_RANK[own]}"
+            )
+    return found
 
 
 def _product_modules() -> list[Path]:
@@ -104,9 +119,19 @@ def test_every_package_is_in_a_layer():
 
 
 def test_every_package_says_what_it_owns_and_what_it_may_import():
-    for package in set(_RANK) - {"errors", "_protos", "beam_agents"}:
-        docstring = ast.get_docstring(ast.parse((PACKAGE / package / "__init__.py").read_text()))
-        assert docstring and "may import" in docstring, f"beam_agents/{package}/__init__.py"
+    """Subpackages too: each is a unit a reader meets on its own."""
+    inits = [
+        p for p in PACKAGE.rglob("__init__.py") if p.parent not in (PACKAGE, PACKAGE / "_protos")
+    ]
+    assert {"integrations/llm", "ops/console", "ops/demo", "intents/effector"} <= {
+        str(init.parent.relative_to(PACKAGE)) for init in inits
+    }
+    missing = [
+        str(init.relative_to(ROOT))
+        for init in sorted(inits)
+        if "may import" not in (ast.get_docstring(ast.parse(init.read_text())) or "")
+    ]
+    assert missing == []
 
 
 def test_a_layer_violation_names_the_file_the_line_and_the_import():
@@ -128,6 +153,26 @@ def test_a_layer_violation_names_the_file_the_line_and_the_import():
     ]
     not_modules = "COUNTER = 'beam_agents.effector'\nTOOL = 'beam_agents.budget'"
     assert _layer_violations(PACKAGE / "wire" / "fields.py", not_modules) == []
+
+
+def test_an_import_of_a_moved_path_names_the_new_one():
+    bus = PACKAGE / "ops" / "rounds.py"
+    old = (
+        "import beam_agents.kafka_bus\n"
+        "from beam_agents.kafka_bus.loop import AgentLoop\n"
+        "from beam_agents import flink\n"
+        "from beam_agents.core import signing"
+    )
+    assert _layer_violations(bus, old) == [
+        "beam_agents/ops/rounds.py:1: ops imports the moved path beam_agents.kafka_bus; "
+        "import beam_agents.bus",
+        "beam_agents/ops/rounds.py:2: ops imports the moved path beam_agents.kafka_bus.loop; "
+        "import beam_agents.bus.loop",
+        "beam_agents/ops/rounds.py:3: ops imports the moved path beam_agents.flink; "
+        "import beam_agents.bus.flink",
+        "beam_agents/ops/rounds.py:4: ops imports the moved path beam_agents.core.signing; "
+        "import beam_agents.intents.signing",
+    ]
 
 
 def test_each_package_imports_only_itself_and_the_layers_below_it():

@@ -58,9 +58,10 @@ The package, in the order an intent meets it: `spec` (what a caller gives the ef
 back: tools and their `ToolSpec`, `VerifyMode`, `Route`, `EffectorOutput`, the output tags and
 dead-letter reasons), `stores` (`ExecutionStore` and `SqliteExecutionStore`), `gate` (steps 1 to
 6 over any store, and `Effector`) and `transform` (`ExecuteIntents`, the gate over Beam keyed
-state). It imports the wire bindings, the intents' `identity` and `signing` and
-`beam_agents.wire.beam_support`; nothing of the runtime. The names below are the documented
-`beam_agents.intents.effector` API, re-exported from the modules that own them.
+state). It may import the intents' `identity` and `signing` and the layers below the intents
+(it uses `beam_agents.wire`, among it `beam_support`, `beam_agents.errors` and the bindings);
+nothing of the runtime (`beam_agents/layout_test.py` enforces it). The names below are the
+documented `beam_agents.intents.effector` API, re-exported from the modules that own them.
 """
 
 from __future__ import annotations

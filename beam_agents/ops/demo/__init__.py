@@ -27,6 +27,11 @@ the agent verifies answers with. The demo prints its URL and the one demo user's
 fixed, public demo credential, hashed with argon2 when the console starts) and waits, up to
 the intent's hour, for the decision to come back on the events topic.
 
+It may import what the operator tools may, every layer below them (the example agent, the bus,
+the runtime, the intents and their effector, state, wire, errors and the bindings) and the other
+operator tools it drives (`cli`, `console`, `processes`, `rounds`); `beam_agents/layout_test.py`
+enforces it.
+
 The package: `parts` (the demo's customer, ticket, keys, the scripted approver's answer and the
 agent's RunAgent), `account` (what it prints), `local` (the rounds on local pipelines), `bus`
 (the loop on Kafka, the effector and console as processes) and `command` (the command line;
