@@ -8,18 +8,23 @@ The public API is what `__all__` lists, imported from here:
 
     from beam_agents import RunAgent, agent, ExecuteIntents, Effector, AgentEnvelope
 
-Names resolve on first use (PEP 562), so importing the package stays cheap for the command
-line; each comes from the module that owns it. Integrations that need an optional extra are
-imported from their own modules: `beam_agents.llm.openai_chat`, `.anthropic_messages` and
-`.gemini` (LLM clients), `beam_agents.adapters.langgraph`, `beam_agents.telemetry`,
-`beam_agents.mcp_tools` and `beam_agents.console`.
+Names resolve on first use (PEP 562), so importing the package stays cheap for the command line;
+each comes from the module that owns it. Integrations that need an optional extra are imported from
+their own modules: `beam_agents.integrations.llm.openai_chat`, `.anthropic_messages` and `.gemini`
+(LLM clients), `beam_agents.integrations.langgraph`, `beam_agents.integrations.telemetry`,
+`beam_agents.integrations.mcp_tools` and `beam_agents.ops.console`.
+
+The package root is the top of the layers below it (README, "Layout"); importing it installs the
+finder of the module paths the packages had before they were cut by concept (`_moved`).
 """
 
 from __future__ import annotations
 
 import importlib
 
-from beam_agents import _protos
+from beam_agents import _moved, _protos
+
+_moved.install()
 
 #: Each public name and the module that owns it.
 _OWNERS = {
@@ -42,11 +47,9 @@ _OWNERS = {
             "LlmClient",
             "LlmRequest",
             "LlmResponse",
-            "Memory",
             "OnBudget",
             "Price",
             "RefusingLlmClient",
-            "ReplayCache",
             "RunAgent",
             "RuntimeConfig",
             "ScriptedLlmClient",
@@ -66,10 +69,11 @@ _OWNERS = {
             "ToolSpec",
             "VerifyMode",
         ),
-        "beam_agents.effector",
+        "beam_agents.intents.effector",
     ),
-    **dict.fromkeys(("Keyring", "sign", "verify"), "beam_agents.core.signing"),
-    **dict.fromkeys(("AgentLoop", "EffectorService", "Topics"), "beam_agents.kafka_bus"),
+    **dict.fromkeys(("Memory", "ReplayCache"), "beam_agents.state"),
+    **dict.fromkeys(("Keyring", "sign", "verify"), "beam_agents.intents.signing"),
+    **dict.fromkeys(("AgentLoop", "EffectorService", "Topics"), "beam_agents.bus"),
     "BeamAgentsError": "beam_agents.errors",
 }
 

@@ -228,12 +228,12 @@ class TurnLimitError(BeamAgentsError):
 
 
 class FlinkRestError(BeamAgentsError):
-    """Raised by beam_agents.flink.FlinkRest when Flink's REST API does not answer, answers
+    """Raised by beam_agents.bus.flink.FlinkRest when Flink's REST API does not answer, answers
     with an HTTP error (a job it does not know: 404), or with bytes that are not JSON."""
 
 
 class ReadStalledError(BeamAgentsError):
-    """Raised by beam_agents.flink.ReadWatchdog when records wait unread on the loop's topic
+    """Raised by beam_agents.bus.flink.ReadWatchdog when records wait unread on the loop's topic
     and the job moved none for its stall limit while every task ran: a stalled read, not a
     quiet topic."""
 

@@ -7,8 +7,8 @@ import re
 import subprocess
 import sys
 
-from beam_agents import effector
-from beam_agents.core.signing import Verification
+from beam_agents.intents import effector
+from beam_agents.intents.signing import Verification
 from beam_agents.runtime.dead_letters import REASONS
 from tools.workspace import data_root
 
@@ -55,13 +55,13 @@ def test_the_effector_dead_letter_table_lists_every_reason():
 #: The modules a README snippet may import from: the package's API, and the integrations that
 #: need an optional extra.
 _EXTRAS = (
-    "beam_agents.adapters.langgraph",
-    "beam_agents.console",
-    "beam_agents.llm.anthropic_messages",
-    "beam_agents.llm.gemini",
-    "beam_agents.llm.openai_chat",
-    "beam_agents.mcp_tools",
-    "beam_agents.telemetry",
+    "beam_agents.ops.console",
+    "beam_agents.integrations.langgraph",
+    "beam_agents.integrations.llm.anthropic_messages",
+    "beam_agents.integrations.llm.gemini",
+    "beam_agents.integrations.llm.openai_chat",
+    "beam_agents.integrations.mcp_tools",
+    "beam_agents.integrations.telemetry",
 )
 
 

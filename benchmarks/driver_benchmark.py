@@ -42,11 +42,11 @@ from beam_agents._protos import (
     ToolIntent,
     ToolResult,
 )
-from beam_agents.core.intent import content_digest
-from beam_agents.core.migration import CURRENT_STATE_SCHEMA_VERSION
+from beam_agents.intents.identity import content_digest
 from beam_agents.runtime import RuntimeConfig, ScriptedLlmClient, agent
 from beam_agents.runtime.machine import KeyMachine
 from beam_agents.runtime.run_agent import _read, _write
+from beam_agents.state.migration import CURRENT_STATE_SCHEMA_VERSION
 
 KEY = b"bench"
 T0 = 1_764_460_800_000

@@ -41,12 +41,12 @@ from apache_beam.transforms.userstate import ReadModifyWriteStateSpec
 from apache_beam.typehints import Tuple
 
 from beam_agents._protos import AgentEnvelope
-from beam_agents.beam_support import typed
-from beam_agents.flink import FlinkRest
-from beam_agents.kafka_bus import Topics, create_topics, produce
-from beam_agents.processes import Launched
+from beam_agents.bus import Topics, create_topics, produce
+from beam_agents.bus.flink import FlinkRest
+from beam_agents.ops.processes import Launched
 from beam_agents.testing.engines import Engines
 from beam_agents.testing.flink_loop import Loop
+from beam_agents.wire.beam_support import typed
 
 GOAL = 0.7
 #: Beam's own hint: the Kafka transforms need a KvCoder across the language boundary.

@@ -26,13 +26,13 @@ import time
 from apache_beam.coders.coders import DeterministicProtoCoder
 
 from beam_agents._protos import Continuation, LlmCacheBlob, MemoryBlob
-from beam_agents.core.migration import (
+from beam_agents.runtime.config import RuntimeConfig
+from beam_agents.runtime.machine import KeyMachine, KeyState
+from beam_agents.state.migration import (
     CURRENT_STATE_SCHEMA_VERSION,
     migrate_to_current,
     new_state_blob,
 )
-from beam_agents.runtime.config import RuntimeConfig
-from beam_agents.runtime.machine import KeyMachine, KeyState
 
 #: How far above the floor the read path may be.
 GOAL = 0.03

@@ -32,8 +32,9 @@ from apache_beam.transforms.userstate import (
 from apache_beam.utils.timestamp import Timestamp
 
 from beam_agents._protos import AgentEnvelope, LlmCacheBlob, MemoryBlob
-from beam_agents.runtime import Memory, ReplayCache, RunAgent, agent
+from beam_agents.runtime import RunAgent, agent
 from beam_agents.runtime.run_agent import _AgentDoFn
+from beam_agents.state import Memory, ReplayCache
 
 ACTIVATION_GOAL = 1.3
 T0 = 1_764_460_800_000

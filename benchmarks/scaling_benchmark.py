@@ -28,7 +28,7 @@ import matplotlib.pyplot as plt
 from driver_benchmark import _CODERS, T0, _event, _Key, _machine, remember
 
 from beam_agents._protos import MemoryBlob
-from beam_agents.core.migration import CURRENT_STATE_SCHEMA_VERSION
+from beam_agents.state.migration import CURRENT_STATE_SCHEMA_VERSION
 
 KEYS = (10, 1_000, 100_000)
 KIB = (1, 64, 1_024)

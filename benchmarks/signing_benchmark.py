@@ -24,7 +24,7 @@ import statistics
 import time
 
 from beam_agents._protos import ToolIntent
-from beam_agents.core.signing import Keyring, Verification, sign, verify
+from beam_agents.intents.signing import Keyring, Verification, sign, verify
 from beam_agents.testing.samples import intent
 
 GOAL = 1.2

@@ -38,11 +38,11 @@ import sys
 import apache_beam as beam
 from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
 
-from beam_agents.core.wire import split_delimited
 from beam_agents.examples.support_triage import scripted_model, triage
+from beam_agents.ops.update_check import write_graph
 from beam_agents.runtime import COMPLETIONS, ERRORS, INTENTS, SNAPSHOTS, TRACES, RunAgent
 from beam_agents.runtime.dead_letters import to_envelope
-from beam_agents.update_check import write_graph
+from beam_agents.wire.fields import split_delimited
 
 #: Output tag -> (option naming its topic, file name for local runs).
 OUTPUTS = {

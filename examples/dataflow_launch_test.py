@@ -11,9 +11,9 @@ import apache_beam as beam
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from beam_agents._protos import AgentEnvelope, ToolIntent
-from beam_agents.core.wire import join_delimited
 from beam_agents.examples.support_triage import ticket
-from beam_agents.state_manifest import MANIFEST
+from beam_agents.ops.state_manifest import MANIFEST
+from beam_agents.wire.fields import join_delimited
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import dataflow_launch

@@ -11,7 +11,7 @@ loop in production. The same code is `beam-agents demo`.
 
 import sys
 
-from beam_agents.demo import main
+from beam_agents.ops.demo import main
 
 if __name__ == "__main__":
     sys.exit(main())

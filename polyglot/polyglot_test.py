@@ -10,7 +10,7 @@ import subprocess
 
 import pytest
 
-from beam_agents.core.signing import Keyring, sign
+from beam_agents.intents.signing import Keyring, sign
 from beam_agents.testing.samples import intent
 from beam_agents.testing.schema_variants import SchemaVariant
 from tools.workspace import source_root

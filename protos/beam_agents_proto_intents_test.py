@@ -82,7 +82,7 @@ def test_approval_intents_are_distinguishable_on_the_wire():
 
 def test_an_intent_written_before_kind_existed_reads_as_a_tool_call():
     """Scenario: An intent written before kind existed reads as a tool call."""
-    from beam_agents.core.intent import effective_kind
+    from beam_agents.intents.identity import effective_kind
 
     old_cls = (
         SchemaVariant.current().without_field("ToolIntent", "kind").message_class("ToolIntent")
@@ -109,7 +109,7 @@ def test_signature_fields_round_trip():
 
 def test_a_pre_signature_intent_decodes_as_unsigned():
     """Scenario: A pre-signature intent decodes as unsigned."""
-    from beam_agents.core.signing import is_unsigned
+    from beam_agents.intents.signing import is_unsigned
 
     old_cls = (
         SchemaVariant.current()
@@ -126,7 +126,7 @@ def test_a_pre_signature_intent_decodes_as_unsigned():
 
 def test_a_future_field_intent_still_yields_a_stable_signing_input():
     """Scenario: A future-field intent still yields a stable signing input."""
-    from beam_agents.core.signing import signing_input
+    from beam_agents.intents.signing import signing_input
 
     future_cls = (
         SchemaVariant.current()

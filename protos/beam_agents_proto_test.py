@@ -4,7 +4,7 @@ intents and results (beam_agents_proto_intents_test.py).
 Each test names its scenario in its docstring ("Scenario: ..."). Old and future readers are
 real bindings built from an edited descriptor in a separate pool (beam_agents.testing), so the
 skew cases run the real parser on real bytes. Golden-corpus scenarios are proven in
-beam_agents/core/schema_compat_test.py, signing ones in beam_agents/core/signing_test.py.
+beam_agents/state/schema_compat_test.py, signing ones in beam_agents/intents/signing_test.py.
 """
 
 from __future__ import annotations
@@ -94,7 +94,7 @@ def test_memory_entries_round_trip_in_insertion_order():
 
 def test_memory_blob_version_zero_is_distinguishable_as_pre_versioned():
     """Scenario: Schema version defaults are explicit (the parse half; the runtime writers'
-    stamping is proven in beam_agents/core/migration_test.py)."""
+    stamping is proven in beam_agents/state/migration_test.py)."""
     unversioned = MemoryBlob.FromString(MemoryBlob(total_value_bytes=3).SerializeToString())
     stamped = roundtrip(MemoryBlob(state_schema_version=1))
     assert unversioned.state_schema_version == 0

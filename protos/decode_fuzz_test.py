@@ -13,9 +13,9 @@ from google.protobuf.message import DecodeError
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from beam_agents.decoding import MESSAGE_TYPES, decode
 from beam_agents.errors import MessageDecodeError
 from beam_agents.testing.samples import ALL_MESSAGES, sample
+from beam_agents.wire.decoding import MESSAGE_TYPES, decode
 
 SEEDS = [sample(cls).SerializeToString() for cls in ALL_MESSAGES]
 

@@ -255,7 +255,7 @@ state.backend.type: ${BEAM_AGENTS_FLINK_STATE_BACKEND:-rocksdb}
 state.backend.incremental: true
 state.checkpoints.dir: file://$run/flink-checkpoints
 execution.checkpointing.externalized-checkpoint-retention: RETAIN_ON_CANCELLATION
-# The REST API's job metrics at most 1 s old, not 10 s: beam_agents.flink.ReadWatchdog
+# The REST API's job metrics at most 1 s old, not 10 s: beam_agents.bus.flink.ReadWatchdog
 # compares them with the records arriving on the topic.
 metrics.fetcher.update-interval: 1000
 # A dead job or task manager is noticed by a missed heartbeat: 15 s, not Flink's 50 s, so the
@@ -444,7 +444,7 @@ flink_demo() {
   # `import apache_beam` warns that apitools, a Google Cloud dependency the demo never uses,
   # is missing (before any logging is configured): that one line is dropped.
   # shellcheck disable=SC2046
-  "$root/.venv/bin/python" -m beam_agents.demo --bus=kafka \
+  "$root/.venv/bin/python" -m beam_agents.ops.demo --bus=kafka \
     --kafka_bootstrap="127.0.0.1:$kafka_port" --expansion_service="127.0.0.1:$expansion_port" \
     --flink_rest="http://127.0.0.1:$flink_rest_port" $(flink_options) "$@" 2> >(grep -v '^WARNING:root:apitools not found' >&2) || status=$?
   # The job server does not pass a cancel on to the cluster, and a LOOPBACK job outlives the

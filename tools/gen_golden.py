@@ -21,7 +21,7 @@ if __package__ in (None, ""):
     # Run as a script (python tools/gen_golden.py): make `tools` importable like under Bazel.
     sys.path.insert(0, str(_REPO))
 
-from beam_agents.core.migration import CURRENT_STATE_SCHEMA_VERSION  # noqa: E402
+from beam_agents.state.migration import CURRENT_STATE_SCHEMA_VERSION  # noqa: E402
 from tools import golden  # noqa: E402
 
 __all__ = ["main"]

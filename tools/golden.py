@@ -24,8 +24,8 @@ from google.protobuf import text_format
 from google.protobuf.message import Message
 from google.protobuf.unknown_fields import UnknownFieldSet
 
-from beam_agents.core.migration import VERSIONED_MESSAGE_TYPES, MigrationRegistry
-from beam_agents.decoding import message_type
+from beam_agents.state.migration import VERSIONED_MESSAGE_TYPES, MigrationRegistry
+from beam_agents.wire.decoding import message_type
 from tools.build_files import load_workspace
 
 __all__ = [
@@ -277,7 +277,7 @@ def completeness_problems(repo: Path, registry: MigrationRegistry) -> list[str]:
     return problems
 
 
-_COMPAT_TEST = ("beam_agents/core", "schema_compat_test")
+_COMPAT_TEST = ("beam_agents/state", "schema_compat_test")
 
 
 def _bazel_wiring_problems(

@@ -1,4 +1,5 @@
-"""Each py_test imports only what its declared deps put in its runfiles.
+"""Each py_test, and each py_library's sources, import only what its declared deps put in its
+runfiles.
 
 Bazel runs a py_test with the sources of its transitive py_library deps and the wheels of its
 transitive @pypi deps on the path, nothing else; pytest on the pip path sees the whole .venv, so
@@ -107,12 +108,12 @@ def _module_name(test_file: str) -> str:
     return test_file.removesuffix(".py").replace("/", ".")
 
 
-def _import(python_path: list[Path], module: str) -> str | None:
+def _import(python_path: list[Path], modules: list[str]) -> str | None:
     # `-c` puts the working directory first on the path; only the standard library stays.
     code = (
         "import sys\n"
         f"sys.path[:] = [p for p in sys.path if p] + {[str(p) for p in python_path]!r}\n"
-        f"import importlib; importlib.import_module({module!r})\n"
+        f"import importlib\nfor m in {modules!r}: importlib.import_module(m)\n"
     )
     result = subprocess.run(
         [sys.executable, "-S", "-E", "-s", "-c", code],
@@ -128,13 +129,14 @@ def _import(python_path: list[Path], module: str) -> str | None:
 
 
 def check(ws: Workspace, names: list[str] | None = None) -> list[str]:
-    """Problems of the py_tests named `names` (every one by default), each naming the test."""
+    """Problems of the py_tests and py_libraries named `names` (every one by default), each
+    naming the target."""
     installed = _installed()
     tests = [
         target
         for targets in ws.packages.values()
         for target in targets.values()
-        if target.rule == "py_test" and (names is None or target.name in names)
+        if target.rule in ("py_test", "py_library") and (names is None or target.name in names)
     ]
     every_test_pypi = set()
     closures = {}
@@ -152,9 +154,16 @@ def check(ws: Workspace, names: list[str] | None = None) -> list[str]:
             where = f"{target.package}/BUILD.bazel {target.name}"
             files, pypi = closures[target.package, target.name]
             found = []
-            first = target.attrs["srcs"][0]
-            test_file = f"{target.package}/{first}" if target.package else first
-            if _WHOLE_TREE.search((ws.root / test_file).read_text()):
+            sources = [
+                f"{target.package}/{src}" if target.package else src
+                for src in target.attrs.get("srcs", [])
+                # A __main__ runs when imported; a py_binary's test is to run it.
+                if src.endswith(".py") and not src.endswith("__main__.py")
+            ]
+            if not sources:  # a library of deps only
+                return found
+            test_file = sources[0]
+            if target.rule == "py_test" and _WHOLE_TREE.search((ws.root / test_file).read_text()):
                 lacking = sorted(every_test_pypi - pypi)
                 if lacking:
                     found.append(
@@ -168,9 +177,12 @@ def check(ws: Workspace, names: list[str] | None = None) -> list[str]:
             for file in files:
                 (local / file).parent.mkdir(parents=True, exist_ok=True)
                 (local / file).symlink_to((ws.root / file).resolve())
-            error = _import([local, *(linked[n] for n in sorted(closure))], _module_name(test_file))
+            if target.rule == "py_test":
+                sources = sources[:1]
+            path = [local, *(linked[n] for n in sorted(closure))]
+            error = _import(path, [_module_name(source) for source in sources])
             if error:
-                found.append(f"{where}: importing {test_file} with only its deps: {error}")
+                found.append(f"{where}: importing {', '.join(sources)} with only its deps: {error}")
             return found
 
         for name in sorted(set().union(*(closures[k][1] for k in closures))):

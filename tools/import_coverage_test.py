@@ -1,4 +1,5 @@
-"""Every py_test imports with only its declared deps on the path, as under Bazel.
+"""Every py_test, and every py_library's sources, import with only the declared deps on the
+path, as under Bazel.
 
 The broken forms are put back into a copy of the source tree: a test whose @pypi dep is gone,
 one whose workspace library is gone, and bump_drill_test without the packages its
@@ -17,7 +18,7 @@ from tools.import_coverage import check, pypi_closure, runfiles
 from tools.workspace import source_root
 
 
-def test_every_py_test_of_the_repository_imports_with_only_its_deps():
+def test_every_py_test_and_py_library_of_the_repository_imports_with_only_its_deps():
     problems = check(load_workspace(source_root()))
     assert problems == [], "\n".join(problems)
 
@@ -49,11 +50,12 @@ def _drop_dep(build: Path, test: str, dep: str) -> None:
 
 
 def test_a_missing_pypi_dep_is_reported(tree):
-    _drop_dep(tree / "beam_agents/core/BUILD.bazel", "intent_test", "@pypi//hypothesis")
-    (problem,) = check(load_workspace(tree), ["intent_test"])
+    _drop_dep(tree / "beam_agents/intents/BUILD.bazel", "identity_test", "@pypi//hypothesis")
+    (problem,) = check(load_workspace(tree), ["identity_test"])
     assert problem == (
-        "beam_agents/core/BUILD.bazel intent_test: importing beam_agents/core/intent_test.py "
-        "with only its deps: ModuleNotFoundError: No module named 'hypothesis'"
+        "beam_agents/intents/BUILD.bazel identity_test: importing "
+        "beam_agents/intents/identity_test.py with only its deps: "
+        "ModuleNotFoundError: No module named 'hypothesis'"
     )
 
 
@@ -67,13 +69,23 @@ def test_a_missing_workspace_library_is_reported(tree):
     )
 
 
+def test_a_library_missing_a_workspace_dep_is_reported(tree):
+    """Its tests may bring the dep, but a binary built on the library alone would not."""
+    _drop_dep(tree / "beam_agents/ops/BUILD.bazel", "replay", ":ops")
+    (problem,) = check(load_workspace(tree), ["replay"])
+    assert problem == (
+        "beam_agents/ops/BUILD.bazel replay: importing beam_agents/ops/replay.py with only its "
+        "deps: ModuleNotFoundError: No module named 'beam_agents.ops.preflight'"
+    )
+
+
 def test_a_test_collecting_every_test_needs_every_tests_packages(tree):
-    build = tree / "beam_agents/core/BUILD.bazel"
+    build = tree / "beam_agents/state/BUILD.bazel"
     for dep in ("@pypi//langgraph", "@pypi//hypothesis", "@pypi//openai"):
         _drop_dep(build, "bump_drill_test", dep)
     (problem,) = check(load_workspace(tree), ["bump_drill_test"])
     assert problem == (
-        "beam_agents/core/BUILD.bazel bump_drill_test: runs or imports every test, but its deps "
+        "beam_agents/state/BUILD.bazel bump_drill_test: runs or imports every test, but its deps "
         "lack the packages other py_tests declare: @pypi//hypothesis, @pypi//langgraph, "
         "@pypi//openai"
     )
@@ -83,7 +95,7 @@ def test_the_runfiles_follow_deps_transitively_and_add_what_the_macro_adds():
     ws = load_workspace(source_root())
     files, pypi = runfiles(ws, ws.packages["tools"]["gen_golden_test"])
     assert {"tools/gen_golden_test.py", "tools/pytest_main.py", "tools/golden.py"} <= files
-    assert "beam_agents/core/signing.py" in files  # //tools -> //beam_agents/core
+    assert "beam_agents/intents/signing.py" in files  # //tools -> //beam_agents/intents
     assert {"pytest", "protobuf", "rfc8785"} <= pypi
     assert "hypothesis" not in pypi
 

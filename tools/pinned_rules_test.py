@@ -209,9 +209,9 @@ def test_older_code_and_lookalikes_are_not_features():
 
 def test_an_args_entry_a_shell_splits_is_reported(tree):
     # Issue 17's kafka_bus_test: "not engines" reached pytest as two words.
-    _edit(tree / "beam_agents/kafka_bus/BUILD.bazel", '"engines",', '"not engines",')
+    _edit(tree / "beam_agents/ops/console/BUILD.bazel", '"engines",', '"not engines",')
     assert _problems(tree) == [
-        "beam_agents/kafka_bus/BUILD.bazel service_test: args entry 'not engines' reaches the "
+        "beam_agents/ops/console/BUILD.bazel kafka_test: args entry 'not engines' reaches the "
         "test as ['not', 'engines']: Bazel splits args like a shell; quote it"
     ]
 
@@ -233,8 +233,8 @@ def test_the_tokenizer_follows_bazels_shell_utils(entry, words):
 
 
 def test_an_unterminated_quote_is_reported(tree):
-    _edit(tree / "beam_agents/kafka_bus/BUILD.bazel", '"engines",', '"\'not engines",')
+    _edit(tree / "beam_agents/ops/console/BUILD.bazel", '"engines",', '"\'not engines",')
     assert _problems(tree) == [
-        'beam_agents/kafka_bus/BUILD.bazel service_test: args "\'not engines": unterminated '
-        "quotation"
+        "beam_agents/ops/console/BUILD.bazel kafka_test: "
+        'args "\'not engines": unterminated quotation'
     ]

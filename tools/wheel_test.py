@@ -144,7 +144,7 @@ def test_every_message_class_imports_from_the_installed_wheel(installed):
 def test_migration_steps_import_from_the_installed_wheel_by_the_bazel_path(installed):
     code = (
         "import beam_agents_migrations\n"
-        "from beam_agents.core.migration import default_registry\n"
+        "from beam_agents.state.migration import default_registry\n"
         "assert 'site-packages' in beam_agents_migrations.__file__\n"
         "assert default_registry().missing_steps() == []\n"
         "print(beam_agents_migrations.__name__, beam_agents_migrations.STEP_MODULES)\n"
@@ -177,7 +177,7 @@ def test_the_wheel_holds_the_packages_and_no_plain_migrations_package(wheel):
     assert top_level == {"beam_agents", "beam_agents_migrations"}
     assert "beam_agents/_protos/beam_agents_pb2.pyi" in files
     assert "beam_agents/py.typed" in files
-    assert "beam_agents/state_manifest.json" in files
+    assert "beam_agents/ops/state_manifest.json" in files
     assert not [name for name in files if name.endswith("_test.py")]
 
 

@@ -57,6 +57,12 @@ whole new state; the DoFn writes the blobs it replaced (each stamped with the cu
 so a migrated view reaches state with a change of its own) and the timers that state implies,
 and only then emits. A failing agent, a refused answer or a stale timer writes nothing but its
 durable inputs and emits its dead letter (and, for a failing agent, one ERROR trace event).
+
+Layer. The runtime owns RunAgent and every decision it makes; it may import the layers below
+it: `beam_agents.intents` (the intents it emits and the answers it checks against them),
+`beam_agents.state` (what it reads and commits), `beam_agents.wire`, `beam_agents.errors` and
+the bindings. The loop on a bus, the integrations, the examples and the operator tools sit
+above it (`beam_agents/layout_test.py` enforces it).
 """
 
 from beam_agents.runtime.budget import Budget, OnBudget, Price
@@ -75,7 +81,6 @@ from beam_agents.runtime.context import (
     Suspension,
 )
 from beam_agents.runtime.function_agent import FunctionAgent, agent
-from beam_agents.runtime.memory import Memory, ReplayCache
 from beam_agents.runtime.react import react_agent
 from beam_agents.runtime.run_agent import (
     COMPLETIONS,
@@ -86,6 +91,9 @@ from beam_agents.runtime.run_agent import (
     RunAgent,
 )
 from beam_agents.runtime.tool_calling import ToolCall, ToolDefinition
+
+# Exported here before the state package owned them.
+from beam_agents.state.memory import Memory, ReplayCache
 
 __all__ = [
     "APPROVAL_TOOL",

@@ -34,14 +34,14 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol, runtime_checkable
 
 from beam_agents._protos import AgentEnvelope, Continuation, ToolIntent, ToolResult, TraceEvent
-from beam_agents.core.intent import canonical_args_json, intent_id
-from beam_agents.core.migration import new_state_blob
-from beam_agents.core.signing import Keyring, sign
 from beam_agents.errors import AgentContractError, LlmCallError
+from beam_agents.intents.identity import canonical_args_json, intent_id
+from beam_agents.intents.signing import Keyring, sign
 from beam_agents.runtime.budget import BudgetMeter
-from beam_agents.runtime.memory import Memory, ReplayCache
 from beam_agents.runtime.tool_calling import ToolCall, ToolDefinition
 from beam_agents.runtime.trace_ids import span_id, trace_id
+from beam_agents.state.memory import Memory, ReplayCache
+from beam_agents.state.migration import new_state_blob
 
 __all__ = [
     "APPROVAL_TOOL",

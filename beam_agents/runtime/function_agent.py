@@ -32,9 +32,8 @@ import functools
 from collections.abc import Callable, Mapping, Sequence
 
 from beam_agents._protos import AgentEnvelope, ToolIntent
-from beam_agents.core.intent import canonical_args_json
-from beam_agents.core.wire import join_delimited, split_delimited
 from beam_agents.errors import AgentContractError
+from beam_agents.intents.identity import canonical_args_json
 from beam_agents.runtime.context import (
     APPROVAL_TOOL,
     ActivationContext,
@@ -43,6 +42,7 @@ from beam_agents.runtime.context import (
     LlmResponse,
     Suspension,
 )
+from beam_agents.wire.fields import join_delimited, split_delimited
 
 __all__ = ["FunctionAgent", "agent"]
 

@@ -47,8 +47,7 @@ This module holds the entry points (an envelope, a snapshot, a timer firing) and
 from __future__ import annotations
 
 from beam_agents._protos import AgentEnvelope, StateSnapshot
-from beam_agents.core.migration import MigrationRegistry
-from beam_agents.core.signing import Keyring
+from beam_agents.intents.signing import Keyring
 from beam_agents.runtime import dead_letters as dl
 from beam_agents.runtime.config import RuntimeConfig
 from beam_agents.runtime.context import Agent, LlmClient
@@ -70,6 +69,7 @@ from beam_agents.runtime.machine_state import (
     due_at,
     timer_ms,
 )
+from beam_agents.state.migration import MigrationRegistry
 
 __all__ = [
     "COMPLETIONS",

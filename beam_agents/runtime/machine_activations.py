@@ -36,7 +36,7 @@ from beam_agents.runtime.machine_state import (
     Work,
     saturating_add,
 )
-from beam_agents.runtime.memory import Memory, ReplayCache
+from beam_agents.state.memory import Memory, ReplayCache
 
 __all__ = ["Activations", "Run", "model_busy"]
 

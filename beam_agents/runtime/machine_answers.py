@@ -20,8 +20,8 @@ import dataclasses
 from collections.abc import Iterable
 
 from beam_agents._protos import AgentEnvelope, Continuation, ToolIntent, ToolResult
-from beam_agents.core.intent import content_digest
-from beam_agents.core.signing import Verification, verify
+from beam_agents.intents.identity import content_digest
+from beam_agents.intents.signing import Verification, verify
 from beam_agents.runtime import dead_letters as dl
 from beam_agents.runtime.budget import BUDGET_TOOL
 from beam_agents.runtime.context import ESCALATION_TOOL, Answer

@@ -15,7 +15,6 @@ from __future__ import annotations
 import dataclasses
 
 from beam_agents._protos import Continuation, LlmCacheBlob
-from beam_agents.core.migration import new_state_blob
 from beam_agents.errors import BudgetExceededError
 from beam_agents.runtime import dead_letters as dl
 from beam_agents.runtime.budget import BUDGET_TOOL, Budget, BudgetMeter, OnBudget
@@ -23,7 +22,8 @@ from beam_agents.runtime.context import ActivationContext
 from beam_agents.runtime.machine_activations import Run
 from beam_agents.runtime.machine_answers import RUNTIME_TOOLS, answered_intent_id
 from beam_agents.runtime.machine_state import INTENTS, TRACES, Work, saturating_add
-from beam_agents.runtime.memory import Memory, ReplayCache
+from beam_agents.state.memory import Memory, ReplayCache
+from beam_agents.state.migration import new_state_blob
 
 __all__ = ["BudgetQuestions", "budget_asked", "holds_a_start"]
 

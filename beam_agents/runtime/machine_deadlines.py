@@ -28,7 +28,7 @@ from beam_agents.runtime.machine_state import (
     saturating_add,
     timer_ms,
 )
-from beam_agents.runtime.memory import Memory, ReplayCache
+from beam_agents.state.memory import Memory, ReplayCache
 
 __all__ = ["DueTimes"]
 

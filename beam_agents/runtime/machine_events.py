@@ -23,11 +23,11 @@ import struct
 from collections.abc import Iterable
 
 from beam_agents._protos import AgentEnvelope, Continuation, MemoryBlob
-from beam_agents.core.migration import new_state_blob
 from beam_agents.runtime import dead_letters as dl
 from beam_agents.runtime.machine_activations import model_busy
 from beam_agents.runtime.machine_state import INT64_MAX, Work, saturating_add
-from beam_agents.runtime.memory import share_index
+from beam_agents.state.memory import share_index
+from beam_agents.state.migration import new_state_blob
 
 __all__ = ["Intake", "event_digests"]
 

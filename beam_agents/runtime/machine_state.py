@@ -20,9 +20,9 @@ from __future__ import annotations
 import dataclasses
 
 from beam_agents._protos import Continuation, LlmCacheBlob, MemoryBlob, ToolIntent
-from beam_agents.beam_support import timer_timestamp
-from beam_agents.core.migration import migrate_to_current
 from beam_agents.runtime import dead_letters as dl
+from beam_agents.state.migration import migrate_to_current
+from beam_agents.wire.beam_support import timer_timestamp
 
 __all__ = [
     "COMPLETIONS",

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from beam_agents._protos import MemoryBlob, StateSnapshot
-from beam_agents.core.migration import CURRENT_STATE_SCHEMA_VERSION, StateSchemaFromFutureError
+from beam_agents.state.migration import CURRENT_STATE_SCHEMA_VERSION, StateSchemaFromFutureError
 from beam_agents.testing.machine_harness import KEY, T0, Harness, echo, event
 
 # Point 10: future state, seq -------------------------------------------------------------------

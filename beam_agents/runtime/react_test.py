@@ -7,11 +7,11 @@ from __future__ import annotations
 import pytest
 
 from beam_agents._protos import AgentEnvelope, TraceEvent
-from beam_agents.core.intent import intent_id
-from beam_agents.core.signing import Keyring, Verification, verify
-from beam_agents.effector import Effector, Route, VerifyMode
 from beam_agents.errors import ToolCallError
-from beam_agents.rounds import Advance, ManualClock, run_round
+from beam_agents.intents.effector import Effector, Route, VerifyMode
+from beam_agents.intents.identity import intent_id
+from beam_agents.intents.signing import Keyring, Verification, verify
+from beam_agents.ops.rounds import Advance, ManualClock, run_round
 from beam_agents.runtime import LlmRequest, LlmResponse, RunAgent, ScriptedLlmClient
 from beam_agents.runtime.react import react_agent
 from beam_agents.runtime.tool_calling import ToolCall, ToolDefinition

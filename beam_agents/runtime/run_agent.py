@@ -35,10 +35,7 @@ from beam_agents._protos import (
     ToolIntent,
     TraceEvent,
 )
-from beam_agents.beam_support import timer_timestamp, typed
-from beam_agents.core.migration import CURRENT_STATE_SCHEMA_VERSION, MigrationRegistry
-from beam_agents.core.signing import Keyring
-from beam_agents.core.wire import encode_varint, read_varint
+from beam_agents.intents.signing import Keyring
 from beam_agents.runtime.config import RuntimeConfig
 from beam_agents.runtime.context import Agent, LlmClient
 from beam_agents.runtime.dead_letters import NO_ENTITY_KEY, UNDECODABLE, error_record
@@ -52,6 +49,9 @@ from beam_agents.runtime.machine import (
     KeyMachine,
     KeyState,
 )
+from beam_agents.state.migration import CURRENT_STATE_SCHEMA_VERSION, MigrationRegistry
+from beam_agents.wire.beam_support import timer_timestamp, typed
+from beam_agents.wire.fields import encode_varint, read_varint
 
 __all__ = [
     "COMPLETIONS",
@@ -119,7 +119,7 @@ class _KeyAndTag(beam.DoFn):
 class _AgentDoFn(beam.DoFn):
     """Moves a key's state between Beam and the KeyMachine; see the module docstring."""
 
-    # Frozen (beam_agents/state_manifest.json): a renamed spec, another coder or another timer
+    # Frozen (beam_agents/ops/state_manifest.json): a renamed spec, another coder or another timer
     # domain breaks Dataflow --update's state restore for every key.
     MEMORY = ReadModifyWriteStateSpec("memory", DeterministicProtoCoder(MemoryBlob))
     CONTINUATION = ReadModifyWriteStateSpec("continuation", DeterministicProtoCoder(Continuation))

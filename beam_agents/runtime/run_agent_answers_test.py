@@ -14,9 +14,9 @@ from beam_agents._protos import (
     ToolIntent,
     ToolResult,
 )
-from beam_agents.core.intent import intent_id
 from beam_agents.examples.support_triage import TOOLS, ticket
-from beam_agents.rounds import Advance, run_round
+from beam_agents.intents.identity import intent_id
+from beam_agents.ops.rounds import Advance, run_round
 from beam_agents.runtime import (
     AtDeadline,
     DeadlinePolicy,

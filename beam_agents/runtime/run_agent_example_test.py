@@ -11,11 +11,11 @@ from beam_agents._protos import (
     ToolResult,
     TraceEvent,
 )
-from beam_agents.core.intent import intent_id
-from beam_agents.core.signing import Verification, verify
-from beam_agents.effector import Effector, Route, VerifyMode
 from beam_agents.examples.support_triage import TOOLS
-from beam_agents.rounds import Advance, ManualClock, run_round
+from beam_agents.intents.effector import Effector, Route, VerifyMode
+from beam_agents.intents.identity import intent_id
+from beam_agents.intents.signing import Verification, verify
+from beam_agents.ops.rounds import Advance, ManualClock, run_round
 from beam_agents.testing.probe import (
     CHARGED_TWICE,
     KEY,

@@ -13,12 +13,11 @@ from beam_agents._protos import (
     ToolIntent,
     ToolResult,
 )
-from beam_agents.core.migration import MigrationRegistry
-from beam_agents.decoding import message_type
-from beam_agents.rounds import Advance, run_round
+from beam_agents.ops.rounds import Advance, run_round
 from beam_agents.runtime import (
     RuntimeConfig,
 )
+from beam_agents.state.migration import MigrationRegistry
 from beam_agents.testing.probe import (
     DAY,
     FAR,
@@ -32,6 +31,7 @@ from beam_agents.testing.probe import (
     result,
 )
 from beam_agents.testing.synthetic_v2 import registry_v2
+from beam_agents.wire.decoding import message_type
 from tools import golden
 from tools.workspace import data_root
 

@@ -13,9 +13,9 @@ from beam_agents._protos import (
     ToolResult,
     TraceEvent,
 )
-from beam_agents.core.intent import intent_id
 from beam_agents.errors import LlmCallError
-from beam_agents.rounds import Advance, run_round
+from beam_agents.intents.identity import intent_id
+from beam_agents.ops.rounds import Advance, run_round
 from beam_agents.runtime import (
     LlmResponse,
     RunAgent,

@@ -16,8 +16,8 @@ from beam_agents._protos import (
     AgentEnvelope,
     TraceEvent,
 )
-from beam_agents.core.intent import intent_id
-from beam_agents.rounds import Advance, run_round
+from beam_agents.intents.identity import intent_id
+from beam_agents.ops.rounds import Advance, run_round
 from beam_agents.testing.probe import (
     CHARGED_TWICE,
     FAR,

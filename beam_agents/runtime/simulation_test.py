@@ -12,7 +12,7 @@ import os
 
 import pytest
 
-from beam_agents.effector import gate
+from beam_agents.intents.effector import gate
 from beam_agents.runtime import machine, machine_answers
 from beam_agents.testing.simulation import Simulation, SimulationFailure
 

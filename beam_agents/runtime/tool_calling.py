@@ -2,13 +2,13 @@
 
 A `ToolDefinition` (name, description, JSON Schema of the arguments) travels in
 `LlmRequest.tools`; it is declared in Python or read from an MCP server's tool list
-(`beam_agents.mcp_tools.tool_definitions`). A model's answer carries its calls in
+(`beam_agents.integrations.mcp_tools.tool_definitions`). A model's answer carries its calls in
 `LlmResponse.tool_calls`, each a `ToolCall` with the model's call id, the tool's name and the
 arguments as a JSON object (I-JSON, so a call becomes a ToolIntent's RFC 8785 args_json as is).
 
 A conversation with tool calls is a list of messages in one format that every client in
-`beam_agents.llm` accepts, OpenAI's chat format (the OpenAI client sends it unchanged; the
-Anthropic and Gemini clients translate it):
+`beam_agents.integrations.llm` accepts, OpenAI's chat format (the OpenAI client sends it unchanged;
+the Anthropic and Gemini clients translate it):
 
 * `{"role": "system" | "user", "content": str}`;
 * `assistant_message(response)`: `{"role": "assistant", "content": str | None, "tool_calls":
@@ -25,7 +25,7 @@ import dataclasses
 import re
 from collections.abc import Mapping
 
-from beam_agents.core.intent import canonical_args_json
+from beam_agents.intents.identity import canonical_args_json
 
 __all__ = [
     "TOOL_NAME",

@@ -8,7 +8,7 @@ import contextlib
 import time
 from collections.abc import Iterator
 
-from beam_agents.kafka_bus import Topics, create_topics
+from beam_agents.bus import Topics, create_topics
 from beam_agents.testing.engines import Engines
 
 __all__ = ["fresh_topics", "kafka_bootstrap", "now_ms"]

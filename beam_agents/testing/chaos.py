@@ -37,8 +37,8 @@ import threading
 from pathlib import Path
 
 from beam_agents._protos import ExecutionRecord, ToolIntent
-from beam_agents.core.signing import Keyring
-from beam_agents.effector import Effector, SqliteExecutionStore, ToolSpec, VerifyMode
+from beam_agents.intents.effector import Effector, SqliteExecutionStore, ToolSpec, VerifyMode
+from beam_agents.intents.signing import Keyring
 
 __all__ = ["APPROVER_RING", "RESULTS_RING", "Ledger", "main", "triage_tools"]
 
@@ -171,12 +171,12 @@ class _DyingConsumer:
 
 
 def main(argv: list[str]) -> int:
-    from beam_agents.kafka_bus import EffectorService, Topics
+    from beam_agents.bus import EffectorService, Topics
 
     bootstrap, prefix, directory = argv[0], argv[1], Path(argv[2])
     store = _DyingStore(directory)
     if argv[3:] == ["triage"]:
-        from beam_agents.demo import demo_approver_keyring, demo_effector_keyring, demo_keyring
+        from beam_agents.ops.demo import demo_approver_keyring, demo_effector_keyring, demo_keyring
 
         effector = Effector(
             triage_tools(directory),

@@ -12,16 +12,16 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from beam_agents._protos import ToolIntent
-from beam_agents.console.auth import Auth, hash_password
-from beam_agents.console.bus import ConsoleBus
-from beam_agents.console.config import Role, User
-from beam_agents.console.db import Database
-from beam_agents.console.inbox import Inbox
-from beam_agents.console.observed import Observations
-from beam_agents.core.intent import canonical_args_json
-from beam_agents.core.signing import Keyring, sign
-from beam_agents.effector import VerifyMode
-from beam_agents.kafka_bus import KafkaBusError, Topics
+from beam_agents.bus import KafkaBusError, Topics
+from beam_agents.intents.effector import VerifyMode
+from beam_agents.intents.identity import canonical_args_json
+from beam_agents.intents.signing import Keyring, sign
+from beam_agents.ops.console.auth import Auth, hash_password
+from beam_agents.ops.console.bus import ConsoleBus
+from beam_agents.ops.console.config import Role, User
+from beam_agents.ops.console.db import Database
+from beam_agents.ops.console.inbox import Inbox
+from beam_agents.ops.console.observed import Observations
 from beam_agents.testing.samples import TRACE_ID
 
 __all__ = [

@@ -18,9 +18,15 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from beam_agents._protos import AgentEnvelope, StateSnapshot
-from beam_agents.demo import CUSTOMER, demo_ticket, launch_console, launch_effector, triage_agent
-from beam_agents.kafka_bus import TopicReader, Topics, create_topics, produce, record_value
-from beam_agents.rounds import Advance, Outputs, run_round
+from beam_agents.bus import TopicReader, Topics, create_topics, produce, record_value
+from beam_agents.ops.demo import (
+    CUSTOMER,
+    demo_ticket,
+    launch_console,
+    launch_effector,
+    triage_agent,
+)
+from beam_agents.ops.rounds import Advance, Outputs, run_round
 from beam_agents.runtime import COMPLETIONS, ERRORS, SNAPSHOTS
 from beam_agents.testing.engines import Engines
 

@@ -1,4 +1,5 @@
-"""Signed intents, tools and effectors shared by the effector's tests (beam_agents/effector/).
+"""Signed intents, tools and effectors shared by the effector's tests
+(beam_agents/intents/effector/).
 
 `signed()` is samples.intent() signed with RING; `effector()` is an Effector over an in-memory
 store on a manual clock at NOW, between the sample intent's created_at and expires_at.
@@ -7,9 +8,9 @@ store on a manual clock at NOW, between the sample intent's created_at and expir
 from __future__ import annotations
 
 from beam_agents._protos import ToolIntent
-from beam_agents.core.signing import Keyring, sign
-from beam_agents.effector import Effector, VerifyMode
-from beam_agents.rounds import ManualClock
+from beam_agents.intents.effector import Effector, VerifyMode
+from beam_agents.intents.signing import Keyring, sign
+from beam_agents.ops.rounds import ManualClock
 from beam_agents.testing.samples import intent
 
 __all__ = [

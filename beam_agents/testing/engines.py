@@ -5,7 +5,7 @@ stopped by PID.
 `Engines.up(names)` starts those that are not running and remembers which it started;
 `down()` stops exactly those; `run(...)` is any other engines.sh command (a fault: a task or
 job manager killed, the broker stopped and started on its data). Processes the tests start
-are beam_agents.processes.Launched; Flink's REST API is beam_agents.flink's.
+are beam_agents.ops.processes.Launched; Flink's REST API is beam_agents.bus.flink's.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ The effector is `beam-agents effector-service` with the demo's tools, or, with
 `triage`), whose calls.log and ledger are the tools' own account of every effect.
 `close()` cancels the jobs, stops the processes and deletes the jobs' retained checkpoints.
 
-While `read` waits, a beam_agents.flink.ReadWatchdog watches the running job. A job whose
+While `read` waits, a beam_agents.bus.flink.ReadWatchdog watches the running job. A job whose
 Kafka read stalls (seen without `--finish_bundle_before_checkpointing`, when Beam's runner held
 the outputs of a bundle a checkpoint had finished: tools/engines/RESULTS.md) is reported on
 stderr, in `stalls` and
@@ -33,11 +33,11 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from beam_agents._protos import AgentEnvelope, ExecutionRecord, StateSnapshot
+from beam_agents.bus import TopicReader, Topics, create_topics, decode_dead_letter, produce
+from beam_agents.bus.flink import FlinkRest, KafkaArrivals, ReadWatchdog
 from beam_agents.errors import ReadStalledError
 from beam_agents.examples.support_triage import ticket
-from beam_agents.flink import FlinkRest, KafkaArrivals, ReadWatchdog
-from beam_agents.kafka_bus import TopicReader, Topics, create_topics, decode_dead_letter, produce
-from beam_agents.processes import Launched
+from beam_agents.ops.processes import Launched
 from beam_agents.testing.chaos import Ledger
 from beam_agents.testing.engines import Engines
 
@@ -95,13 +95,13 @@ class Loop:
             module = "beam_agents.testing.chaos"
             args = [self.bootstrap, self.topics.prefix, str(tmp_path), "triage"]
         else:
-            module = "beam_agents.cli"
+            module = "beam_agents.ops.cli"
             args = [
                 "effector-service", "--bootstrap-servers", self.bootstrap,
                 "--topic-prefix", self.topics.prefix, "--store", str(self.effector_store),
                 "--tools", "beam_agents.examples.support_triage:TOOLS",
-                "--keyring", "beam_agents.demo:demo_keyring",
-                "--result-keyring", "beam_agents.demo:demo_effector_keyring",
+                "--keyring", "beam_agents.ops.demo:demo_keyring",
+                "--result-keyring", "beam_agents.ops.demo:demo_effector_keyring",
             ]  # fmt: skip
         self._effector_command = (module, args)
         self._effector_runs = 0

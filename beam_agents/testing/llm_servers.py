@@ -8,8 +8,8 @@ import dataclasses
 import json
 from collections.abc import Callable
 
-from beam_agents.llm.anthropic_messages import AnthropicClient
-from beam_agents.llm.gemini import GeminiClient
+from beam_agents.integrations.llm.anthropic_messages import AnthropicClient
+from beam_agents.integrations.llm.gemini import GeminiClient
 from beam_agents.runtime import LlmRequest
 from beam_agents.testing.local_http import JSON, Reply
 

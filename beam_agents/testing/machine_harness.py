@@ -20,13 +20,13 @@ from beam_agents._protos import (
     ToolIntent,
     ToolResult,
 )
-from beam_agents.core.intent import content_digest
-from beam_agents.core.migration import CURRENT_STATE_SCHEMA_VERSION
-from beam_agents.core.signing import Keyring, sign
 from beam_agents.errors import LlmCallError
+from beam_agents.intents.identity import content_digest
+from beam_agents.intents.signing import Keyring, sign
 from beam_agents.runtime import LlmResponse, RuntimeConfig, ScriptedLlmClient, agent
 from beam_agents.runtime.machine import KeyMachine, KeyState
 from beam_agents.runtime.run_agent import _read, _write
+from beam_agents.state.migration import CURRENT_STATE_SCHEMA_VERSION
 
 __all__ = [
     "EFFECTOR",

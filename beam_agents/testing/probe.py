@@ -7,8 +7,8 @@ from __future__ import annotations
 import json
 
 from beam_agents._protos import AgentEnvelope, Continuation, MemoryBlob, ToolIntent, ToolResult
-from beam_agents.core.signing import Keyring
 from beam_agents.examples.support_triage import scripted_model, ticket, triage
+from beam_agents.intents.signing import Keyring
 from beam_agents.runtime import RunAgent, RuntimeConfig, ScriptedLlmClient
 
 __all__ = [

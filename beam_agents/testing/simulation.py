@@ -36,8 +36,8 @@ import json
 import random
 
 from beam_agents._protos import AgentEnvelope, StateSnapshot, ToolIntent
-from beam_agents.core.intent import content_digest
-from beam_agents.effector import SqliteExecutionStore
+from beam_agents.intents.effector import SqliteExecutionStore
+from beam_agents.intents.identity import content_digest
 from beam_agents.runtime import AtDeadline, DeadlinePolicy, RuntimeConfig, run_agent
 from beam_agents.testing import simulation_agents as agents
 from beam_agents.testing import simulation_state as state

@@ -10,8 +10,8 @@ model after every input: what a resume is handed (`check_resume`), what an input
 from __future__ import annotations
 
 from beam_agents._protos import AgentEnvelope, Continuation, MemoryBlob, ToolResult
-from beam_agents.core.intent import content_digest
-from beam_agents.core.signing import Verification, verify
+from beam_agents.intents.identity import content_digest
+from beam_agents.intents.signing import Verification, verify
 from beam_agents.runtime import dead_letters as dl
 from beam_agents.runtime import run_agent
 from beam_agents.testing.simulation_state import message_bytes as _bytes

@@ -12,9 +12,9 @@ from __future__ import annotations
 import json
 
 from beam_agents._protos import AgentEnvelope, ExecutionRecord, ToolIntent, ToolResult
-from beam_agents.core.intent import content_digest
-from beam_agents.core.signing import Keyring, sign
-from beam_agents.effector import INQUIRY_TOOL, Effector, Route, VerifyMode
+from beam_agents.intents.effector import INQUIRY_TOOL, Effector, Route, VerifyMode
+from beam_agents.intents.identity import content_digest
+from beam_agents.intents.signing import Keyring, sign
 from beam_agents.runtime.context import ESCALATION_TOOL
 from beam_agents.testing import simulation_agents as agents
 from beam_agents.testing.simulation_state import message_bytes as _bytes

@@ -10,7 +10,7 @@ from __future__ import annotations
 import types
 
 from beam_agents._protos import Continuation, LlmCacheBlob, MemoryBlob
-from beam_agents.core.migration import MigrationRegistry
+from beam_agents.state.migration import MigrationRegistry
 
 __all__ = ["MIGRATED_KEY", "registry_v2", "step"]
 

@@ -4,12 +4,12 @@
         --expansion_service HOST:PORT [--state_schema {1,2}] [--unchained]
         [BEAM PIPELINE OPTIONS]
 
-builds the demo's loop job (beam_agents.demo.add_triage_loop), runs it and waits until the
+builds the demo's loop job (beam_agents.ops.demo.add_triage_loop), runs it and waits until the
 runner ends the job. `--state_schema 2` is the second binary of the upgrade test: the same job
 with the synthetic version-2 migration steps registered (beam_agents.testing.synthetic_v2).
 The transform names, and so the state a savepoint holds, are the same in both. `--unchained`
 turns Flink's operator chaining off, so the job's savepoints can be restored at another
-parallelism (beam_agents/flink_upgrade_test.py).
+parallelism (beam_agents/bus/flink_upgrade_test.py).
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ from collections.abc import Sequence
 import apache_beam as beam
 from apache_beam.options.pipeline_options import PipelineOptions
 
-from beam_agents.demo import add_triage_loop
-from beam_agents.kafka_bus import Topics
+from beam_agents.bus import Topics
+from beam_agents.ops.demo import add_triage_loop
 from beam_agents.testing.synthetic_v2 import registry_v2
 
 __all__ = ["main"]

@@ -2,13 +2,13 @@
 
 One module per (message type, from_version) step, e.g. memory_blob_v1_to_v2.py, declaring
 
-    MESSAGE_TYPE = MemoryBlob   # one of beam_agents.core.migration.VERSIONED_MESSAGE_TYPES
+    MESSAGE_TYPE = MemoryBlob   # one of beam_agents.state.migration.VERSIONED_MESSAGE_TYPES
     FROM_VERSION = 1
     TO_VERSION = 2              # always FROM_VERSION + 1
     def upgrade(old: MemoryBlob) -> MemoryBlob: ...   # pure; returns a new, restamped message
 
 Each step is also a py_library of its own in migrations/BUILD.bazel and a dependency of
-:migrations. List every step below; beam_agents.core.migration.default_registry builds the
+:migrations. List every step below; beam_agents.state.migration.default_registry builds the
 registry from this tuple and rejects duplicates and malformed steps. Steps are never removed:
 a key untouched since any past version may still be read.
 

@@ -1,1 +1,0 @@
-"""Adapters that run agents written with other frameworks (optional extras)."""

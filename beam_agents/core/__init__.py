@@ -1,1 +1,0 @@
-"""The runtime core: state-schema migration, intent identity and signing."""

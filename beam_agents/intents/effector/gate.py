@@ -1,0 +1,493 @@
+"""The gate: steps 1 to 6 of the package docstring over any ExecutionStore (`Gate`), and
+`Effector`, the gate as a plain callable over a store of its own.
+
+A claim in a store names the effector process that wrote it (`_instance_id`), so a copy can
+tell a call still in flight from one whose effector died mid-call (`_running`); the latter's
+outcome is settled by the tool's ToolSpec, or by a person answering an inquiry (`resolve`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import uuid
+from collections.abc import Callable, Mapping
+
+from google.protobuf.message import DecodeError
+
+from beam_agents._protos import (
+    ActivationErrorRecord,
+    AgentEnvelope,
+    ExecutionRecord,
+    ToolIntent,
+    ToolResult,
+)
+from beam_agents.errors import CanonicalJsonError
+from beam_agents.intents.effector.spec import (
+    DEFAULT_RETENTION_MS,
+    INQUIRY_SUFFIX,
+    INQUIRY_TOOL,
+    REASON_CONFLICT,
+    REASON_UNDECODABLE,
+    EffectorOutput,
+    Route,
+    Tool,
+    ToolSpec,
+    VerifyMode,
+    check_retention,
+    wall_clock_ms,
+)
+from beam_agents.intents.effector.stores import ExecutionStore, SqliteExecutionStore
+from beam_agents.intents.identity import (
+    canonical_args_json,
+    content_digest,
+    effective_kind,
+    parse_args_json,
+)
+from beam_agents.intents.signing import Keyring, Verification, sign, verify
+
+__all__ = ["Effector", "Gate", "dead_letter"]
+
+
+def _spec(tool: Tool | ToolSpec) -> ToolSpec:
+    return tool if isinstance(tool, ToolSpec) else ToolSpec(tool)
+
+
+_INT64_MAX = 2**63 - 1
+#: Longest error_message kept from a failing tool; exception texts can be unbounded.
+_MAX_ERROR_CHARS = 4096
+
+
+class Gate:
+    """Steps 1 to 6 of the package docstring over any ExecutionStore."""
+
+    def __init__(
+        self,
+        tools: Mapping[str, Tool],
+        mode: VerifyMode,
+        keyring: Keyring | None,
+        retention_ms: int,
+        result_keyring: Keyring | None = None,
+        approval_keyring: Keyring | None = None,
+    ) -> None:
+        if mode is not VerifyMode.OFF and keyring is None:
+            raise ValueError(f"verify mode {mode.value} needs a keyring")
+        if result_keyring is not None and result_keyring.active is None:
+            raise ValueError("result_keyring needs an active key to sign results with")
+        check_retention(retention_ms)
+        self.tools = {name: _spec(tool) for name, tool in tools.items()}
+        self.mode = mode
+        self.keyring = keyring
+        self.retention_ms = retention_ms
+        self.result_keyring = result_keyring
+        self.approval_keyring = approval_keyring
+
+    def keep_until(self, record: ExecutionRecord, now: int) -> int:
+        return min(max(record.latest_expires_at_ms, now) + self.retention_ms, _INT64_MAX)
+
+    def decide(
+        self,
+        data: bytes,
+        *,
+        now: Callable[[], int],
+        store: ExecutionStore,
+        owner: str,
+    ) -> EffectorOutput:
+        """The gate's output for one serialized intent; runs its tool at most once."""
+        try:
+            intent = ToolIntent.FromString(data)
+        except DecodeError as e:
+            detail = f"{len(data)} bytes are not a ToolIntent: {e}"
+            return dead_letter(b"", REASON_UNDECODABLE, detail, now())
+        at = now()
+        if self.mode is not VerifyMode.OFF:
+            outcome = verify(intent, self.keyring, wire=data)
+            if not self.mode.admits(outcome):
+                detail = (
+                    f"intent {intent.intent_id} ({intent.tool_name}) refused in "
+                    f"{self.mode.value} mode: {outcome.value} (key id {intent.signing_key_id!r})"
+                )
+                reason = "signature_" + outcome.name.lower()
+                return dead_letter(intent.entity_key, reason, detail, at)
+        record = ExecutionRecord(
+            intent_id=intent.intent_id,
+            entity_key=intent.entity_key,
+            content_digest=content_digest(data),
+            latest_expires_at_ms=intent.expires_at_ms,
+        )
+        known = store.get(intent.intent_id)
+        if known is not None:
+            return self._again(known, intent, record, now, store, owner)
+        decided = self._refusal(intent, record.content_digest, at)
+        if decided is None:
+            record.outcome = ExecutionRecord.OUTCOME_RUNNING
+            record.claimed_by = owner
+        else:
+            record.outcome, result = decided
+            if result is not None:
+                record.result.CopyFrom(result)
+        known = store.claim(record, self.keep_until(record, at))
+        if known is not None:  # another caller decided this intent first
+            return self._again(known, intent, record, now, store, owner)
+        if record.outcome != ExecutionRecord.OUTCOME_RUNNING:
+            return self._first_output(record, intent)
+        return self._run_claimed(record, intent, now, store)
+
+    def _run_claimed(
+        self, record: ExecutionRecord, intent: ToolIntent, now: Callable[[], int], store
+    ) -> EffectorOutput:
+        """Runs the tool of `record`, a RUNNING claim this caller holds, and records its
+        result."""
+        record.result.CopyFrom(self._run(intent, record.content_digest, now))
+        record.outcome = ExecutionRecord.OUTCOME_RESULT
+        record.ClearField("claimed_by")
+        store.put(record, self.keep_until(record, now()))
+        return dataclasses.replace(self._first_output(record, intent), ran_tool=True)
+
+    def _first_output(self, record: ExecutionRecord, intent: ToolIntent) -> EffectorOutput:
+        if record.outcome == ExecutionRecord.OUTCOME_APPROVAL:
+            return EffectorOutput(Route.APPROVAL, approval=_approval_of(record, intent))
+        return EffectorOutput(Route.RESULT, result=self._envelope(record.result))
+
+    def _envelope(self, result: ToolResult) -> AgentEnvelope:
+        """The result as it leaves the effector: signed when the effector has a result key
+        (HMAC is deterministic, so every copy of one result carries the same bytes)."""
+        if self.result_keyring is not None:
+            result = sign(result, self.result_keyring)
+        return AgentEnvelope(
+            entity_key=result.entity_key, event_time_ms=result.completed_at_ms, tool_result=result
+        )
+
+    def _refusal(self, intent: ToolIntent, digest: bytes, now: int):
+        """(outcome, result) of steps 3 to 5, or None when the tool is to run."""
+        if intent.expires_at_ms <= now:
+            return _decided(
+                intent, digest, ToolResult.EXPIRED, now, error=f"expired at {intent.expires_at_ms}"
+            )
+        kind = effective_kind(intent)
+        if kind is None:
+            return _decided(
+                intent, digest, ToolResult.REJECTED, now, error=f"unknown intent kind {intent.kind}"
+            )
+        if kind == ToolIntent.APPROVAL:
+            return ExecutionRecord.OUTCOME_APPROVAL, None
+        if intent.tool_name not in self.tools:
+            return _decided(
+                intent, digest, ToolResult.REJECTED, now, error=f"unknown tool {intent.tool_name!r}"
+            )
+        try:
+            parse_args_json(intent.args_json)
+        except CanonicalJsonError as e:
+            return _decided(
+                intent, digest, ToolResult.REJECTED, now, error=f"args_json refused: {e}"
+            )
+        return None
+
+    def _run(self, intent: ToolIntent, digest: bytes, now: Callable[[], int]) -> ToolResult:
+        try:
+            payload = self.tools[intent.tool_name].fn(parse_args_json(intent.args_json), intent)
+            if isinstance(payload, str):
+                payload = payload.encode("utf-8")
+            if not isinstance(payload, bytes):
+                raise TypeError(f"tool returned {type(payload).__name__}, not bytes or str")
+        except Exception as e:  # a tool's failure is its result, never the effector's
+            return _result(
+                intent, digest, ToolResult.ERROR, now(), error=f"{type(e).__name__}: {e}"
+            )
+        return _result(intent, digest, ToolResult.OK, now(), payload=payload)
+
+    def _again(
+        self,
+        known: ExecutionRecord,
+        intent: ToolIntent,
+        record: ExecutionRecord,
+        clock: Callable[[], int],
+        store: ExecutionStore,
+        owner: str,
+    ) -> EffectorOutput:
+        """The output for an intent_id decided before. `known` came from the store and is
+        never changed in place (a Beam state read may be the stored object itself)."""
+        now = clock()
+        # The digest covers entity_key too; comparing it apart names the conflict.
+        if known.entity_key != record.entity_key or known.content_digest != record.content_digest:
+            what = "another entity" if known.entity_key != record.entity_key else "other content"
+            # The copy's sender waits on it: it gets a REJECTED result bound to its own content,
+            # never the first content's result and never silence. Nothing is remembered for it.
+            rejected = _result(
+                intent,
+                record.content_digest,
+                ToolResult.REJECTED,
+                now,
+                error=(
+                    f"{REASON_CONFLICT}: intent {intent.intent_id} ({intent.tool_name}) reuses "
+                    f"the id of an intent of {what} (its content "
+                    f"{known.content_digest.hex()}, this copy's {record.content_digest.hex()}); "
+                    "it is not run"
+                ),
+            )
+            return EffectorOutput(Route.RESULT, result=self._envelope(rejected))
+        updated = ExecutionRecord()
+        updated.CopyFrom(known)
+        if known.outcome == ExecutionRecord.OUTCOME_RUNNING and not _running(known.claimed_by):
+            return self._unknown_outcome(known, intent, clock, store, owner)
+        if intent.expires_at_ms > known.latest_expires_at_ms:
+            updated.latest_expires_at_ms = intent.expires_at_ms
+            store.put(updated, self.keep_until(updated, now))
+        if known.outcome == ExecutionRecord.OUTCOME_RESULT:
+            return EffectorOutput(Route.DUPLICATE, result=self._envelope(known.result))
+        if known.outcome == ExecutionRecord.OUTCOME_APPROVAL:
+            return EffectorOutput(Route.DUPLICATE, approval=_approval_of(known, intent))
+        return EffectorOutput(Route.IN_FLIGHT)
+
+    def _unknown_outcome(
+        self,
+        known: ExecutionRecord,
+        intent: ToolIntent,
+        clock: Callable[[], int],
+        store: ExecutionStore,
+        owner: str,
+    ) -> EffectorOutput:
+        """The claimant of `known` stopped mid-call: the tool may or may not have acted. What
+        the tool's ToolSpec allows decides: run it again (idempotent), ask its reconciler, or
+        ask a person. Every path takes the dead claim over first, so one caller acts."""
+        now = clock()
+        spec = self.tools.get(intent.tool_name)
+        updated = ExecutionRecord()
+        updated.CopyFrom(known)
+        updated.latest_expires_at_ms = max(known.latest_expires_at_ms, intent.expires_at_ms)
+        run_again = spec is not None and spec.idempotent
+        if spec is not None and spec.reconcile is not None:
+            try:
+                payload = spec.reconcile(intent)
+                if isinstance(payload, str):
+                    payload = payload.encode("utf-8")
+                if payload is not None and not isinstance(payload, bytes):
+                    raise TypeError(f"reconcile returned {type(payload).__name__}")
+            except Exception:  # the system cannot say now: a person decides
+                pass
+            else:
+                if payload is not None:
+                    updated.ClearField("claimed_by")
+                    updated.outcome = ExecutionRecord.OUTCOME_RESULT
+                    updated.result.CopyFrom(
+                        _result(intent, known.content_digest, ToolResult.OK, now, payload=payload)
+                    )
+                    return self._take_over(known, updated, intent, clock, store, owner)
+                run_again = True  # it did not act: running it is the first effect
+        if run_again:
+            updated.claimed_by = owner
+            if not store.take_over(updated, known.claimed_by, self.keep_until(updated, now)):
+                return self._again(
+                    store.get(intent.intent_id), intent, updated, clock, store, owner
+                )
+            return self._run_claimed(updated, intent, clock, store)
+        updated.ClearField("claimed_by")
+        updated.outcome = ExecutionRecord.OUTCOME_APPROVAL
+        inquiry = _inquiry(intent, now)
+        if self.result_keyring is not None:
+            inquiry = sign(inquiry, self.result_keyring)
+        # The record keeps the inquiry, so a copy re-sends the very same one.
+        updated.result.CopyFrom(
+            ToolResult(
+                intent_id=inquiry.intent_id, payload=inquiry.SerializeToString(deterministic=True)
+            )
+        )
+        return self._take_over(known, updated, intent, clock, store, owner)
+
+    def resolve(
+        self, answer: AgentEnvelope, *, now: int, store: ExecutionStore
+    ) -> EffectorOutput | None:
+        """A person's answer to an inquiry (`_inquiry`) as the result of the call it asked
+        about: approved, it took effect (OK); denied, it did not (ERROR saying so, not run:
+        the agent may ask again). None when `answer` answers no inquiry of this store."""
+        approval = answer.approval
+        if not answer.HasField("approval") or not approval.intent_id.endswith(INQUIRY_SUFFIX):
+            return None
+        known = store.get(approval.intent_id.removesuffix(INQUIRY_SUFFIX))
+        if known is None:
+            return None
+        if known.outcome == ExecutionRecord.OUTCOME_RESULT:
+            # Answered before; this is a copy: the recorded result again.
+            return EffectorOutput(Route.DUPLICATE, result=self._envelope(known.result))
+        if known.outcome != ExecutionRecord.OUTCOME_APPROVAL or not known.result.payload:
+            return None
+        inquiry = ToolIntent.FromString(known.result.payload)
+        refusal = None
+        if self.approval_keyring is not None:
+            outcome = verify(approval, self.approval_keyring)
+            if outcome is not Verification.VALID:
+                refusal = f"answer_signature_{outcome.name.lower()}"
+        if refusal is None and approval.intent_digest != content_digest(known.result.payload):
+            refusal = "answer_for_other_content"
+        if refusal is not None:
+            detail = f"answer to inquiry {approval.intent_id} by {approval.approver!r} refused"
+            return dead_letter(inquiry.entity_key, refusal, detail, now)
+        original = ToolIntent(
+            intent_id=known.intent_id, entity_key=known.entity_key, seq=inquiry.seq
+        )
+        if approval.approved:
+            payload = canonical_args_json({"took_effect": True, "confirmed_by": approval.approver})
+            result = _result(
+                original, known.content_digest, ToolResult.OK, now, payload=payload.encode()
+            )
+        else:
+            error = (
+                f"not done: {approval.approver} confirmed that {inquiry.intent_id} did not take "
+                "effect; it was not run"
+            )
+            result = _result(original, known.content_digest, ToolResult.ERROR, now, error=error)
+        updated = ExecutionRecord()
+        updated.CopyFrom(known)
+        updated.outcome = ExecutionRecord.OUTCOME_RESULT
+        updated.result.CopyFrom(result)
+        store.put(updated, self.keep_until(updated, now))
+        return EffectorOutput(Route.RESULT, result=self._envelope(result))
+
+    def _take_over(self, known, updated, intent, clock, store, owner) -> EffectorOutput:
+        if not store.take_over(updated, known.claimed_by, self.keep_until(updated, clock())):
+            return self._again(store.get(intent.intent_id), intent, updated, clock, store, owner)
+        return self._first_output(updated, intent)
+
+
+def _approval_of(record: ExecutionRecord, intent: ToolIntent) -> ToolIntent:
+    """What goes before a person for an APPROVAL record: the intent itself, or for a tool call
+    whose outcome was unknown, the inquiry the record keeps."""
+    if record.result.payload:
+        return ToolIntent.FromString(record.result.payload)
+    return intent
+
+
+def _inquiry(intent: ToolIntent, now: int) -> ToolIntent:
+    """The APPROVAL intent asking whether `intent`'s call took effect; deterministic but for
+    its creation time."""
+    question = (
+        f"The effector stopped while running {intent.tool_name} {intent.args_json} "
+        f"(intent {intent.intent_id}). Did it take effect? Approve if it did; deny if it did "
+        "not, and it is then run."
+    )
+    args = {"question": question, "intent_id": intent.intent_id, "tool": intent.tool_name}
+    return ToolIntent(
+        intent_id=intent.intent_id + INQUIRY_SUFFIX,
+        entity_key=intent.entity_key,
+        seq=intent.seq,
+        step_index=intent.step_index,
+        tool_name=INQUIRY_TOOL,
+        args_json=canonical_args_json(args),
+        created_at_ms=now,
+        expires_at_ms=intent.expires_at_ms,
+        kind=ToolIntent.APPROVAL,
+        trace_id=intent.trace_id,
+    )
+
+
+def _instance_id() -> str:
+    """ "<pid>:<process start time>:<random>": a claim names a process that can be checked for
+    life (a SQLite store is local to one machine), and an instance within it."""
+    pid = os.getpid()
+    return f"{pid}:{_process_start(pid)}:{uuid.uuid4().hex}"
+
+
+def _process_start(pid: int) -> str:
+    # The start time (in clock ticks since boot) tells a live claimant from a new process that
+    # reused its pid; "" where /proc does not say, and then the pid alone decides.
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            return stat.read().rsplit(b")", 1)[1].split()[19].decode()
+    except (OSError, IndexError):
+        return ""
+
+
+def _running(claimed_by: str) -> bool:
+    """Whether the effector process that wrote a claim is still running (so the call is in
+    flight, not lost)."""
+    pid, _, rest = claimed_by.partition(":")
+    started, _, _ = rest.partition(":")
+    if not pid.isdigit():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass  # alive, owned by another user
+    return _process_start(int(pid)) == started
+
+
+def _decided(intent: ToolIntent, digest: bytes, status, now: int, *, error: str):
+    return ExecutionRecord.OUTCOME_RESULT, _result(intent, digest, status, now, error=error)
+
+
+def _result(
+    intent: ToolIntent, digest: bytes, status, now: int, *, payload: bytes = b"", error: str = ""
+):
+    """A result of `intent`, bound to the content it was computed for by `digest`."""
+    return ToolResult(
+        intent_id=intent.intent_id,
+        entity_key=intent.entity_key,
+        seq=intent.seq,
+        status=status,
+        payload=payload,
+        error_message=_printable(error),
+        completed_at_ms=now,
+        intent_digest=digest,
+    )
+
+
+def _printable(text: str) -> str:
+    # Exception texts may hold lone surrogates, which a proto string cannot carry.
+    text = text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return text if len(text) <= _MAX_ERROR_CHARS else text[:_MAX_ERROR_CHARS] + "..."
+
+
+def dead_letter(entity_key: bytes, reason: str, detail: str, now: int) -> EffectorOutput:
+    record = ActivationErrorRecord(
+        entity_key=entity_key, reason=reason, detail=_printable(detail), event_time_ms=now
+    )
+    return EffectorOutput(Route.DEAD_LETTER, dead_letter=record)
+
+
+class Effector:
+    """The gate (steps 1 to 6 of the package docstring) as a plain callable:
+    `effector(intent_or_bytes)`.
+
+    `tools` maps names to callables or `ToolSpec`s. `store` is an ExecutionStore, or a path for
+    a SqliteExecutionStore (":memory:" keeps nothing across restarts: tests only). `keyring`
+    verifies intents; `result_keyring`, with an active key, signs every ToolResult (RunAgent
+    verifies them with its answer keyring) and every inquiry; `approval_keyring` verifies the
+    answers to inquiries (`resolve`).
+    """
+
+    def __init__(
+        self,
+        tools: Mapping[str, Tool],
+        *,
+        mode: VerifyMode,
+        store: ExecutionStore | str | os.PathLike,
+        keyring: Keyring | None = None,
+        result_keyring: Keyring | None = None,
+        approval_keyring: Keyring | None = None,
+        clock: Callable[[], int] = wall_clock_ms,
+        retention_ms: int = DEFAULT_RETENTION_MS,
+    ) -> None:
+        self._gate = Gate(tools, mode, keyring, retention_ms, result_keyring, approval_keyring)
+        if isinstance(store, str | os.PathLike):
+            store = SqliteExecutionStore(store)
+        self.store = store
+        self._clock = clock
+        #: Names this instance, and the process it runs in, in the claims it writes.
+        self.instance_id = _instance_id()
+
+    def __call__(self, intent: ToolIntent | bytes) -> EffectorOutput:
+        if isinstance(intent, ToolIntent):
+            intent = intent.SerializeToString(deterministic=True)
+        prune = getattr(self.store, "prune", None)
+        if prune is not None:
+            prune(self._clock())
+        return self._gate.decide(intent, now=self._clock, store=self.store, owner=self.instance_id)
+
+    def resolve(self, answer: AgentEnvelope) -> EffectorOutput | None:
+        """A person's answer (an AgentEnvelope with an approval) to an inquiry this effector
+        sent about a call whose outcome was unknown: the call's result (RESULT, or DUPLICATE
+        for a copy of an answer), a dead letter for an answer whose signature or content does
+        not hold, or None when it answers no inquiry of this store."""
+        return self._gate.resolve(answer, now=self._clock(), store=self.store)

@@ -1,0 +1,310 @@
+"""Calls an effector may have lost: an effector killed between deliveries or inside a tool (real
+processes on one SQLite store), claims of live and dead processes, and the outcome of a lost
+call settled by its ToolSpec or by a person's signed answer."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from beam_agents._protos import AgentEnvelope, ExecutionRecord, ToolIntent, ToolResult
+from beam_agents.intents.effector import (
+    INQUIRY_SUFFIX,
+    INQUIRY_TOOL,
+    Effector,
+    Route,
+    ToolSpec,
+    VerifyMode,
+    content_digest,
+)
+from beam_agents.intents.signing import KEYS_ENV, Keyring, Verification, sign, verify
+from beam_agents.ops.rounds import ManualClock
+from beam_agents.testing.effectors import (
+    INT64_MAX,
+    KEYS,
+    NOW,
+    RING,
+    Recording,
+    effector,
+    signed,
+)
+from beam_agents.testing.samples import intent
+
+SERVICE = """
+import json, os, signal, sys
+from beam_agents.intents.signing import Keyring
+from beam_agents.intents.effector import Effector, VerifyMode
+
+store, log, now, die_in_tool = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4] == "1"
+
+def tool(args, intent):
+    with open(log, "a") as f:
+        f.write(intent.intent_id + "\\n")
+    if die_in_tool:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return "looked up %d" % args["id"]
+
+effector = Effector({"crm.lookup": tool}, mode=VerifyMode.REQUIRE, store=store,
+                    keyring=Keyring.from_environment(), clock=lambda: now)
+for line in sys.stdin:
+    out = effector(bytes.fromhex(line))
+    result = out.result.tool_result if out.result else None
+    print(json.dumps({"route": out.route.value,
+                      "asks": out.approval.intent_id if out.approval else None,
+                      "status": result.status if result else None,
+                      "payload": result.payload.decode() if result else None,
+                      "error": result.error_message if result else None}), flush=True)
+"""
+
+
+def _service(tmp_path, *, die_in_tool=False):
+    env = {
+        **os.environ,
+        KEYS_ENV: json.dumps({"keys": {"k1": base64.b64encode(KEYS["k1"]).decode()}}),
+    }
+    args = [str(tmp_path / "executions.sqlite"), str(tmp_path / "tool.log"), str(NOW)]
+    return subprocess.Popen(
+        [sys.executable, "-c", SERVICE, *args, "1" if die_in_tool else "0"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+
+
+def _deliver(service, data: bytes) -> dict | None:
+    service.stdin.write(data.hex() + "\n")
+    service.stdin.flush()
+    line = service.stdout.readline()
+    return json.loads(line) if line else None
+
+
+def _tool_log(tmp_path) -> list[str]:
+    return (tmp_path / "tool.log").read_text().splitlines()
+
+
+def test_an_effector_killed_between_two_deliveries_does_not_run_the_tool_again(tmp_path):
+    data = signed().SerializeToString()
+    first_process = _service(tmp_path)
+    first = _deliver(first_process, data)
+    first_process.kill()
+    first_process.wait()
+    restarted = _service(tmp_path)
+    try:
+        again = _deliver(restarted, data)
+    finally:
+        restarted.stdin.close()
+        restarted.wait()
+    assert first["route"] == "result" and first["payload"] == "looked up 42"
+    assert again == {**first, "route": "duplicate"}
+    assert _tool_log(tmp_path) == [intent().intent_id]
+
+
+def test_an_effector_killed_inside_a_plain_tool_asks_a_person_and_never_reruns(tmp_path):
+    data = signed().SerializeToString()
+    dying = _service(tmp_path, die_in_tool=True)
+    assert _deliver(dying, data) is None  # killed mid-call: no answer
+    assert dying.wait() == -signal.SIGKILL
+    restarted = _service(tmp_path)
+    try:
+        after, again = _deliver(restarted, data), _deliver(restarted, data)
+    finally:
+        restarted.stdin.close()
+        restarted.wait()
+    # No result for the agent (it would be a guess): an inquiry for a person, sent again to
+    # a copy.
+    assert after["route"] == "approval" and after["status"] is None
+    assert after["asks"] == intent().intent_id + INQUIRY_SUFFIX
+    assert again == {**after, "route": "duplicate"}
+    assert _tool_log(tmp_path) == [intent().intent_id]
+
+
+def _running_claim(claimed_by):
+    """A RUNNING ledger row for the test intent, as if `claimed_by` had claimed it."""
+    return ExecutionRecord(
+        intent_id=intent().intent_id,
+        entity_key=intent().entity_key,
+        content_digest=content_digest(signed().SerializeToString()),
+        outcome=ExecutionRecord.OUTCOME_RUNNING,
+        latest_expires_at_ms=intent().expires_at_ms,
+        claimed_by=claimed_by,
+    )
+
+
+def test_an_intent_in_flight_in_another_live_effector_is_in_flight_not_a_lost_call(tmp_path):
+    store = tmp_path / "shared.sqlite"
+    tool = Recording()
+    busy = Effector(
+        {"crm.lookup": tool},
+        mode=VerifyMode.REQUIRE,
+        store=store,
+        keyring=RING,
+        clock=ManualClock(NOW),
+    )
+    # This test's own process is the claimant, so the claim is live.
+    assert busy.store.claim(_running_claim(busy.instance_id), INT64_MAX) is None
+    other = effector(store=store, **{"crm.lookup": tool})
+    assert other.instance_id != busy.instance_id
+    output = other(signed())
+    assert output.route is Route.IN_FLIGHT and output.result is None
+    assert tool.calls == []
+    assert other.store.get(intent().intent_id).outcome == ExecutionRecord.OUTCOME_RUNNING
+
+
+def _dead_claim(gate: Effector) -> str:
+    """A claim naming this process's pid with an earlier start: a process that is gone."""
+    pid, started, _ = gate.instance_id.split(":")
+    return f"{pid}:{int(started) - 1}:0123"
+
+
+def test_a_claim_by_a_reused_pid_reads_as_a_lost_call(tmp_path):
+    gate = effector(store=tmp_path / "shared.sqlite")
+    gate.store.claim(_running_claim(_dead_claim(gate)), INT64_MAX)
+    output = gate(signed())
+    assert output.route is Route.APPROVAL and output.result is None
+    assert output.approval.tool_name == INQUIRY_TOOL
+
+
+def _lost_call(tmp_path, tool) -> Effector:
+    """An effector whose store holds the dead claim of an effector killed inside `tool`."""
+    gate = Effector(
+        {"crm.lookup": tool},
+        mode=VerifyMode.REQUIRE,
+        store=tmp_path / "shared.sqlite",
+        keyring=RING,
+        result_keyring=RESULTS_RING,
+        approval_keyring=APPROVER_RING,
+        clock=ManualClock(NOW),
+    )
+    gate.store.claim(_running_claim(_dead_claim(gate)), INT64_MAX)
+    return gate
+
+
+RESULTS_RING = Keyring({"fx": bytes(range(1, 33))}, active="fx")
+APPROVER_RING = Keyring({"ap": bytes(range(2, 34))}, active="ap")
+
+
+def test_an_idempotent_tool_whose_outcome_is_unknown_runs_again_with_the_same_key(tmp_path):
+    tool = Recording()
+    gate = _lost_call(tmp_path, ToolSpec(tool, idempotent=True))
+    output = gate(signed())
+    assert output.route is Route.RESULT and output.ran_tool
+    assert output.result.tool_result.status == ToolResult.OK
+    assert tool.calls == [intent().intent_id]  # the idempotency key the system dedupes by
+    assert gate(signed()).route is Route.DUPLICATE and tool.calls == [intent().intent_id]
+
+
+def test_a_reconciler_that_finds_the_effect_gives_its_payload_without_running(tmp_path):
+    tool, asked = Recording(), []
+
+    def check(tool_intent):
+        asked.append(tool_intent.intent_id)
+        return "refund r-7 exists"
+
+    gate = _lost_call(tmp_path, ToolSpec(tool, reconcile=check))
+    output = gate(signed())
+    assert output.route is Route.RESULT and not output.ran_tool
+    result = output.result.tool_result
+    assert (result.status, result.payload) == (ToolResult.OK, b"refund r-7 exists")
+    assert asked == [intent().intent_id] and tool.calls == []
+    assert verify(result, RESULTS_RING) is Verification.VALID
+
+
+def test_a_reconciler_that_finds_no_effect_lets_the_tool_run_once(tmp_path):
+    tool = Recording()
+    gate = _lost_call(tmp_path, ToolSpec(tool, reconcile=lambda _: None))
+    output = gate(signed())
+    assert output.ran_tool and output.result.tool_result.payload == b"done"
+    assert gate(signed()).route is Route.DUPLICATE
+    assert tool.calls == [intent().intent_id]
+
+
+def test_a_failing_reconciler_leaves_the_question_to_a_person(tmp_path):
+    def check(_):
+        raise ConnectionError("payments API down")
+
+    tool = Recording()
+    output = _lost_call(tmp_path, ToolSpec(tool, reconcile=check))(signed())
+    assert output.route is Route.APPROVAL and tool.calls == []
+
+
+def _answer(inquiry: ToolIntent, approved: bool, ring=APPROVER_RING, digest=None) -> AgentEnvelope:
+    envelope = AgentEnvelope(entity_key=inquiry.entity_key, event_time_ms=NOW)
+    envelope.approval.intent_id = inquiry.intent_id
+    envelope.approval.approved = approved
+    envelope.approval.approver = "ops@example.com"
+    envelope.approval.intent_digest = digest or content_digest(
+        inquiry.SerializeToString(deterministic=True)
+    )
+    envelope.approval.CopyFrom(sign(envelope.approval, ring))
+    return envelope
+
+
+def test_an_unknown_outcome_without_a_reconciler_is_answered_by_a_person(tmp_path):
+    tool = Recording()
+    gate = _lost_call(tmp_path, tool)
+    asked = gate(signed())
+    inquiry = asked.approval
+    assert asked.route is Route.APPROVAL and asked.result is None
+    assert inquiry.kind == ToolIntent.APPROVAL and inquiry.entity_key == intent().entity_key
+    assert json.loads(inquiry.args_json)["intent_id"] == intent().intent_id
+    assert verify(inquiry, RESULTS_RING) is Verification.VALID  # the console can check it
+    # Until the person answers, every copy re-sends the same inquiry and tells the agent
+    # nothing.
+    again = gate(signed())
+    assert again.route is Route.DUPLICATE and again.approval == inquiry and again.result is None
+    answered = gate.resolve(_answer(inquiry, approved=True))
+    result = answered.result.tool_result
+    assert answered.route is Route.RESULT and result.status == ToolResult.OK
+    assert result.intent_id == intent().intent_id
+    assert result.intent_digest == content_digest(signed().SerializeToString())
+    assert json.loads(result.payload) == {"confirmed_by": "ops@example.com", "took_effect": True}
+    assert verify(result, RESULTS_RING) is Verification.VALID
+    # The answer again, or the intent again: the same result, and the tool never ran.
+    assert gate.resolve(_answer(inquiry, approved=True)).route is Route.DUPLICATE
+    assert gate(signed()).result.tool_result == result
+    assert tool.calls == []
+
+
+def test_a_person_who_says_the_call_did_not_happen_gets_the_agent_a_not_done_error(tmp_path):
+    gate = _lost_call(tmp_path, Recording())
+    inquiry = gate(signed()).approval
+    result = gate.resolve(_answer(inquiry, approved=False)).result.tool_result
+    assert result.status == ToolResult.ERROR and result.error_message.startswith("not done: ")
+
+
+@pytest.mark.parametrize(
+    ("forge", "reason"),
+    [
+        (dict(ring=RESULTS_RING), "answer_signature_unknown_key"),
+        (dict(digest=b"\x00" * 32), "answer_for_other_content"),
+    ],
+)
+def test_an_answer_to_an_inquiry_that_does_not_hold_is_a_dead_letter(tmp_path, forge, reason):
+    gate = _lost_call(tmp_path, Recording())
+    inquiry = gate(signed()).approval
+    refused = gate.resolve(_answer(inquiry, approved=True, **forge))
+    assert refused.route is Route.DEAD_LETTER and refused.dead_letter.reason == reason
+    assert gate(signed()).route is Route.DUPLICATE  # still waiting for a genuine answer
+
+
+def test_an_answer_to_anything_but_an_inquiry_is_not_the_effectors():
+    gate = effector()
+    assert gate.resolve(_answer(intent(intent_id="x" + INQUIRY_SUFFIX), True)) is None
+    assert gate.resolve(AgentEnvelope(entity_key=b"k", external_event=b"hi")) is None
+
+
+def test_a_dead_claim_is_taken_over_by_one_caller_only(tmp_path):
+    gate = effector(store=tmp_path / "shared.sqlite")
+    dead = _dead_claim(gate)
+    gate.store.claim(_running_claim(dead), INT64_MAX)
+    mine = _running_claim(gate.instance_id)
+    assert gate.store.take_over(mine, dead, INT64_MAX)
+    assert not gate.store.take_over(_running_claim("another"), dead, INT64_MAX)
+    assert gate.store.get(intent().intent_id).claimed_by == gate.instance_id

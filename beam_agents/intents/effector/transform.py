@@ -1,0 +1,205 @@
+"""`ExecuteIntents`: the gate as a Beam transform, each intent_id's record in keyed state.
+
+The transform names (GlobalWindow, KeyByIntentId, ExecuteOnce, DeadLetters), the DoFn class
+names in them, the state spec `execution`, its coder and the `retention` timer's domain are
+frozen by beam_agents/ops/state_manifest.json: a running job's `--update` matches them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator, Mapping
+
+import apache_beam as beam
+from apache_beam.coders.coders import DeterministicProtoCoder
+from apache_beam.transforms import window
+from apache_beam.transforms.timeutil import TimeDomain
+from apache_beam.transforms.userstate import ReadModifyWriteStateSpec, TimerSpec, on_timer
+from apache_beam.typehints import Tuple
+from google.protobuf.message import DecodeError
+
+from beam_agents._protos import ActivationErrorRecord, AgentEnvelope, ExecutionRecord, ToolIntent
+from beam_agents.intents.effector.gate import Gate, dead_letter
+from beam_agents.intents.effector.spec import (
+    APPROVALS,
+    DEAD_LETTERS,
+    DEFAULT_RETENTION_MS,
+    REASON_UNDECODABLE,
+    RESULTS,
+    Route,
+    Tool,
+    VerifyMode,
+    check_retention,
+    wall_clock_ms,
+)
+from beam_agents.intents.effector.stores import ExecutionStore
+from beam_agents.intents.signing import Keyring
+from beam_agents.wire.beam_support import timer_timestamp, typed
+
+__all__ = ["ExecuteIntents"]
+
+# The namespace operators' dashboards and alerts know the counters by: the package's old path.
+_METRICS = "beam_agents.effector"
+
+
+class _Serialize(beam.DoFn):
+    """Intents as bytes keyed by intent_id; message inputs serialized deterministically (what
+    a signer did), bytes kept as received so the signature covers them exactly."""
+
+    def __init__(self, clock: Callable[[], int]) -> None:
+        self._clock = clock
+
+    def process(self, element: bytes | ToolIntent) -> Iterator:
+        if isinstance(element, ToolIntent):
+            yield (element.intent_id, element.SerializeToString(deterministic=True))
+            return
+        try:
+            intent_id = ToolIntent.FromString(element).intent_id
+        except DecodeError as e:
+            detail = f"{len(element)} bytes are not a ToolIntent: {e}"
+            letter = dead_letter(b"", REASON_UNDECODABLE, detail, self._clock()).dead_letter
+            yield beam.pvalue.TaggedOutput(DEAD_LETTERS, (b"", letter))
+            return
+        yield (intent_id, bytes(element))
+
+
+class _StateStore(ExecutionStore):
+    """One key's ExecutionStore over Beam keyed state; its retention timer follows each put."""
+
+    def __init__(self, state, timer) -> None:
+        self._state = state
+        self._timer = timer
+
+    def get(self, intent_id: str) -> ExecutionRecord | None:
+        return self._state.read()
+
+    def claim(self, record: ExecutionRecord, keep_until_ms: int) -> ExecutionRecord | None:
+        known = self._state.read()
+        if known is None:
+            self.put(record, keep_until_ms)
+        return known
+
+    def put(self, record: ExecutionRecord, keep_until_ms: int) -> None:
+        self._state.write(record)
+        self._timer.set(timer_timestamp(keep_until_ms))
+
+    def take_over(self, record: ExecutionRecord, claimed_by: str, keep_until_ms: int) -> bool:
+        # One key's state is read and written by one bundle at a time.
+        held = self._state.read()
+        if held is None or held.claimed_by != claimed_by:
+            return False
+        self.put(record, keep_until_ms)
+        return True
+
+
+class _ExecuteOnce(beam.DoFn):
+    """The gate, with each intent_id's record in keyed state."""
+
+    # Frozen: renaming a spec or changing its coder breaks state restore on --update.
+    RECORD = ReadModifyWriteStateSpec("execution", DeterministicProtoCoder(ExecutionRecord))
+    RETENTION = TimerSpec("retention", TimeDomain.WATERMARK)
+
+    def __init__(
+        self, tools, mode, keyring_loader, result_keyring_loader, clock, retention_ms
+    ) -> None:
+        self._tools = tools
+        self._mode = mode
+        self._keyring_loader = keyring_loader
+        self._result_keyring_loader = result_keyring_loader
+        self._clock = clock
+        self._retention_ms = retention_ms
+        self._gate: Gate | None = None
+        self._duplicates = beam.metrics.Metrics.counter(_METRICS, "duplicates")
+        self._executions = beam.metrics.Metrics.counter(_METRICS, "executions")
+
+    def setup(self) -> None:
+        keyring = None if self._mode is VerifyMode.OFF else self._keyring_loader()
+        signer = self._result_keyring_loader
+        self._gate = Gate(
+            self._tools,
+            self._mode,
+            keyring,
+            self._retention_ms,
+            None if signer is None else signer(),
+        )
+
+    def process(
+        self,
+        element: tuple[str, bytes],
+        record=beam.DoFn.StateParam(RECORD),
+        retention=beam.DoFn.TimerParam(RETENTION),
+    ) -> Iterable:
+        _, data = element
+        store = _StateStore(record, retention)
+        output = self._gate.decide(data, now=self._clock, store=store, owner="")
+        # Beam retries a bundle with its state, so a copy here follows a committed decision
+        # whose outputs were committed with it: nothing to send again.
+        if output.route in (Route.DUPLICATE, Route.IN_FLIGHT):
+            self._duplicates.inc()
+            return
+        if output.ran_tool:
+            self._executions.inc()
+        if output.route is Route.RESULT:
+            result = output.result
+            yield (result.entity_key, result)
+        elif output.route is Route.APPROVAL:
+            yield beam.pvalue.TaggedOutput(APPROVALS, (output.approval.entity_key, output.approval))
+        else:
+            letter = output.dead_letter
+            yield beam.pvalue.TaggedOutput(DEAD_LETTERS, (letter.entity_key, letter))
+
+    @on_timer(RETENTION)
+    def forget(self, record=beam.DoFn.StateParam(RECORD)) -> None:
+        record.clear()
+
+
+class ExecuteIntents(beam.PTransform):
+    """ToolIntents (messages or serialized bytes, in any windowing) in; a dict of three keyed
+    PCollections out, in the global window: RESULTS (entity_key, AgentEnvelope), APPROVALS
+    (entity_key, ToolIntent) and DEAD_LETTERS (entity_key, ActivationErrorRecord).
+    `result_keyring_loader`, called on the worker, gives the ring whose active key signs every
+    ToolResult."""
+
+    def __init__(
+        self,
+        tools: Mapping[str, Tool],
+        *,
+        mode: VerifyMode,
+        keyring_loader: Callable[[], Keyring] = Keyring.from_environment,
+        result_keyring_loader: Callable[[], Keyring] | None = None,
+        clock: Callable[[], int] = wall_clock_ms,
+        retention_ms: int = DEFAULT_RETENTION_MS,
+    ) -> None:
+        super().__init__()
+        check_retention(retention_ms)
+        self._tools = dict(tools)
+        self._mode = mode
+        self._keyring_loader = keyring_loader
+        self._result_keyring_loader = result_keyring_loader
+        self._clock = clock
+        self._retention_ms = retention_ms
+
+    def expand(self, intents):
+        # Keyed state is per window: without this, one intent in two windows would run twice.
+        global_window = intents | "GlobalWindow" >> beam.WindowInto(window.GlobalWindows())
+        keyed = global_window | "KeyByIntentId" >> beam.ParDo(_Serialize(self._clock)).with_outputs(
+            DEAD_LETTERS, main="intents"
+        )
+        by_intent_id = typed(keyed.intents, Tuple[str, bytes])
+        gated = by_intent_id | "ExecuteOnce" >> beam.ParDo(
+            _ExecuteOnce(
+                self._tools,
+                self._mode,
+                self._keyring_loader,
+                self._result_keyring_loader,
+                self._clock,
+                self._retention_ms,
+            )
+        ).with_outputs(APPROVALS, DEAD_LETTERS, main=RESULTS)
+        typed(keyed[DEAD_LETTERS], Tuple[bytes, ActivationErrorRecord])
+        typed(gated[DEAD_LETTERS], Tuple[bytes, ActivationErrorRecord])
+        dead_letters = (keyed[DEAD_LETTERS], gated[DEAD_LETTERS]) | "DeadLetters" >> beam.Flatten()
+        return {
+            RESULTS: typed(gated[RESULTS], Tuple[bytes, AgentEnvelope]),
+            APPROVALS: typed(gated[APPROVALS], Tuple[bytes, ToolIntent]),
+            DEAD_LETTERS: typed(dead_letters, Tuple[bytes, ActivationErrorRecord]),
+        }

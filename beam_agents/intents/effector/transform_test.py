@@ -1,0 +1,242 @@
+"""`ExecuteIntents` on the DirectRunner: every intent routed, one run per intent_id across
+bundles, windows and redeliveries within retention, and the record dropped after it."""
+
+from __future__ import annotations
+
+import functools
+
+import apache_beam as beam
+from apache_beam.metrics import MetricsFilter
+from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
+from apache_beam.testing.test_pipeline import TestPipeline as BeamPipeline
+from apache_beam.testing.test_stream import TestStream as EventStream
+from apache_beam.testing.util import assert_that, equal_to
+from apache_beam.transforms import window
+
+from beam_agents._protos import ToolIntent, ToolResult
+from beam_agents.intents.effector import (
+    APPROVALS,
+    DEAD_LETTERS,
+    RESULTS,
+    ExecuteIntents,
+    VerifyMode,
+)
+from beam_agents.intents.signing import Keyring
+from beam_agents.ops.rounds import ManualClock
+from beam_agents.testing.effectors import (
+    KEYS,
+    NOW,
+    signed,
+    tampered,
+)
+from beam_agents.testing.samples import intent
+
+LOAD_RING = functools.partial(Keyring, KEYS, "k1")
+
+
+def _summary(kv):
+    entity_key, envelope = kv
+    result = envelope.tool_result
+    return entity_key, result.intent_id, ToolResult.Status.Name(result.status)
+
+
+def _counter(pipeline_result, name: str) -> int:
+    (counter,) = pipeline_result.metrics().query(MetricsFilter().with_name(name))["counters"]
+    return counter.committed
+
+
+def test_the_transform_routes_every_intent_and_executes_once_per_intent_id(tmp_path):
+    tool = AppendingTool(tmp_path / "executions.log")
+    approval = signed(intent_id="approval-1", kind=ToolIntent.APPROVAL)
+    inputs = [
+        signed().SerializeToString(),
+        signed(attempt=2).SerializeToString(),  # the same intent again
+        signed(intent_id="late", expires_at_ms=NOW).SerializeToString(),
+        signed(intent_id="nope", tool_name="crm.delete"),
+        approval,
+        tampered(),
+        b"\xff\xff not an intent",
+    ]
+    pipeline = BeamPipeline(runner="DirectRunner")
+    outputs = (
+        pipeline
+        | beam.Create(inputs, reshuffle=False)
+        | ExecuteIntents(
+            {"crm.lookup": tool},
+            mode=VerifyMode.REQUIRE,
+            keyring_loader=LOAD_RING,
+            clock=ManualClock(NOW),
+        )
+    )
+    assert_that(
+        outputs[RESULTS] | beam.Map(_summary),
+        equal_to(
+            [
+                (b"customer-42", intent().intent_id, "OK"),
+                (b"customer-42", "late", "EXPIRED"),
+                (b"customer-42", "nope", "REJECTED"),
+            ]
+        ),
+        label="results",
+    )
+    assert_that(
+        outputs[APPROVALS] | beam.Map(lambda kv: (kv[0], kv[1].intent_id)),
+        equal_to([(b"customer-42", "approval-1")]),
+        label="approvals",
+    )
+    assert_that(
+        outputs[DEAD_LETTERS] | beam.Map(lambda kv: (kv[0], kv[1].reason)),
+        equal_to([(b"customer-42", "signature_bad_signature"), (b"", "undecodable_intent")]),
+        label="dead letters",
+    )
+    result = pipeline.run()
+    result.wait_until_finish()
+    assert tool.executions() == [intent().intent_id]
+    assert _counter(result, "executions") == 1
+    assert _counter(result, "duplicates") == 1
+
+
+class AppendingTool:
+    """A tool with a real side effect: one line per execution in a file (picklable)."""
+
+    def __init__(self, path) -> None:
+        self.path = str(path)
+
+    def __call__(self, args: dict, tool_intent: ToolIntent) -> bytes:
+        with open(self.path, "a") as log:
+            log.write(f"{tool_intent.intent_id}\n")
+        return b"done"
+
+    def executions(self) -> list[str]:
+        try:
+            with open(self.path) as log:
+                return log.read().splitlines()
+        except FileNotFoundError:
+            return []
+
+
+def _streaming_pipeline() -> BeamPipeline:
+    options = PipelineOptions()
+    options.view_as(StandardOptions).streaming = True
+    return BeamPipeline(runner="DirectRunner", options=options)
+
+
+def _stream(events):
+    stream = EventStream()
+    for event in events:
+        if isinstance(event, int):
+            stream = stream.advance_watermark_to(event)
+        else:
+            stream = stream.add_elements([event.SerializeToString()])
+    return stream.advance_watermark_to_infinity()
+
+
+def _run_stream(events, tool: AppendingTool, results: int, retention_ms: int) -> None:
+    # Counters of later bundles are lost by the streaming DirectRunner's stateful ParDo, so
+    # executions are counted by the tool's own side effect.
+    pipeline = _streaming_pipeline()
+    outputs = (
+        pipeline
+        | _stream(events)
+        | ExecuteIntents(
+            {"crm.lookup": tool},
+            mode=VerifyMode.REQUIRE,
+            keyring_loader=LOAD_RING,
+            clock=ManualClock(NOW),
+            retention_ms=retention_ms,
+        )
+    )
+    expected = [(b"customer-42", intent().intent_id, "OK")] * results
+    assert_that(outputs[RESULTS] | beam.Map(_summary), equal_to(expected))
+    pipeline.run().wait_until_finish()
+
+
+EXPIRES_S = intent().expires_at_ms // 1000
+
+
+def test_a_duplicate_in_a_later_bundle_of_a_stream_does_not_run_again(tmp_path):
+    tool = AppendingTool(tmp_path / "executions.log")
+    _run_stream([signed(), EXPIRES_S - 20, signed()], tool, results=1, retention_ms=5_000)
+    assert tool.executions() == [intent().intent_id]
+
+
+def test_a_redelivery_after_the_expiry_within_retention_does_not_run_again(tmp_path):
+    # The clock is pinned before expiry so the gate would admit the copy; only the record
+    # kept past the expiry stops it.
+    tool = AppendingTool(tmp_path / "executions.log")
+    _run_stream([signed(), EXPIRES_S + 1, signed()], tool, results=1, retention_ms=5_000)
+    assert tool.executions() == [intent().intent_id]
+
+
+def test_the_record_is_dropped_when_the_watermark_passes_the_retention(tmp_path):
+    tool = AppendingTool(tmp_path / "executions.log")
+    _run_stream([signed(), EXPIRES_S + 6, signed()], tool, results=2, retention_ms=5_000)
+    assert tool.executions() == [intent().intent_id] * 2
+
+
+def _run_batch(inputs, tool, *, windowed=False):
+    """Runs ExecuteIntents over timestamped inputs; returns the outputs' summaries."""
+    pipeline = BeamPipeline(runner="DirectRunner")
+    created = pipeline | beam.Create(inputs, reshuffle=False)
+    if windowed:
+        created = created | beam.WindowInto(window.FixedWindows(60))
+    outputs = created | ExecuteIntents(
+        {"crm.lookup": tool},
+        mode=VerifyMode.REQUIRE,
+        keyring_loader=LOAD_RING,
+        clock=ManualClock(NOW),
+    )
+    summaries = {
+        RESULTS: outputs[RESULTS] | "R" >> beam.Map(_summary),
+        APPROVALS: outputs[APPROVALS] | "A" >> beam.Map(lambda kv: (kv[0], kv[1].intent_id)),
+        DEAD_LETTERS: outputs[DEAD_LETTERS] | "D" >> beam.Map(lambda kv: (kv[0], kv[1].reason)),
+    }
+    return pipeline, summaries
+
+
+def test_the_same_intent_in_two_windows_runs_once(tmp_path):
+    tool = AppendingTool(tmp_path / "executions.log")
+    data = signed().SerializeToString()
+    inputs = [window.TimestampedValue(data, 10), window.TimestampedValue(data, 500)]
+    pipeline, outputs = _run_batch(inputs, tool, windowed=True)
+    assert_that(outputs[RESULTS], equal_to([(b"customer-42", intent().intent_id, "OK")]))
+    pipeline.run().wait_until_finish()
+    assert tool.executions() == [intent().intent_id]
+
+
+def test_two_keys_sharing_an_intent_id_never_get_each_others_result(tmp_path):
+    tool = AppendingTool(tmp_path / "executions.log")
+    inputs = [signed(), signed(entity_key=b"customer-43")]
+    pipeline, outputs = _run_batch(inputs, tool)
+    # Which copy the runner processes first is not fixed; the other one is REJECTED, each
+    # result going to its own entity.
+    assert_that(
+        outputs[RESULTS] | beam.Map(lambda s: (s[1], s[2])).with_output_types(tuple[str, str]),
+        equal_to([(intent().intent_id, "OK"), (intent().intent_id, "REJECTED")]),
+        label="one result, one rejection",
+    )
+    assert_that(
+        outputs[RESULTS] | "RK" >> beam.Map(lambda s: s[0]),
+        equal_to([b"customer-42", b"customer-43"]),
+        label="each output to its own entity",
+    )
+    pipeline.run().wait_until_finish()
+    assert tool.executions() == [intent().intent_id]
+
+
+def test_duplicate_approvals_reach_a_human_once_in_the_transform(tmp_path):
+    tool = AppendingTool(tmp_path / "executions.log")
+    approval = signed(intent_id="approval-1", kind=ToolIntent.APPROVAL)
+    again = signed(intent_id="approval-1", kind=ToolIntent.APPROVAL, attempt=4)
+    pipeline, outputs = _run_batch([approval, again], tool)
+    assert_that(outputs[APPROVALS], equal_to([(b"customer-42", "approval-1")]))
+    pipeline.run().wait_until_finish()
+
+
+def test_an_int64_max_expiry_runs_once_in_the_transform(tmp_path):
+    tool = AppendingTool(tmp_path / "executions.log")
+    forever = signed(expires_at_ms=2**63 - 1)
+    pipeline, outputs = _run_batch([forever, forever.SerializeToString()], tool)
+    assert_that(outputs[RESULTS], equal_to([(b"customer-42", intent().intent_id, "OK")]))
+    pipeline.run().wait_until_finish()
+    assert tool.executions() == [intent().intent_id]

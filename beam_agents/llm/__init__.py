@@ -1,1 +1,0 @@
-"""LLM clients behind the runtime's LlmClient protocol (optional extras)."""

@@ -1,0 +1,399 @@
+"""The console's web application (Starlette, server-rendered Jinja2 templates, no Node).
+
+Every page but the sign-in page and the static files needs a session: an anonymous GET is sent
+to /login, an anonymous POST gets 401. Every POST carries the session's CSRF token (the sign-in
+form a token of its own, in a SameSite cookie) and is refused with 403 without it, before
+anything else is looked at; a decision also needs the approver role (403 for a viewer).
+Templates autoescape everything, and the Content-Security-Policy allows scripts only from
+/static, so text from the loop (a question, a memory value, a key) is shown, never run.
+
+Live updates: elements with `data-poll` are re-fetched from their fragment URL every few
+seconds by static/console.js (plain fetch; server-rendered HTML in, no client templating). A
+page's fragment URL carries the page's whole query string, so a refresh keeps the pages and the
+filter the user chose.
+
+Paging: every list reads one page in SQL (LIMIT/OFFSET) or, for a StateSnapshot's repeated
+fields (decoded whole anyway), slices one page; each list of a page has its own query parameter
+(`page`, `decided_page`, `memory_page`, ...), and a pager link changes only its own, keeping
+the others and the dead-letter reason filter, and points at the page, never at the fragment.
+"""
+
+from __future__ import annotations
+
+import datetime
+import hmac
+import json
+import secrets
+from collections.abc import Callable
+from functools import partial
+from pathlib import Path
+from urllib.parse import urlencode
+
+from jinja2 import Environment, FileSystemLoader
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, RedirectResponse, Response
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
+
+from beam_agents._protos import ToolIntent
+from beam_agents.bus import KafkaBusError
+from beam_agents.intents.effector import wall_clock_ms
+from beam_agents.ops.console.auth import Auth, RateLimited, Session
+from beam_agents.ops.console.bus import ConsoleBus
+from beam_agents.ops.console.config import Role
+from beam_agents.ops.console.inbox import DecisionRefused
+from beam_agents.ops.console.timeline import timeline
+
+__all__ = ["SESSION_COOKIE", "create_app"]
+
+SESSION_COOKIE = "beam_agents_console"
+LOGIN_CSRF_COOKIE = "beam_agents_console_login"
+PER_PAGE = 20
+AUDIT_PER_PAGE = 50
+_HERE = Path(__file__).parent
+_HEADERS = {
+    "Content-Security-Policy": (
+        "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+        "frame-ancestors 'none'; form-action 'self'; base-uri 'none'"
+    ),
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "same-origin",
+    "Cache-Control": "no-store",
+}
+
+
+def _ms(value: int) -> str:
+    if not value:
+        return "-"
+    try:
+        moment = datetime.datetime.fromtimestamp(value / 1000, datetime.UTC)
+    except (ValueError, OverflowError, OSError):  # beyond year 9999: "never" in practice
+        return f"{value} ms (beyond year 9999)"
+    return moment.strftime("%Y-%m-%d %H:%M:%S.%f")[:-3] + " UTC"
+
+
+def _duration(ms: int) -> str:
+    seconds = abs(ms) // 1000
+    sign = "-" if ms < 0 else ""
+    if seconds < 120:
+        return f"{sign}{seconds} s"
+    if seconds < 7200:
+        return f"{sign}{seconds // 60} min"
+    return f"{sign}{seconds // 3600} h"
+
+
+def _key(value: bytes) -> str:
+    return bytes(value).decode("utf-8", "backslashreplace")
+
+
+def _question(intent: ToolIntent) -> str:
+    try:
+        args = json.loads(intent.args_json)
+    except ValueError:
+        return intent.args_json
+    if isinstance(args, dict) and isinstance(args.get("question"), str):
+        return args["question"]
+    return intent.tool_name
+
+
+def _pretty(text: str) -> str:
+    try:
+        return json.dumps(json.loads(text), indent=2, ensure_ascii=False)
+    except ValueError:
+        return text
+
+
+def _environment() -> Environment:
+    env = Environment(loader=FileSystemLoader(_HERE / "templates"), autoescape=True)
+    env.filters.update(ms=_ms, duration=_duration, key=_key, question=_question, pretty=_pretty)
+    env.filters["hex"] = lambda value: bytes(value).hex()
+    env.filters["text"] = lambda value: bytes(value).decode("utf-8", "backslashreplace")
+    return env
+
+
+def _page(request: Request, param: str = "page") -> int:
+    try:
+        return max(int(request.query_params.get(param, "1")), 1)
+    except ValueError:
+        return 1
+
+
+def _pager(
+    request: Request, total: int, per_page: int = PER_PAGE, *, param: str = "page", path: str = ""
+) -> dict:
+    """Where the list paged by the query parameter `param` stands, with links to its neighbours
+    on the page at `path` (default: this request's; a fragment names the page it is part of).
+    A link keeps every other query parameter (a filter, the other lists' pages)."""
+    page = _page(request, param)
+    pages = max((total + per_page - 1) // per_page, 1)
+
+    def link(number: int) -> str:
+        params = {**request.query_params, param: str(number)}
+        return (path or request.url.path) + "?" + urlencode(sorted(params.items()))
+
+    return {
+        "id": param,
+        "page": page,
+        "pages": pages,
+        "total": total,
+        "previous": link(page - 1) if page > 1 else None,
+        "next": link(page + 1) if page < pages else None,
+    }
+
+
+def _paged(request, fetch, per_page: int = PER_PAGE, *, param: str = "page", path: str = ""):
+    """`fetch(offset=, limit=)` -> (rows, total) for the requested page of one list; returns the
+    rows and its pager."""
+    offset = (_page(request, param) - 1) * per_page
+    rows, total = fetch(offset=offset, limit=per_page)
+    return rows, _pager(request, total, per_page, param=param, path=path)
+
+
+def _slice(items):
+    """`fetch` over a list already in memory (a StateSnapshot's repeated field)."""
+    return lambda *, offset, limit: (list(items[offset : offset + limit]), len(items))
+
+
+def create_app(
+    bus: ConsoleBus, auth: Auth, *, clock: Callable[[], int] = wall_clock_ms
+) -> Starlette:
+    env = _environment()
+    inbox, observations = bus.inbox, bus.observations
+
+    def render(request, name: str, status: int = 200, session: Session | None = None, **context):
+        html = env.get_template(name).render(
+            request=request, session=session, now=clock(), Role=Role, **context
+        )
+        return HTMLResponse(html, status_code=status, headers=_HEADERS)
+
+    def message(request, session, status: int, title: str, text: str, back: str = "/"):
+        return render(request, "message.html", status, session, title=title, text=text, back=back)
+
+    def guarded(handler, role: Role = Role.VIEWER):
+        """`handler(request, session)` for a signed-in user of at least `role`; a POST also
+        needs the session's CSRF token."""
+
+        async def endpoint(request: Request) -> Response:
+            session = auth.session(request.cookies.get(SESSION_COOKIE))
+            if session is None:
+                if request.method == "GET":
+                    return RedirectResponse("/login", status_code=303, headers=_HEADERS)
+                return Response("sign in first", status_code=401, headers=_HEADERS)
+            if request.method == "POST":
+                form = await request.form()
+                if not session.csrf_ok(form.get("csrf")):
+                    return message(request, session, 403, "Refused", "missing or wrong CSRF token")
+                request.state.form = form
+            if not session.may(role):
+                what = "decide approvals" if role is Role.APPROVER else "see this page"
+                return message(
+                    request, session, 403, "Forbidden",
+                    f"{session.user.name} is a {session.user.role.name.lower()}: only "
+                    f"{role.name.lower()}s may {what}",
+                )  # fmt: skip
+            return await handler(request, session)
+
+        return endpoint
+
+    # -- sign-in --------------------------------------------------------------------------
+
+    async def login_page(request: Request, status: int = 200, error: str = "") -> Response:
+        token = secrets.token_urlsafe(32)
+        response = render(request, "login.html", status, error=error, csrf=token)
+        response.set_cookie(
+            LOGIN_CSRF_COOKIE, token, httponly=True, secure=True, samesite="strict", path="/"
+        )
+        return response
+
+    async def login(request: Request) -> Response:
+        form = await request.form()
+        cookie = request.cookies.get(LOGIN_CSRF_COOKIE, "")
+        token = str(form.get("csrf", ""))
+        if not cookie or not hmac.compare_digest(cookie.encode(), token.encode()):
+            return await login_page(request, 403, "The form expired; please sign in again.")
+        address = request.client.host if request.client else ""
+        try:
+            signed = auth.sign_in(str(form.get("user", "")), str(form.get("password", "")), address)
+        except RateLimited:
+            return await login_page(request, 429, "Too many failed sign-ins; try again later.")
+        if signed is None:
+            return await login_page(request, 401, "Wrong user name or password.")
+        cookie_token, _ = signed
+        response = RedirectResponse("/", status_code=303, headers=_HEADERS)
+        response.set_cookie(
+            SESSION_COOKIE, cookie_token, httponly=True, secure=True, samesite="strict", path="/"
+        )
+        response.delete_cookie(LOGIN_CSRF_COOKIE, path="/")
+        return response
+
+    async def logout(request: Request, session: Session) -> Response:
+        auth.sign_out(request.cookies.get(SESSION_COOKIE))
+        response = RedirectResponse("/login", status_code=303, headers=_HEADERS)
+        response.delete_cookie(SESSION_COOKIE, path="/", secure=True, httponly=True)
+        return response
+
+    # -- inbox ----------------------------------------------------------------------------
+
+    def inbox_context(request: Request) -> dict:
+        pending, pager = _paged(request, inbox.pending, path="/")
+        decided, decided_pager = _paged(request, inbox.decided, param="decided_page", path="/")
+        return {
+            "pending": pending, "pager": pager, "decided": decided, "decided_pager": decided_pager,
+        }  # fmt: skip
+
+    async def approval(request: Request, session: Session) -> Response:
+        intent_id = request.path_params["intent_id"]
+        found = inbox.get(intent_id)
+        if found is None:
+            return message(request, session, 404, "Not found", f"no approval {intent_id}")
+        snapshot = observations.snapshot(found.intent.entity_key)
+        deadline = 0
+        if snapshot is not None and intent_id in snapshot.continuation.pending_intent_ids:
+            deadline = snapshot.continuation.deadline_ms
+        trace = observations.activation(found.intent.entity_key, found.intent.trace_id)
+        return render(
+            request, "approval.html", session=session, approval=found, deadline=deadline,
+            timeline=timeline(trace.events) if trace else None,
+        )  # fmt: skip
+
+    async def decide(request: Request, session: Session) -> Response:
+        intent_id = request.path_params["intent_id"]
+        form = request.state.form
+        verdict = form.get("decision")
+        if verdict not in ("approve", "decline"):
+            return message(request, session, 400, "Refused", "choose approve or decline")
+        address = request.client.host if request.client else ""
+        back = f"/approvals/{intent_id}"
+        try:
+            decision, made = bus.decide(
+                intent_id,
+                approved=verdict == "approve",
+                user=session.user.name,
+                comment=str(form.get("comment", "")),
+                address=address,
+            )
+        except DecisionRefused as e:
+            return message(request, session, 409, "Not decided", str(e), back)
+        except KafkaBusError as e:
+            return message(
+                request, session, 503, "Recorded, not yet delivered",
+                f"the decision is recorded and will be delivered when the broker answers: {e}",
+                back,
+            )  # fmt: skip
+        if not made:
+            what = "approved" if decision.approved else "declined"
+            return message(
+                request, session, 409, "Already decided",
+                f"{decision.approver} {what} this at {_ms(decision.decided_at_ms)}; "
+                "nothing was sent again",
+                back,
+            )  # fmt: skip
+        return RedirectResponse(back, status_code=303, headers=_HEADERS)
+
+    # -- viewer ---------------------------------------------------------------------------
+
+    def agents_context(request: Request) -> dict:
+        keys, pager = _paged(request, observations.keys, path="/agents")
+        return {"keys": keys, "pager": pager}
+
+    def agent_context(request: Request) -> dict | None:
+        try:
+            key = bytes.fromhex(request.path_params["key_hex"])
+        except ValueError:
+            return None
+        path = f"/agents/{key.hex()}"
+        pagers = {}
+
+        def page_of(fetch, param: str, per_page: int = PER_PAGE) -> list:
+            rows, pagers[param] = _paged(request, fetch, per_page, param=param, path=path)
+            return rows
+
+        activations = page_of(partial(observations.activations, key), "page", 5)
+        snapshot = observations.snapshot(key)
+        state = {}
+        if snapshot is not None:
+            state = {
+                "memory": page_of(_slice(snapshot.memory.entries), "memory_page"),
+                "intents": page_of(_slice(snapshot.pending), "intents_page"),
+                "llm_cache": page_of(_slice(snapshot.llm_cache.entries), "cache_page"),
+            }
+        return {
+            "key": key,
+            "snapshot": snapshot,
+            **state,
+            "approvals": page_of(partial(inbox.for_key, key), "approvals_page"),
+            "activations": [(a, timeline(a.events)) for a in activations],
+            "letters": page_of(partial(observations.dead_letters, key=key), "letters_page"),
+            "completions": page_of(partial(observations.completions, key), "completions_page"),
+            "pagers": pagers,
+        }
+
+    async def agent(request: Request, session: Session) -> Response:
+        context = agent_context(request)
+        if context is None:
+            return message(request, session, 404, "Not found", "keys are named in hex")
+        return render(request, "agent.html", session=session, **context)
+
+    async def agent_fragment(request: Request, session: Session) -> Response:
+        context = agent_context(request)
+        if context is None:
+            return Response("keys are named in hex", status_code=404, headers=_HEADERS)
+        return render(request, "_agent_live.html", session=session, **context)
+
+    async def export(request: Request, session: Session) -> Response:
+        key_hex = request.path_params["key_hex"]
+        try:
+            bus.request_export(bytes.fromhex(key_hex))
+        except ValueError:
+            return message(request, session, 404, "Not found", "keys are named in hex")
+        except KafkaBusError as e:
+            return message(request, session, 503, "Not sent", str(e), f"/agents/{key_hex}")
+        return RedirectResponse(f"/agents/{key_hex}", status_code=303, headers=_HEADERS)
+
+    def dead_letters_context(request: Request) -> dict:
+        reason = request.query_params.get("reason", "")
+        letters, pager = _paged(
+            request, partial(observations.dead_letters, reason=reason), path="/dead-letters"
+        )
+        return {"letters": letters, "reason": reason, "pager": pager}
+
+    def audit_context(request: Request) -> dict:
+        rows, pager = _paged(request, inbox.audit, AUDIT_PER_PAGE, path="/audit")
+        return {"rows": rows, "pager": pager}
+
+    def page(template: str, context: Callable[[Request], dict], **more: Callable[[], object]):
+        """The handler rendering `template` with `context(request)` and `more`'s values."""
+
+        async def handler(request: Request, session: Session) -> Response:
+            extra = {name: value() for name, value in more.items()}
+            return render(request, template, session=session, **context(request), **extra)
+
+        return handler
+
+    routes = [
+        Route("/login", login_page, methods=["GET"]),
+        Route("/login", login, methods=["POST"]),
+        Route("/logout", guarded(logout), methods=["POST"]),
+        Route("/", guarded(page("inbox.html", inbox_context))),
+        Route("/fragments/inbox", guarded(page("_inbox_list.html", inbox_context))),
+        Route("/approvals/{intent_id}", guarded(approval), methods=["GET"]),
+        Route("/approvals/{intent_id}", guarded(decide, Role.APPROVER), methods=["POST"]),
+        Route("/agents", guarded(page("agents.html", agents_context))),
+        Route("/fragments/agents", guarded(page("_agents_list.html", agents_context))),
+        Route("/agents/{key_hex}", guarded(agent), methods=["GET"]),
+        Route("/agents/{key_hex}/export", guarded(export), methods=["POST"]),
+        Route("/fragments/agents/{key_hex}", guarded(agent_fragment)),
+        Route(
+            "/dead-letters",
+            guarded(page("dead_letters.html", dead_letters_context, reasons=observations.reasons)),
+        ),
+        Route(
+            "/fragments/dead-letters",
+            guarded(page("_dead_letters_list.html", dead_letters_context)),
+        ),
+        Route("/audit", guarded(page("audit.html", audit_context), Role.ADMIN)),
+        Route("/fragments/audit", guarded(page("_audit_list.html", audit_context), Role.ADMIN)),
+        Mount("/static", StaticFiles(directory=_HERE / "static"), name="static"),
+    ]
+    return Starlette(routes=routes)

@@ -1,0 +1,443 @@
+"""The console over real HTTP on 127.0.0.1: nobody gets past the sign-in page without a
+session, a viewer cannot decide, a post without the session's CSRF token is refused, sign-in is
+rate-limited, an approver's decision is produced once, and text from the loop is escaped."""
+
+from __future__ import annotations
+
+import html
+import re
+from urllib.parse import urlencode
+
+import pytest
+
+from beam_agents._protos import AgentEnvelope, StateSnapshot, TraceEvent
+from beam_agents.bus import Topics
+from beam_agents.ops.console.app import AUDIT_PER_PAGE, PER_PAGE, SESSION_COOKIE, create_app
+from beam_agents.ops.console.auth import MAX_FAILURES
+from beam_agents.ops.console.service import serving
+from beam_agents.ops.rounds import ManualClock
+from beam_agents.runtime.dead_letters import error_record, to_envelope
+from beam_agents.testing.console import Browser, Recorder, approval_intent, make_bus
+
+NOW = 1_000_000
+SCRIPT = "<script>alert(1)</script>"
+
+
+@pytest.fixture
+def console(tmp_path):
+    clock = ManualClock(NOW)
+    recorder = Recorder()
+    bus, auth = make_bus(tmp_path / "console.sqlite", recorder, clock)
+    bus.inbox.receive(approval_intent().SerializeToString(deterministic=True))
+    recorder.records.clear()  # the export request a new approval asks for
+    with serving(create_app(bus, auth, clock=clock)) as url:
+        yield url, bus, recorder, clock
+
+
+def _signed_in(url, user):
+    browser = Browser(url)
+    reply = browser.sign_in(user)
+    assert reply.status == 303, reply.text
+    return browser
+
+
+PAGES = ["/", "/fragments/inbox", "/approvals/a-1", "/agents", "/fragments/agents",
+         "/agents/632d31", "/fragments/agents/632d31", "/dead-letters", "/fragments/dead-letters",
+         "/audit", "/fragments/audit"]  # fmt: skip
+
+
+@pytest.mark.parametrize("path", PAGES)
+def test_an_anonymous_request_is_sent_to_the_login_page(console, path):
+    url, *_ = console
+    reply = Browser(url).get(path)
+    assert reply.status == 303 and reply.headers["Location"] == "/login"
+    assert "Refund" not in reply.text
+
+
+@pytest.mark.parametrize("path", ["/approvals/a-1", "/logout", "/agents/632d31/export"])
+def test_an_anonymous_post_is_refused(console, path):
+    url, bus, recorder, _ = console
+    reply = Browser(url).post(path, {"decision": "approve", "csrf": "x"})
+    assert reply.status == 401
+    assert bus.inbox.decision("a-1") is None and recorder.records == []
+
+
+def test_the_login_page_is_the_one_page_an_anonymous_user_sees(console):
+    url, *_ = console
+    reply = Browser(url).get("/login")
+    assert reply.status == 200 and 'name="password"' in reply.text
+
+
+def test_the_session_cookie_is_secure_httponly_and_samesite(console):
+    url, *_ = console
+    browser = Browser(url)
+    page = browser.get("/login")
+    reply = browser.post(
+        "/login", {"csrf": page.csrf(), "user": "alice", "password": "correct horse battery staple"}
+    )
+    (cookie,) = [
+        c for c in reply.headers.get_all("Set-Cookie") if c.startswith(SESSION_COOKIE + "=")
+    ]
+    flags = {part.strip().lower() for part in cookie.split(";")}
+    assert {"secure", "httponly", "samesite=strict", "path=/"} <= flags
+    assert browser.get("/").status == 200
+
+
+def test_a_wrong_password_and_an_unknown_user_are_refused_alike(console):
+    url, *_ = console
+    for user, password in (("alice", "wrong"), ("mallory", "correct horse battery staple")):
+        browser = Browser(url)
+        page = browser.get("/login")
+        reply = browser.post("/login", {"csrf": page.csrf(), "user": user, "password": password})
+        assert reply.status == 401 and "Wrong user name or password" in reply.text
+        assert SESSION_COOKIE not in browser.cookies
+        assert browser.get("/").status == 303
+
+
+def test_sign_in_is_rate_limited_even_for_the_right_password(console):
+    url, *_ = console
+    browser = Browser(url)
+    for _ in range(MAX_FAILURES):
+        assert browser.sign_in("alice", "wrong").status == 401
+    reply = browser.sign_in("alice")
+    assert reply.status == 429 and SESSION_COOKIE not in browser.cookies
+
+
+def test_a_login_post_without_its_form_token_is_refused(console):
+    url, *_ = console
+    browser = Browser(url)
+    browser.get("/login")
+    reply = browser.post("/login", {"user": "alice", "password": "correct horse battery staple"})
+    assert reply.status == 403 and SESSION_COOKIE not in browser.cookies
+
+
+def test_a_viewers_approve_is_forbidden(console):
+    url, bus, recorder, _ = console
+    browser = _signed_in(url, "vera")
+    page = browser.get("/approvals/a-1")
+    assert page.status == 200 and 'id="approve"' not in page.text
+    reply = browser.post("/approvals/a-1", {"csrf": page.csrf(), "decision": "approve"})
+    assert reply.status == 403 and "only approvers may decide" in reply.text
+    assert bus.inbox.decision("a-1") is None and recorder.records == []
+
+
+@pytest.mark.parametrize("token", [None, "", "forged"])
+def test_a_post_without_the_sessions_csrf_token_is_refused(console, token):
+    url, bus, recorder, _ = console
+    browser = _signed_in(url, "alice")
+    form = {"decision": "approve"}
+    if token is not None:
+        form["csrf"] = token
+    reply = browser.post("/approvals/a-1", form)
+    assert reply.status == 403 and "CSRF" in reply.text
+    assert bus.inbox.decision("a-1") is None and recorder.records == []
+
+
+def test_an_approvers_decision_is_produced_once_and_shown(console):
+    url, _, recorder, _ = console
+    browser = _signed_in(url, "alice")
+    page = browser.get("/approvals/a-1")
+    assert "Refund 42.00 EUR to customer c-1?" in page.text
+    form = {"csrf": page.csrf(), "decision": "approve", "comment": "checked the charge"}
+    reply = browser.post("/approvals/a-1", form)
+    assert reply.status == 303
+    shown = browser.get("/approvals/a-1").text
+    assert re.search(r"Approved by alice at .*: checked the charge", shown)
+    # The same form posted again (a double click, a replay) decides nothing new.
+    again = browser.post("/approvals/a-1", form)
+    assert again.status == 409 and "Already decided" in again.text
+    (data,) = recorder.on("loop.events")
+    assert AgentEnvelope.FromString(data).approval.approver == "alice"
+    (trace,) = [TraceEvent.FromString(v) for v in recorder.on("loop.traces")]
+    assert trace.attributes["beam_agents.approval.address"] == "127.0.0.1"
+    assert trace.attributes["beam_agents.approval.comment"] == "checked the charge"
+    assert "Nothing is waiting" in browser.get("/").text
+
+
+def test_an_expired_approval_is_refused_with_a_message(console):
+    url, bus, _, clock = console
+    bus.inbox.receive(approval_intent("a-2", expires_at_ms=NOW + 10).SerializeToString())
+    browser = _signed_in(url, "alice")
+    page = browser.get("/approvals/a-2")
+    clock.advance(10)
+    reply = browser.post("/approvals/a-2", {"csrf": page.csrf(), "decision": "decline"})
+    assert reply.status == 409 and "expired" in reply.text
+    assert bus.inbox.decision("a-2") is None
+
+
+def test_the_audit_log_is_for_admins(console):
+    url, bus, *_ = console
+    bus.decide("a-1", approved=False, user="alice", comment="no", address="10.1.2.3")
+    assert _signed_in(url, "alice").get("/audit").status == 403
+    page = _signed_in(url, "ada").get("/audit")
+    assert page.status == 200 and "decline" in page.text and "10.1.2.3" in page.text
+
+
+def test_script_in_a_question_a_memory_value_or_a_key_is_shown_escaped(console):
+    url, bus, *_ = console
+    key = f"k{SCRIPT}".encode()
+    bus.inbox.receive(approval_intent("a-x", key=key, question=SCRIPT).SerializeToString())
+    snapshot = StateSnapshot(entity_key=key, snapshot_at_ms=NOW)
+    snapshot.memory.entries.add(key=SCRIPT, value=SCRIPT.encode())
+    bus.observations.add_snapshot(snapshot.SerializeToString())
+    bus.handle(Topics("loop").completions, SCRIPT.encode(), key, NOW)
+    bus.handle(Topics("loop").dead_letters, _letter(key, SCRIPT, SCRIPT))
+    browser = _signed_in(url, "alice")
+    for path in (
+        "/",
+        "/approvals/a-x",
+        f"/agents/{key.hex()}",
+        f"/fragments/agents/{key.hex()}",
+        "/agents",
+        "/fragments/agents",
+        "/dead-letters",
+        f"/dead-letters?{urlencode({'reason': SCRIPT})}",
+        f"/fragments/dead-letters?{urlencode({'reason': SCRIPT})}",
+    ):
+        page = browser.get(path)
+        assert page.status == 200
+        assert SCRIPT not in page.text, path
+        assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page.text, path
+    assert "script-src 'self'" in page.headers["Content-Security-Policy"]
+
+
+def _next(page, pager_id):
+    """The next-page link of the pager `pager_id` on `page`, as a browser follows it."""
+    pager = re.search(rf'<p class="pager" id="{pager_id}-pager">(.*?)</p>', page.text, re.S)
+    assert pager, f"no pager {pager_id}:\n{page.text[:3000]}"
+    link = re.search(r'<a href="([^"]+)" rel="next">', pager.group(1))
+    return html.unescape(link.group(1)) if link else None
+
+
+def _pages_through(browser, path, pager_id, names, per_page):
+    """Follows `pager_id`'s next links from `path`: each page shows exactly the next `per_page`
+    of `names` (each item's text, in list order), the last the rest, every link stays on the
+    page at `path`. Returns the pages."""
+    assert len(names) > per_page
+    pages, link, shown = [], path, []
+    while link:
+        assert link.split("?")[0] == path.split("?")[0], link
+        page = browser.get(link)
+        assert page.status == 200
+        on_page = [name for name in names if name in page.text]
+        assert on_page == names[len(shown) : len(shown) + per_page], link
+        shown += on_page
+        pages.append(page)
+        link = _next(page, pager_id)
+    assert shown == names and len(pages) == -(-len(names) // per_page)
+    return pages
+
+
+def _letter(key, reason, detail, at=NOW):
+    return to_envelope(error_record(key, reason, detail, at)).SerializeToString()
+
+
+def test_the_pending_approvals_page(console):
+    url, bus, *_ = console
+    for number in range(PER_PAGE + 4):
+        bus.inbox.receive(
+            approval_intent(f"b-{number:02}", created_at_ms=2_000 + number).SerializeToString()
+        )
+    names = ['/approvals/a-1"'] + [f'/approvals/b-{n:02}"' for n in range(PER_PAGE + 4)]
+    first, second = _pages_through(_signed_in(url, "alice"), "/", "page", names, PER_PAGE)
+    assert first.text.count('class="approvable"') == PER_PAGE
+    assert "page 2 of 2 (25 in all)" in second.text
+
+
+def test_the_decided_approvals_page_and_the_audit_log_pages(console):
+    url, bus, _, clock = console
+    count = AUDIT_PER_PAGE + 1
+    for number in range(count):
+        bus.inbox.receive(approval_intent(f"d-{number:02}").SerializeToString())
+        clock.advance(1)
+        bus.decide(f"d-{number:02}", approved=True, user="alice", comment=f"c{number:02};",
+                   address="10.0.0.1")  # fmt: skip
+    newest_first = list(reversed(range(count)))
+    decided = [f">d-{n:02}</a>" for n in newest_first]
+    _pages_through(_signed_in(url, "alice"), "/", "decided_page", decided, PER_PAGE)
+    audited = [f"comment: c{n:02};" for n in newest_first]
+    _pages_through(_signed_in(url, "ada"), "/audit", "page", audited, AUDIT_PER_PAGE)
+
+
+def test_the_agents_list_pages(console):
+    url, bus, _, clock = console
+    for number in range(PER_PAGE + 1):
+        clock.advance(1)
+        bus.observations.add_key(f"key-{number:02};".encode())
+    names = [f">key-{n:02};<" for n in reversed(range(PER_PAGE + 1))]
+    _pages_through(_signed_in(url, "vera"), "/agents", "page", names, PER_PAGE)
+
+
+@pytest.fixture
+def busy_agent(console):
+    """The key p-1 with one more than a page of everything the agent page lists."""
+    url, bus, *_ = console
+    key, count, topics = b"p-1", PER_PAGE + 1, Topics("loop")
+    snapshot = StateSnapshot(entity_key=key, snapshot_at_ms=NOW)
+    for n in range(count):
+        bus.inbox.receive(
+            approval_intent(f"k-{n:02}", key=key, created_at_ms=2_000 + n).SerializeToString()
+        )
+        bus.handle(topics.dead_letters, _letter(key, "unknown_intent", f"letter-{n:02};"))
+        bus.handle(topics.completions, f"out-{n:02};".encode(), key, NOW + n)
+        snapshot.memory.entries.add(key=f"mem-{n:02};", value=b"v")
+        snapshot.pending.add(intent_id=f"pi-{n:02};", tool_name="t")
+        snapshot.llm_cache.entries.add(cache_key=f"ck-{n:02};", response=b"r")
+    bus.observations.add_snapshot(snapshot.SerializeToString())
+    for n in range(6):
+        event = TraceEvent(
+            trace_id=f"trace-{n:02}".encode().ljust(16, b"."), span_id=b"s" * 8,
+            entity_key=key, seq=n, event_type=TraceEvent.ACTIVATION_START, start_ms=NOW + n,
+            end_ms=NOW + n + 1,
+        )  # fmt: skip
+        bus.handle(topics.traces, event.SerializeToString())
+    return url, f"/agents/{key.hex()}", count
+
+
+LISTS = {
+    # pager: (each row's text by position, rows per page)
+    "approvals_page": (lambda n: f'/approvals/k-{n:02}"', PER_PAGE),
+    "letters_page": (lambda n: f"letter-{n:02};", PER_PAGE),
+    "completions_page": (lambda n: f"out-{n:02};", PER_PAGE),
+    "memory_page": (lambda n: f"mem-{n:02};", PER_PAGE),
+    "intents_page": (lambda n: f"pi-{n:02};", PER_PAGE),
+    "cache_page": (lambda n: f"ck-{n:02};", PER_PAGE),
+}
+NEWEST_FIRST = {"letters_page", "completions_page"}
+
+
+@pytest.mark.parametrize("pager_id", sorted(LISTS))
+def test_every_list_of_the_agent_page_pages(busy_agent, pager_id):
+    url, path, count = busy_agent
+    row, per_page = LISTS[pager_id]
+    order = reversed(range(count)) if pager_id in NEWEST_FIRST else range(count)
+    _pages_through(_signed_in(url, "vera"), path, pager_id, [row(n) for n in order], per_page)
+
+
+def test_the_agent_pages_activations_five_at_a_time(busy_agent):
+    url, path, _ = busy_agent
+    names = [f"trace-{n:02}".encode().ljust(16, b".").hex() for n in reversed(range(6))]
+    _pages_through(_signed_in(url, "vera"), path, "page", names, 5)
+
+
+def test_a_pager_keeps_the_other_lists_pages_and_the_live_part_refreshes_that_page(busy_agent):
+    url, path, _ = busy_agent
+    browser = _signed_in(url, "vera")
+    page = browser.get(f"{path}?memory_page=2")
+    assert _next(page, "letters_page") == f"{path}?letters_page=2&memory_page=2"
+    poll = re.search(r'data-poll="([^"]+)"', page.text).group(1)
+    assert html.unescape(poll) == f"/fragments{path}?memory_page=2"
+    live = browser.get(html.unescape(poll)).text
+    assert "mem-20;" in live and "mem-00;" not in live
+    assert _next(browser.get(html.unescape(poll)), "letters_page").startswith(f"{path}?")
+
+
+def test_the_reason_filter_survives_paging_and_the_refresh(console):
+    url, bus, *_ = console
+    topics = Topics("loop")
+    for n in range(PER_PAGE + 1):
+        bus.handle(topics.dead_letters, _letter(b"k-1", "after_deadline", f"late-{n:02};"))
+    for n in range(3):
+        bus.handle(topics.dead_letters, _letter(b"k-2", "unknown_intent", f"unknown-{n:02};"))
+    browser = _signed_in(url, "vera")
+    names = [f"late-{n:02};" for n in reversed(range(PER_PAGE + 1))]
+    first, second = _pages_through(
+        browser, "/dead-letters?reason=after_deadline", "page", names, PER_PAGE
+    )
+    assert _next(first, "page") == "/dead-letters?page=2&reason=after_deadline"
+    assert "unknown-" not in first.text and "unknown-" not in second.text
+    poll = re.search(r'<div id="dead-letters-live" data-poll="([^"]+)"', second.text)
+    assert poll and html.unescape(poll.group(1)) == (
+        "/fragments/dead-letters?page=2&reason=after_deadline"
+    )
+    live = browser.get(html.unescape(poll.group(1))).text
+    assert [name for name in names if name in live] == names[PER_PAGE:]
+    assert "unknown-" not in live and "<h1>" not in live
+    assert 'href="/dead-letters?page=1&amp;reason=after_deadline" rel="prev"' in live
+
+
+@pytest.mark.parametrize("path", ["/", "/agents", "/agents/632d31", "/dead-letters", "/audit"])
+def test_every_list_page_carries_the_polling_hook(console, path):
+    url, *_ = console
+    page = _signed_in(url, "ada").get(path)
+    poll = re.search(r'data-poll="(/fragments/[^"?]*)\?', page.text)
+    assert poll, path
+    assert _signed_in(url, "ada").get(poll.group(1)).status == 200
+    assert '<script src="/static/console.js" defer></script>' in page.text
+
+
+def test_dead_letters_filter_by_reason(console):
+    url, bus, *_ = console
+    topics = Topics("loop")
+    for reason, key in (("unknown_intent", b"k-1"), ("after_deadline", b"k-2")):
+        letter = to_envelope(error_record(key, reason, f"detail of {reason}", NOW))
+        bus.handle(topics.dead_letters, letter.SerializeToString())
+    browser = _signed_in(url, "vera")
+    everything = browser.get("/dead-letters").text
+    assert "detail of unknown_intent" in everything and "detail of after_deadline" in everything
+    filtered = browser.get("/dead-letters?reason=after_deadline").text
+    assert "detail of after_deadline" in filtered and "detail of unknown_intent" not in filtered
+
+
+def test_the_viewer_draws_an_activations_spans_as_bars(console):
+    url, bus, *_ = console
+    topics = Topics("loop")
+    common = {"trace_id": b"t" * 16, "entity_key": b"c-1", "seq": 3}
+    root = TraceEvent(
+        span_id=b"r" * 8, event_type=TraceEvent.ACTIVATION_START, start_ms=NOW, end_ms=NOW + 400,
+        **common,
+    )  # fmt: skip
+    child = TraceEvent(
+        span_id=b"c" * 8, parent_span_id=b"r" * 8, event_type=TraceEvent.LLM_CALL,
+        attributes={"gen_ai.request.model": "m-1"}, start_ms=NOW + 100, end_ms=NOW + 350,
+        **common,
+    )  # fmt: skip
+    for event in (root, child):
+        bus.handle(topics.traces, event.SerializeToString())
+    page = _signed_in(url, "vera").get(f"/agents/{b'c-1'.hex()}").text
+    assert page.count('<rect class="bar') == 2 and page.count('<line class="link"') == 2
+    assert "llm_call m-1" in page and "250 ms" in page and "activation seq 3" in page
+
+
+def test_an_agents_completed_outputs_are_shown_once_each(console):
+    url, bus, *_ = console
+    topics = Topics("loop")
+    for at, output in ((NOW, b"refunded 42.00 EUR"), (NOW, b"refunded 42.00 EUR"), (NOW + 5, b"")):
+        bus.handle(topics.completions, output, b"c-1", at)
+    bus.handle(topics.completions, b"a record without its key", b"", NOW)
+    page = _signed_in(url, "vera").get(f"/agents/{b'c-1'.hex()}").text
+    completed = page[page.index('id="completions"') :].split("</ul>", 1)[0]
+    assert "Completed (2)" in page and completed.count("<li>") == 2
+    assert "refunded 42.00 EUR" in completed and "without its key" not in page
+
+
+def test_a_csrf_field_sent_as_a_file_is_refused_not_a_server_error(console):
+    # Review: a multipart form whose csrf part is a file makes form["csrf"] an UploadFile;
+    # comparing it must refuse the post (403), not raise (500, a traceback in the log).
+    import http.client
+
+    url, bus, recorder, _ = console
+    browser = _signed_in(url, "alice")
+    boundary = "review-boundary"
+    body = (
+        f"--{boundary}\r\n"
+        'Content-Disposition: form-data; name="csrf"; filename="t.txt"\r\n'
+        "Content-Type: text/plain\r\n\r\nx\r\n"
+        f"--{boundary}\r\n"
+        'Content-Disposition: form-data; name="decision"\r\n\r\napprove\r\n'
+        f"--{boundary}--\r\n"
+    )
+    host, port = url.removeprefix("http://").split(":")
+    connection = http.client.HTTPConnection(host, int(port), timeout=30)
+    cookie = "; ".join(f"{k}={v}" for k, v in browser.cookies.items())
+    try:
+        connection.request(
+            "POST", "/approvals/a-1", body=body.encode(),
+            headers={"Cookie": cookie,
+                     "Content-Type": f"multipart/form-data; boundary={boundary}"},
+        )  # fmt: skip
+        status = connection.getresponse().status
+    finally:
+        connection.close()
+    assert status == 403
+    assert bus.inbox.decision("a-1") is None and recorder.records == []

@@ -1,0 +1,160 @@
+"""The console on the Kafka loop: what it reads, what it produces, and in which order.
+
+`ConsoleBus.poll` reads the approvals, snapshots, traces, completions and dead_letters topics
+into the Inbox and the Observations (as a consumer group, committing offsets after the rows
+are stored, so a restart reads on and a copy read twice is one row). For each new approval it
+asks the agent for a StateSnapshot (an export_request envelope on the events topic), so the
+viewer shows the suspension and its deadline.
+
+`ConsoleBus.decide` is the one way a decision leaves: the Inbox records it (with its audit row)
+first, then the recorded AgentEnvelope goes to the events topic and its TraceEvent to the
+traces topic, and only once the broker acknowledged both is it marked produced. A crash or a
+broker failure in between leaves it recorded and unproduced: `produce_recorded`, run on start
+and again on every later click of the same decision, produces the same bytes again.
+"""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections.abc import Callable, Iterable
+from typing import Any, Protocol
+
+from beam_agents._protos import AgentEnvelope
+from beam_agents.bus import KafkaBusError, Topics, produce
+from beam_agents.intents.effector import wall_clock_ms
+from beam_agents.ops.console.inbox import Decision, Inbox
+from beam_agents.ops.console.observed import Observations
+
+__all__ = ["ConsoleBus", "KafkaPublisher", "Publisher"]
+
+Record = tuple[str, bytes, Any, int]
+
+
+class Publisher(Protocol):
+    def __call__(self, records: Iterable[Record]) -> None:
+        """Produces the records; returns once the broker acknowledged every one, else raises
+        KafkaBusError."""
+
+
+class KafkaPublisher:
+    def __init__(self, bootstrap_servers: str) -> None:
+        self._bootstrap_servers = bootstrap_servers
+
+    def __call__(self, records: Iterable[Record]) -> None:
+        produce(self._bootstrap_servers, records)
+
+
+class ConsoleBus:
+    def __init__(
+        self,
+        inbox: Inbox,
+        observations: Observations,
+        topics: Topics,
+        publish: Publisher,
+        *,
+        clock: Callable[[], int] = wall_clock_ms,
+    ) -> None:
+        self.inbox = inbox
+        self.observations = observations
+        self.topics = topics
+        self._publish = publish
+        self._clock = clock
+        self._consumer = None
+
+    # -- producing ------------------------------------------------------------------------
+
+    def decide(
+        self, intent_id: str, *, approved: bool, user: str, comment: str, address: str
+    ) -> tuple[Decision, bool]:
+        """Records the decision, then produces every recorded, unproduced one (this one
+        included). Returns the decision and whether this call made it; raises
+        DecisionRefused, or KafkaBusError when the broker did not acknowledge (the decision
+        stays recorded and is produced on the next try)."""
+        decision, made = self.inbox.decide(
+            intent_id, approved=approved, user=user, comment=comment, address=address
+        )
+        self.produce_recorded()
+        return decision, made
+
+    def produce_recorded(self) -> int:
+        """Produces the decisions recorded but not acknowledged yet; returns how many."""
+        decisions = self.inbox.unproduced()
+        for decision in decisions:
+            key, at = decision.entity_key, decision.decided_at_ms
+            self._publish(
+                [
+                    (self.topics.events, key, decision.envelope, at),
+                    (self.topics.traces, key, decision.trace, at),
+                ]
+            )
+            self.inbox.mark_produced(decision.intent_id)
+        return len(decisions)
+
+    def request_export(self, key: bytes) -> str:
+        """Asks the key's agent for a StateSnapshot; returns the request id."""
+        now = self._clock()
+        request_id = f"console-{uuid.uuid4().hex}"
+        envelope = AgentEnvelope(entity_key=key, event_time_ms=now)
+        envelope.export_request.request_id = request_id
+        self._publish([(self.topics.events, key, envelope, now)])
+        return request_id
+
+    # -- consuming ------------------------------------------------------------------------
+
+    def handle(self, topic: str, value: bytes | None, key: bytes = b"", at_ms: int = 0) -> None:
+        """Stores one record of the topics the console reads (a completion by its record's
+        key and timestamp: its value is the bare output)."""
+        if value is None:
+            return
+        if topic == self.topics.approvals:
+            approval, new = self.inbox.receive(value)
+            if new:
+                self.observations.add_key(approval.intent.entity_key)
+                self.request_export(approval.intent.entity_key)
+        elif topic == self.topics.snapshots:
+            self.observations.add_snapshot(value)
+        elif topic == self.topics.traces:
+            self.observations.add_trace(value)
+        elif topic == self.topics.dead_letters:
+            self.observations.add_dead_letter(value)
+        elif topic == self.topics.completions and key:
+            self.observations.add_completion(key, value, at_ms)
+
+    def connect(self, bootstrap_servers: str, group_id: str) -> None:
+        from confluent_kafka import Consumer
+
+        self._consumer = Consumer(
+            {
+                "bootstrap.servers": bootstrap_servers,
+                "group.id": group_id,
+                "auto.offset.reset": "earliest",
+                "enable.auto.commit": False,
+            }
+        )
+        topics = self.topics
+        self._consumer.subscribe(
+            [topics.approvals, topics.snapshots, topics.traces, topics.completions,
+             topics.dead_letters]
+        )  # fmt: skip
+
+    def poll(self, timeout_s: float = 0.5) -> bool:
+        """Reads and stores at most one record; True when it got one."""
+        message = self._consumer.poll(timeout_s)
+        if message is None:
+            return False
+        if message.error():
+            raise KafkaBusError(f"console reading {message.topic()}: {message.error()}")
+        _, at_ms = message.timestamp()
+        self.handle(message.topic(), message.value(), message.key() or b"", at_ms)
+        self._consumer.commit(message=message, asynchronous=False)
+        return True
+
+    def run(self, stop: threading.Event) -> None:
+        """Produces what a crash left recorded, then reads until `stop` is set."""
+        self.produce_recorded()
+        try:
+            while not stop.is_set():
+                self.poll()
+        finally:
+            self._consumer.close()

@@ -1,0 +1,157 @@
+"""The console's configuration file (TOML): where the loop is, its keys, and who may sign in.
+
+    [kafka]
+    bootstrap_servers = "127.0.0.1:9092"
+    topic_prefix = "my-loop"
+
+    [console]
+    database = "console.sqlite"          # relative paths are relative to this file
+    host = "127.0.0.1"
+    port = 8080
+    verify_mode = "require"              # how APPROVAL intents are verified (as the effector)
+    intent_keyring = "intent-keys.json"  # verifies them: a keyring file, or MODULE:NAME
+    approvals_keyring = "approval-keys.json"  # its active key signs every decision
+
+    [users.alice]
+    role = "approver"                    # viewer, approver or admin
+    password_hash = "$argon2id$v=19$..." # `beam-agents console hash-password`
+
+Passwords are kept only as argon2id hashes (argon2-cffi). A keyring given as MODULE:NAME is a
+callable returning a Keyring (as `effector-service --keyring`), e.g. the demo's key.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+
+from beam_agents.bus import Topics
+from beam_agents.errors import BeamAgentsError, KeyringError
+from beam_agents.intents.effector import VerifyMode
+from beam_agents.intents.signing import Keyring
+from beam_agents.ops.loading import load_object
+
+__all__ = ["ConsoleConfig", "ConsoleConfigError", "Role", "User", "load_keyring"]
+
+
+class ConsoleConfigError(BeamAgentsError):
+    """The console's configuration file is missing, malformed or names something unusable."""
+
+    def __init__(self, reason: str, *, path: str) -> None:
+        super().__init__(f"{path}: {reason}")
+        self.path = path
+
+
+class Role(enum.IntEnum):
+    """Ordered: each role may do what the roles below it may."""
+
+    VIEWER = 1
+    APPROVER = 2
+    ADMIN = 3
+
+
+@dataclasses.dataclass(frozen=True)
+class User:
+    name: str
+    role: Role
+    password_hash: str = dataclasses.field(repr=False)
+
+
+@dataclasses.dataclass(frozen=True)
+class ConsoleConfig:
+    users: Mapping[str, User]
+    database: Path
+    intent_keyring: Keyring | None
+    approvals_keyring: Keyring
+    verify_mode: VerifyMode = VerifyMode.REQUIRE
+    bootstrap_servers: str = ""
+    topics: Topics | None = None
+    host: str = "127.0.0.1"
+    port: int = 8080
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> ConsoleConfig:
+        path = Path(path)
+        try:
+            document = tomllib.loads(path.read_text("utf-8"))
+        except OSError as e:
+            raise ConsoleConfigError(f"cannot read: {e.strerror}", path=str(path)) from None
+        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+            raise ConsoleConfigError(f"not TOML: {e}", path=str(path)) from None
+        return cls.from_document(document, base=path.parent, source=str(path))
+
+    @classmethod
+    def from_document(cls, document: Mapping, *, base: Path, source: str) -> ConsoleConfig:
+        def fail(reason: str) -> ConsoleConfigError:
+            return ConsoleConfigError(reason, path=source)
+
+        kafka = _table(document, "kafka", fail)
+        console = _table(document, "console", fail)
+        users = {}
+        for name, entry in _table(document, "users", fail).items():
+            if not isinstance(entry, Mapping):
+                raise fail(f"users.{name} is not a table")
+            role = str(entry.get("role", "")).upper()
+            if role not in Role.__members__:
+                raise fail(f"users.{name}.role must be viewer, approver or admin")
+            password_hash = entry.get("password_hash")
+            if not isinstance(password_hash, str) or not password_hash.startswith("$argon2"):
+                raise fail(f"users.{name}.password_hash must be an argon2 hash")
+            users[name] = User(name, Role[role], password_hash)
+        if not users:
+            raise fail("no [users.NAME] table: nobody could sign in")
+        try:
+            mode = VerifyMode(console.get("verify_mode", "require"))
+        except ValueError:
+            raise fail("console.verify_mode must be off, permissive or require") from None
+        intent_ring = console.get("intent_keyring")
+        if mode is not VerifyMode.OFF and not intent_ring:
+            raise fail(f"verify_mode {mode.value} needs console.intent_keyring")
+        if not console.get("approvals_keyring"):
+            raise fail("console.approvals_keyring is needed: every decision is signed")
+        approvals = load_keyring(console["approvals_keyring"], base, fail)
+        if approvals.active is None:
+            raise fail("console.approvals_keyring has no active key to sign decisions with")
+        prefix = kafka.get("topic_prefix")
+        try:
+            topics = Topics(prefix) if prefix else None
+        except ValueError as e:
+            raise fail(str(e)) from None
+        port = console.get("port", 8080)
+        if not isinstance(port, int) or not 0 <= port < 65536:
+            raise fail("console.port must be a port number")
+        return cls(
+            users=users,
+            database=base / console.get("database", "console.sqlite"),
+            intent_keyring=load_keyring(intent_ring, base, fail) if intent_ring else None,
+            approvals_keyring=approvals,
+            verify_mode=mode,
+            bootstrap_servers=str(kafka.get("bootstrap_servers", "")),
+            topics=topics,
+            host=str(console.get("host", "127.0.0.1")),
+            port=port,
+        )
+
+
+def load_keyring(spec: str, base: Path, fail) -> Keyring:
+    """A keyring file (relative to `base`), or MODULE:NAME of a callable returning one."""
+    try:
+        if ":" in spec and not (base / spec).exists():
+            ring = load_object(spec)()
+        else:
+            ring = Keyring.from_file(base / spec)
+    except (ValueError, KeyringError) as e:
+        raise fail(f"keyring {spec!r}: {e}") from None
+    if not isinstance(ring, Keyring):
+        raise fail(f"keyring {spec!r} gave a {type(ring).__name__}, not a Keyring")
+    return ring
+
+
+def _table(document: Mapping, name: str, fail) -> Mapping:
+    table = document.get(name, {})
+    if not isinstance(table, Mapping):
+        raise fail(f"[{name}] is not a table")
+    return table

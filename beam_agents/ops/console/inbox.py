@@ -1,0 +1,343 @@
+"""The approvals inbox: APPROVAL intents in, one signed decision per intent out.
+
+Receiving. Each record of the approvals topic is decoded and verified as the effector verifies
+an intent (`VerifyMode`, from the bytes as received). Every copy is kept, but only one the mode
+admits, of kind APPROVAL, is approvable; a refused one is listed with its verification outcome
+and can never be decided. A copy the mode admits replaces a refused one under the same
+intent_id (a forger cannot shadow the real intent by sending first); two admissible copies keep
+the first.
+
+Deciding, exactly once. `decide` runs in one BEGIN IMMEDIATE transaction: it refuses an intent
+that is not approvable, expired (`expires_at_ms` at or before now, or no expiry: fail closed as
+the effector does), or whose suspension's deadline (from the key's latest StateSnapshot) has
+passed; an intent decided before gets that decision back, whoever asks (a second click, a
+replayed form post, another console process on the same file). Otherwise it builds the
+AgentEnvelope (the Approval with intent_id, approved, approver = the signed-in user,
+decided_at_ms, intent_digest = the content digest of the intent decided, signed with the
+approvals keyring) and the decision's TraceEvent, and records both with the audit row before
+anything is produced. The caller produces the recorded bytes and then marks them produced
+(`mark_produced`); `unproduced` lists what a crash left between the two, to be produced again
+on start. A copy produced twice carries the same bytes, which RunAgent counts as a duplicate
+answer: the agent sees one decision, never two, never none.
+
+The comment has no field in the Approval; it is kept in the audit log and the TraceEvent.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+from collections.abc import Callable
+
+from google.protobuf.message import DecodeError
+
+from beam_agents._protos import AgentEnvelope, StateSnapshot, ToolIntent, TraceEvent
+from beam_agents.errors import BeamAgentsError
+from beam_agents.intents.effector import VerifyMode, wall_clock_ms
+from beam_agents.intents.identity import content_digest, effective_kind
+from beam_agents.intents.signing import Keyring, sign, verify
+from beam_agents.ops.console.db import Database
+
+__all__ = ["Approval", "Decision", "DecisionRefused", "Inbox"]
+
+#: Longest comment kept; a form field is otherwise unbounded.
+MAX_COMMENT_CHARS = 2000
+
+
+class DecisionRefused(BeamAgentsError):
+    """A decision the console will not record; `reason` is one word, the message says why."""
+
+    def __init__(self, message: str, *, reason: str, intent_id: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.intent_id = intent_id
+
+
+@dataclasses.dataclass(frozen=True)
+class Approval:
+    """An APPROVAL intent as the inbox keeps it."""
+
+    intent: ToolIntent
+    verification: str
+    approvable: bool
+    received_at_ms: int
+    decision: Decision | None = None
+
+    @property
+    def intent_id(self) -> str:
+        return self.intent.intent_id
+
+
+@dataclasses.dataclass(frozen=True)
+class Decision:
+    intent_id: str
+    entity_key: bytes
+    approved: bool
+    approver: str
+    comment: str
+    decided_at_ms: int
+    address: str
+    #: The serialized AgentEnvelope and TraceEvent, produced as recorded.
+    envelope: bytes
+    trace: bytes
+    produced: bool
+
+
+_DECISION_COLUMNS = (
+    "intent_id, entity_key, approved, approver, comment, decided_at_ms, address, envelope, "
+    "trace, produced"
+)
+
+
+def _decision(row) -> Decision:
+    intent_id, key, approved, approver, comment, at, address, envelope, trace, produced = row
+    return Decision(
+        intent_id, key, bool(approved), approver, comment, at, address, envelope, trace,
+        bool(produced),
+    )  # fmt: skip
+
+
+class Inbox:
+    """Pending approvals and their decisions in the console's Database."""
+
+    def __init__(
+        self,
+        db: Database,
+        *,
+        mode: VerifyMode,
+        intent_keyring: Keyring | None,
+        approvals_keyring: Keyring,
+        clock: Callable[[], int] = wall_clock_ms,
+    ) -> None:
+        if mode is not VerifyMode.OFF and intent_keyring is None:
+            raise ValueError(f"verify mode {mode.value} needs an intent keyring")
+        if approvals_keyring.active is None:
+            raise ValueError("the approvals keyring needs an active key to sign decisions")
+        self._db = db
+        self._mode = mode
+        self._intent_keyring = intent_keyring
+        self._approvals_keyring = approvals_keyring
+        self._clock = clock
+
+    # -- receiving ------------------------------------------------------------------------
+
+    def receive(self, data: bytes) -> tuple[Approval | None, bool]:
+        """Keeps one record of the approvals topic: the approval as kept (None for bytes that
+        are no ToolIntent) and whether its intent_id is new."""
+        try:
+            intent = ToolIntent.FromString(data)
+        except DecodeError:
+            return None, False
+        if self._mode is VerifyMode.OFF:
+            outcome, admitted = "not verified", True
+        else:
+            verification = verify(intent, self._intent_keyring, wire=data)
+            outcome, admitted = verification.value, self._mode.admits(verification)
+        if effective_kind(intent) != ToolIntent.APPROVAL:
+            outcome, admitted = f"{outcome}; not an APPROVAL intent", False
+        now = self._clock()
+        with self._db.transaction() as db:
+            row = db.execute(
+                "SELECT approvable FROM approvals WHERE intent_id = ?", (intent.intent_id,)
+            ).fetchone()
+            if row is None or (admitted and not row[0]):
+                db.execute(
+                    "INSERT OR REPLACE INTO approvals VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                    (
+                        intent.intent_id, intent.entity_key, bytes(data), outcome, int(admitted),
+                        intent.created_at_ms, intent.expires_at_ms, now,
+                    ),
+                )  # fmt: skip
+        return self.get(intent.intent_id), row is None
+
+    # -- reading --------------------------------------------------------------------------
+
+    def get(self, intent_id: str) -> Approval | None:
+        rows = self._db.read(
+            "SELECT intent, verification, approvable, received_at_ms FROM approvals "
+            "WHERE intent_id = ?",
+            (intent_id,),
+        )
+        if not rows:
+            return None
+        return self._approval(rows[0], self.decision(intent_id))
+
+    def decision(self, intent_id: str) -> Decision | None:
+        rows = self._db.read(
+            f"SELECT {_DECISION_COLUMNS} FROM decisions WHERE intent_id = ?", (intent_id,)
+        )
+        return _decision(rows[0]) if rows else None
+
+    def pending(self, *, offset: int = 0, limit: int = 20) -> tuple[list[Approval], int]:
+        """Undecided approvals, oldest first, and how many there are in all."""
+        where = "FROM approvals a WHERE NOT EXISTS (SELECT 1 FROM decisions d WHERE d.intent_id = a.intent_id)"  # noqa: E501
+        (total,) = self._db.read(f"SELECT count(*) {where}")[0]
+        rows = self._db.read(
+            f"SELECT intent, verification, approvable, received_at_ms {where} "
+            "ORDER BY created_at_ms, intent_id LIMIT ? OFFSET ?",
+            (limit, offset),
+        )
+        return [self._approval(row, None) for row in rows], total
+
+    def decided(self, *, offset: int = 0, limit: int = 20) -> tuple[list[Decision], int]:
+        """Decisions, newest first, and how many there are in all."""
+        (total,) = self._db.read("SELECT count(*) FROM decisions")[0]
+        rows = self._db.read(
+            f"SELECT {_DECISION_COLUMNS} FROM decisions ORDER BY decided_at_ms DESC, intent_id "
+            "LIMIT ? OFFSET ?",
+            (limit, offset),
+        )
+        return [_decision(row) for row in rows], total
+
+    def for_key(
+        self, entity_key: bytes, *, offset: int = 0, limit: int = 20
+    ) -> tuple[list[Approval], int]:
+        """The key's approvals, decided or not, oldest first, and how many there are in all."""
+        (total,) = self._db.read(
+            "SELECT count(*) FROM approvals WHERE entity_key = ?", (entity_key,)
+        )[0]
+        rows = self._db.read(
+            "SELECT intent, verification, approvable, received_at_ms, intent_id FROM approvals "
+            "WHERE entity_key = ? ORDER BY created_at_ms, intent_id LIMIT ? OFFSET ?",
+            (entity_key, limit, offset),
+        )
+        return [self._approval(row[:4], self.decision(row[4])) for row in rows], total
+
+    @staticmethod
+    def _approval(row, decision: Decision | None) -> Approval:
+        data, verification, approvable, received = row
+        intent = ToolIntent.FromString(data)
+        return Approval(intent, verification, bool(approvable), received, decision)
+
+    # -- deciding -------------------------------------------------------------------------
+
+    def decide(
+        self, intent_id: str, *, approved: bool, user: str, comment: str, address: str
+    ) -> tuple[Decision, bool]:
+        """Records the one decision of `intent_id` (module docstring). Returns it and whether
+        this call made it; raises DecisionRefused."""
+        comment = comment[:MAX_COMMENT_CHARS]
+        with self._db.transaction() as db:
+            known = db.execute(
+                f"SELECT {_DECISION_COLUMNS} FROM decisions WHERE intent_id = ?", (intent_id,)
+            ).fetchone()
+            if known is not None:
+                return _decision(known), False
+            row = db.execute(
+                "SELECT intent, approvable, verification FROM approvals WHERE intent_id = ?",
+                (intent_id,),
+            ).fetchone()
+            if row is None:
+                raise DecisionRefused(
+                    f"no approval {intent_id} is known", reason="unknown", intent_id=intent_id
+                )
+            data, approvable, verification = row
+            if not approvable:
+                raise DecisionRefused(
+                    f"approval {intent_id} cannot be decided: its intent is {verification}",
+                    reason="unverified",
+                    intent_id=intent_id,
+                )
+            intent = ToolIntent.FromString(data)
+            now = self._clock()
+            self._check_time(db, intent, now)
+            envelope = AgentEnvelope(entity_key=intent.entity_key, event_time_ms=now)
+            answer = AgentEnvelope.Approval(
+                intent_id=intent_id,
+                approved=approved,
+                approver=user,
+                decided_at_ms=now,
+                intent_digest=content_digest(data),
+            )
+            envelope.approval.CopyFrom(sign(answer, self._approvals_keyring))
+            trace = _trace(intent, approved, user, comment, address, now)
+            decision = Decision(
+                intent_id, intent.entity_key, approved, user, comment, now, address,
+                envelope.SerializeToString(deterministic=True),
+                trace.SerializeToString(deterministic=True), False,
+            )  # fmt: skip
+            db.execute(
+                f"INSERT INTO decisions ({_DECISION_COLUMNS}) VALUES ({', '.join('?' * 10)})",
+                (
+                    intent_id, intent.entity_key, int(approved), user, comment, now, address,
+                    decision.envelope, decision.trace, 0,
+                ),
+            )  # fmt: skip
+            db.execute(
+                "INSERT INTO audit (at_ms, user, action, intent_id, detail, address) "
+                "VALUES (?, ?, ?, ?, ?, ?)",
+                (
+                    now, user, "approve" if approved else "decline", intent_id,
+                    f"{intent.tool_name} {intent.args_json}; comment: {comment}", address,
+                ),
+            )  # fmt: skip
+        return decision, True
+
+    def _check_time(self, db, intent: ToolIntent, now: int) -> None:
+        if intent.expires_at_ms <= now:
+            raise DecisionRefused(
+                f"approval {intent.intent_id} expired at {intent.expires_at_ms} ms; "
+                "a decision now would not be taken",
+                reason="expired",
+                intent_id=intent.intent_id,
+            )
+        row = db.execute(
+            "SELECT snapshot FROM snapshots WHERE entity_key = ?", (intent.entity_key,)
+        ).fetchone()
+        if row is None:
+            return
+        continuation = StateSnapshot.FromString(row[0]).continuation
+        if intent.intent_id in continuation.pending_intent_ids and continuation.deadline_ms < now:
+            raise DecisionRefused(
+                f"the agent stopped waiting for approval {intent.intent_id} at "
+                f"{continuation.deadline_ms} ms (its suspension's deadline)",
+                reason="after_deadline",
+                intent_id=intent.intent_id,
+            )
+
+    def unproduced(self) -> list[Decision]:
+        """Decisions recorded but not yet acknowledged by the broker, oldest first."""
+        rows = self._db.read(
+            f"SELECT {_DECISION_COLUMNS} FROM decisions WHERE produced = 0 ORDER BY decided_at_ms"
+        )
+        return [_decision(row) for row in rows]
+
+    def mark_produced(self, intent_id: str) -> None:
+        with self._db.transaction() as db:
+            db.execute("UPDATE decisions SET produced = 1 WHERE intent_id = ?", (intent_id,))
+
+    def audit(self, *, offset: int = 0, limit: int = 50) -> tuple[list[tuple], int]:
+        """(at_ms, user, action, intent_id, detail, address) rows, newest first, and the total."""
+        (total,) = self._db.read("SELECT count(*) FROM audit")[0]
+        rows = self._db.read(
+            "SELECT at_ms, user, action, intent_id, detail, address FROM audit "
+            "ORDER BY id DESC LIMIT ? OFFSET ?",
+            (limit, offset),
+        )
+        return rows, total
+
+
+def _trace(
+    intent: ToolIntent, approved: bool, user: str, comment: str, address: str, now: int
+) -> TraceEvent:
+    """The decision as a span of the activation that asked (same trace id). Its span id comes
+    from the intent id, so a copy produced again is the same event."""
+    return TraceEvent(
+        trace_id=intent.trace_id,
+        span_id=hashlib.sha256(f"console-decision|{intent.intent_id}".encode()).digest()[:8],
+        entity_key=intent.entity_key,
+        seq=intent.seq,
+        step_index=intent.step_index,
+        event_type=TraceEvent.TOOL_CALL,
+        attributes={
+            "gen_ai.tool.name": intent.tool_name,
+            "beam_agents.intent_id": intent.intent_id,
+            "beam_agents.approval.approved": "true" if approved else "false",
+            "beam_agents.approval.approver": user,
+            "beam_agents.approval.address": address,
+            "beam_agents.approval.comment": comment,
+            "beam_agents.source": "console",
+        },
+        start_ms=now,
+        end_ms=now,
+    )

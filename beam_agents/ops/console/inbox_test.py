@@ -1,0 +1,217 @@
+"""The inbox decides each approval once, signed, recorded before it is produced: a second
+click, a second console process, a broker failure or a crash never make a second or a lost
+decision, and only an intent verified as the effector verifies it can be decided."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from beam_agents._protos import AgentEnvelope, StateSnapshot, ToolIntent, TraceEvent
+from beam_agents.bus import KafkaBusError
+from beam_agents.intents.effector import VerifyMode
+from beam_agents.intents.identity import content_digest
+from beam_agents.intents.signing import Keyring, Verification, sign, verify
+from beam_agents.ops.console.inbox import DecisionRefused
+from beam_agents.ops.rounds import ManualClock
+from beam_agents.testing.console import (
+    APPROVALS_RING,
+    INTENT_RING,
+    Recorder,
+    approval_intent,
+    make_bus,
+)
+
+NOW = 5_000
+
+
+@pytest.fixture
+def clock():
+    return ManualClock(NOW)
+
+
+def _received(bus, intent: ToolIntent):
+    approval, _ = bus.inbox.receive(intent.SerializeToString(deterministic=True))
+    return approval
+
+
+def _decide(bus, intent_id="a-1", approved=True, user="alice"):
+    return bus.decide(intent_id, approved=approved, user=user, comment="ok", address="10.0.0.7")
+
+
+def test_a_decision_is_one_signed_approval_bound_to_the_intents_content(tmp_path, clock):
+    recorder = Recorder()
+    bus, _ = make_bus(tmp_path / "c.sqlite", recorder, clock)
+    intent = approval_intent()
+    _received(bus, intent)
+    decision, made = _decide(bus)
+    assert made and decision.produced is False  # the returned copy is the recorded one
+    (data,) = recorder.on(bus.topics.events)[-1:]
+    envelope = AgentEnvelope.FromString(data)
+    approval = envelope.approval
+    assert envelope.entity_key == b"c-1" and envelope.event_time_ms == NOW
+    assert (approval.intent_id, approval.approved, approval.approver) == ("a-1", True, "alice")
+    assert approval.decided_at_ms == NOW
+    # What RunAgent checks (machine_answers): the approvals ring's signature, and the digest
+    # of the pending intent's content.
+    assert verify(approval, APPROVALS_RING) is Verification.VALID
+    assert approval.intent_digest == content_digest(intent.SerializeToString(deterministic=True))
+    assert bus.inbox.decision("a-1").produced
+    (trace,) = [TraceEvent.FromString(v) for v in recorder.on(bus.topics.traces)]
+    assert trace.attributes["beam_agents.approval.approver"] == "alice"
+    assert trace.attributes["beam_agents.approval.address"] == "10.0.0.7"
+    assert trace.trace_id == intent.trace_id
+    (audit,), total = bus.inbox.audit()
+    assert total == 1 and audit[:4] == (NOW, "alice", "approve", "a-1")
+    assert audit[5] == "10.0.0.7"
+
+
+def test_a_new_approval_asks_its_agent_for_a_snapshot_once(tmp_path, clock):
+    recorder = Recorder()
+    bus, _ = make_bus(tmp_path / "c.sqlite", recorder, clock)
+    data = approval_intent().SerializeToString(deterministic=True)
+    bus.handle(bus.topics.approvals, data)
+    bus.handle(bus.topics.approvals, data)  # the same record read again
+    (request,) = [AgentEnvelope.FromString(v) for v in recorder.on(bus.topics.events)]
+    assert request.WhichOneof("payload") == "export_request" and request.entity_key == b"c-1"
+
+
+def test_a_second_click_gets_the_first_decision_and_produces_nothing(tmp_path, clock):
+    recorder = Recorder()
+    bus, _ = make_bus(tmp_path / "c.sqlite", recorder, clock)
+    _received(bus, approval_intent())
+    first, _ = _decide(bus, approved=True)
+    clock.advance(10)
+    second, made = _decide(bus, approved=False, user="ada")
+    assert not made
+    assert (second.approved, second.approver, second.envelope) == (True, "alice", first.envelope)
+    assert len(recorder.on(bus.topics.events)) == 1
+
+
+def test_two_console_processes_on_one_file_make_one_decision(tmp_path, clock):
+    path = tmp_path / "c.sqlite"
+    recorders = [Recorder(), Recorder()]
+    buses = [make_bus(path, r, clock)[0] for r in recorders]
+    _received(buses[0], approval_intent())
+    start = threading.Barrier(8)
+    made = []
+
+    def click(bus, approved):
+        start.wait()
+        made.append(_decide(bus, approved=approved)[1])
+
+    threads = [threading.Thread(target=click, args=(buses[i % 2], i % 2 == 0)) for i in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert made.count(True) == 1
+    # A process that finds the decision recorded but not yet acknowledged produces it too: the
+    # same bytes, which RunAgent takes as one answer (a duplicate copy), never two decisions.
+    produced = {v for r in recorders for v in r.on("loop.events")}
+    assert len(produced) == 1
+
+
+def test_a_decision_the_broker_did_not_acknowledge_is_produced_on_restart_once(tmp_path, clock):
+    path = tmp_path / "c.sqlite"
+    broken = Recorder()
+    broken.fail = True
+    bus, _ = make_bus(path, broken, clock)
+    _received(bus, approval_intent())
+    with pytest.raises(KafkaBusError):
+        _decide(bus)
+    recorded = bus.inbox.decision("a-1")
+    assert recorded is not None and not recorded.produced
+    # A click while the broker is still down is the same decision, not a new one.
+    with pytest.raises(KafkaBusError):
+        _decide(bus, approved=False)
+    # The process crashed; a new one on the same file produces the recorded bytes.
+    recorder = Recorder()
+    restarted, _ = make_bus(path, recorder, clock)
+    assert restarted.produce_recorded() == 1
+    assert recorder.on("loop.events") == [recorded.envelope]
+    assert AgentEnvelope.FromString(recorded.envelope).approval.approved is True
+    assert restarted.produce_recorded() == 0
+    assert restarted.inbox.decision("a-1").produced
+
+
+@pytest.mark.parametrize(
+    ("mode", "intent", "approvable"),
+    [
+        (VerifyMode.REQUIRE, approval_intent(), True),
+        (VerifyMode.REQUIRE, approval_intent(ring=None), False),
+        (VerifyMode.PERMISSIVE, approval_intent(ring=None), True),
+        (VerifyMode.PERMISSIVE, approval_intent(ring=Keyring({"x": b"y" * 32}, active="x")), False),
+        (
+            VerifyMode.REQUIRE,
+            ToolIntent(
+                **{
+                    **{f.name: v for f, v in approval_intent(ring=None).ListFields()},
+                    "kind": ToolIntent.TOOL,
+                }
+            ),
+            False,
+        ),
+    ],
+    ids=["signed", "unsigned-require", "unsigned-permissive", "unknown-key", "tool-kind"],
+)
+def test_only_an_intent_the_mode_admits_can_be_decided(tmp_path, clock, mode, intent, approvable):
+    if intent.kind == ToolIntent.TOOL:
+        intent = sign(intent, INTENT_RING)
+    bus, _ = make_bus(tmp_path / "c.sqlite", Recorder(), clock, mode=mode)
+    assert _received(bus, intent).approvable is approvable
+    if approvable:
+        assert _decide(bus)[1]
+        return
+    with pytest.raises(DecisionRefused) as refused:
+        _decide(bus)
+    assert refused.value.reason == "unverified"
+    assert bus.inbox.decision("a-1") is None
+
+
+def test_a_tampered_copy_is_refused_and_cannot_shadow_the_real_intent(tmp_path, clock):
+    bus, _ = make_bus(tmp_path / "c.sqlite", Recorder(), clock)
+    real = approval_intent()
+    forged = ToolIntent()
+    forged.CopyFrom(real)
+    forged.args_json = '{"amount":9999,"question":"Refund 9999?"}'
+    assert not _received(bus, forged).approvable
+    assert _received(bus, real).approvable
+    assert bus.inbox.get("a-1").intent.args_json == real.args_json
+    assert not _received(bus, forged).approvable or bus.inbox.get("a-1").intent == real
+    assert bus.inbox.get("a-1").intent == real
+
+
+@pytest.mark.parametrize("expires_at_ms", [NOW, NOW - 1, 0])
+def test_a_decision_at_or_after_expiry_is_refused(tmp_path, clock, expires_at_ms):
+    bus, _ = make_bus(tmp_path / "c.sqlite", Recorder(), clock)
+    _received(bus, approval_intent(expires_at_ms=expires_at_ms))
+    with pytest.raises(DecisionRefused, match="expired") as refused:
+        _decide(bus)
+    assert refused.value.reason == "expired"
+    assert bus.inbox.decision("a-1") is None
+
+
+def test_a_decision_after_the_suspensions_deadline_is_refused(tmp_path, clock):
+    bus, _ = make_bus(tmp_path / "c.sqlite", Recorder(), clock)
+    _received(bus, approval_intent())
+    snapshot = StateSnapshot(entity_key=b"c-1", snapshot_at_ms=NOW - 100)
+    snapshot.continuation.pending_intent_ids.append("a-1")
+    snapshot.continuation.deadline_ms = NOW - 1
+    bus.handle(bus.topics.snapshots, snapshot.SerializeToString())
+    with pytest.raises(DecisionRefused, match="deadline") as refused:
+        _decide(bus)
+    assert refused.value.reason == "after_deadline"
+    # At the deadline itself the agent still takes the answer (RunAgent refuses only after).
+    snapshot.continuation.deadline_ms = NOW
+    snapshot.snapshot_at_ms = NOW - 50
+    bus.handle(bus.topics.snapshots, snapshot.SerializeToString())
+    assert _decide(bus)[1]
+
+
+def test_an_unknown_approval_is_refused(tmp_path, clock):
+    bus, _ = make_bus(tmp_path / "c.sqlite", Recorder(), clock)
+    with pytest.raises(DecisionRefused) as refused:
+        _decide(bus, intent_id="nope")
+    assert refused.value.reason == "unknown"

@@ -1,0 +1,173 @@
+"""What the agent viewer shows, as read from the loop's topics: each key's latest StateSnapshot,
+its activations' TraceEvents and completed outputs, and the dead letters of the loop.
+
+Records are stored by content (a TraceEvent or dead letter read twice, after a restart or from
+a second console, is one row), so reading a topic again from its start is harmless. Every list
+is paged in SQL (`offset`, `limit`) and returns its total, so large topics never load whole.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+from google.protobuf.message import DecodeError
+
+from beam_agents._protos import ActivationErrorRecord, StateSnapshot, TraceEvent
+from beam_agents.bus import decode_dead_letter
+from beam_agents.intents.effector import wall_clock_ms
+from beam_agents.ops.console.db import Database
+
+__all__ = ["Activation", "Observations"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Activation:
+    """The TraceEvents of one trace (one activation and its resumes) of a key."""
+
+    trace_id: bytes
+    events: list[TraceEvent]
+
+    @property
+    def start_ms(self) -> int:
+        return min(e.start_ms for e in self.events)
+
+
+class Observations:
+    def __init__(self, db: Database, *, clock: Callable[[], int] = wall_clock_ms) -> None:
+        self._db = db
+        self._clock = clock
+
+    def _seen(self, db, key: bytes) -> None:
+        db.execute("INSERT OR REPLACE INTO keys VALUES (?, ?)", (key, self._clock()))
+
+    def add_snapshot(self, data: bytes) -> StateSnapshot | None:
+        """Keeps the snapshot when it is the key's latest (by snapshot_at_ms)."""
+        try:
+            snapshot = StateSnapshot.FromString(data)
+        except DecodeError:
+            return None
+        with self._db.transaction() as db:
+            db.execute(
+                "INSERT INTO snapshots VALUES (?, ?, ?) ON CONFLICT (entity_key) DO UPDATE SET "
+                "snapshot_at_ms = excluded.snapshot_at_ms, snapshot = excluded.snapshot "
+                "WHERE excluded.snapshot_at_ms >= snapshots.snapshot_at_ms",
+                (snapshot.entity_key, snapshot.snapshot_at_ms, bytes(data)),
+            )
+            self._seen(db, snapshot.entity_key)
+        return snapshot
+
+    def add_trace(self, data: bytes) -> TraceEvent | None:
+        try:
+            event = TraceEvent.FromString(data)
+        except DecodeError:
+            return None
+        with self._db.transaction() as db:
+            db.execute(
+                "INSERT OR IGNORE INTO traces (entity_key, trace_id, start_ms, event) "
+                "VALUES (?, ?, ?, ?)",
+                (event.entity_key, event.trace_id, event.start_ms, bytes(data)),
+            )
+            self._seen(db, event.entity_key)
+        return event
+
+    def add_dead_letter(self, data: bytes) -> ActivationErrorRecord | None:
+        try:
+            record = decode_dead_letter(data)
+        except DecodeError:
+            return None
+        with self._db.transaction() as db:
+            db.execute(
+                "INSERT OR IGNORE INTO dead_letters (entity_key, reason, event_time_ms, record) "
+                "VALUES (?, ?, ?, ?)",
+                (record.entity_key, record.reason, record.event_time_ms, bytes(data)),
+            )
+            self._seen(db, record.entity_key)
+        return record
+
+    def add_completion(self, key: bytes, output: bytes, at_ms: int) -> None:
+        """Keeps a completions record: the key's completed activation output `output`."""
+        with self._db.transaction() as db:
+            db.execute(
+                "INSERT OR IGNORE INTO completions (entity_key, at_ms, output) VALUES (?, ?, ?)",
+                (key, at_ms, bytes(output)),
+            )
+            self._seen(db, key)
+
+    def add_key(self, key: bytes) -> None:
+        with self._db.transaction() as db:
+            self._seen(db, key)
+
+    # -- reading --------------------------------------------------------------------------
+
+    def snapshot(self, key: bytes) -> StateSnapshot | None:
+        rows = self._db.read("SELECT snapshot FROM snapshots WHERE entity_key = ?", (key,))
+        return StateSnapshot.FromString(rows[0][0]) if rows else None
+
+    def keys(self, *, offset: int = 0, limit: int = 20) -> tuple[list[bytes], int]:
+        """Keys seen, most recently seen first."""
+        (total,) = self._db.read("SELECT count(*) FROM keys")[0]
+        rows = self._db.read(
+            "SELECT entity_key FROM keys ORDER BY last_seen_ms DESC, entity_key LIMIT ? OFFSET ?",
+            (limit, offset),
+        )
+        return [bytes(r[0]) for r in rows], total
+
+    def activations(
+        self, key: bytes, *, offset: int = 0, limit: int = 5
+    ) -> tuple[list[Activation], int]:
+        """The key's traces, latest first, each with all its events in start order."""
+        (total,) = self._db.read(
+            "SELECT count(DISTINCT trace_id) FROM traces WHERE entity_key = ?", (key,)
+        )[0]
+        trace_ids = self._db.read(
+            "SELECT trace_id FROM traces WHERE entity_key = ? GROUP BY trace_id "
+            "ORDER BY min(start_ms) DESC, trace_id LIMIT ? OFFSET ?",
+            (key, limit, offset),
+        )
+        return [self.activation(key, trace_id) for (trace_id,) in trace_ids], total
+
+    def activation(self, key: bytes, trace_id: bytes) -> Activation | None:
+        """One trace of the key with all its events in start order (None when none is known):
+        the approval page looks its trace up by id, not among the latest few."""
+        rows = self._db.read(
+            "SELECT event FROM traces WHERE entity_key = ? AND trace_id = ? ORDER BY start_ms, id",
+            (key, trace_id),
+        )
+        if not rows:
+            return None
+        return Activation(bytes(trace_id), [TraceEvent.FromString(r[0]) for r in rows])
+
+    def completions(
+        self, key: bytes, *, offset: int = 0, limit: int = 20
+    ) -> tuple[list[tuple[int, bytes]], int]:
+        """The key's completed outputs as (at_ms, output), newest first, and the total."""
+        (total,) = self._db.read("SELECT count(*) FROM completions WHERE entity_key = ?", (key,))[0]
+        rows = self._db.read(
+            "SELECT at_ms, output FROM completions WHERE entity_key = ? "
+            "ORDER BY at_ms DESC, id DESC LIMIT ? OFFSET ?",
+            (key, limit, offset),
+        )
+        return [(at, bytes(output)) for at, output in rows], total
+
+    def dead_letters(
+        self, *, reason: str = "", key: bytes | None = None, offset: int = 0, limit: int = 20
+    ) -> tuple[list[ActivationErrorRecord], int]:
+        """Dead letters, newest first, filtered by reason and key when given."""
+        where, params = [], []
+        if reason:
+            where.append("reason = ?")
+            params.append(reason)
+        if key is not None:
+            where.append("entity_key = ?")
+            params.append(key)
+        clause = f"WHERE {' AND '.join(where)}" if where else ""
+        (total,) = self._db.read(f"SELECT count(*) FROM dead_letters {clause}", tuple(params))[0]
+        rows = self._db.read(
+            f"SELECT record FROM dead_letters {clause} ORDER BY id DESC LIMIT ? OFFSET ?",
+            (*params, limit, offset),
+        )
+        return [decode_dead_letter(r[0]) for r in rows], total
+
+    def reasons(self) -> list[str]:
+        return [r[0] for r in self._db.read("SELECT DISTINCT reason FROM dead_letters ORDER BY 1")]

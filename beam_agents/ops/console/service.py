@@ -1,0 +1,103 @@
+"""`beam-agents console`: the web console as its own process on a Kafka loop.
+
+`run(config)` opens the console's SQLite file, produces what an earlier process recorded but
+never got acknowledged, reads the loop's topics in a background thread, and serves the web
+application with uvicorn until interrupted. `serving(app)` runs an application on a free port
+of 127.0.0.1 in a thread, for tests and for the demo.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import getpass
+import sys
+import threading
+import time
+from collections.abc import Iterator, Sequence
+
+import uvicorn
+
+from beam_agents.errors import BeamAgentsError
+from beam_agents.ops.console.app import create_app
+from beam_agents.ops.console.auth import Auth, hash_password
+from beam_agents.ops.console.bus import ConsoleBus, KafkaPublisher
+from beam_agents.ops.console.config import ConsoleConfig, ConsoleConfigError
+from beam_agents.ops.console.db import Database
+from beam_agents.ops.console.inbox import Inbox
+from beam_agents.ops.console.observed import Observations
+
+__all__ = ["build", "main", "run", "serving"]
+
+
+def build(config: ConsoleConfig, publish) -> tuple[ConsoleBus, Auth]:
+    """The console's parts over its database; `publish` produces records (KafkaPublisher)."""
+    if config.topics is None:
+        raise ConsoleConfigError("[kafka] topic_prefix is needed", path=str(config.database))
+    db = Database(config.database)
+    inbox = Inbox(
+        db,
+        mode=config.verify_mode,
+        intent_keyring=config.intent_keyring,
+        approvals_keyring=config.approvals_keyring,
+    )
+    bus = ConsoleBus(inbox, Observations(db), config.topics, publish)
+    return bus, Auth(db, config.users)
+
+
+@contextlib.contextmanager
+def serving(app, host: str = "127.0.0.1", port: int = 0) -> Iterator[str]:
+    """Serves `app` in a thread; yields its base URL and stops it on exit."""
+    server = uvicorn.Server(
+        uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="off")
+    )
+    thread = threading.Thread(target=server.run, name="console-http", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            raise RuntimeError(f"the console did not start on {host}:{port}")
+        time.sleep(0.02)
+    bound = server.servers[0].sockets[0].getsockname()[1]
+    try:
+        yield f"http://{host}:{bound}"
+    finally:
+        server.should_exit = True
+        thread.join(30)
+
+
+def run(config: ConsoleConfig, *, group_id: str | None = None) -> None:
+    """Serves the console until interrupted (module docstring)."""
+    bus, auth = build(config, KafkaPublisher(config.bootstrap_servers))
+    bus.connect(config.bootstrap_servers, group_id or f"{config.topics.prefix}.console")
+    stop = threading.Event()
+    reader = threading.Thread(target=bus.run, args=(stop,), name="console-bus", daemon=True)
+    reader.start()
+    try:
+        uvicorn.run(create_app(bus, auth), host=config.host, port=config.port, log_level="info")
+    finally:
+        stop.set()
+        reader.join(30)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """`beam-agents console --bus=kafka --config FILE`, or `beam-agents console
+    hash-password` (reads a password, prints its argon2id hash for the config file)."""
+    parser = argparse.ArgumentParser(prog="beam-agents console")
+    parser.add_argument("action", nargs="?", choices=["serve", "hash-password"], default="serve")
+    parser.add_argument("--bus", choices=["kafka"], default="kafka")
+    parser.add_argument("--config", help="the console's TOML configuration file")
+    args = parser.parse_args(argv)
+    if args.action == "hash-password":
+        password = getpass.getpass("password: ") if sys.stdin.isatty() else sys.stdin.readline()
+        print(hash_password(password.rstrip("\n")))
+        return 0
+    if not args.config:
+        parser.error("--config FILE is needed")
+    try:
+        config = ConsoleConfig.from_file(args.config)
+        run(config)
+    except BeamAgentsError as e:
+        print(f"beam-agents console: {e}", file=sys.stderr)
+        return 2
+    return 0

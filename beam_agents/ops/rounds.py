@@ -1,0 +1,155 @@
+"""Scripted rounds: run RunAgent in a real Beam pipeline and read back everything it emitted,
+on a clock the script sets. The demo, `beam-agents replay` and the tests drive RunAgent this
+way.
+
+A pipeline cannot loop, so a script runs rounds: the inputs (envelopes, snapshots to restore,
+watermark advances) in order, on a TestStream in streaming mode. `run_round` applies a
+transform (RunAgent, or a composite around it) to {"envelopes", "snapshots"}, runs it on the
+DirectRunner (or what `options` name) and returns every keyed output of the transform with its
+element timestamp, read back from files a sink wrote (DoFns run on copies, so nothing
+in-process could collect them). A bounded run ends by advancing the watermark to infinity,
+which fires every timer still set; `Outputs.before(ms)` keeps what happened before a given
+event time.
+
+    outputs = run_round(RunAgent(agent), [snapshot, envelope, Advance(ms), ...], tmp_path)
+
+Without `options`, the pipeline options come from $BEAM_AGENTS_PIPELINE_OPTIONS (shell words,
+e.g. "--runner=PrismRunner --prism_location=PATH"): one variable runs a whole test suite on
+another runner, and nothing in beam_agents knows which runner runs it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import os
+import shlex
+from collections.abc import Sequence
+from pathlib import Path
+
+import apache_beam as beam
+from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
+from apache_beam.testing.test_stream import TestStream
+from apache_beam.transforms import window
+
+from beam_agents._protos import AgentEnvelope, StateSnapshot
+from beam_agents.wire.decoding import message_type
+
+__all__ = ["OPTIONS_ENV", "Advance", "ManualClock", "Outputs", "run_round"]
+
+OPTIONS_ENV = "BEAM_AGENTS_PIPELINE_OPTIONS"
+
+_ENVELOPE, _SNAPSHOT = b"E", b"S"
+_round_numbers = itertools.count()
+
+
+@dataclasses.dataclass(frozen=True)
+class Advance:
+    """Advance the input watermark to this event time (ms)."""
+
+    to_ms: int
+
+
+@dataclasses.dataclass
+class Outputs:
+    """What the transform emitted, per output tag, as (timestamp_ms, key, value) rows in
+    emission order per key; values are messages, or bytes for bytes outputs."""
+
+    rows: dict[str, list[tuple[int, bytes, object]]]
+
+    def __getattr__(self, tag: str) -> list[tuple[int, bytes, object]]:
+        if tag.startswith("_"):
+            raise AttributeError(tag)
+        return self.rows.get(tag, [])
+
+    def before(self, ms: int) -> Outputs:
+        """Only what was emitted for elements or timers earlier than event time `ms`."""
+        return Outputs({tag: [r for r in rows if r[0] < ms] for tag, rows in self.rows.items()})
+
+    def values(self, tag: str) -> list:
+        return [value for _, _, value in self.rows.get(tag, [])]
+
+
+class _Split(beam.DoFn):
+    def process(self, element: bytes):
+        if element[:1] == _SNAPSHOT:
+            yield beam.pvalue.TaggedOutput("snapshots", element[1:])
+        else:
+            yield element[1:]
+
+
+class _AppendLines(beam.DoFn):
+    """A real sink: one line per element, appended to a file (picklable, process-safe)."""
+
+    def __init__(self, path: str) -> None:
+        self._path = path
+
+    def process(self, element, timestamp=beam.DoFn.TimestampParam):
+        key, value = element
+        if isinstance(value, bytes):
+            kind, data = "bytes", value
+        else:
+            kind, data = value.DESCRIPTOR.full_name, value.SerializeToString(deterministic=True)
+        with open(self._path, "a") as sink:
+            sink.write(f"{timestamp.micros // 1000} {key.hex()} {kind} {data.hex()}\n")
+
+
+def run_round(
+    transform: beam.PTransform,
+    inputs: Sequence[AgentEnvelope | StateSnapshot | Advance],
+    workdir: str | os.PathLike,
+    *,
+    options: PipelineOptions | None = None,
+) -> Outputs:
+    """Runs `transform` (a RunAgent) over the scripted inputs; returns what it emitted."""
+    folder = Path(workdir) / f"round-{next(_round_numbers)}"
+    folder.mkdir(parents=True)
+    stream = TestStream(coder=beam.coders.BytesCoder())
+    for item in inputs:
+        if isinstance(item, Advance):
+            stream = stream.advance_watermark_to(item.to_ms / 1000)
+            continue
+        tag = _SNAPSHOT if isinstance(item, StateSnapshot) else _ENVELOPE
+        at = item.snapshot_at_ms if isinstance(item, StateSnapshot) else item.event_time_ms
+        data = tag + item.SerializeToString(deterministic=True)
+        stream = stream.add_elements([window.TimestampedValue(data, at / 1000)])
+    if options is None:
+        options = PipelineOptions(shlex.split(os.environ.get(OPTIONS_ENV, "")))
+    options.view_as(StandardOptions).streaming = True
+    with beam.Pipeline(options=options) as pipeline:
+        split = (
+            pipeline
+            | stream.advance_watermark_to_infinity()
+            | beam.ParDo(_Split()).with_outputs("snapshots", main="envelopes")
+        )
+        outputs = {"envelopes": split.envelopes, "snapshots": split.snapshots} | transform
+        for tag, pcollection in outputs.items():
+            pcollection | f"Write{tag}" >> beam.ParDo(_AppendLines(str(folder / tag)))
+    return Outputs({tag: _read(folder / tag) for tag in outputs})
+
+
+def _read(path: Path) -> list:
+    if not path.exists():
+        return []
+    rows = []
+    for line in path.read_text().splitlines():
+        at, key, kind, data = line.split(" ")
+        value = bytes.fromhex(data)
+        if kind != "bytes":
+            value = message_type(kind).FromString(value)
+        rows.append((int(at), bytes.fromhex(key), value))
+    return rows
+
+
+class ManualClock:
+    """A clock (`Callable[[], int]`, ms) that returns `now_ms` until told otherwise, for
+    anything that takes `clock=`; picklable, so Beam DoFns can carry it."""
+
+    def __init__(self, now_ms: int) -> None:
+        self.now_ms = now_ms
+
+    def __call__(self) -> int:
+        return self.now_ms
+
+    def advance(self, ms: int) -> None:
+        self.now_ms += ms

@@ -1,0 +1,98 @@
+"""`beam-agents update-check` on real pipeline graphs: a compatible pair, a renamed transform,
+a swapped state coder, a timer in another domain."""
+
+from __future__ import annotations
+
+import apache_beam as beam
+import pytest
+from apache_beam.portability.api import beam_runner_api_pb2
+
+from beam_agents.examples.support_triage import triage
+from beam_agents.ops.cli import main
+from beam_agents.ops.update_check import describe_graph, differences, read_graph, write_graph
+from beam_agents.runtime import RunAgent
+
+
+def _graph(tmp_path, name: str, label: str = "RunAgent"):
+    pipeline = beam.Pipeline()
+    _ = pipeline | "Envelopes" >> beam.Create([b""]) | label >> RunAgent(triage)
+    path = tmp_path / name
+    write_graph(pipeline, path)
+    return path
+
+
+def test_the_same_build_is_compatible(tmp_path, capsys):
+    assert main(["update-check", str(_graph(tmp_path, "old")), str(_graph(tmp_path, "new"))]) == 0
+    assert "compatible: --update keeps every step and its state" in capsys.readouterr().out
+
+
+def test_the_graph_names_the_state_specs_and_their_coders(tmp_path):
+    described = describe_graph(read_graph(_graph(tmp_path, "g").read_bytes()))
+    stateful = described["RunAgent/Activate/ParDo(_AgentDoFn)"]
+    assert stateful["state"]["memory"] == {
+        "kind": "read_modify_write_spec",
+        "coder": "DeterministicProtoCoder(beam_agents.v1.MemoryBlob)",
+    }
+    assert stateful["timers"] == {
+        "deadline": {"domain": "EVENT_TIME"},
+        "ttl": {"domain": "EVENT_TIME"},
+    }
+
+
+def test_a_renamed_transform_is_refused_naming_it(tmp_path, capsys):
+    old, new = _graph(tmp_path, "old"), _graph(tmp_path, "new", label="Agent")
+    assert main(["update-check", str(old), str(new)]) == 1
+    out = capsys.readouterr().out
+    assert "RunAgent/Activate/ParDo(_AgentDoFn) is gone" in out
+    assert "NOT compatible" in out
+
+
+ACTIVATE = "RunAgent/Activate/ParDo(_AgentDoFn)"
+
+
+def _edited(path, edit):
+    """The graph at `path` with its stateful step's ParDo payload edited, written back: the
+    graph of a build that made that change."""
+    graph = read_graph(path.read_bytes())
+    (transform,) = [t for t in graph.components.transforms.values() if t.unique_name == ACTIVATE]
+    payload = beam_runner_api_pb2.ParDoPayload.FromString(transform.spec.payload)
+    edit(payload, graph.components)
+    transform.spec.payload = payload.SerializeToString()
+    path.write_bytes(graph.SerializeToString())
+    return path
+
+
+def _bytes_coder_id(components) -> str:
+    (found,) = [i for i, c in components.coders.items() if c.spec.urn == "beam:coder:bytes:v1"][:1]
+    return found
+
+
+@pytest.mark.parametrize("spec_id", ["memory", "seq"])
+def test_a_swapped_state_coder_is_named(tmp_path, capsys, spec_id):
+    def swap(payload, components):
+        payload.state_specs[spec_id].read_modify_write_spec.coder_id = _bytes_coder_id(components)
+
+    old, new = _graph(tmp_path, "old"), _edited(_graph(tmp_path, "new"), swap)
+    assert main(["update-check", str(old), str(new)]) == 1
+    (found, verdict) = capsys.readouterr().out.splitlines()
+    assert f"state '{spec_id}' changed" in found and "beam:coder:bytes:v1" in found
+    assert "lost or misread on --update" in found and verdict.startswith("NOT compatible")
+
+
+def test_a_timer_in_another_domain_is_named(tmp_path):
+    def processing_time(payload, components):
+        payload.timer_family_specs[
+            "ts-ttl"
+        ].time_domain = beam_runner_api_pb2.TimeDomain.PROCESSING_TIME
+
+    old = describe_graph(read_graph(_graph(tmp_path, "old").read_bytes()))
+    new_path = _edited(_graph(tmp_path, "new"), processing_time)
+    (found,) = differences(old, describe_graph(read_graph(new_path.read_bytes())))
+    assert "timers 'ttl' changed" in found and "PROCESSING_TIME" in found
+
+
+def test_what_is_no_graph_is_a_usage_error(tmp_path, capsys):
+    bad = tmp_path / "bad"
+    bad.write_bytes(b"\xff\xff")
+    assert main(["update-check", str(bad), str(bad)]) == 2
+    assert "not a pipeline graph" in capsys.readouterr().err

@@ -1,0 +1,312 @@
+"""Memory and ReplayCache: LRU order, budgets, exact totals, and blob round trips."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from beam_agents._protos import LlmCacheBlob, MemoryBlob
+from beam_agents.errors import MemoryBudgetError
+from beam_agents.state import memory as memory_module
+from beam_agents.state.memory import Memory, ReplayCache
+from beam_agents.state.migration import CURRENT_STATE_SCHEMA_VERSION
+
+
+def test_reads_and_writes_make_an_entry_the_most_recent():
+    memory = Memory(now_ms=10)
+    for key in ("a", "b", "c"):
+        memory.put(key, key.encode())
+    memory.now_ms = 20
+    assert memory.get("a") == b"a"
+    assert list(memory.keys()) == ["b", "c", "a"]
+    blob = memory.to_blob()
+    assert [(e.key, e.last_access_ms) for e in blob.entries] == [("b", 10), ("c", 10), ("a", 20)]
+    assert blob.state_schema_version == CURRENT_STATE_SCHEMA_VERSION
+
+
+def test_the_budget_evicts_the_least_recent_entries():
+    memory = Memory(budget_bytes=10)
+    memory.put("a", b"1234")
+    memory.put("b", b"1234")
+    memory.get("a")
+    memory.put("c", b"1234")  # 12 bytes: "b", the least recent, goes
+    assert list(memory.keys()) == ["a", "c"] and memory.total_value_bytes == 8
+
+
+def test_a_value_over_the_whole_budget_is_refused_and_changes_nothing():
+    memory = Memory(budget_bytes=4)
+    memory.put("a", b"12")
+    with pytest.raises(MemoryBudgetError) as raised:
+        memory.put("b", b"12345")
+    assert (raised.value.key, raised.value.size, raised.value.budget) == ("b", 5, 4)
+    assert list(memory.keys()) == ["a"] and memory.total_value_bytes == 2
+
+
+@pytest.mark.parametrize(("key", "value"), [(b"k", b"v"), ("k", "v"), (1, b"v")])
+def test_keys_are_strings_and_values_bytes(key, value):
+    with pytest.raises(TypeError):
+        Memory().put(key, value)
+
+
+operations = st.lists(
+    st.tuples(
+        st.sampled_from(["put", "get", "delete"]),
+        st.sampled_from("abcdefgh"),
+        st.binary(max_size=12),
+    ),
+    max_size=60,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(operations, st.one_of(st.none(), st.integers(12, 60)))
+def test_the_total_is_always_exact_and_the_blob_round_trips(ops, budget):
+    memory = Memory(budget_bytes=budget)
+    for now, (op, key, value) in enumerate(ops):
+        memory.now_ms = now
+        getattr(memory, op)(*((key, value) if op == "put" else (key,)))
+        blob = memory.to_blob()
+        assert memory.total_value_bytes == sum(len(e.value) for e in blob.entries)
+        assert blob.total_value_bytes == memory.total_value_bytes
+        assert budget is None or memory.total_value_bytes <= budget
+    again = Memory.from_blob(MemoryBlob.FromString(memory.to_blob().SerializeToString()))
+    assert again.to_blob() == memory.to_blob()
+
+
+class ReferenceLru:
+    """The obvious LRU, to check the overlay against."""
+
+    def __init__(self, entries, budget):
+        self.entries = {}
+        for key, value, at in entries:
+            self.entries.pop(key, None)
+            self.entries[key] = (value, at)
+        self.budget = budget
+
+    def get(self, key, now):
+        if key in self.entries:
+            value, _ = self.entries.pop(key)
+            self.entries[key] = (value, now)
+
+    def put(self, key, value, now):
+        if self.budget is not None and len(value) > self.budget:
+            return
+        self.entries.pop(key, None)
+        self.entries[key] = (value, now)
+        while (
+            self.budget is not None and sum(len(v) for v, _ in self.entries.values()) > self.budget
+        ):
+            del self.entries[next(iter(self.entries))]
+
+    def delete(self, key, now):
+        self.entries.pop(key, None)
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.sampled_from("abcdefgh"), st.binary(max_size=8), st.integers(0, 9)),
+        max_size=12,
+    ),
+    operations,
+    st.one_of(st.none(), st.integers(8, 40)),
+)
+def test_memory_read_from_a_blob_behaves_as_a_plain_lru(initial, ops, budget):
+    blob = MemoryBlob(state_schema_version=1)
+    for key, value, at in initial:
+        blob.entries.add(key=key, value=value, last_access_ms=at)
+    memory = Memory.from_blob(blob, budget_bytes=budget)
+    reference = ReferenceLru(initial, budget)
+    for now, (op, key, value) in enumerate(ops, start=100):
+        memory.now_ms = now
+        args = (key, value) if op == "put" else (key,)
+        with contextlib.suppress(MemoryBudgetError):  # the reference skips it too
+            getattr(memory, op)(*args)
+        getattr(reference, op)(*args, now)
+        assert list(memory.keys()) == list(reference.entries)
+    written = memory.to_blob()
+    assert memory.total_value_bytes == sum(len(v) for v, _ in reference.entries.values())
+    assert len(memory) == len(reference.entries)
+    if not memory.changed:  # nothing to write: the blob read is the blob written, untouched
+        assert written is blob
+        return
+    assert [(e.key, e.value, e.last_access_ms) for e in written.entries] == [
+        (k, v, at) for k, (v, at) in reference.entries.items()
+    ]
+    assert written.total_value_bytes == sum(len(e.value) for e in written.entries)
+    assert memory.total_value_bytes == written.total_value_bytes
+    again = Memory.from_blob(written, budget_bytes=budget)
+    assert list(again.keys()) == list(reference.entries) and len(again) == len(written.entries)
+
+
+def test_a_blob_with_a_repeated_key_reads_its_last_entry_with_an_exact_total():
+    blob = MemoryBlob(state_schema_version=1, total_value_bytes=999)
+    blob.entries.add(key="a", value=b"old")
+    blob.entries.add(key="a", value=b"new!")
+    memory = Memory.from_blob(blob)
+    assert memory.get("a") == b"new!" and memory.total_value_bytes == 4
+
+
+def test_a_cached_response_replays_and_counts_as_recent():
+    cache = ReplayCache(now_ms=5)
+    cache.put("k1", b"one")
+    cache.put("k2", b"two")
+    cache.now_ms = 9
+    assert cache.get("k1") == b"one" and cache.get("nope") is None
+    blob = cache.to_blob()
+    assert [(e.cache_key, e.last_access_ms, e.created_at_ms) for e in blob.entries] == [
+        ("k2", 5, 5),
+        ("k1", 9, 5),
+    ]
+    assert blob.entries[1].response_digest == hashlib.sha256(b"one").digest()
+
+
+def test_a_response_over_the_size_limit_keeps_only_its_digest_and_reads_as_a_miss():
+    cache = ReplayCache(max_response_bytes=4)
+    cache.put("big", b"12345")
+    assert cache.get("big") is None and "big" in cache
+    assert cache.digest("big") == hashlib.sha256(b"12345").digest()
+    (entry,) = cache.to_blob().entries
+    assert entry.digest_only and entry.response == b"" and cache.total_response_bytes == 0
+
+
+def test_the_cache_keeps_within_its_count_and_byte_caps():
+    cache = ReplayCache(max_entries=2, max_bytes=100)
+    for key in ("a", "b", "c"):
+        cache.put(key, b"x")
+    assert list(cache.keys()) == ["b", "c"]
+    cache = ReplayCache(max_entries=10, max_bytes=5)
+    cache.put("a", b"123")
+    cache.put("b", b"123")
+    assert list(cache.keys()) == ["b"] and cache.total_response_bytes == 3
+
+
+def test_the_cache_blob_round_trips_in_order():
+    cache = ReplayCache(max_response_bytes=3)
+    cache.put("a", b"1")
+    cache.put("b", b"long")
+    again = ReplayCache.from_blob(
+        LlmCacheBlob.FromString(cache.to_blob().SerializeToString()), max_response_bytes=3
+    )
+    assert again.to_blob() == cache.to_blob()
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.dictionaries(st.sampled_from("abcdefgh"), st.binary(max_size=8), max_size=8),
+    st.lists(operations, min_size=1, max_size=6),
+    st.one_of(st.none(), st.integers(8, 40)),
+)
+def test_memory_behaves_as_a_plain_lru_across_activations(initial, activations, budget):
+    """Each activation reads what the previous one wrote, through the index derived at write
+    time (and a copy that shares it), never a blob rebuilt from scratch."""
+    _across_activations(initial, activations, budget)
+
+
+_WIDE_KEYS = [f"k{i}" for i in range(48)]
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.dictionaries(st.sampled_from(_WIDE_KEYS), st.binary(max_size=4), max_size=40),
+    st.lists(
+        st.lists(
+            st.tuples(
+                st.sampled_from(["put", "get", "delete"]),
+                st.sampled_from(_WIDE_KEYS),
+                st.binary(max_size=4),
+            ),
+            max_size=12,
+        ),
+        min_size=20,
+        max_size=40,
+    ),
+)
+def test_an_index_whose_recent_changes_fold_still_finds_every_key(initial, activations):
+    """Enough keys change along a chain of blobs that the index folds its recent changes into
+    a new key table (deleted keys included) more than once."""
+    _across_activations(initial, activations, None)
+
+
+def _across_activations(initial, activations, budget) -> None:
+    blob = MemoryBlob(state_schema_version=1)
+    for key, value in initial.items():
+        blob.entries.add(key=key, value=value)
+    blob.total_value_bytes = sum(map(len, initial.values()))
+    reference = ReferenceLru([(k, v, 0) for k, v in initial.items()], budget)
+    now = 100
+    for ops in activations:
+        memory = Memory.from_blob(blob, budget_bytes=budget, now_ms=now).copy()
+        for op, key, value in ops:
+            now += 1
+            memory.now_ms = now
+            args = (key, value) if op == "put" else (key,)
+            with contextlib.suppress(MemoryBudgetError):
+                getattr(memory, op)(*args)
+            getattr(reference, op)(*args, now)
+            assert (key in memory) == (key in reference.entries)
+        blob = memory.to_blob()
+        assert memory.total_value_bytes == sum(len(v) for v, _ in reference.entries.values())
+        assert [(e.key, e.value, e.last_access_ms) for e in blob.entries] == [
+            (k, v, at) for k, (v, at) in reference.entries.items()
+        ]
+        assert blob.total_value_bytes == memory.total_value_bytes
+        assert list(memory.keys()) == list(reference.entries) and len(memory) == len(blob.entries)
+
+
+def test_an_untouched_memory_or_cache_writes_the_blob_it_read():
+    memory = Memory(now_ms=1)
+    memory.put("a", b"1")
+    stored = memory.to_blob()
+    again = Memory.from_blob(stored, now_ms=2)
+    assert again.get("missing") is None and not again.delete("missing") and "a" in again
+    assert not again.changed and again.to_blob() is stored
+    again.get("a")
+    assert again.changed and again.to_blob() is not stored
+    cache = ReplayCache(now_ms=1)
+    cache.put("k", b"r")
+    stored = cache.to_blob()
+    again = ReplayCache.from_blob(stored, now_ms=2)
+    assert again.digest("k") and "k" in again and again.to_blob() is stored
+    assert again.get("k") == b"r" and again.to_blob() is not stored
+
+
+def test_a_cache_read_over_smaller_limits_is_evicted_at_once():
+    cache = ReplayCache(now_ms=1)
+    for key in ("a", "b", "c"):
+        cache.put(key, b"xy")
+    shrunk = ReplayCache.from_blob(cache.to_blob(), max_entries=2)
+    assert list(shrunk.keys()) == ["b", "c"] and shrunk.total_response_bytes == 4
+    assert [e.cache_key for e in shrunk.to_blob().entries] == ["b", "c"]
+
+
+def test_a_written_blob_changed_afterwards_is_read_afresh():
+    memory = Memory(now_ms=1)
+    memory.put("a", b"1")
+    blob = memory.to_blob()
+    blob.entries.add(key="b", value=b"22")  # a caller's own change: the kept index is stale
+    again = Memory.from_blob(blob)
+    assert again.get("b") == b"22" and list(again.keys()) == ["a", "b"]
+
+
+def test_the_index_table_holds_at_most_its_bytes_where_every_read_decodes_a_new_blob(
+    monkeypatch,
+):
+    """A runner whose state reads decode bytes (the DirectRunner, RocksDB) hands each
+    activation a new blob: the table of indexes, which holds its blobs, stays within its
+    bytes however many versions a key writes."""
+    limit = 100_000
+    table = memory_module._Indexes(limit)
+    monkeypatch.setattr(memory_module, "_INDEXES", table)
+    blob = MemoryBlob(state_schema_version=CURRENT_STATE_SCHEMA_VERSION)
+    for step in range(200):
+        memory = Memory.from_blob(blob, now_ms=step)
+        memory.put("note", bytes([step % 256]) * 10_000)
+        blob = MemoryBlob.FromString(memory.to_blob().SerializeToString())
+    held = [entry[0] for entry in table._table.values()]
+    assert 1 < len(held) < 200
+    assert sum(b.ByteSize() for b in held) <= limit
