@@ -1,11 +1,12 @@
 """Operating the Kafka loop on a Flink session cluster: the part of Flink's REST API an
 operator (and the engine tests) need, and a watchdog for a job whose Kafka read has stalled.
 
-The stall. Beam's cross-language Kafka read runs as a splittable DoFn in the Java SDK harness;
-on the portable Flink runner it has been seen to stop emitting (3 of 17 jobs on engines up for
-70 minutes, and 2 of 2 runs with a 2 s checkpoint interval): the job RUNNING, every checkpoint
-completing, no exception, no record read. Its cause inside the runner is not known yet, so a
-stall must not be silent. `ReadWatchdog` counts the records that arrive on the topic
+The stall. On the portable Flink runner a job has been seen to stop emitting (3 of 17 jobs on
+engines up for 70 minutes, and 2 of 2 runs with a 2 s checkpoint interval): the job RUNNING,
+every checkpoint completing, no exception, no record read. Beam's runner holds the outputs of
+a bundle a checkpoint barrier finished until the operator's next input, watermark or timer;
+`--finish_bundle_before_checkpointing` avoids that (tools/engines/RESULTS.md). A stall of any
+other cause must not be silent either: `ReadWatchdog` counts the records that arrive on the topic
 (`KafkaArrivals`) against the records the job moves and raises ReadStalledError within a
 minute of records starting to wait unread while every task runs.
 
