@@ -33,13 +33,18 @@ class EffectorService:
     Every record carries its id (`RECORD_ID_HEADER`, `record_id`), the same for every copy.
 
     Faults: an error the broker or client calls retriable (a coordinator loading, a broker
-    that is down, a record not acknowledged in time) is retried with backoff, the message
-    read again from its offset; a fatal one raises KafkaBusError naming it, offset
+    that is down, a record not acknowledged in time) is retried with backoff, the batch
+    read again from its first message; a fatal one raises KafkaBusError naming it, offset
     uncommitted. `instance_id` makes the service a static member of its group, so a restart
     under the same id takes its partitions back at once instead of after the session timeout
     (`session_timeout_ms`, which also bounds how long a crashed member holds them).
-    `run` serves until `stop` is set, then leaves the group; `serve_one` handles at most one
-    message. `producer_config` adds to or overrides the producer's librdkafka settings.
+    `run` serves until `stop` is set, then leaves the group. `serve` handles what one poll
+    returns, up to `max_batch` messages, in order: their records are produced together and
+    acknowledged before their offsets are committed together, so the broker's round trips
+    (about 5 ms for a synchronous commit) are paid once a batch rather than once an intent.
+    A process that dies inside a batch has committed none of it: a restart reads the batch
+    again and the store answers what had run. `producer_config` adds to or overrides the
+    producer's librdkafka settings.
     """
 
     def __init__(
@@ -50,6 +55,7 @@ class EffectorService:
         topics: Topics,
         group_id: str = "beam-agents-effector",
         poll_timeout_s: float = 0.5,
+        max_batch: int = 500,
         producer_config: Mapping[str, Any] | None = None,
         instance_id: str | None = None,
         session_timeout_ms: int = 10_000,
@@ -59,6 +65,7 @@ class EffectorService:
         self.effector = effector
         self.topics = topics
         self._poll_timeout_s = poll_timeout_s
+        self._max_batch = max_batch
         self._backoff_s = 0.0
         self._consumer = Consumer(
             {
@@ -84,57 +91,63 @@ class EffectorService:
     def run(self, stop: threading.Event, on_served: Callable[[Route], None] | None = None) -> None:
         try:
             while not stop.is_set():
-                route = self.serve_one()
-                if route is not None and on_served is not None:
-                    on_served(route)
+                for route in self.serve():
+                    if on_served is not None:
+                        on_served(route)
                 if self._backoff_s:
                     stop.wait(self._backoff_s)
         finally:
             self.close()
 
-    def serve_one(self) -> Route | None:
-        """Polls once; handles the intent (or answer to an inquiry) it got. Returns the
-        effector's route, or None. A retriable failure returns None and sets a backoff that
-        `run` waits out; the message is read again."""
-        from confluent_kafka import KafkaException, TopicPartition
+    def serve(self) -> list[Route]:
+        """Polls once, for up to `max_batch` messages, and handles them: the effector's route
+        of each intent (or answer to an inquiry) it served. A retriable failure serves none
+        and sets a backoff that `run` waits out; the messages are read again."""
+        from confluent_kafka import KafkaException
 
-        message = self._consumer.poll(self._poll_timeout_s)
-        if message is None:
-            return None
-        if message.error():
-            self._failed(message.error(), f"reading {message.topic()}")
-            return None
+        messages = self._consumer.consume(self._max_batch, self._poll_timeout_s)
+        served = _Batch()
+        error = None
         try:
-            if message.topic() == self.topics.events:
-                output = self._answer(message.value())
-            else:
-                output = self.effector(message.value() or b"")
-            if output is not None and output.route is Route.IN_FLIGHT:
-                # Another live effector runs it now: read it again later, so that if that
-                # process dies this one answers it instead of leaving it unanswered.
-                self._consumer.seek(
-                    TopicPartition(message.topic(), message.partition(), message.offset())
-                )
-                time.sleep(self._poll_timeout_s)
-                return output.route
-            if output is not None:
-                send(self._producer, self._records(output))
-            # Events that answer no inquiry are the loop's, not this service's: no wait.
-            self._consumer.commit(message=message, asynchronous=output is None)
+            for message in messages:
+                if served.holds(message):
+                    continue  # a partition stopped at an earlier message of this batch
+                if message.error():
+                    error = (message.error(), f"reading {message.topic()}")
+                    break
+                if message.topic() == self.topics.events:
+                    output = self._answer(message.value())
+                else:
+                    output = self.effector(message.value() or b"")
+                if output is not None and output.route is Route.IN_FLIGHT:
+                    # Another live effector runs it now: read it again later, so that if that
+                    # process dies this one answers it instead of leaving it unanswered.
+                    served.hold(message)
+                    continue
+                served.add(message, output)
+            if served.outputs:
+                send(self._producer, [r for o in served.outputs for r in self._records(o)])
+            if served.done:
+                # Events that answer no inquiry are the loop's, not this service's: no wait.
+                self._consumer.commit(offsets=served.offsets(), asynchronous=not served.outputs)
         except KafkaException as e:
-            self._failed(e.args[0], f"serving {message.topic()} offset {message.offset()}")
-            self._consumer.seek(
-                TopicPartition(message.topic(), message.partition(), message.offset())
-            )
-            return None
+            return self._retry(messages, e.args[0], "serving a batch")
         except Unacknowledged as e:
-            self._failed(None, str(e))
-            self._consumer.seek(
-                TopicPartition(message.topic(), message.partition(), message.offset())
-            )
-            return None
+            return self._retry(messages, None, str(e))
+        served.rewind(self._consumer, messages)
+        if error is not None:
+            self._failed(*error)
+            return served.routes
+        if served.in_flight:
+            time.sleep(self._poll_timeout_s)
         self._backoff_s = 0.0
-        return None if output is None else output.route
+        return served.routes
+
+    def _retry(self, messages, error, what: str) -> list[Route]:
+        """Reads every message of the batch again, from its first, after a backoff."""
+        _Batch().rewind(self._consumer, messages)
+        self._failed(error, what)
+        return []
 
     def _answer(self, value: bytes | None) -> EffectorOutput | None:
         try:
@@ -178,3 +191,51 @@ class EffectorService:
         partitions for a restart within the session timeout)."""
         self._consumer.close()
         self._producer.flush(10)
+
+
+class _Batch:
+    """What one `EffectorService.serve` finished: per partition, its messages in order up to
+    the first one held back (an intent another effector runs), whose records are sent and
+    whose offsets are committed together."""
+
+    def __init__(self) -> None:
+        self.routes: list[Route] = []
+        self.outputs: list[EffectorOutput] = []
+        #: (topic, partition): the offset of its last finished message.
+        self.done: dict[tuple[str, int], int] = {}
+        self.in_flight = False
+        self._held: set[tuple[str, int]] = set()
+
+    def holds(self, message) -> bool:
+        return (message.topic(), message.partition()) in self._held
+
+    def hold(self, message) -> None:
+        self._held.add((message.topic(), message.partition()))
+        self.in_flight = True
+        self.routes.append(Route.IN_FLIGHT)
+
+    def add(self, message, output: EffectorOutput | None) -> None:
+        self.done[(message.topic(), message.partition())] = message.offset()
+        if output is not None:
+            self.routes.append(output.route)
+            self.outputs.append(output)
+
+    def offsets(self) -> list:
+        from confluent_kafka import TopicPartition
+
+        return [TopicPartition(t, p, offset + 1) for (t, p), offset in self.done.items()]
+
+    def rewind(self, consumer, messages) -> None:
+        """Seeks each partition of `messages` back to its first message not finished: the
+        consumer's position moved past every message the poll returned."""
+        from confluent_kafka import TopicPartition
+
+        first: dict[tuple[str, int], int] = {}
+        for message in messages:
+            if message.error():
+                continue
+            where = (message.topic(), message.partition())
+            if where not in first and message.offset() > self.done.get(where, -1):
+                first[where] = message.offset()
+        for (topic, partition), offset in first.items():
+            consumer.seek(TopicPartition(topic, partition, offset))

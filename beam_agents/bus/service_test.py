@@ -70,9 +70,7 @@ def _serve_until(service: EffectorService, count: int) -> list[Route]:
     deadline = time.monotonic() + 60
     while len(routes) < count:
         assert time.monotonic() < deadline, f"served {routes} of {count}"
-        route = service.serve_one()
-        if route is not None:
-            routes.append(route)
+        routes.extend(service.serve())
     return routes
 
 
@@ -155,12 +153,12 @@ def test_a_result_the_broker_does_not_take_is_retried_and_the_intent_stays_uncom
     deadline = time.monotonic() + 60
     while not calls.intent_ids:
         assert time.monotonic() < deadline
-        assert failing.serve_one() is None
+        assert failing.serve() == []
     # Not acknowledged, a retriable failure: the service backs off and reads the intent again
     # (the store answers it: no second run), never exits and never commits it.
     retried = time.monotonic() + 8
     while time.monotonic() < retried:
-        assert failing.serve_one() is None
+        assert failing.serve() == []
     assert failing._backoff_s > 0
     failing.close()  # closing commits nothing: the offset stays where it was
     admin.create_topics([NewTopic(topics.events, 1, 1)])[topics.events].result(30)
@@ -189,7 +187,7 @@ def test_refused_intents_become_dead_letters_on_the_topic_and_are_committed(boot
     service = _service(bootstrap, topics, tmp_path / "effector.sqlite", calls)
     try:
         assert _serve_until(service, 2) == [Route.DEAD_LETTER, Route.DEAD_LETTER]
-        assert service.serve_one() is None  # both committed: nothing comes again
+        assert service.serve() == []  # both committed: nothing comes again
     finally:
         service.close()
     reader = TopicReader(bootstrap, [topics.dead_letters])
@@ -251,6 +249,77 @@ def test_an_intent_another_live_effector_holds_is_answered_once_that_effector_di
     assert records[topics.events] == []
     (inquiry,) = [ToolIntent.FromString(v) for _, v in records[topics.approvals]]
     assert inquiry.intent_id == "i-9" + INQUIRY_SUFFIX and inquiry.kind == ToolIntent.APPROVAL
+
+
+@pytest.mark.engines
+def test_a_held_intent_holds_back_the_intents_after_it_and_a_batch_commits_what_it_answered(
+    bootstrap, tmp_path
+):
+    """Intents are served in batches, one commit each: an intent another live effector holds
+    stops its partition there (the one after it waits, in order, while the one before it is
+    answered), and once everything is answered a new service reads nothing again."""
+    topics = fresh_topics(bootstrap)
+    store, calls = tmp_path / "effector.sqlite", Calls()
+    before, held, after = (_intent(f"i-{n}", b"c-%d" % n) for n in (1, 2, 3))
+    claimant = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    try:
+        pid = claimant.pid
+        Effector({}, mode=VerifyMode.OFF, store=store).store.claim(
+            ExecutionRecord(
+                intent_id="i-2",
+                entity_key=b"c-2",
+                content_digest=content_digest(held.SerializeToString(deterministic=True)),
+                outcome=ExecutionRecord.OUTCOME_RUNNING,
+                latest_expires_at_ms=held.expires_at_ms,
+                claimed_by=f"{pid}:{_process_start(pid)}:planted",
+            ),
+            FAR,
+        )
+        produce(
+            bootstrap, [(topics.intents, i.entity_key, i, now_ms()) for i in (before, held, after)]
+        )
+        service = _service(bootstrap, topics, store, calls)
+        try:
+            routes = _serve_until(service, 4)
+            assert routes[0] == Route.RESULT and set(routes[1:]) == {Route.IN_FLIGHT}
+            assert calls.intent_ids == ["i-1"]  # i-3 waits behind i-2
+            claimant.kill()
+            claimant.wait()
+            routes = _serve_until(service, 2)
+            assert routes[-2:] == [Route.APPROVAL, Route.RESULT], routes
+        finally:
+            service.close()
+    finally:
+        claimant.kill()
+    assert calls.intent_ids == ["i-1", "i-3"]
+    # Many intents at once: served in a few polls, each answered once, all committed.
+    many = [_intent(f"m-{n}", b"c-%d" % n) for n in range(200)]
+    produce(bootstrap, [(topics.intents, i.entity_key, i, now_ms()) for i in many])
+    service = _service(bootstrap, topics, store, calls)
+    polls = []
+    try:
+        deadline = time.monotonic() + 60
+        while sum(polls) < len(many):
+            assert time.monotonic() < deadline, f"served {sum(polls)} of {len(many)}"
+            polls.append(len(service.serve()))
+    finally:
+        service.close()
+    assert len([n for n in polls if n]) <= 10, polls
+    assert calls.intent_ids[2:] == [i.intent_id for i in many]
+    again = _service(bootstrap, topics, store, calls)
+    try:
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            assert again.serve() == []
+    finally:
+        again.close()
+    reader = TopicReader(bootstrap, [topics.events], dedupe=False)
+    try:
+        records = reader.read(lambda r: len(r[topics.events]) >= 202, 30)
+        reader.settle(1)
+    finally:
+        reader.close()
+    assert reader.repeats[topics.events] == 0 and len(records[topics.events]) == 202
 
 
 def _chaos_service(bootstrap, topics, directory, log_name, **env) -> Launched:
@@ -358,11 +427,18 @@ def test_effectors_killed_inside_tools_and_in_the_approval_window_lose_nothing(b
     assert all(len(r) == 1 and r[0].status == ToolResult.OK for r in results.values())
     assert json.loads(results["mail.send-c-3"][0].payload)["confirmed_by"] == "ops"
     # The approval request lost with the first process was sent by the restarted one; the one
-    # acknowledged before its process died was sent again, and dropped here as a repeat.
+    # acknowledged before its process died was sent again (with what else its batch had sent),
+    # and a deduping consumer sees each request once.
     requests = [ToolIntent.FromString(v) for _, v in records[topics.approvals]]
     sent = [r.intent_id for r in requests]
-    assert approval.intent_id in sent and acknowledged.intent_id in sent
-    assert reader.repeats[topics.approvals] == 1
+    assert sorted(sent) == sorted({approval.intent_id, acknowledged.intent_id, inquiry.intent_id})
+    raw = TopicReader(bootstrap, [topics.approvals], dedupe=False)
+    try:
+        raw.read(lambda r: len(r[topics.approvals]) >= 4, 30)
+        copies = [ToolIntent.FromString(v).intent_id for _, v in raw.settle(1)[topics.approvals]]
+    finally:
+        raw.close()
+    assert copies.count(acknowledged.intent_id) >= 2
     # The tools' own logs: refund called twice with one key and one effect; the others once.
     calls = (tmp_path / "calls.log").read_text().splitlines()
     assert sorted(calls) == [

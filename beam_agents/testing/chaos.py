@@ -159,12 +159,12 @@ class _DyingConsumer:
         self._marker = directory / "die-after-request"
         self._intents = intents
 
-    def commit(self, *args, message=None, **kwargs):
+    def commit(self, *args, offsets=(), **kwargs):
         pending = self._store.request_pending
-        if pending and message is not None and message.topic() == self._intents:
+        if pending and any(offset.topic == self._intents for offset in offsets):
             self._store.request_pending = False
             _die_if(self._marker)
-        return self._consumer.commit(*args, message=message, **kwargs)
+        return self._consumer.commit(*args, offsets=offsets, **kwargs)
 
     def __getattr__(self, name: str):
         return getattr(self._consumer, name)
