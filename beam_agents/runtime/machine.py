@@ -180,7 +180,8 @@ class KeyMachine(Commits, Intake, AnswerChecks, Activations, DueTimes, BudgetQue
                 memory=snapshot.memory if snapshot.HasField("memory") else None,
                 cache=snapshot.llm_cache if snapshot.HasField("llm_cache") else None,
                 continuation=snapshot.continuation if continuation is not None else None,
-                pending=tuple(snapshot.pending),
+                # Pending intents belong to a suspension: without one they answer nothing.
+                pending=tuple(snapshot.pending) if continuation is not None else (),
             )
         )
         return self._finish(work, continuation=continuation)

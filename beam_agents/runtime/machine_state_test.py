@@ -73,16 +73,41 @@ def lookup(ctx, event: bytes) -> bytes:
     return ctx.call_tool("crm.lookup", {"id": event.decode()}).payload
 
 
-def test_a_resume_that_touches_no_memory_and_no_cache_writes_neither():
+def test_a_resume_that_touches_no_memory_and_no_cache_writes_neither_nor_its_seq():
     h = Harness(lookup, config=RuntimeConfig(ttl_ms=1000))
     h.send(event(T0 + 5, b"7"))
-    memory = h.memory
+    memory, seq_writes = h.memory, h.states[0].writes
     (intent,) = pending(h)
     # An answer stamped before the start's activity: nothing moves the TTL's anchor either.
     h.send(answer(T0 + 4, intent, b"profile"))
     assert h.values("completions") == [b"profile"]
     assert h.memory is memory and h.states[2].value is None  # not rewritten, no cache made
+    # The resume runs under the seq its start took: an equal number is no write either.
+    assert h.states[0].writes == seq_writes
     assert h.timers[1].at_ms == T0 + 5 + 1000
+
+
+def test_only_a_suspended_key_reads_its_pending_intents():
+    h = Harness(lookup)
+    h.send(event(T0, b"7"))  # a new key: not suspended, so no pending intents to read
+    assert h.states[4].reads == 0
+    (intent,) = pending(h)
+    h.send(answer(T0 + 1, intent, b"profile"))  # suspended: the answer needs its intent
+    assert h.values("completions") == [b"profile"] and h.states[4].reads == 1
+
+
+def test_a_restored_snapshot_keeps_pending_intents_only_with_their_suspension():
+    source = Harness(lookup)
+    source.send(event(T0, b"7"))
+    snapshot = source.export()
+    assert snapshot.pending and snapshot.HasField("continuation")
+    snapshot.ClearField("continuation")
+    h = Harness(lookup)
+    h.restore(snapshot)
+    assert h.states[4].value == [] and h.continuation is None
+    h.send(event(T0 + 1, b"8"))  # not suspended: the event starts an activation at once
+    (fresh,) = pending(h)
+    assert fresh.intent_id != snapshot.pending[0].intent_id
 
 
 def test_a_later_answer_moves_the_ttl_anchor_forward_in_a_copy_of_the_memory():

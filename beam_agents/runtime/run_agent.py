@@ -245,22 +245,30 @@ class _AgentDoFn(beam.DoFn):
 
 def _read(states) -> KeyState:
     seq, memory, cache, continuation, pending = states
+    suspended = continuation.read()
     return KeyState(
         seq=seq.read(),
         memory=memory.read(),
         cache=cache.read(),
-        continuation=continuation.read(),
-        pending=tuple(pending.read()),
+        continuation=suspended,
+        # Only a suspension has pending intents (every commit and restore sets or clears
+        # them together): a key that is not suspended saves a state round trip.
+        pending=() if suspended is None else tuple(pending.read()),
     )
 
 
 def _write(effects: Effects, stored: KeyState, states, timers) -> None:
-    """Writes the components of `effects.state` that are not the objects `stored` holds (a
-    machine never changes a blob in place, so identity tells what changed), and the timers."""
+    """Writes the components of `effects.state` that differ from what `stored` holds (a
+    machine never changes a blob in place, so identity tells what changed; the seq is a
+    number, compared by value), and the timers."""
     new = effects.state
     seq, memory, cache, continuation, pending = states
+    if new.seq != stored.seq:
+        if new.seq is None:
+            seq.clear()
+        else:
+            seq.write(new.seq)
     for state, old_value, new_value in (
-        (seq, stored.seq, new.seq),
         (memory, stored.memory, new.memory),
         (cache, stored.cache, new.cache),
         (continuation, stored.continuation, new.continuation),

@@ -65,15 +65,19 @@ FORGED_HUMAN = Keyring(FORGED.keys, active="approvals-1")
 
 
 class Cell:
-    """A ReadModifyWrite state double that hands back the very object it stored."""
+    """A ReadModifyWrite state double that hands back the very object it stored, and counts
+    the reads and writes that a portable runner serves as state requests."""
 
     def __init__(self) -> None:
         self.value = None
+        self.reads = self.writes = 0
 
     def read(self):
+        self.reads += 1
         return self.value
 
     def write(self, value) -> None:
+        self.writes += 1
         self.value = value
 
     def clear(self) -> None:
@@ -82,12 +86,11 @@ class Cell:
 
 class Bag(Cell):
     def __init__(self) -> None:
+        super().__init__()
         self.value = []
 
-    def read(self):
-        return self.value
-
     def add(self, value) -> None:
+        self.writes += 1
         self.value.append(value)
 
     def clear(self) -> None:
