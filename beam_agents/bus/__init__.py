@@ -22,8 +22,9 @@ checkpoints (Flink), the read positions live in the pipeline's checkpoints and s
 the agents' state, so a job restored from a savepoint reads on from where its state was taken.
 
 `EffectorService` is the other half: an `Effector` with its durable store reading the intents
-topic. It commits an intent's offset only after every record it produced for that intent was
-acknowledged by the broker, so a crash anywhere redelivers the intent; the effector's store
+topic, a poll's batch at a time. It commits an intent's offset only after every record it
+produced for that intent was acknowledged by the broker (a batch's records together, then its
+offsets together), so a crash anywhere redelivers the intent; the effector's store
 then answers the copy with the first result (the tool does not run again) and the result
 reaches the events topic at least once. RunAgent refuses a second copy of an answer with a
 dead letter (`unknown_intent`): nothing resumes twice.
