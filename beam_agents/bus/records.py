@@ -17,6 +17,7 @@ from beam_agents.runtime.dead_letters import to_envelope
 
 __all__ = [
     "RECORD_ID_HEADER",
+    "Sending",
     "TopicReader",
     "Unacknowledged",
     "decode_dead_letter",
@@ -100,6 +101,8 @@ def retriable(error) -> bool:
         KafkaError._ALL_BROKERS_DOWN,
         KafkaError._TIMED_OUT,
         KafkaError._MSG_TIMED_OUT,
+        # Too long between polls: the consumer left its group and rejoins on its next poll.
+        KafkaError._MAX_POLL_EXCEEDED,
         KafkaError.REQUEST_TIMED_OUT,
         KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
         KafkaError.COORDINATOR_NOT_AVAILABLE,
@@ -115,34 +118,51 @@ def retriable(error) -> bool:
     }
 
 
+class Sending:
+    """Records produced as they come (`produce`) and acknowledged together (`wait`): what a
+    batch sends costs one wait for the broker, and none of it waits for the batch to end."""
+
+    def __init__(self, producer) -> None:
+        self._producer = producer
+        self._failures: list = []
+
+    def _delivered(self, error, message) -> None:
+        if error is not None:
+            self._failures.append((message.topic(), error))
+
+    def produce(self, records: Iterable[tuple[str, bytes, Any, int]]) -> None:
+        """Produces (topic, key, value, timestamp_ms) records, each with its id header."""
+        for topic, key, value, timestamp_ms in records:
+            if value is not None and not isinstance(value, bytes):
+                value = value.SerializeToString(deterministic=True)
+            self._producer.produce(
+                topic,
+                key=key,
+                value=value,
+                timestamp=timestamp_ms,
+                headers=[(RECORD_ID_HEADER, record_id(_role(topic), key, value))],
+                on_delivery=self._delivered,
+            )
+        self._producer.poll(0)  # serves delivery reports, so the queue does not fill
+
+    def wait(self) -> None:
+        """Waits for every acknowledgement: Unacknowledged when what failed may be sent
+        again, else KafkaBusError."""
+        if self._producer.flush(30):
+            raise Unacknowledged("records not acknowledged: flush timed out")
+        if self._failures:
+            named = [f"{topic}: {error.name()} {error.str()}" for topic, error in self._failures]
+            if all(retriable(error) for _, error in self._failures):
+                raise Unacknowledged(f"records not acknowledged: {named}")
+            raise KafkaBusError(f"records not acknowledged: {named}")
+
+
 def send(producer, records: Iterable[tuple[str, bytes, Any, int]]) -> None:
     """Produces (topic, key, value, timestamp_ms) records, each with its id header, and waits
-    for every acknowledgement: Unacknowledged when what failed may be sent again, else
-    KafkaBusError."""
-    failures: list = []
-
-    def delivered(error, message) -> None:
-        if error is not None:
-            failures.append((message.topic(), error))
-
-    for topic, key, value, timestamp_ms in records:
-        if value is not None and not isinstance(value, bytes):
-            value = value.SerializeToString(deterministic=True)
-        producer.produce(
-            topic,
-            key=key,
-            value=value,
-            timestamp=timestamp_ms,
-            headers=[(RECORD_ID_HEADER, record_id(_role(topic), key, value))],
-            on_delivery=delivered,
-        )
-    if producer.flush(30):
-        raise Unacknowledged("records not acknowledged: flush timed out")
-    if failures:
-        named = [f"{topic}: {error.name()} {error.str()}" for topic, error in failures]
-        if all(retriable(error) for _, error in failures):
-            raise Unacknowledged(f"records not acknowledged: {named}")
-        raise KafkaBusError(f"records not acknowledged: {named}")
+    for every acknowledgement (`Sending`)."""
+    sending = Sending(producer)
+    sending.produce(records)
+    sending.wait()
 
 
 class TopicReader:

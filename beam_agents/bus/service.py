@@ -14,7 +14,7 @@ from typing import Any
 from google.protobuf.message import DecodeError
 
 from beam_agents._protos import AgentEnvelope
-from beam_agents.bus.records import Unacknowledged, retriable, send
+from beam_agents.bus.records import Sending, Unacknowledged, retriable
 from beam_agents.bus.topics import KafkaBusError, Topics
 from beam_agents.intents.effector import Effector, EffectorOutput, Route
 from beam_agents.runtime.dead_letters import to_envelope
@@ -39,12 +39,14 @@ class EffectorService:
     under the same id takes its partitions back at once instead of after the session timeout
     (`session_timeout_ms`, which also bounds how long a crashed member holds them).
     `run` serves until `stop` is set, then leaves the group. `serve` handles what one poll
-    returns, up to `max_batch` messages, in order: their records are produced together and
-    acknowledged before their offsets are committed together, so the broker's round trips
-    (about 5 ms for a synchronous commit) are paid once a batch rather than once an intent.
-    A process that dies inside a batch has committed none of it: a restart reads the batch
-    again and the store answers what had run. `producer_config` adds to or overrides the
-    producer's librdkafka settings.
+    returns, up to `max_batch` messages and for at most `max_batch_s`, in order: each output's
+    records are produced at once, acknowledged together at the batch's end, and only then its
+    offsets committed together, so the broker's round trips (about 5 ms for a synchronous
+    commit) are paid once a batch rather than once an intent. `max_batch_s` bounds how long a
+    record waits for that and how long the consumer goes between polls. A process that dies
+    inside a batch has committed none of it: a restart reads it again, the store answers what
+    had run, and the batch's records are sent again (the same records, by id).
+    `producer_config` adds to or overrides the producer's librdkafka settings.
     """
 
     def __init__(
@@ -56,6 +58,7 @@ class EffectorService:
         group_id: str = "beam-agents-effector",
         poll_timeout_s: float = 0.5,
         max_batch: int = 500,
+        max_batch_s: float = 1.0,
         producer_config: Mapping[str, Any] | None = None,
         instance_id: str | None = None,
         session_timeout_ms: int = 10_000,
@@ -66,6 +69,7 @@ class EffectorService:
         self.topics = topics
         self._poll_timeout_s = poll_timeout_s
         self._max_batch = max_batch
+        self._max_batch_s = max_batch_s
         self._backoff_s = 0.0
         self._consumer = Consumer(
             {
@@ -91,7 +95,7 @@ class EffectorService:
     def run(self, stop: threading.Event, on_served: Callable[[Route], None] | None = None) -> None:
         try:
             while not stop.is_set():
-                for route in self.serve():
+                for route in self.serve(stop):
                     if on_served is not None:
                         on_served(route)
                 if self._backoff_s:
@@ -99,21 +103,29 @@ class EffectorService:
         finally:
             self.close()
 
-    def serve(self) -> list[Route]:
-        """Polls once, for up to `max_batch` messages, and handles them: the effector's route
-        of each intent (or answer to an inquiry) it served. A retriable failure serves none
-        and sets a backoff that `run` waits out; the messages are read again."""
+    def serve(self, stop: threading.Event | None = None) -> list[Route]:
+        """Polls once, for up to `max_batch` messages, and serves them in order for at most
+        `max_batch_s` (and until `stop` is set): the effector's route of each intent (or answer
+        to an inquiry) served. Each output's records are produced at once; at the batch's end
+        they are acknowledged together, then its offsets committed together, and what it did
+        not get to is read again. A retriable failure sets a backoff that `run` waits out, and
+        the batch is read again from its first message."""
         from confluent_kafka import KafkaException
 
         messages = self._consumer.consume(self._max_batch, self._poll_timeout_s)
-        served = _Batch()
+        if not messages:
+            return []
+        served, sending = _Batch(), Sending(self._producer)
+        ends = time.monotonic() + self._max_batch_s
         error = None
         try:
             for message in messages:
+                if (stop is not None and stop.is_set()) or time.monotonic() > ends:
+                    break
                 if served.holds(message):
                     continue  # a partition stopped at an earlier message of this batch
                 if message.error():
-                    error = (message.error(), f"reading {message.topic()}")
+                    error = (message.error(), f"reading {message.topic() or 'the topics'}")
                     break
                 if message.topic() == self.topics.events:
                     output = self._answer(message.value())
@@ -125,8 +137,10 @@ class EffectorService:
                     served.hold(message)
                     continue
                 served.add(message, output)
+                if output is not None:
+                    sending.produce(self._records(output))
             if served.outputs:
-                send(self._producer, [r for o in served.outputs for r in self._records(o)])
+                sending.wait()
             if served.done:
                 # Events that answer no inquiry are the loop's, not this service's: no wait.
                 self._consumer.commit(offsets=served.offsets(), asynchronous=not served.outputs)
@@ -134,7 +148,10 @@ class EffectorService:
             return self._retry(messages, e.args[0], "serving a batch")
         except Unacknowledged as e:
             return self._retry(messages, None, str(e))
-        served.rewind(self._consumer, messages)
+        except BaseException:
+            self._rewind(_Batch(), messages)  # for a caller that serves on: nothing skipped
+            raise
+        self._rewind(served, messages)
         if error is not None:
             self._failed(*error)
             return served.routes
@@ -145,9 +162,22 @@ class EffectorService:
 
     def _retry(self, messages, error, what: str) -> list[Route]:
         """Reads every message of the batch again, from its first, after a backoff."""
-        _Batch().rewind(self._consumer, messages)
+        self._rewind(_Batch(), messages)
         self._failed(error, what)
         return []
+
+    def _rewind(self, batch: _Batch, messages) -> None:
+        """Seeks each partition of `messages` back to its first message `batch` did not
+        finish: the consumer's position moved past every message the poll returned."""
+        from confluent_kafka import KafkaError, KafkaException
+
+        for position in batch.unfinished(messages):
+            try:
+                self._consumer.seek(position)
+            except KafkaException as e:
+                # Revoked since the poll: its new owner reads on from the committed offset.
+                if e.args[0].code() not in (KafkaError._STATE, KafkaError._UNKNOWN_PARTITION):
+                    raise
 
     def _answer(self, value: bytes | None) -> EffectorOutput | None:
         try:
@@ -195,14 +225,14 @@ class EffectorService:
 
 class _Batch:
     """What one `EffectorService.serve` finished: per partition, its messages in order up to
-    the first one held back (an intent another effector runs), whose records are sent and
-    whose offsets are committed together."""
+    the first one held back (an intent another effector runs), whose records are acknowledged
+    and whose offsets are committed together."""
 
     def __init__(self) -> None:
         self.routes: list[Route] = []
         self.outputs: list[EffectorOutput] = []
-        #: (topic, partition): the offset of its last finished message.
-        self.done: dict[tuple[str, int], int] = {}
+        #: (topic, partition): the offset and leader epoch of its last finished message.
+        self.done: dict[tuple[str, int], tuple[int, int]] = {}
         self.in_flight = False
         self._held: set[tuple[str, int]] = set()
 
@@ -215,27 +245,39 @@ class _Batch:
         self.routes.append(Route.IN_FLIGHT)
 
     def add(self, message, output: EffectorOutput | None) -> None:
-        self.done[(message.topic(), message.partition())] = message.offset()
+        self.done[message.topic(), message.partition()] = (message.offset(), _epoch(message))
         if output is not None:
             self.routes.append(output.route)
             self.outputs.append(output)
 
     def offsets(self) -> list:
+        """What to commit: the offset after each partition's last finished message, with its
+        leader epoch (so the broker can tell a log truncated under it)."""
         from confluent_kafka import TopicPartition
 
-        return [TopicPartition(t, p, offset + 1) for (t, p), offset in self.done.items()]
+        return [
+            TopicPartition(topic, partition, offset + 1, leader_epoch=epoch)
+            for (topic, partition), (offset, epoch) in self.done.items()
+        ]
 
-    def rewind(self, consumer, messages) -> None:
-        """Seeks each partition of `messages` back to its first message not finished: the
-        consumer's position moved past every message the poll returned."""
+    def unfinished(self, messages) -> list:
+        """Each partition of `messages` at its first message not finished."""
         from confluent_kafka import TopicPartition
 
-        first: dict[tuple[str, int], int] = {}
+        first = {}
         for message in messages:
             if message.error():
                 continue
             where = (message.topic(), message.partition())
-            if where not in first and message.offset() > self.done.get(where, -1):
-                first[where] = message.offset()
-        for (topic, partition), offset in first.items():
-            consumer.seek(TopicPartition(topic, partition, offset))
+            finished = self.done.get(where, (-1, -1))[0]
+            if where not in first and message.offset() > finished:
+                first[where] = TopicPartition(
+                    *where, message.offset(), leader_epoch=_epoch(message)
+                )
+        return list(first.values())
+
+
+def _epoch(message) -> int:
+    """The message's leader epoch, -1 where the broker gave none (TopicPartition's "unknown")."""
+    epoch = message.leader_epoch()
+    return -1 if epoch is None else epoch

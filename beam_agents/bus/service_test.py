@@ -20,6 +20,7 @@ from beam_agents.bus import (
     decode_dead_letter,
     produce,
 )
+from beam_agents.bus.service import _Batch
 from beam_agents.intents.effector import (
     INQUIRY_SUFFIX,
     INQUIRY_TOOL,
@@ -74,11 +75,65 @@ def _serve_until(service: EffectorService, count: int) -> list[Route]:
     return routes
 
 
+def _uncommitted(bootstrap: str, topics, group: str) -> int:
+    """How many intents the group has not committed: the intents topic's end minus the
+    group's committed offset (partition 0, the only one)."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": group})
+    try:
+        (committed,) = consumer.committed([TopicPartition(topics.intents, 0)], timeout=10)
+        _, end = consumer.get_watermark_offsets(TopicPartition(topics.intents, 0), timeout=10)
+    finally:
+        consumer.close()
+    return end - max(committed.offset, 0)
+
+
 def _intent(intent_id: str, entity: bytes) -> ToolIntent:
     return sign(
         intent(intent_id=intent_id, entity_key=entity, expires_at_ms=FAR, args_json='{"id":7}'),
         RING,
     )
+
+
+class _Message:
+    """What a batch reads of a consumed message."""
+
+    def __init__(self, topic: str, partition: int, offset: int, epoch: int | None = 4) -> None:
+        self._at = (topic, partition, offset, epoch)
+
+    def topic(self) -> str:
+        return self._at[0]
+
+    def partition(self) -> int:
+        return self._at[1]
+
+    def offset(self) -> int:
+        return self._at[2]
+
+    def leader_epoch(self) -> int | None:
+        return self._at[3]
+
+    def error(self):
+        return None
+
+
+def test_a_batch_commits_each_partition_to_its_last_finished_message_and_rewinds_the_rest():
+    a = [_Message("intents", 0, n) for n in (10, 11, 12)]
+    b = [_Message("intents", 1, n, epoch=None) for n in (7, 8)]
+    batch = _Batch()
+    batch.add(a[0], None)
+    batch.hold(a[1])  # a[2] is skipped behind it: batch.holds(a[2])
+    batch.add(b[0], None)
+    assert batch.holds(a[2]) and not batch.holds(b[1])
+    committed = {(t.topic, t.partition): (t.offset, t.leader_epoch) for t in batch.offsets()}
+    assert committed == {("intents", 0): (11, 4), ("intents", 1): (8, None)}
+    again = {(t.topic, t.partition): t.offset for t in batch.unfinished([*a, *b])}
+    assert again == {("intents", 0): 11, ("intents", 1): 8}
+    # A batch that failed finished nothing: every partition from its first message.
+    again = {(t.topic, t.partition): t.offset for t in _Batch().unfinished([*a, *b])}
+    assert again == {("intents", 0): 10, ("intents", 1): 7}
+    assert batch.routes == [Route.IN_FLIGHT] and batch.in_flight
 
 
 @pytest.mark.engines
@@ -187,9 +242,9 @@ def test_refused_intents_become_dead_letters_on_the_topic_and_are_committed(boot
     service = _service(bootstrap, topics, tmp_path / "effector.sqlite", calls)
     try:
         assert _serve_until(service, 2) == [Route.DEAD_LETTER, Route.DEAD_LETTER]
-        assert service.serve() == []  # both committed: nothing comes again
     finally:
         service.close()
+    assert _uncommitted(bootstrap, topics, f"{topics.prefix}.fx") == 0
     reader = TopicReader(bootstrap, [topics.dead_letters])
     try:
         records = reader.read(lambda r: len(r[topics.dead_letters]) >= 2, 30)[topics.dead_letters]
@@ -257,7 +312,7 @@ def test_a_held_intent_holds_back_the_intents_after_it_and_a_batch_commits_what_
 ):
     """Intents are served in batches, one commit each: an intent another live effector holds
     stops its partition there (the one after it waits, in order, while the one before it is
-    answered), and once everything is answered a new service reads nothing again."""
+    answered and committed), and a burst of intents takes a few polls and is all committed."""
     topics = fresh_topics(bootstrap)
     store, calls = tmp_path / "effector.sqlite", Calls()
     before, held, after = (_intent(f"i-{n}", b"c-%d" % n) for n in (1, 2, 3))
@@ -283,6 +338,13 @@ def test_a_held_intent_holds_back_the_intents_after_it_and_a_batch_commits_what_
             routes = _serve_until(service, 4)
             assert routes[0] == Route.RESULT and set(routes[1:]) == {Route.IN_FLIGHT}
             assert calls.intent_ids == ["i-1"]  # i-3 waits behind i-2
+        finally:
+            service.close()
+        # What the batches finished is committed, the held intent and the one after it not.
+        assert _uncommitted(bootstrap, topics, f"{topics.prefix}.fx") == 2
+        service = _service(bootstrap, topics, store, calls)
+        try:
+            assert _serve_until(service, 1)[0] == Route.IN_FLIGHT  # i-1 is not read again
             claimant.kill()
             claimant.wait()
             routes = _serve_until(service, 2)
@@ -306,13 +368,7 @@ def test_a_held_intent_holds_back_the_intents_after_it_and_a_batch_commits_what_
         service.close()
     assert len([n for n in polls if n]) <= 10, polls
     assert calls.intent_ids[2:] == [i.intent_id for i in many]
-    again = _service(bootstrap, topics, store, calls)
-    try:
-        deadline = time.monotonic() + 5
-        while time.monotonic() < deadline:
-            assert again.serve() == []
-    finally:
-        again.close()
+    assert _uncommitted(bootstrap, topics, f"{topics.prefix}.fx") == 0
     reader = TopicReader(bootstrap, [topics.events], dedupe=False)
     try:
         records = reader.read(lambda r: len(r[topics.events]) >= 202, 30)

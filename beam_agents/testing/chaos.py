@@ -159,12 +159,12 @@ class _DyingConsumer:
         self._marker = directory / "die-after-request"
         self._intents = intents
 
-    def commit(self, *args, offsets=(), **kwargs):
+    def commit(self, *args, **kwargs):
         pending = self._store.request_pending
-        if pending and any(offset.topic == self._intents for offset in offsets):
+        if pending and any(o.topic == self._intents for o in kwargs.get("offsets") or ()):
             self._store.request_pending = False
             _die_if(self._marker)
-        return self._consumer.commit(*args, offsets=offsets, **kwargs)
+        return self._consumer.commit(*args, **kwargs)
 
     def __getattr__(self, name: str):
         return getattr(self._consumer, name)
