@@ -258,6 +258,21 @@ def test_refused_intents_become_dead_letters_on_the_topic_and_are_committed(boot
     assert calls.intent_ids == []
 
 
+def _plant_claim(store, held: ToolIntent, pid: int) -> None:
+    """Records `held` as running in the effector process `pid` (alive while the test needs)."""
+    Effector({}, mode=VerifyMode.OFF, store=store).store.claim(
+        ExecutionRecord(
+            intent_id=held.intent_id,
+            entity_key=held.entity_key,
+            content_digest=content_digest(held.SerializeToString(deterministic=True)),
+            outcome=ExecutionRecord.OUTCOME_RUNNING,
+            latest_expires_at_ms=held.expires_at_ms,
+            claimed_by=f"{pid}:{_process_start(pid)}:planted",
+        ),
+        FAR,
+    )
+
+
 @pytest.mark.engines
 def test_an_intent_another_live_effector_holds_is_answered_once_that_effector_dies(
     bootstrap, tmp_path
@@ -270,19 +285,7 @@ def test_an_intent_another_live_effector_holds_is_answered_once_that_effector_di
     held = _intent("i-9", b"c-9")
     claimant = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
     try:
-        pid = claimant.pid
-        planted = Effector({}, mode=VerifyMode.OFF, store=store)
-        planted.store.claim(
-            ExecutionRecord(
-                intent_id="i-9",
-                entity_key=b"c-9",
-                content_digest=content_digest(held.SerializeToString(deterministic=True)),
-                outcome=ExecutionRecord.OUTCOME_RUNNING,
-                latest_expires_at_ms=held.expires_at_ms,
-                claimed_by=f"{pid}:{_process_start(pid)}:planted",
-            ),
-            FAR,
-        )
+        _plant_claim(store, held, claimant.pid)
         produce(bootstrap, [(topics.intents, b"c-9", held, now_ms())])
         service = _service(bootstrap, topics, store, calls)
         try:
@@ -318,18 +321,7 @@ def test_a_held_intent_holds_back_the_intents_after_it_and_a_batch_commits_what_
     before, held, after = (_intent(f"i-{n}", b"c-%d" % n) for n in (1, 2, 3))
     claimant = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
     try:
-        pid = claimant.pid
-        Effector({}, mode=VerifyMode.OFF, store=store).store.claim(
-            ExecutionRecord(
-                intent_id="i-2",
-                entity_key=b"c-2",
-                content_digest=content_digest(held.SerializeToString(deterministic=True)),
-                outcome=ExecutionRecord.OUTCOME_RUNNING,
-                latest_expires_at_ms=held.expires_at_ms,
-                claimed_by=f"{pid}:{_process_start(pid)}:planted",
-            ),
-            FAR,
-        )
+        _plant_claim(store, held, claimant.pid)
         produce(
             bootstrap, [(topics.intents, i.entity_key, i, now_ms()) for i in (before, held, after)]
         )
