@@ -135,20 +135,32 @@ class Sending:
         for topic, key, value, timestamp_ms in records:
             if value is not None and not isinstance(value, bytes):
                 value = value.SerializeToString(deterministic=True)
-            self._producer.produce(
-                topic,
-                key=key,
-                value=value,
-                timestamp=timestamp_ms,
-                headers=[(RECORD_ID_HEADER, record_id(_role(topic), key, value))],
-                on_delivery=self._delivered,
-            )
+            record = {
+                "key": key,
+                "value": value,
+                "timestamp": timestamp_ms,
+                "headers": [(RECORD_ID_HEADER, record_id(_role(topic), key, value))],
+                "on_delivery": self._delivered,
+            }
+            deadline = time.monotonic() + 30
+            while True:
+                try:
+                    self._producer.produce(topic, **record)
+                    break
+                except BufferError:  # the client's queue is full: let the broker drain it
+                    if time.monotonic() > deadline:
+                        raise Unacknowledged("records not acknowledged: queue full") from None
+                    self._producer.poll(0.1)
         self._producer.poll(0)  # serves delivery reports, so the queue does not fill
 
     def wait(self) -> None:
         """Waits for every acknowledgement: Unacknowledged when what failed may be sent
         again, else KafkaBusError."""
         if self._producer.flush(30):
+            # What was never sent is dropped: the caller sends it all again, and copies left
+            # queued would pile up with every retry during an outage.
+            self._producer.purge(in_queue=True, in_flight=False)
+            self._producer.poll(0)
             raise Unacknowledged("records not acknowledged: flush timed out")
         if self._failures:
             named = [f"{topic}: {error.name()} {error.str()}" for topic, error in self._failures]

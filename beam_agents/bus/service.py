@@ -5,6 +5,7 @@ broker acknowledged every record it produced for it.
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import threading
 import time
@@ -112,9 +113,12 @@ class EffectorService:
         the batch is read again from its first message."""
         from confluent_kafka import KafkaException
 
-        messages = self._consumer.consume(self._max_batch, self._poll_timeout_s)
-        if not messages:
+        # Waits for the first message only: consume() would wait out its whole timeout unless
+        # max_batch messages came; the rest is what the client has fetched already.
+        first = self._consumer.poll(self._poll_timeout_s)
+        if first is None:
             return []
+        messages = [first, *self._consumer.consume(self._max_batch - 1, 0)]
         served, sending = _Batch(), Sending(self._producer)
         ends = time.monotonic() + self._max_batch_s
         error = None
@@ -149,14 +153,17 @@ class EffectorService:
         except Unacknowledged as e:
             return self._retry(messages, None, str(e))
         except BaseException:
-            self._rewind(_Batch(), messages)  # for a caller that serves on: nothing skipped
+            # For a caller that serves on, nothing is skipped; a failing seek must not hide
+            # what failed.
+            with contextlib.suppress(KafkaException):
+                self._rewind(_Batch(), messages)
             raise
         self._rewind(served, messages)
         if error is not None:
             self._failed(*error)
             return served.routes
         if served.in_flight:
-            time.sleep(self._poll_timeout_s)
+            (time.sleep if stop is None else stop.wait)(self._poll_timeout_s)
         self._backoff_s = 0.0
         return served.routes
 
@@ -175,8 +182,13 @@ class EffectorService:
             try:
                 self._consumer.seek(position)
             except KafkaException as e:
-                # Revoked since the poll: its new owner reads on from the committed offset.
-                if e.args[0].code() not in (KafkaError._STATE, KafkaError._UNKNOWN_PARTITION):
+                # Revoked since the poll (or being revoked): its new owner reads on from the
+                # committed offset.
+                if e.args[0].code() not in (
+                    KafkaError._STATE,
+                    KafkaError._UNKNOWN_PARTITION,
+                    KafkaError._PREV_IN_PROGRESS,
+                ):
                     raise
 
     def _answer(self, value: bytes | None) -> EffectorOutput | None:

@@ -106,8 +106,25 @@ def test_a_restored_snapshot_keeps_pending_intents_only_with_their_suspension():
     h.restore(snapshot)
     assert h.states[4].value == [] and h.continuation is None
     h.send(event(T0 + 1, b"8"))  # not suspended: the event starts an activation at once
-    (fresh,) = pending(h)
-    assert fresh.intent_id != snapshot.pending[0].intent_id
+    assert len(pending(h)) == 1
+
+
+def test_intents_an_older_restore_left_without_a_suspension_never_surface_and_are_cleared():
+    """Restores before this rule kept a snapshot's pending intents with no continuation: the
+    bag is not read while the key is not suspended, and is set outright when it suspends or
+    is wiped."""
+    stale = Harness(lookup)
+    stale.send(event(T0, b"1"))
+    (left,) = pending(stale)
+    h = Harness(lookup, config=RuntimeConfig(ttl_ms=1000))
+    h.states[4].value = [left]  # what such a restore wrote
+    h.send(event(T0 + 1, b"2"))
+    assert [i.intent_id for i in pending(h)] != [left.intent_id] and len(pending(h)) == 1
+    h.send(answer(T0 + 2, pending(h)[0], b"profile"))
+    assert h.values("completions") == [b"profile"] and pending(h) == []
+    h.states[4].value = [left]
+    h.fire_ttl(h.timers[1].at_ms)
+    assert h.memory is None and pending(h) == []
 
 
 def test_a_later_answer_moves_the_ttl_anchor_forward_in_a_copy_of_the_memory():

@@ -278,7 +278,10 @@ def _write(effects: Effects, stored: KeyState, states, timers) -> None:
                 state.clear()
             else:
                 state.write(new_value)
-    if new.pending is not stored.pending:
+    # Without a suspension the bag was not read (`_read`): empty, unless a restore by an older
+    # binary left intents there. A new suspension or a wiped key sets it outright.
+    unknown = stored.continuation is None and (new.continuation is not None or new.empty)
+    if new.pending is not stored.pending or unknown:
         pending.clear()
         for intent in new.pending:
             pending.add(intent)

@@ -81,6 +81,7 @@ class Cell:
         self.value = value
 
     def clear(self) -> None:
+        self.writes += 1
         self.value = None
 
 
@@ -94,6 +95,7 @@ class Bag(Cell):
         self.value.append(value)
 
     def clear(self) -> None:
+        self.writes += 1
         self.value = []
 
 
