@@ -54,27 +54,32 @@ def _state_bytes(key: _Key) -> int:
 
 
 def measure(keys: int, kib: int, passes: int) -> tuple[float, float]:
-    """(median microseconds per activation over passes, mean state bytes per key)."""
+    """(median microseconds per activation over passes, mean state bytes per key). Few keys
+    are measured on several fresh sets of keys, at least 1,000 keys in all: a pass over 10
+    keys takes half a millisecond, and more passes over the same keys would grow their event
+    marks, so they would no longer hold what a key at 100,000 keys holds."""
     machine = _machine(remember, memory_budget_bytes=None)
     initial = _memory(kib)  # shared until each key's first write; never changed in place
-    cells = []
-    for _ in range(keys):
-        key = _Key(machine)
-        key.states[1].value = initial
-        cells.append(key)
-    at = T0
     per_pass = []
-    for _ in range(passes + 1):  # the first pass writes every key's own blob: not timed
-        at += 1
-        event = _event(at)
-        start = time.perf_counter()
-        for key in cells:
-            key.send(event)
-        per_pass.append((time.perf_counter() - start) / keys * 1e6)
-        for key in cells:
-            key.written.clear()  # the driver's log for its floor; no floor here
+    for _ in range(max(1, 1_000 // keys)):
+        cells = []
+        for _ in range(keys):
+            key = _Key(machine)
+            key.states[1].value = initial
+            cells.append(key)
+        at = T0
+        for number in range(passes + 1):  # the first writes every key's own blob: not timed
+            at += 1
+            event = _event(at)
+            start = time.perf_counter()
+            for key in cells:
+                key.send(event)
+            if number:
+                per_pass.append((time.perf_counter() - start) / keys * 1e6)
+            for key in cells:
+                key.written.clear()  # the driver's log for its floor; no floor here
     sample = cells[:: max(1, keys // 100)]
-    return statistics.median(per_pass[1:]), statistics.mean(map(_state_bytes, sample))
+    return statistics.median(per_pass), statistics.mean(map(_state_bytes, sample))
 
 
 def main() -> None:
@@ -109,8 +114,9 @@ def main() -> None:
     lines = [
         "# How cost grows with keys and memory per key",
         "",
-        "`python benchmarks/scaling_benchmark.py`: RunAgent's logic driven directly, one",
-        "activation per key per pass (it puts one value), median of passes.",
+        f"`python benchmarks/scaling_benchmark.py --max-mib {args.max_mib}`: RunAgent's logic",
+        "driven directly, one activation per key per pass (it puts one value), median of",
+        "passes (over fresh sets of keys where there are few).",
         "",
         "![time per activation and state bytes per key](scaling.png)",
         "",
@@ -129,7 +135,16 @@ def main() -> None:
             verdict = "" if ratio <= GOAL else " ABOVE"
             row = f"| {keys:,} | {kib:,} KiB | {us:.1f} | {size:,.0f} | {ratio:.2f}{verdict} |"
             lines.append(row)
-    lines += ["", f"Goal: at most {GOAL} across the range of keys at each memory size."]
+    lines += [
+        "",
+        f"Goal: at most {GOAL} across the range of keys at each memory size.",
+        "",
+        "Where the keys' memory is more than the index table holds (128 MB of blobs and their",
+        "indexes, about what a portable SDK harness's state cache holds), each activation",
+        "rebuilds its key's index: a pass over the blob's entries, about 0.4 us an entry, or",
+        "13 encodings of the blob. That is what a worker pays for every key whose state its",
+        "harness's cache no longer holds (on the DirectRunner, for every key).",
+    ]
     (args.out / "scaling.md").write_text("\n".join(lines) + "\n")
     print(f"wrote {args.out / 'scaling.md'} and {args.out / 'scaling.png'}")
 
