@@ -12,6 +12,7 @@ from apache_beam.testing.util import assert_that, equal_to
 
 from beam_agents._protos import AgentEnvelope
 from beam_agents.bus.loop import FlinkCheckpointOptions, _RecordValues
+from beam_agents.ops.rounds import env_options
 from beam_agents.runtime import COMPLETIONS, RunAgent, agent
 from tools.workspace import data_root
 
@@ -30,7 +31,7 @@ def test_a_producers_idempotency_header_drops_a_second_copy_through_the_loops_re
         headers = [] if key is None else [beam.Row(key="idempotency-key", value=key)]
         return beam.Row(key=b"c-1", value=value.SerializeToString(), headers=headers)
 
-    with beam.Pipeline() as pipeline:
+    with beam.Pipeline(options=env_options()) as pipeline:
         values = (
             pipeline
             | beam.Create(

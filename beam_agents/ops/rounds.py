@@ -35,12 +35,18 @@ from apache_beam.transforms import window
 from beam_agents._protos import AgentEnvelope, StateSnapshot
 from beam_agents.wire.decoding import message_type
 
-__all__ = ["OPTIONS_ENV", "Advance", "ManualClock", "Outputs", "run_round"]
+__all__ = ["OPTIONS_ENV", "Advance", "ManualClock", "Outputs", "env_options", "run_round"]
 
 OPTIONS_ENV = "BEAM_AGENTS_PIPELINE_OPTIONS"
 
 _ENVELOPE, _SNAPSHOT = b"E", b"S"
 _round_numbers = itertools.count()
+
+
+def env_options() -> PipelineOptions:
+    """The pipeline options $BEAM_AGENTS_PIPELINE_OPTIONS gives (none: the DirectRunner), for
+    any test's pipeline that should run on whichever runner the suite runs on."""
+    return PipelineOptions(shlex.split(os.environ.get(OPTIONS_ENV, "")))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -114,7 +120,7 @@ def run_round(
         data = tag + item.SerializeToString(deterministic=True)
         stream = stream.add_elements([window.TimestampedValue(data, at / 1000)])
     if options is None:
-        options = PipelineOptions(shlex.split(os.environ.get(OPTIONS_ENV, "")))
+        options = env_options()
     options.view_as(StandardOptions).streaming = True
     with beam.Pipeline(options=options) as pipeline:
         split = (

@@ -7,7 +7,7 @@ import functools
 
 import apache_beam as beam
 from apache_beam.metrics import MetricsFilter
-from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
+from apache_beam.options.pipeline_options import StandardOptions
 from apache_beam.testing.test_pipeline import TestPipeline as BeamPipeline
 from apache_beam.testing.test_stream import TestStream as EventStream
 from apache_beam.testing.util import assert_that, equal_to
@@ -22,7 +22,7 @@ from beam_agents.intents.effector import (
     VerifyMode,
 )
 from beam_agents.intents.signing import Keyring
-from beam_agents.ops.rounds import ManualClock
+from beam_agents.ops.rounds import ManualClock, env_options
 from beam_agents.testing.effectors import (
     KEYS,
     NOW,
@@ -57,7 +57,7 @@ def test_the_transform_routes_every_intent_and_executes_once_per_intent_id(tmp_p
         tampered(),
         b"\xff\xff not an intent",
     ]
-    pipeline = BeamPipeline(runner="DirectRunner")
+    pipeline = BeamPipeline(options=env_options())
     outputs = (
         pipeline
         | beam.Create(inputs, reshuffle=False)
@@ -116,9 +116,9 @@ class AppendingTool:
 
 
 def _streaming_pipeline() -> BeamPipeline:
-    options = PipelineOptions()
+    options = env_options()
     options.view_as(StandardOptions).streaming = True
-    return BeamPipeline(runner="DirectRunner", options=options)
+    return BeamPipeline(options=options)
 
 
 def _stream(events):
@@ -176,7 +176,7 @@ def test_the_record_is_dropped_when_the_watermark_passes_the_retention(tmp_path)
 
 def _run_batch(inputs, tool, *, windowed=False):
     """Runs ExecuteIntents over timestamped inputs; returns the outputs' summaries."""
-    pipeline = BeamPipeline(runner="DirectRunner")
+    pipeline = BeamPipeline(options=env_options())
     created = pipeline | beam.Create(inputs, reshuffle=False)
     if windowed:
         created = created | beam.WindowInto(window.FixedWindows(60))
