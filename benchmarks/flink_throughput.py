@@ -17,6 +17,11 @@ latency from an event to the job's first output for it (an intent for the agents
 p99, over `--paced` records produced `--rate` per second. The ratio is agents over bare.
 
     python benchmarks/flink_throughput.py [--keys 10000] [--paced 200] [--rate 20]
+        [--parallelism 1] [--option=--NAME=VALUE ...]
+
+`--parallelism` and each `--option` (a pipeline option) apply to both jobs alike, so a setting
+is compared at the same ratio it is measured by; an option named in tools/engines.sh's Flink
+options takes its value from here.
 
 Figures: tools/engines/RESULTS.md. Absolute figures on a shared 2-core machine are noisy;
 the ratio, measured in one run, is the figure to compare.
@@ -177,7 +182,7 @@ def _keys(prefix: str, count: int) -> list[bytes]:
 def _agents(engines: Engines, work: Path, args) -> dict:
     loop = Loop(engines, work)
     try:
-        loop.start_job()
+        loop.start_job(parallelism=args.parallelism, options=args.option)
         figures = _measure(
             loop.bootstrap,
             loop.topics.events,
@@ -205,7 +210,7 @@ def _bare(engines: Engines, work: Path, args) -> dict:
         "--kafka_bootstrap", bootstrap,
         "--topic_prefix", topics.prefix,
         "--expansion_service", engines.endpoints["EXPANSION_SERVICE"],
-        *engines.flink_options(),
+        *engines.flink_options((f"--parallelism={args.parallelism}", *args.option)),
     ]  # fmt: skip
     job, jid = Launched(command, work / "bare.log"), None
     try:
@@ -235,6 +240,10 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--keys", type=int, default=10_000)
     parser.add_argument("--paced", type=int, default=200)
     parser.add_argument("--rate", type=float, default=20.0)
+    parser.add_argument("--parallelism", type=int, default=1)
+    parser.add_argument(
+        "--option", action="append", default=[], help="a pipeline option for both jobs"
+    )
     args = parser.parse_args(argv)
     engines = Engines().up(["kafka", "java", "flink"])
     cores = len(os.sched_getaffinity(0))  # the cores this process, and so the engines, may use

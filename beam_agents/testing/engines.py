@@ -53,5 +53,9 @@ class Engines:
             _engines("stop", name)
         self.started.clear()
 
-    def flink_options(self) -> list[str]:
-        return _engines("flink-options").split()
+    def flink_options(self, overrides: Sequence[str] = ()) -> list[str]:
+        """The pipeline options that run a job on the Flink cluster, then `overrides`: an
+        option named in both (`--NAME=VALUE`) takes the value in `overrides`."""
+        named = {o.split("=", 1)[0] for o in overrides}
+        own = [o for o in _engines("flink-options").split() if o.split("=", 1)[0] not in named]
+        return [*own, *overrides]

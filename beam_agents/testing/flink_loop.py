@@ -154,15 +154,12 @@ class Loop:
         self, state_schema: int, savepoint: str | None, parallelism: int, options: tuple
     ) -> tuple[str, Launched]:
         known = set(self.rest.jobs())
-        named = {o.split("=", 1)[0] for o in options}
         args = [
             "--kafka_bootstrap", self.bootstrap,
             "--topic_prefix", self.topics.prefix,
             "--expansion_service", self.engines.endpoints["EXPANSION_SERVICE"],
             "--state_schema", str(state_schema),
-            *(o for o in self.engines.flink_options() if o.split("=", 1)[0] not in named),
-            f"--parallelism={parallelism}",
-            *options,
+            *self.engines.flink_options((f"--parallelism={parallelism}", *options)),
         ]  # fmt: skip
         if savepoint is not None:
             args.append(f"--savepoint_path={savepoint}")
