@@ -14,7 +14,6 @@ from beam_agents._protos import AgentEnvelope
 from beam_agents.bus.loop import FlinkCheckpointOptions, _RecordValues
 from beam_agents.ops.rounds import env_options
 from beam_agents.runtime import COMPLETIONS, RunAgent, agent
-from beam_agents.testing.engines import Engines
 from tools.workspace import data_root
 
 
@@ -64,15 +63,3 @@ def test_the_engines_flink_options_parse_without_a_warning(caplog):
     assert parsed["checkpointing_interval"] == 10_000
     view = PipelineOptions([*flags, "--finish_bundle_before_checkpointing=false"])
     assert view.view_as(FlinkCheckpointOptions).finish_bundle_before_checkpointing is False
-
-
-def test_an_override_replaces_the_engines_flink_option_of_its_name_and_adds_the_rest():
-    engines = Engines()
-    own = engines.flink_options()
-    assert "--checkpointing_interval=10000" in own
-    options = engines.flink_options(("--checkpointing_interval=5000", "--parallelism=2"))
-    assert [o for o in options if o.startswith("--checkpointing_interval")] == [
-        "--checkpointing_interval=5000"
-    ]
-    assert options[-1] == "--parallelism=2"
-    assert [o for o in own if not o.startswith("--checkpointing_interval")] == options[:-2]

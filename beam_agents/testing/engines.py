@@ -14,7 +14,7 @@ import subprocess
 from collections.abc import Sequence
 from pathlib import Path
 
-__all__ = ["ROOT", "Engines"]
+__all__ = ["ROOT", "Engines", "overridden"]
 
 ROOT = Path(__file__).resolve().parents[2]
 _SCRIPT = ROOT / "tools" / "engines.sh"
@@ -54,8 +54,12 @@ class Engines:
         self.started.clear()
 
     def flink_options(self, overrides: Sequence[str] = ()) -> list[str]:
-        """The pipeline options that run a job on the Flink cluster, then `overrides`: an
-        option named in both (`--NAME=VALUE`) takes the value in `overrides`."""
-        named = {o.split("=", 1)[0] for o in overrides}
-        own = [o for o in _engines("flink-options").split() if o.split("=", 1)[0] not in named]
-        return [*own, *overrides]
+        """The pipeline options that run a job on the Flink cluster, `overridden`."""
+        return overridden(_engines("flink-options").split(), overrides)
+
+
+def overridden(options: Sequence[str], overrides: Sequence[str]) -> list[str]:
+    """`options`, then `overrides`: an option named in both (`--NAME=VALUE`) takes the value
+    in `overrides`, whatever each parser would do with the name given twice."""
+    named = {o.split("=", 1)[0] for o in overrides}
+    return [*(o for o in options if o.split("=", 1)[0] not in named), *overrides]
