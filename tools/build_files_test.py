@@ -20,6 +20,20 @@ def test_the_repository_bazel_files_have_no_problems():
     assert problems == [], "\n".join(problems)
 
 
+def test_every_py_test_is_the_pytest_wrapper():
+    """A test file holds functions for pytest and no __main__ block: rules_python's own py_test
+    would run it as a script, which defines them, runs none and passes. //tools:pytest.bzl's
+    py_test runs it under pytest."""
+    root = source_root()
+    direct = [
+        str(build.relative_to(root))
+        for build in root.glob("**/BUILD.bazel")
+        if not any(part.startswith(".") or part == "node_modules" for part in build.parts)
+        and "python:py_test.bzl" in build.read_text()
+    ]
+    assert direct == []
+
+
 def test_every_python_package_has_a_build_file():
     root = source_root()
     for init in root.glob("**/__init__.py"):
