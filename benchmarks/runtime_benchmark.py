@@ -50,7 +50,10 @@ def remember(ctx, event: bytes) -> bytes:
 class _BareStatefulDoFn(beam.DoFn):
     """The state work RunAgent does for `remember`'s activation, without the runtime: the
     continuation, seq, memory and cache read (a key that is not suspended has no pending
-    intents to read), the seq and memory written, the deadline cleared and the TTL set."""
+    intents to read), the seq and memory written, the deadline cleared and the TTL set. The TTL
+    timers fire for every key at the end of the bounded input: this DoFn's reads and clears
+    the memory, RunAgent's reads the key's cells and clears them, a little more work on the
+    runtime's side."""
 
     # The runtime's own state specs: the same cells and coders. Timer specs carry their
     # callback, so they are this DoFn's own, with the runtime's names and domain.
