@@ -39,6 +39,7 @@ the ratio, measured in one run, is the figure to compare.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import json
 import math
@@ -47,6 +48,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import apache_beam as beam
@@ -168,17 +170,13 @@ class _AsTriage(beam.DoFn):
         pass
 
 
-#: The bare pipelines' DoFns: one value state, or the triage's state work.
-_BARE_STATE = {"one": _Touch, "triage": _AsTriage}
-
-
 def bare_job(argv: list[str]) -> int:
     """The bare pipeline, run by this script in a child process: events topic to out topic."""
     parser = argparse.ArgumentParser()
     parser.add_argument("--kafka_bootstrap", required=True)
     parser.add_argument("--topic_prefix", required=True)
     parser.add_argument("--expansion_service", required=True)
-    parser.add_argument("--state", choices=sorted(_BARE_STATE), required=True)
+    parser.add_argument("--state", choices=sorted(_BARE), required=True)
     args, pipeline_args = parser.parse_known_args(argv)
     topics = Topics(args.topic_prefix)
     pipeline = beam.Pipeline(options=PipelineOptions(pipeline_args))
@@ -191,11 +189,12 @@ def bare_job(argv: list[str]) -> int:
         topics=[topics.events],
         expansion_service=args.expansion_service,
     )
-    touched = typed(records, _KV) | "Touch" >> beam.ParDo(_BARE_STATE[args.state]()).with_outputs(
+    bare = _BARE[args.state]
+    touched = typed(records, _KV) | "Touch" >> beam.ParDo(bare.dofn()).with_outputs(
         _AGAIN, main="out"
     )
     outputs = {"WriteOut": (touched.out, topics.completions)}
-    if args.state == "triage":
+    if bare.activations > 1:
         outputs["WriteAgain"] = (touched[_AGAIN], topics.events)
     for name, (output, topic) in outputs.items():
         _ = typed(output, _KV) | name >> WriteToKafka(
@@ -246,6 +245,23 @@ def _ticket(key: bytes, now_ms: int) -> bytes:
         event_time_ms=now_ms,
         external_event=ticket(f"t-{key.decode()}", "c-2", "how do I export my invoices?"),
     ).SerializeToString()
+
+
+@dataclasses.dataclass(frozen=True)
+class _Bare:
+    """A bare pipeline: its DoFn; the activations a key's record makes (a second comes back
+    through the events topic); and the record the benchmark sends for a key."""
+
+    dofn: type
+    activations: int
+    value: Callable[[bytes, int], bytes]
+
+
+_BARE = {
+    "one": _Bare(_Touch, 1, lambda key, now_ms: b"x" * 200),
+    # The triage-shaped one stores the ticket the agents get.
+    "triage": _Bare(_AsTriage, 2, _ticket),
+}
 
 
 def _measure(bootstrap, events, *, done, first, keys, paced, rate, value) -> dict:
@@ -333,14 +349,13 @@ def _bare(engines: Engines, work: Path, args, state: str) -> dict:
             keys=args.keys,
             paced=args.paced,
             rate=args.rate,
-            # The triage-shaped one stores the ticket the agents get.
-            value=_ticket if state == "triage" else lambda key, now: b"x" * 200,
+            value=_BARE[state].value,
         )
     finally:
         if jid is not None:  # a LOOPBACK job outlives its launcher
             rest.cancel(jid)
         job.stop()
-    figures["activations"] = (2 if state == "triage" else 1) * args.keys
+    figures["activations"] = _BARE[state].activations * args.keys
     return figures
 
 
