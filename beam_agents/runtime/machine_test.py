@@ -7,22 +7,39 @@ from __future__ import annotations
 
 import pytest
 
-from beam_agents._protos import MemoryBlob, StateSnapshot
+from beam_agents._protos import Continuation, LlmCacheBlob, MemoryBlob, StateSnapshot
 from beam_agents.state.migration import CURRENT_STATE_SCHEMA_VERSION, StateSchemaFromFutureError
 from beam_agents.testing.machine_harness import KEY, T0, Harness, echo, event
 
 # Point 10: future state, seq -------------------------------------------------------------------
 
 
-def test_state_a_newer_binary_wrote_wedges_the_key_instead_of_being_read_or_wiped():
+@pytest.mark.parametrize(
+    ("cell", "blob_type"), [(1, MemoryBlob), (2, LlmCacheBlob), (3, Continuation)]
+)
+@pytest.mark.parametrize(
+    "entry",
+    [
+        lambda h: h.send(event(T0, b"a")),
+        lambda h: h.fire_deadline(T0),
+        lambda h: h.fire_ttl(T0),
+        lambda h: h.restore(StateSnapshot(entity_key=KEY, snapshot_at_ms=T0)),
+    ],
+    ids=["envelope", "deadline", "ttl", "snapshot"],
+)
+def test_state_a_newer_binary_wrote_wedges_the_key_instead_of_being_read_or_wiped(
+    cell, blob_type, entry
+):
+    # Each blob on its own, beside current ones: the reader's version check covers all three.
     h = Harness(echo)
-    future = MemoryBlob(state_schema_version=CURRENT_STATE_SCHEMA_VERSION + 1)
-    h.states[1].write(future)
+    h.states[1].write(MemoryBlob(state_schema_version=CURRENT_STATE_SCHEMA_VERSION))
+    h.states[2].write(LlmCacheBlob(state_schema_version=CURRENT_STATE_SCHEMA_VERSION))
+    future = blob_type(state_schema_version=CURRENT_STATE_SCHEMA_VERSION + 1)
+    h.states[cell].write(future)
+    before = [state.value for state in h.states[:4]]
     with pytest.raises(StateSchemaFromFutureError):
-        h.send(event(T0, b"a"))
-    with pytest.raises(StateSchemaFromFutureError):
-        h.fire_ttl(T0)
-    assert h.states[1].value is future
+        entry(h)
+    assert [state.value for state in h.states[:4]] == before and h.outputs == []
 
 
 def test_a_key_with_no_seq_exports_none_and_its_restore_keeps_the_time_based_first_seq():
