@@ -1,0 +1,61 @@
+"""RunAgent's DoFn over state doubles that hand back the very objects they stored, as Beam's
+portable worker does: a blob a newer binary wrote fails the element or timer (the bundle, on a
+runner) instead of being caught, read or dead-lettered, and the DoFn writes no cell, sets no
+timer and yields nothing before it fails."""
+
+from __future__ import annotations
+
+import pytest
+from apache_beam.utils.timestamp import Timestamp
+
+from beam_agents._protos import Continuation, LlmCacheBlob, MemoryBlob, StateSnapshot
+from beam_agents.runtime import RuntimeConfig
+from beam_agents.runtime.run_agent import _ENVELOPE, _SNAPSHOT, _AgentDoFn
+from beam_agents.state.migration import CURRENT_STATE_SCHEMA_VERSION, StateSchemaFromFutureError
+from beam_agents.testing.machine_harness import KEY, T0, Bag, Cell, Timer, echo, event
+
+_SNAPSHOT_BYTES = StateSnapshot(entity_key=KEY, snapshot_at_ms=T0).SerializeToString()
+
+
+def _dofn() -> _AgentDoFn:
+    dofn = _AgentDoFn(
+        echo, None, {"intent": None, "result": None, "approval": None}, RuntimeConfig(), None
+    )
+    dofn.setup()
+    return dofn
+
+
+@pytest.mark.parametrize(
+    ("cell", "blob_type"), [(1, MemoryBlob), (2, LlmCacheBlob), (3, Continuation)]
+)
+@pytest.mark.parametrize(
+    "entry",
+    [
+        lambda dofn, cells: dofn.process(
+            (KEY, _ENVELOPE + event(T0, b"a").SerializeToString()),
+            timestamp=Timestamp.of(T0 / 1000),
+            **cells,
+        ),
+        lambda dofn, cells: dofn.process(
+            (KEY, _SNAPSHOT + _SNAPSHOT_BYTES), timestamp=Timestamp.of(T0 / 1000), **cells
+        ),
+        lambda dofn, cells: dofn.at_deadline(key=KEY, fired=Timestamp.of(T0 / 1000), **cells),
+        lambda dofn, cells: dofn.at_ttl(key=KEY, fired=Timestamp.of(T0 / 1000), **cells),
+    ],
+    ids=["envelope", "snapshot", "deadline", "ttl"],
+)
+def test_a_blob_from_a_newer_binary_fails_the_dofn_before_it_writes_or_yields(
+    cell, blob_type, entry
+):
+    states = [Cell(), Cell(), Cell(), Cell(), Bag()]
+    states[1].value = MemoryBlob(state_schema_version=CURRENT_STATE_SCHEMA_VERSION)
+    states[2].value = LlmCacheBlob(state_schema_version=CURRENT_STATE_SCHEMA_VERSION)
+    states[cell].value = blob_type(state_schema_version=CURRENT_STATE_SCHEMA_VERSION + 1)
+    timers = [Timer(), Timer()]
+    names = ("seq", "memory", "cache", "continuation", "pending", "deadline", "ttl")
+    yielded = []
+    with pytest.raises(StateSchemaFromFutureError):
+        yielded.extend(entry(_dofn(), dict(zip(names, [*states, *timers], strict=True))))
+    assert yielded == []
+    assert [state.writes for state in states] == [0] * 5
+    assert [timer.at_ms for timer in timers] == [None, None]
