@@ -38,6 +38,7 @@ def test_state_a_newer_binary_wrote_wedges_the_key_instead_of_being_read_or_wipe
     h.states[cell].write(future)
     with pytest.raises(StateSchemaFromFutureError):
         entry(h)
+    assert h.states[cell].value is future
 
 
 def test_a_key_with_no_seq_exports_none_and_its_restore_keeps_the_time_based_first_seq():
