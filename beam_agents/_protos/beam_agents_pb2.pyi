@@ -10,7 +10,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class MemoryBlob(_message.Message):
-    __slots__ = ("state_schema_version", "entries", "total_value_bytes", "event_marks", "last_activity_ms")
+    __slots__ = ("state_schema_version", "entries", "total_value_bytes", "event_marks", "last_activity_ms", "entry_stamps", "key_hashes", "key_stamps")
     class MemoryEntry(_message.Message):
         __slots__ = ("key", "value", "last_access_ms")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -25,12 +25,18 @@ class MemoryBlob(_message.Message):
     TOTAL_VALUE_BYTES_FIELD_NUMBER: _ClassVar[int]
     EVENT_MARKS_FIELD_NUMBER: _ClassVar[int]
     LAST_ACTIVITY_MS_FIELD_NUMBER: _ClassVar[int]
+    ENTRY_STAMPS_FIELD_NUMBER: _ClassVar[int]
+    KEY_HASHES_FIELD_NUMBER: _ClassVar[int]
+    KEY_STAMPS_FIELD_NUMBER: _ClassVar[int]
     state_schema_version: int
     entries: _containers.RepeatedCompositeFieldContainer[MemoryBlob.MemoryEntry]
     total_value_bytes: int
     event_marks: bytes
     last_activity_ms: int
-    def __init__(self, state_schema_version: _Optional[int] = ..., entries: _Optional[_Iterable[_Union[MemoryBlob.MemoryEntry, _Mapping]]] = ..., total_value_bytes: _Optional[int] = ..., event_marks: _Optional[bytes] = ..., last_activity_ms: _Optional[int] = ...) -> None: ...
+    entry_stamps: bytes
+    key_hashes: bytes
+    key_stamps: bytes
+    def __init__(self, state_schema_version: _Optional[int] = ..., entries: _Optional[_Iterable[_Union[MemoryBlob.MemoryEntry, _Mapping]]] = ..., total_value_bytes: _Optional[int] = ..., event_marks: _Optional[bytes] = ..., last_activity_ms: _Optional[int] = ..., entry_stamps: _Optional[bytes] = ..., key_hashes: _Optional[bytes] = ..., key_stamps: _Optional[bytes] = ...) -> None: ...
 
 class ToolIntent(_message.Message):
     __slots__ = ("intent_id", "entity_key", "seq", "step_index", "tool_name", "args_json", "created_at_ms", "expires_at_ms", "attempt", "kind", "trace_id", "signature_scheme", "signing_key_id", "signature")
@@ -236,7 +242,7 @@ class Continuation(_message.Message):
     def __init__(self, state_schema_version: _Optional[int] = ..., seq: _Optional[int] = ..., step_index: _Optional[int] = ..., pending_intent_ids: _Optional[_Iterable[str]] = ..., adapter: _Optional[str] = ..., snapshot: _Optional[bytes] = ..., suspended_at_ms: _Optional[int] = ..., deadline_ms: _Optional[int] = ..., escalations: _Optional[int] = ..., answers: _Optional[_Iterable[_Union[AgentEnvelope, _Mapping]]] = ..., resume_failures: _Optional[int] = ..., retry_at_ms: _Optional[int] = ..., mailbox: _Optional[_Iterable[_Union[AgentEnvelope, _Mapping]]] = ...) -> None: ...
 
 class LlmCacheBlob(_message.Message):
-    __slots__ = ("state_schema_version", "entries", "total_response_bytes", "input_tokens", "output_tokens", "cost_micros", "token_allowance", "cost_allowance_micros", "budget_grants")
+    __slots__ = ("state_schema_version", "entries", "total_response_bytes", "input_tokens", "output_tokens", "cost_micros", "token_allowance", "cost_allowance_micros", "budget_grants", "entry_stamps", "key_hashes", "key_stamps")
     class LlmCacheEntry(_message.Message):
         __slots__ = ("cache_key", "response", "response_digest", "created_at_ms", "last_access_ms", "digest_only")
         CACHE_KEY_FIELD_NUMBER: _ClassVar[int]
@@ -261,6 +267,9 @@ class LlmCacheBlob(_message.Message):
     TOKEN_ALLOWANCE_FIELD_NUMBER: _ClassVar[int]
     COST_ALLOWANCE_MICROS_FIELD_NUMBER: _ClassVar[int]
     BUDGET_GRANTS_FIELD_NUMBER: _ClassVar[int]
+    ENTRY_STAMPS_FIELD_NUMBER: _ClassVar[int]
+    KEY_HASHES_FIELD_NUMBER: _ClassVar[int]
+    KEY_STAMPS_FIELD_NUMBER: _ClassVar[int]
     state_schema_version: int
     entries: _containers.RepeatedCompositeFieldContainer[LlmCacheBlob.LlmCacheEntry]
     total_response_bytes: int
@@ -270,7 +279,10 @@ class LlmCacheBlob(_message.Message):
     token_allowance: int
     cost_allowance_micros: int
     budget_grants: int
-    def __init__(self, state_schema_version: _Optional[int] = ..., entries: _Optional[_Iterable[_Union[LlmCacheBlob.LlmCacheEntry, _Mapping]]] = ..., total_response_bytes: _Optional[int] = ..., input_tokens: _Optional[int] = ..., output_tokens: _Optional[int] = ..., cost_micros: _Optional[int] = ..., token_allowance: _Optional[int] = ..., cost_allowance_micros: _Optional[int] = ..., budget_grants: _Optional[int] = ...) -> None: ...
+    entry_stamps: bytes
+    key_hashes: bytes
+    key_stamps: bytes
+    def __init__(self, state_schema_version: _Optional[int] = ..., entries: _Optional[_Iterable[_Union[LlmCacheBlob.LlmCacheEntry, _Mapping]]] = ..., total_response_bytes: _Optional[int] = ..., input_tokens: _Optional[int] = ..., output_tokens: _Optional[int] = ..., cost_micros: _Optional[int] = ..., token_allowance: _Optional[int] = ..., cost_allowance_micros: _Optional[int] = ..., budget_grants: _Optional[int] = ..., entry_stamps: _Optional[bytes] = ..., key_hashes: _Optional[bytes] = ..., key_stamps: _Optional[bytes] = ...) -> None: ...
 
 class ActivationErrorRecord(_message.Message):
     __slots__ = ("entity_key", "reason", "detail", "event_time_ms", "input", "answers")
