@@ -186,8 +186,8 @@ def test_the_cli_refuses_to_record_a_breaking_change_and_demands_recording(tmp_p
 
     proto.write_text(
         text.replace(
-            "  int64 last_activity_ms = 5;\n}",
-            "  int64 last_activity_ms = 5;\n  string note = 6;\n}",
+            "  bytes key_stamps = 12;\n}",
+            "  bytes key_stamps = 12;\n  string note = 13;\n}",
         )
     )
     assert check_breaking.main(["--proto", str(proto), "--ledger", str(ledger)]) == 1
