@@ -26,7 +26,6 @@ from beam_agents._protos import AgentEnvelope, Continuation, MemoryBlob
 from beam_agents.runtime import dead_letters as dl
 from beam_agents.runtime.machine_activations import model_busy
 from beam_agents.runtime.machine_state import INT64_MAX, Work, saturating_add
-from beam_agents.state.memory import share_index
 from beam_agents.state.migration import new_state_blob
 
 __all__ = ["Intake", "event_digests"]
@@ -94,7 +93,6 @@ class Intake:
             return memory
         else:
             blob = self._copy(memory)
-            share_index(blob, memory)
         blob.state_schema_version = self._version
         latest = max(blob.last_activity_ms, now)
         blob.last_activity_ms = latest

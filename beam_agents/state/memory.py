@@ -9,15 +9,22 @@ Both are overlays on the blob they were read from (`_LruOverlay`): its entries s
 protobuf message, and only the entries an activation touches move into an ordered overlay at the
 most recent end. So an activation costs what it touches, not what the key holds:
 
-- Reading is free: the key -> position index is built on the first lookup, or not at all when
-  the blob came from `to_blob` in this process (the index of what it wrote is derived from the
-  one it read, and a small bounded table keyed by the blob object keeps it; a portable SDK
-  harness hands the very object back to the next activation of the key).
-- Positions come from stamps that only grow along a blob (an entry's stamp is its position when
-  the index was first built, or when it was appended), so deleting entries shifts no index.
+- Finding a key costs a hash and two bisections, not a pass over the entries: every blob
+  `to_blob` writes carries its index (state schema 2: `entry_stamps`, `key_hashes`,
+  `key_stamps`), packed int64s that a reader takes as arrays with one copy each. A key's
+  entry is found by bisecting the sorted key hashes for its stamp, then the stamps for its
+  position, and is confirmed by its key, so a hash shared by two keys costs a second look.
+  Only a blob without an index (one a version-1 binary wrote, or one built by hand) is read
+  by a pass over its entries, once per activation, and the next `to_blob` writes its index.
+- Stamps only grow along a blob (an entry's stamp is its position when the index was first
+  built, or a new one when it was appended), so deleting entries renumbers nothing.
 - `to_blob` of an overlay nothing changed returns the blob it was read from, so the runtime
-  writes no bytes for it; otherwise it copies the blob in C, deletes the touched positions and
-  appends the overlay.
+  writes no bytes for it; otherwise it copies the blob in C, deletes the touched positions,
+  appends the overlay and writes the index with the entries.
+
+Why the index is kept in state rather than in the process: a worker's state is larger than its
+memory at scale (100,000 keys of 64 KiB is 6 GB), and a key whose index was built by a pass
+over a 1 MiB memory paid about ten encodings of the blob for it on every activation.
 
 `ReplayCache` is what makes a resumed or replayed activation cheap and deterministic: an LLM
 call whose key was answered before returns the recorded response without calling the model.
@@ -32,129 +39,79 @@ import bisect
 import collections
 import dataclasses
 import hashlib
-import math
-import threading
+import sys
 from collections.abc import Callable, Iterator
 
 from beam_agents._protos import LlmCacheBlob, MemoryBlob
 from beam_agents.errors import MemoryBudgetError
 from beam_agents.state.migration import CURRENT_STATE_SCHEMA_VERSION
 
-__all__ = ["Memory", "ReplayCache", "share_index"]
+__all__ = ["Memory", "ReplayCache"]
+
+#: The index fields of both blobs, cleared by whatever changes the entries any other way.
+INDEX_FIELDS = ("entry_stamps", "key_hashes", "key_stamps")
+_BIG_ENDIAN = sys.byteorder == "big"
+
+
+def _key_hash(key: str) -> int:
+    """The key's hash as the index stores it (see MemoryBlob.key_hashes)."""
+    digest = hashlib.blake2b(key.encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little", signed=True)
+
+
+def _unpacked(raw: bytes) -> array.array:
+    values = array.array("q")
+    values.frombytes(raw)
+    if _BIG_ENDIAN:
+        values.byteswap()
+    return values
+
+
+def _packed(values: array.array) -> bytes:
+    if _BIG_ENDIAN:
+        values = array.array("q", values)
+        values.byteswap()
+    return values.tobytes()
 
 
 @dataclasses.dataclass(frozen=True)
 class _Index:
-    """Where each live key of a blob sits. Shared by every overlay on the blob: never changed.
+    """Where each live key of a blob sits; never changed once built.
 
-    A key's stamp is in `recent` (-1: no longer live), else in `keys`; `keys` is shared along a
-    key's blobs and `recent` holds what changed since it was built, folded into a new `keys`
-    once it outgrows about the square root of it, so a commit copies O(sqrt(n)) of the index,
-    not all of it. `stamps[position]` grows with the position, so a key's position is the
-    bisection of its stamp; `dead` holds positions a later entry of the same key shadows (only
-    in blobs that `to_blob` did not write); `live` counts the live keys."""
+    `stamps[position]` grows with the position; `hashes` are the live keys' hashes, ascending,
+    and `owners[i]` the stamp of the entry `hashes[i]` belongs to. `dead` holds positions a
+    later entry of the same key shadows (only in blobs without an index, which `to_blob` did
+    not write); `live` counts the live keys and `total` their sizes; `kept` is whether the
+    blob carried it (else it was built by a pass over the entries)."""
 
-    keys: dict[str, int]
-    recent: dict[str, int]
-    live: int
-    stamps: array.array  # of int64: 8 bytes a stamp, no int object each
+    stamps: array.array
+    hashes: array.array
+    owners: array.array
     dead: frozenset[int]
     total: int
-    next_stamp: int
+    live: int
+    kept: bool
 
-    def stamp(self, key: str) -> int | None:
-        stamp = self.recent.get(key)
-        if stamp is None:
-            return self.keys.get(key)
-        return stamp if stamp >= 0 else None
-
-
-class _Indexes:
-    """Indexes of recently written blobs by object identity, bounded by the bytes they hold:
-    the index (about 106 bytes an entry) and the blob itself, values and event marks
-    included. It holds each blob strongly, so an identity is never reused while its index is
-    here (protobuf messages take no weak references).
-
-    A blob written in place of another (`put(..., replacing=old)`) drops the old one's index:
-    the key's state moved on, so the table holds about one blob per recently active key rather
-    than every version each key ever wrote (which held their bytes, event marks included, until
-    the bound pushed them out). Should state go back to the old blob (a failed bundle), its
-    index is built again on its first lookup."""
-
-    def __init__(self, max_bytes: int) -> None:
-        self._max = max_bytes
-        self._held = 0
-        self._lock = threading.Lock()
-        self._table: collections.OrderedDict[int, tuple[object, _Index, int]] = (
-            collections.OrderedDict()
-        )
-
-    def get(self, blob) -> _Index | None:
-        with self._lock:
-            found = self._table.get(id(blob))
-            if found is None or found[0] is not blob:
-                return None
-            self._table.move_to_end(id(blob))
-        index = found[1]
-        # A blob changed after it was written (entries added or removed) is read afresh.
-        return index if len(index.stamps) == len(blob.entries) else None
-
-    def put(self, blob, index: _Index, replacing=None) -> None:
-        # Kept with the blob, so eviction takes back exactly what the put counted (the
-        # activation's event marks, added after the put, are not counted: one activation's).
-        size = _ENTRY_BYTES * (len(index.stamps) + 1) + index.total
-        size += len(getattr(blob, "event_marks", b""))
-        with self._lock:
-            if replacing is not None and replacing is not blob:
-                self._pop(replacing)
-            if size > self._max:
-                return
-            self._pop(blob)
-            self._table[id(blob)] = (blob, index, size)
-            self._held += size
-            while self._held > self._max:
-                _, (_, _, evicted) = self._table.popitem(last=False)
-                self._held -= evicted
-
-    def _pop(self, blob) -> None:
-        found = self._table.get(id(blob))
-        if found is not None and found[0] is blob:
-            del self._table[id(blob)]
-            self._held -= found[2]
-
-
-#: What an index costs a memory entry (measured: 106 bytes).
-_ENTRY_BYTES = 106
-# 128 MB of indexes and the blobs they hold, about what a portable harness's state cache holds
-# by default (100 MB), so that a key whose blob the harness hands back still finds its index.
-# Where reads decode their bytes (the DirectRunner, RocksDB, a harness cache miss) each
-# version is a new blob, and this bound is what keeps them from filling the worker. A key
-# past it rebuilds its index on its first lookup: a pass over its entries that costs some ten
-# encodings of the blob.
-_INDEXES = _Indexes(128 << 20)
-
-
-def share_index(copy, source) -> None:
-    """Gives `copy`, a blob written in place of `source` with `source`'s entries unchanged (a
-    CopyFrom that changed only other fields), `source`'s index."""
-    index = _INDEXES.get(source)
-    if index is not None:
-        _INDEXES.put(copy, index, replacing=source)
+    @property
+    def next_stamp(self) -> int:
+        return self.stamps[-1] + 1 if self.stamps else 0
 
 
 class _LruOverlay:
     """The LRU logic Memory and ReplayCache share: entries of type `_ENTRY` in a blob's
-    repeated `entries`, keyed by the `_KEY` field, sized by `_size`."""
+    repeated `entries`, keyed by the `_KEY` field, sized by `_size`, their sizes' sum kept in
+    the `_TOTAL` field."""
 
     _ENTRY: type
     _KEY: str
+    _TOTAL: str
     _size: Callable[[object], int]
 
     def __init__(self, base, now_ms: int) -> None:
         self._base = base
         self._index: _Index | None = None
-        #: Base positions no longer live (touched, replaced, deleted or evicted) and their keys.
-        self._gone: set[int] = set()
+        #: Base positions no longer live (touched, replaced, deleted or evicted): their keys.
+        self._gone: dict[int, str] = {}
         self._dropped: set[str] = set()
         #: Where eviction looks next for the least recent live base entry.
         self._front = 0
@@ -168,42 +125,80 @@ class _LruOverlay:
     def _built(self) -> _Index:
         index = self._index
         if index is None:
-            index = _INDEXES.get(self._base)
-            if index is None:
-                index = self._read_index()
-                _INDEXES.put(self._base, index)
-            self._index = index
+            index = self._index = self._kept_index() or self._read_index()
         return index
 
+    def _kept_index(self) -> _Index | None:
+        """The index the blob carries, or None when it carries none that fits its entries.
+        Only its sizes are checked: its order is the writer's, and a key found through it is
+        confirmed by the entry's own key."""
+        base = self._base
+        count = len(base.entries)
+        stamps, hashes, owners = base.entry_stamps, base.key_hashes, base.key_stamps
+        if not len(stamps) == len(hashes) == len(owners) == 8 * count:
+            return None
+        return _Index(
+            _unpacked(stamps),
+            _unpacked(hashes),
+            _unpacked(owners),
+            frozenset(),
+            getattr(base, self._TOTAL),
+            count,
+            kept=True,
+        )
+
     def _read_index(self) -> _Index:
-        keys: dict[str, int] = {}
+        """The index of a blob that carries none: a pass over its entries. A key written twice
+        (no writer of ours does that) is its last entry, as a plain LRU replaying the blob
+        would have it."""
+        last: dict[str, int] = {}
         dead: set[int] = set()
         total = 0
         size, field = type(self)._size, self._KEY
         entries = self._base.entries
         for position, entry in enumerate(entries):
             key = getattr(entry, field)
-            earlier = keys.get(key)
-            if earlier is not None:  # a blob never written by to_blob: the last one wins
+            earlier = last.get(key)
+            if earlier is not None:
                 dead.add(earlier)
                 total -= size(entries[earlier])
-            keys[key] = position
+            last[key] = position
             total += size(entry)
-        positions = array.array("q", range(len(entries)))
-        return _Index(keys, {}, len(keys), positions, frozenset(dead), total, len(entries))
+        slots = sorted((_key_hash(key), position) for key, position in last.items())
+        return _Index(
+            array.array("q", range(len(entries))),
+            array.array("q", [hashed for hashed, _ in slots]),
+            array.array("q", [position for _, position in slots]),
+            frozenset(dead),
+            total,
+            len(last),
+            kept=False,
+        )
 
     def _position(self, key: str) -> int | None:
         """The live base position of `key`, if it has one."""
         if key in self._dropped:
             return None
         index = self._built()
-        stamp = index.stamp(key)
-        return None if stamp is None else bisect.bisect_left(index.stamps, stamp)
+        hashes, stamps, entries = index.hashes, index.stamps, self._base.entries
+        hashed = _key_hash(key)
+        slot = bisect.bisect_left(hashes, hashed)
+        while slot < len(hashes) and hashes[slot] == hashed:
+            stamp = index.owners[slot]
+            position = bisect.bisect_left(stamps, stamp)
+            if (
+                position < len(stamps)
+                and stamps[position] == stamp
+                and getattr(entries[position], self._KEY) == key
+            ):
+                return position
+            slot += 1
+        return None
 
     def _drop(self, key: str, position: int):
         """Takes a live base entry out of the base; returns it."""
         self._dropped.add(key)
-        self._gone.add(position)
+        self._gone[position] = key
         self.changed = True
         return self._base.entries[position]
 
@@ -263,49 +258,52 @@ class _LruOverlay:
     def _total(self) -> int:
         return self._built().total + self._delta
 
-    def _write(self, total_field: str):
-        """The blob to store: the base itself when nothing changed, else a new one."""
+    def _write(self):
+        """The blob to store: the base itself when nothing changed and it needs no index of
+        its own, else a new one with its index."""
         base = self._base
-        if not self.changed and base.state_schema_version == CURRENT_STATE_SCHEMA_VERSION:
+        index = self._index
+        if (
+            not self.changed
+            and base.state_schema_version == CURRENT_STATE_SCHEMA_VERSION
+            and (index is None or index.kept)
+        ):
             return base
         index = self._built()
         blob = type(base)()
         blob.CopyFrom(base)
-        removed = sorted(self._gone | index.dead, reverse=True)
-        stamps = index.stamps
-        if removed:
-            stamps = array.array("q", stamps)
-            for position in removed:
-                del blob.entries[position]
-                del stamps[position]
+        stamps = array.array("q", index.stamps)
+        for position in sorted(self._gone.keys() | index.dead, reverse=True):
+            del blob.entries[position]
+            del stamps[position]
+        hashes, owners = array.array("q", index.hashes), array.array("q", index.owners)
+        for position, key in self._gone.items():
+            hashed, owner = _key_hash(key), index.stamps[position]
+            slot = bisect.bisect_left(hashes, hashed)
+            while slot < len(hashes) and hashes[slot] == hashed:
+                if owners[slot] == owner:
+                    del hashes[slot]
+                    del owners[slot]
+                    break
+                slot += 1
+            # Not found only in an index that does not fit its entries: what stays then makes
+            # the index's size differ from the entries', and the next read builds it afresh.
+        stamp = index.next_stamp
+        for key in self._overlay:
+            hashed = _key_hash(key)
+            slot = bisect.bisect_right(hashes, hashed)
+            hashes.insert(slot, hashed)
+            owners.insert(slot, stamp)
+            stamps.append(stamp)
+            stamp += 1
         blob.entries.extend(self._overlay.values())
         blob.state_schema_version = CURRENT_STATE_SCHEMA_VERSION
-        total = index.total + self._delta
         # Set, not merged: MergeFrom skips proto3 zeros, so a total that dropped to 0 would
         # keep its old value.
-        setattr(blob, total_field, total)
-        keys, recent = index.keys, dict(index.recent)
-        for key in self._dropped:
-            recent[key] = -1
-        stamp = index.next_stamp
-        if self._overlay:
-            stamps = stamps if removed else array.array("q", stamps)
-            for key in self._overlay:
-                recent[key] = stamp
-                stamps.append(stamp)
-                stamp += 1
-        if len(recent) > 16 + math.isqrt(len(keys)):
-            keys = dict(keys)
-            for key, at in recent.items():
-                if at < 0:
-                    keys.pop(key, None)
-                else:
-                    keys[key] = at
-            recent = {}
-        live = index.live - len(self._dropped) + len(self._overlay)
-        _INDEXES.put(
-            blob, _Index(keys, recent, live, stamps, frozenset(), total, stamp), replacing=base
-        )
+        setattr(blob, self._TOTAL, index.total + self._delta)
+        blob.entry_stamps = _packed(stamps)
+        blob.key_hashes = _packed(hashes)
+        blob.key_stamps = _packed(owners)
         return blob
 
     def __contains__(self, key: object) -> bool:
@@ -316,7 +314,7 @@ class _LruOverlay:
 
     def keys(self) -> Iterator[str]:
         """Keys, least recent first (does not touch their order)."""
-        skip = self._gone | self._built().dead
+        skip = self._gone.keys() | self._built().dead
         field = self._KEY
         live = [
             getattr(entry, field)
@@ -334,6 +332,7 @@ class Memory(_LruOverlay):
 
     _ENTRY = MemoryBlob.MemoryEntry
     _KEY = "key"
+    _TOTAL = "total_value_bytes"
 
     @staticmethod
     def _size(entry) -> int:
@@ -356,7 +355,7 @@ class Memory(_LruOverlay):
     def to_blob(self) -> MemoryBlob:
         """A MemoryBlob stamped with the current state schema version, least recent first:
         the blob read itself when nothing changed (`changed`)."""
-        return self._write("total_value_bytes")
+        return self._write()
 
     @property
     def total_value_bytes(self) -> int:
@@ -397,6 +396,7 @@ class ReplayCache(_LruOverlay):
 
     _ENTRY = LlmCacheBlob.LlmCacheEntry
     _KEY = "cache_key"
+    _TOTAL = "total_response_bytes"
 
     @staticmethod
     def _size(entry) -> int:
@@ -430,7 +430,7 @@ class ReplayCache(_LruOverlay):
     def to_blob(self) -> LlmCacheBlob:
         """An LlmCacheBlob stamped with the current state schema version, least recent first:
         the blob read itself when nothing changed (`changed`)."""
-        return self._write("total_response_bytes")
+        return self._write()
 
     @property
     def total_response_bytes(self) -> int:

@@ -1,9 +1,11 @@
-"""Memory and ReplayCache: LRU order, budgets, exact totals, and blob round trips."""
+"""Memory and ReplayCache: LRU order, budgets, exact totals, blob round trips, and the index
+each written blob carries."""
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
+import struct
 
 import pytest
 from hypothesis import given, settings
@@ -14,6 +16,31 @@ from beam_agents.errors import MemoryBudgetError
 from beam_agents.state import memory as memory_module
 from beam_agents.state.memory import Memory, ReplayCache
 from beam_agents.state.migration import CURRENT_STATE_SCHEMA_VERSION
+
+
+def assert_index_fits(blob, key_field: str = "key") -> None:
+    """The blob's index is what protos/beam_agents.proto says it is, read with struct and
+    hashlib rather than the code under test: one little-endian int64 of each field per entry,
+    stamps strictly increasing, hashes ascending, each entry's key hash beside its stamp."""
+    count = len(blob.entries)
+    stamps, hashes, owners = (
+        struct.unpack(f"<{count}q", getattr(blob, field))
+        for field in ("entry_stamps", "key_hashes", "key_stamps")
+    )
+    assert all(a < b for a, b in zip(stamps, stamps[1:]))
+    assert list(hashes) == sorted(hashes)
+    expected = sorted(
+        (
+            int.from_bytes(
+                hashlib.blake2b(getattr(e, key_field).encode(), digest_size=8).digest(),
+                "little",
+                signed=True,
+            ),
+            stamp,
+        )
+        for e, stamp in zip(blob.entries, stamps)
+    )
+    assert sorted(zip(hashes, owners)) == expected
 
 
 def test_reads_and_writes_make_an_entry_the_most_recent():
@@ -73,6 +100,7 @@ def test_the_total_is_always_exact_and_the_blob_round_trips(ops, budget):
         assert memory.total_value_bytes == sum(len(e.value) for e in blob.entries)
         assert blob.total_value_bytes == memory.total_value_bytes
         assert budget is None or memory.total_value_bytes <= budget
+        assert_index_fits(blob)
     again = Memory.from_blob(MemoryBlob.FromString(memory.to_blob().SerializeToString()))
     assert again.to_blob() == memory.to_blob()
 
@@ -116,7 +144,7 @@ class ReferenceLru:
     st.one_of(st.none(), st.integers(8, 40)),
 )
 def test_memory_read_from_a_blob_behaves_as_a_plain_lru(initial, ops, budget):
-    blob = MemoryBlob(state_schema_version=1)
+    blob = MemoryBlob(state_schema_version=CURRENT_STATE_SCHEMA_VERSION)
     for key, value, at in initial:
         blob.entries.add(key=key, value=value, last_access_ms=at)
     memory = Memory.from_blob(blob, budget_bytes=budget)
@@ -131,8 +159,15 @@ def test_memory_read_from_a_blob_behaves_as_a_plain_lru(initial, ops, budget):
     written = memory.to_blob()
     assert memory.total_value_bytes == sum(len(v) for v, _ in reference.entries.values())
     assert len(memory) == len(reference.entries)
-    if not memory.changed:  # nothing to write: the blob read is the blob written, untouched
-        assert written is blob
+    if not memory.changed:
+        # Nothing to write but, where a key was looked up in this blob without an index, the
+        # index that lookup built; else the blob read is the blob written, untouched.
+        if written is not blob:
+            assert not blob.entry_stamps and initial and ops
+            assert [(e.key, e.value, e.last_access_ms) for e in written.entries] == [
+                (k, v, at) for k, (v, at) in reference.entries.items()
+            ]
+            assert_index_fits(written)
         return
     assert [(e.key, e.value, e.last_access_ms) for e in written.entries] == [
         (k, v, at) for k, (v, at) in reference.entries.items()
@@ -144,7 +179,7 @@ def test_memory_read_from_a_blob_behaves_as_a_plain_lru(initial, ops, budget):
 
 
 def test_a_blob_with_a_repeated_key_reads_its_last_entry_with_an_exact_total():
-    blob = MemoryBlob(state_schema_version=1, total_value_bytes=999)
+    blob = MemoryBlob(state_schema_version=CURRENT_STATE_SCHEMA_VERSION, total_value_bytes=999)
     blob.entries.add(key="a", value=b"old")
     blob.entries.add(key="a", value=b"new!")
     memory = Memory.from_blob(blob)
@@ -193,6 +228,7 @@ def test_the_cache_blob_round_trips_in_order():
         LlmCacheBlob.FromString(cache.to_blob().SerializeToString()), max_response_bytes=3
     )
     assert again.to_blob() == cache.to_blob()
+    assert_index_fits(again.to_blob(), "cache_key")
 
 
 @settings(max_examples=300, deadline=None)
@@ -202,8 +238,7 @@ def test_the_cache_blob_round_trips_in_order():
     st.one_of(st.none(), st.integers(8, 40)),
 )
 def test_memory_behaves_as_a_plain_lru_across_activations(initial, activations, budget):
-    """Each activation reads what the previous one wrote, through the index derived at write
-    time (and a copy that shares it), never a blob rebuilt from scratch."""
+    """Each activation reads the bytes the previous one wrote, through the index they carry."""
     _across_activations(initial, activations, budget)
 
 
@@ -226,14 +261,38 @@ _WIDE_KEYS = [f"k{i}" for i in range(48)]
         max_size=40,
     ),
 )
-def test_an_index_whose_recent_changes_fold_still_finds_every_key(initial, activations):
-    """Enough keys change along a chain of blobs that the index folds its recent changes into
-    a new key table (deleted keys included) more than once."""
+def test_a_long_chain_of_blobs_keeps_an_index_that_finds_every_key(initial, activations):
+    """Many keys come and go along a chain of blobs: each index is the last one edited, never
+    built afresh, so an edit that lost or misplaced a key would show further down."""
     _across_activations(initial, activations, None)
 
 
-def _across_activations(initial, activations, budget) -> None:
-    blob = MemoryBlob(state_schema_version=1)
+@settings(max_examples=100, deadline=None)
+@given(
+    st.dictionaries(st.sampled_from(_WIDE_KEYS), st.binary(max_size=4), max_size=40),
+    st.lists(
+        st.lists(
+            st.tuples(
+                st.sampled_from(["put", "get", "delete"]),
+                st.sampled_from(_WIDE_KEYS),
+                st.binary(max_size=4),
+            ),
+            max_size=12,
+        ),
+        min_size=1,
+        max_size=20,
+    ),
+)
+def test_keys_whose_hashes_collide_are_told_apart_by_their_entries(initial, activations):
+    """With a hash that puts 48 keys in 3 buckets, every lookup walks a run of equal hashes:
+    the entry's own key decides, and commits edit the right slot of the run."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(memory_module, "_key_hash", lambda key: len(key) % 3 - 1)
+        _across_activations(initial, activations, None, check_hashes=False)
+
+
+def _across_activations(initial, activations, budget, *, check_hashes=True) -> None:
+    blob = MemoryBlob(state_schema_version=CURRENT_STATE_SCHEMA_VERSION)
     for key, value in initial.items():
         blob.entries.add(key=key, value=value)
     blob.total_value_bytes = sum(map(len, initial.values()))
@@ -256,6 +315,10 @@ def _across_activations(initial, activations, budget) -> None:
         ]
         assert blob.total_value_bytes == memory.total_value_bytes
         assert list(memory.keys()) == list(reference.entries) and len(memory) == len(blob.entries)
+        if check_hashes and blob.entry_stamps:
+            assert_index_fits(blob)
+        # The next activation reads bytes, as a runner's state does.
+        blob = MemoryBlob.FromString(blob.SerializeToString())
 
 
 def test_an_untouched_memory_or_cache_writes_the_blob_it_read():
@@ -293,20 +356,68 @@ def test_a_written_blob_changed_afterwards_is_read_afresh():
     assert again.get("b") == b"22" and list(again.keys()) == ["a", "b"]
 
 
-def test_the_index_table_holds_at_most_its_bytes_where_every_read_decodes_a_new_blob(
-    monkeypatch,
-):
-    """A runner whose state reads decode bytes (the DirectRunner, RocksDB) hands each
-    activation a new blob: the table of indexes, which holds its blobs, stays within its
-    bytes however many versions a key writes."""
-    limit = 100_000
-    table = memory_module._Indexes(limit)
-    monkeypatch.setattr(memory_module, "_INDEXES", table)
-    blob = MemoryBlob(state_schema_version=CURRENT_STATE_SCHEMA_VERSION)
-    for step in range(200):
-        memory = Memory.from_blob(blob, now_ms=step)
-        memory.put("note", bytes([step % 256]) * 10_000)
-        blob = MemoryBlob.FromString(memory.to_blob().SerializeToString())
-    held = [entry[0] for entry in table._table.values()]
-    assert 1 < len(held) < 200
-    assert sum(b.ByteSize() for b in held) <= limit
+def _counting_passes(monkeypatch) -> list[int]:
+    """Counts the index builds that take a pass over a blob's entries (the real method runs)."""
+    passes = []
+    real = memory_module._LruOverlay._read_index
+
+    def counted(self):
+        passes.append(len(self._base.entries))
+        return real(self)
+
+    monkeypatch.setattr(memory_module._LruOverlay, "_read_index", counted)
+    return passes
+
+
+def test_a_written_blob_is_read_through_its_index_without_a_pass_over_its_entries(monkeypatch):
+    passes = _counting_passes(monkeypatch)
+    memory = Memory(now_ms=1)
+    for i in range(500):
+        memory.put(f"fact:{i}", b"v")
+    cache = ReplayCache(now_ms=1)
+    for i in range(50):
+        cache.put(f"call:{i}", b"r")
+    stored = MemoryBlob.FromString(memory.to_blob().SerializeToString())
+    again = Memory.from_blob(stored, now_ms=2)
+    assert again.get("fact:7") == b"v" and "fact:499" in again and "fact:500" not in again
+    again.put("fact:new", b"w")
+    assert again.delete("fact:0") and len(again) == 500
+    written = again.to_blob()
+    assert_index_fits(written)
+    cached = ReplayCache.from_blob(LlmCacheBlob.FromString(cache.to_blob().SerializeToString()))
+    assert cached.get("call:3") == b"r" and cached.digest("call:49")
+    assert passes == []
+
+
+def test_a_blob_without_an_index_is_read_by_a_pass_and_written_with_one(monkeypatch):
+    """A version-1 binary's blob (or one built by hand) has no index: the first lookup takes a
+    pass over its entries, and the next to_blob writes the index even when nothing changed, so
+    the pass is paid once, not on every activation; a blob never looked up is left as read."""
+    passes = _counting_passes(monkeypatch)
+    blob = MemoryBlob(state_schema_version=CURRENT_STATE_SCHEMA_VERSION, total_value_bytes=3)
+    for key in ("a", "b", "c"):
+        blob.entries.add(key=key, value=b"1", last_access_ms=5)
+    assert Memory.from_blob(blob, now_ms=9).to_blob() is blob
+    looked = Memory.from_blob(blob, now_ms=9)
+    assert "b" in looked and not looked.changed
+    written = looked.to_blob()
+    assert written is not blob and passes == [3]
+    assert [(e.key, e.value, e.last_access_ms) for e in written.entries] == [
+        (e.key, e.value, e.last_access_ms) for e in blob.entries
+    ]
+    assert_index_fits(written)
+    assert "c" in Memory.from_blob(written) and passes == [3]
+
+
+@pytest.mark.parametrize("field", ["entry_stamps", "key_hashes", "key_stamps"])
+def test_an_index_whose_size_does_not_fit_the_entries_is_built_afresh(field):
+    memory = Memory(now_ms=1)
+    for key in ("a", "b", "c"):
+        memory.put(key, key.encode())
+    blob = memory.to_blob()
+    setattr(blob, field, getattr(blob, field)[:-8])  # a writer that lost one entry's slot
+    again = Memory.from_blob(blob, now_ms=2)
+    assert again.get("c") == b"c" and "a" in again and again.total_value_bytes == 3
+    written = again.to_blob()
+    assert [e.key for e in written.entries] == ["a", "b", "c"]
+    assert_index_fits(written)
