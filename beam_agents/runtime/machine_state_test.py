@@ -109,6 +109,25 @@ def test_a_restored_snapshot_keeps_pending_intents_only_with_their_suspension():
     assert len(pending(h)) == 1
 
 
+def test_a_restored_snapshot_whose_memory_was_edited_finds_the_edited_keys():
+    """A snapshot is a file people may edit. Its memory's entry index was written for the
+    entries as exported: restored as it is, the index would not know an entry renamed since,
+    so the agent would count from 0 and add a second "visits" entry beside the edited one."""
+    source = Harness(echo)
+    source.send(event(T0, b"hello"))
+    snapshot = source.export()
+    (entry,) = snapshot.memory.entries
+    assert snapshot.memory.entry_stamps  # exported with its index
+    entry.key, entry.value = "visits", b"41"  # seeding the counter by hand
+    h = Harness(refund, llm=summarise(""))
+    h.restore(snapshot)
+    h.send(event(T0 + 1, b"5"))
+    h.send(answer(T0 + 2, pending(h)[0], b"paid"))
+    (done,) = h.values("completions")
+    assert done.endswith(b"after 42 visit(s)")
+    assert [(e.key, e.value) for e in h.memory.entries] == [("visits", b"42")]
+
+
 def test_intents_an_older_restore_left_without_a_suspension_never_surface_and_are_cleared():
     """Restores before this rule kept a snapshot's pending intents with no continuation: the
     bag is not read while the key is not suspended, and is set outright when it suspends or

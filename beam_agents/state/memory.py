@@ -46,11 +46,24 @@ from beam_agents._protos import LlmCacheBlob, MemoryBlob
 from beam_agents.errors import MemoryBudgetError
 from beam_agents.state.migration import CURRENT_STATE_SCHEMA_VERSION
 
-__all__ = ["Memory", "ReplayCache"]
+__all__ = ["Memory", "ReplayCache", "without_index"]
 
-#: The index fields of both blobs, cleared by whatever changes the entries any other way.
-INDEX_FIELDS = ("entry_stamps", "key_hashes", "key_stamps")
+_INDEX_FIELDS = ("entry_stamps", "key_hashes", "key_stamps")
 _BIG_ENDIAN = sys.byteorder == "big"
+
+
+def without_index(blob):
+    """`blob` (a MemoryBlob or LlmCacheBlob) without its index: a copy, or `blob` itself when
+    it carries none. For blobs that come from outside the runtime, such as a restored
+    snapshot, whose entries someone may have edited since the index was written: the first
+    lookup builds the index by a pass over the entries, and the next commit writes it."""
+    if not any(getattr(blob, field) for field in _INDEX_FIELDS):
+        return blob
+    copy = type(blob)()
+    copy.CopyFrom(blob)
+    for field in _INDEX_FIELDS:
+        copy.ClearField(field)
+    return copy
 
 
 def _key_hash(key: str) -> int:

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from beam_agents._protos import LlmCacheBlob, MemoryBlob
 from beam_agents.errors import MemoryBudgetError
 from beam_agents.state import memory as memory_module
-from beam_agents.state.memory import Memory, ReplayCache
+from beam_agents.state.memory import Memory, ReplayCache, without_index
 from beam_agents.state.migration import CURRENT_STATE_SCHEMA_VERSION
 
 
@@ -421,3 +421,19 @@ def test_an_index_whose_size_does_not_fit_the_entries_is_built_afresh(field):
     written = again.to_blob()
     assert [e.key for e in written.entries] == ["a", "b", "c"]
     assert_index_fits(written)
+
+
+def test_without_index_copies_only_a_blob_that_has_one_and_leaves_the_read_one_alone():
+    bare = MemoryBlob(state_schema_version=CURRENT_STATE_SCHEMA_VERSION)
+    bare.entries.add(key="a", value=b"1")
+    assert without_index(bare) is bare
+    memory = Memory(now_ms=1)
+    memory.put("a", b"1")
+    indexed = memory.to_blob()
+    before = indexed.SerializeToString()
+    plain = without_index(indexed)
+    assert indexed.SerializeToString() == before and plain.entries == indexed.entries
+    assert (plain.entry_stamps, plain.key_hashes, plain.key_stamps) == (b"", b"", b"")
+    cache = ReplayCache(now_ms=1)
+    cache.put("k", b"r")
+    assert not without_index(cache.to_blob()).key_hashes
