@@ -13,7 +13,7 @@ registry from this tuple and rejects duplicates and malformed steps. Steps are n
 a key untouched since any past version may still be read.
 """
 
-from beam_agents_migrations import (
+from . import (
     continuation_v1_to_v2,
     llm_cache_blob_v1_to_v2,
     memory_blob_v1_to_v2,
