@@ -32,9 +32,9 @@ from beam_agents._protos import AgentEnvelope, ToolIntent
 from beam_agents.bus import produce
 from beam_agents.bus.flink import KafkaArrivals
 from beam_agents.ops.demo import approve
+from beam_agents.state.migration import CURRENT_STATE_SCHEMA_VERSION
 from beam_agents.testing.engines import Engines
 from beam_agents.testing.flink_loop import Loop
-from beam_agents.state.migration import CURRENT_STATE_SCHEMA_VERSION
 from beam_agents.testing.synthetic_next import MIGRATED_KEY, NEXT_STATE_SCHEMA_VERSION
 
 pytestmark = pytest.mark.engines
@@ -79,9 +79,9 @@ def _count(records, topic) -> int:
 def test_a_savepoint_upgrade_migrates_every_key_on_first_read_and_a_roll_back_wedges_it(loop):
     topics = loop.topics
 
-    # Job 1, the current schema: three refunds wait for approval, three questions complete. Junk on the
-    # bus first (a tombstone, bytes that are no envelope, an envelope with nothing in it): dead
-    # letters, and the job goes on.
+    # Job 1, the current schema: three refunds wait for approval, three questions complete.
+    # Junk on the bus first (a tombstone, bytes that are no envelope, an envelope with nothing
+    # in it): dead letters, and the job goes on.
     job1 = loop.start_job(state_schema=CURRENT_STATE_SCHEMA_VERSION)
     now = int(time.time() * 1000)
     produce(

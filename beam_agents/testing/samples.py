@@ -85,7 +85,10 @@ def snapshot() -> StateSnapshot:
         memory=memory,
         llm_cache=cache,
         continuation=Continuation(
-            state_schema_version=CURRENT_STATE_SCHEMA_VERSION, seq=12, pending_intent_ids=["i-1", "i-2"], snapshot=b"s"
+            state_schema_version=CURRENT_STATE_SCHEMA_VERSION,
+            seq=12,
+            pending_intent_ids=["i-1", "i-2"],
+            snapshot=b"s",
         ),
         pending=[intent(intent_id="i-1"), intent(intent_id="i-2", step_index=4)],
         request_id="export-1",
