@@ -59,9 +59,10 @@ def memory_blob():
 
 
 def memory_blob_indexed():
-    """Working memory as Memory.to_blob writes it over two activations: the second reads one
-    entry (making it the most recent), deletes one and adds one, so entries left and right of
-    the removed one keep their stamps (with the index the writer keeps)."""
+    """Working memory as Memory.to_blob writes it over two activations, the second reading the
+    first's bytes: it reads one entry (making it the most recent), deletes one and adds one, so
+    entries left and right of the removed one keep their stamps (with the index the writer
+    keeps)."""
     memory = Memory(now_ms=1_764_460_800_000)
     memory.put("user:name", b"Ada Lovelace")
     memory.now_ms += 1_000
@@ -70,7 +71,8 @@ def memory_blob_indexed():
     memory.put("order:last", b"\x00\x01\xfe\xff")
     memory.now_ms += 500
     memory.put("order:count", b"3")
-    later = Memory.from_blob(memory.to_blob(), now_ms=1_764_547_200_000)
+    stored = MemoryBlob.FromString(memory.to_blob().SerializeToString())
+    later = Memory.from_blob(stored, now_ms=1_764_547_200_000)
     later.get("user:name")
     later.delete("user:tier")
     later.now_ms += 250
@@ -159,15 +161,17 @@ def llm_cache_blob_digest_only():
 
 
 def llm_cache_blob_indexed():
-    """A replay cache as ReplayCache.to_blob writes it over two activations: the second
-    replays one response (making it the most recent) and records a new one, and a response over
-    max_response_bytes is kept as its digest only (with the index the writer keeps)."""
+    """A replay cache as ReplayCache.to_blob writes it over two activations, the second reading
+    the first's bytes: it replays one response (making it the most recent) and records a new
+    one; a response over max_response_bytes is kept as its digest only (with the index the
+    writer keeps)."""
     cache = ReplayCache(max_response_bytes=64, now_ms=1_764_460_800_000)
     for key in ["a", "b", "c"]:
         cache.put(key, f'{{"text":"response {key}"}}'.encode())
         cache.now_ms += 1_000
     cache.put("long", b'{"text":"' + b"x" * 80 + b'"}')
-    later = ReplayCache.from_blob(cache.to_blob(), max_response_bytes=64, now_ms=1_764_460_900_000)
+    stored = LlmCacheBlob.FromString(cache.to_blob().SerializeToString())
+    later = ReplayCache.from_blob(stored, max_response_bytes=64, now_ms=1_764_460_900_000)
     later.get("b")
     later.now_ms += 1
     later.put("d", b'{"text":"response d"}')
