@@ -64,6 +64,7 @@ from beam_agents.bus.flink import FlinkRest
 from beam_agents.ops.processes import Launched
 from beam_agents.runtime import RuntimeConfig
 from beam_agents.runtime.run_agent import _AgentDoFn
+from beam_agents.state.migration import CURRENT_STATE_SCHEMA_VERSION
 from beam_agents.testing.engines import Engines
 from beam_agents.testing.flink_loop import Loop
 from beam_agents.wire.beam_support import typed
@@ -130,7 +131,7 @@ class _AsTriage(beam.DoFn):
         seq.read()
         memory.read()
         cache.read()
-        blob = MemoryBlob(state_schema_version=1, last_activity_ms=now)
+        blob = MemoryBlob(state_schema_version=CURRENT_STATE_SCHEMA_VERSION, last_activity_ms=now)
         blob.entries.add(key="ticket", value=record, last_access_ms=now)
         memory.write(blob)
         # Neither timer fires while the benchmark runs, as neither of RunAgent's does.
@@ -140,7 +141,7 @@ class _AsTriage(beam.DoFn):
             seq.write(now * 1000)
             continuation.write(
                 Continuation(
-                    state_schema_version=1,
+                    state_schema_version=CURRENT_STATE_SCHEMA_VERSION,
                     seq=now * 1000,
                     pending_intent_ids=[intent_id],
                     suspended_at_ms=now,
@@ -153,7 +154,9 @@ class _AsTriage(beam.DoFn):
             yield beam.pvalue.TaggedOutput(_AGAIN, (key, record))
         else:
             list(pending.read())
-            answer = LlmCacheBlob(state_schema_version=1, total_response_bytes=len(record))
+            answer = LlmCacheBlob(
+                state_schema_version=CURRENT_STATE_SCHEMA_VERSION, total_response_bytes=len(record)
+            )
             answer.entries.add(cache_key="triage", response=record, created_at_ms=now)
             cache.write(answer)
             continuation.clear()

@@ -35,6 +35,7 @@ from beam_agents._protos import AgentEnvelope, LlmCacheBlob, MemoryBlob
 from beam_agents.runtime import RunAgent, RuntimeConfig, agent
 from beam_agents.runtime.run_agent import _AgentDoFn
 from beam_agents.state import Memory, ReplayCache
+from beam_agents.state.migration import CURRENT_STATE_SCHEMA_VERSION
 
 ACTIVATION_GOAL = 1.3
 _TTL_MS = RuntimeConfig().ttl_ms
@@ -78,7 +79,7 @@ class _BareStatefulDoFn(beam.DoFn):
         envelope = AgentEnvelope.FromString(data)
         continuation.read()
         stored = seq.read()
-        blob = memory.read() or MemoryBlob(state_schema_version=1)
+        blob = memory.read() or MemoryBlob(state_schema_version=CURRENT_STATE_SCHEMA_VERSION)
         cache.read()
         blob.ClearField("entries")
         blob.entries.add(key="last", value=envelope.external_event)

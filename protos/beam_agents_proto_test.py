@@ -371,10 +371,11 @@ def test_a_populated_snapshot_round_trips():
 def test_embedded_blobs_keep_their_own_schema_versions():
     """Scenario: Embedded blobs keep their own schema versions."""
     exported = snapshot()
+    exported.state_schema_version = 3
     exported.memory.state_schema_version = 7
     exported.llm_cache.state_schema_version = 0
     parsed = StateSnapshot.FromString(exported.SerializeToString(deterministic=True))
-    assert parsed.state_schema_version == 1
+    assert parsed.state_schema_version == 3
     assert parsed.memory.state_schema_version == 7
     assert parsed.llm_cache.state_schema_version == 0
 

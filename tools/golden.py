@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import importlib.util
+import inspect
 import re
 from collections.abc import Callable
 from pathlib import Path
@@ -95,7 +96,7 @@ def _textproto(version: int, name: str, description: str, message: Message) -> b
         f"# proto-message: {message.DESCRIPTOR.full_name}",
         f"# Golden fixture {name} of state schema version {version}; written by",
         "# tools/gen_golden.py from builders.py, beside the same message in binary (.binpb).",
-        *(f"# {line}".rstrip() for line in description.strip().splitlines()),
+        *(f"# {line}".rstrip() for line in inspect.cleandoc(description).splitlines()),
     ]
     return ("\n".join(header) + "\n" + text_format.MessageToString(message)).encode()
 

@@ -147,11 +147,11 @@ def test_migration_steps_import_from_the_installed_wheel_by_the_bazel_path(insta
         "from beam_agents.state.migration import default_registry\n"
         "assert 'site-packages' in beam_agents_migrations.__file__\n"
         "assert default_registry().missing_steps() == []\n"
-        "print(beam_agents_migrations.__name__, beam_agents_migrations.STEP_MODULES)\n"
+        "print(*(step.__name__ for step in beam_agents_migrations.STEP_MODULES))\n"
     )
     result = _run_isolated(installed, code)
     assert result.returncode == 0, result.stderr
-    assert result.stdout == "beam_agents_migrations ()\n"
+    assert "beam_agents_migrations.memory_blob_v1_to_v2" in result.stdout.split()
 
 
 def test_the_console_script_runs_from_the_installed_wheel(installed, tmp_path):

@@ -1,8 +1,9 @@
 """An upgrade across binaries on a real Flink cluster, with Kafka as the agents' message bus.
 
-Job 1 (state schema 1) runs the support-triage loop (beam_agents.bus.AgentLoop) and leaves
-three keys suspended on a refund approval and three with memory; it is stopped with a
-savepoint. Job 2, built with the synthetic version-2 migration steps, restores from it. What is
+Job 1 (the current state schema) runs the support-triage loop (beam_agents.bus.AgentLoop) and
+leaves three keys suspended on a refund approval and three with memory; it is stopped with a
+savepoint. Job 2, built with the synthetic migration steps to the next version (CURRENT + 1),
+restores from it. What is
 proved is read back from Kafka outside the pipeline: every key's state went through the step
 on its first read, the suspended keys resumed with their answers, and nothing was lost or
 executed twice. Then the roll-back: job 1 restored from job 2's savepoint wedges a key job 2
@@ -31,9 +32,10 @@ from beam_agents._protos import AgentEnvelope, ToolIntent
 from beam_agents.bus import produce
 from beam_agents.bus.flink import KafkaArrivals
 from beam_agents.ops.demo import approve
+from beam_agents.state.migration import CURRENT_STATE_SCHEMA_VERSION
 from beam_agents.testing.engines import Engines
 from beam_agents.testing.flink_loop import Loop
-from beam_agents.testing.synthetic_v2 import MIGRATED_KEY
+from beam_agents.testing.synthetic_next import MIGRATED_KEY, NEXT_STATE_SCHEMA_VERSION
 
 pytestmark = pytest.mark.engines
 
@@ -77,10 +79,10 @@ def _count(records, topic) -> int:
 def test_a_savepoint_upgrade_migrates_every_key_on_first_read_and_a_roll_back_wedges_it(loop):
     topics = loop.topics
 
-    # Job 1, schema 1: three refunds wait for approval, three questions complete. Junk on the
-    # bus first (a tombstone, bytes that are no envelope, an envelope with nothing in it): dead
-    # letters, and the job goes on.
-    job1 = loop.start_job(state_schema=1)
+    # Job 1, the current schema: three refunds wait for approval, three questions complete.
+    # Junk on the bus first (a tombstone, bytes that are no envelope, an envelope with nothing
+    # in it): dead letters, and the job goes on.
+    job1 = loop.start_job(state_schema=CURRENT_STATE_SCHEMA_VERSION)
     now = int(time.time() * 1000)
     produce(
         loop.bootstrap,
@@ -104,7 +106,7 @@ def test_a_savepoint_upgrade_migrates_every_key_on_first_read_and_a_roll_back_we
     loop.read(lambda r: _count(r, topics.snapshots) == 6)
     before = loop.snapshots("job1-")
     for key in KEYS:
-        assert before[key].memory.state_schema_version == 1
+        assert before[key].memory.state_schema_version == CURRENT_STATE_SCHEMA_VERSION
         # A function agent's memory writes reach state when it completes: a refund waiting
         # for its approval has not written the customer yet (its replay will).
         remembered = f"customer:{key.decode()}" in {e.key for e in before[key].memory.entries}
@@ -112,8 +114,8 @@ def test_a_savepoint_upgrade_migrates_every_key_on_first_read_and_a_roll_back_we
         assert bool(before[key].continuation.pending_intent_ids) == (key in REFUNDS)
     savepoint1 = loop.savepoint(job1)
 
-    # Job 2, schema 2, restored from job 1: the approvals arrive, and new questions.
-    job2 = loop.start_job(state_schema=2, savepoint=savepoint1)
+    # Job 2, the next schema, restored from job 1: the approvals arrive, and new questions.
+    job2 = loop.start_job(state_schema=NEXT_STATE_SCHEMA_VERSION, savepoint=savepoint1)
     approvals = loop.messages(topics.approvals, ToolIntent)
     assert sorted(a.entity_key for a in approvals) == REFUNDS
     loop.send(*(approve(a) for a in approvals))
@@ -125,8 +127,8 @@ def test_a_savepoint_upgrade_migrates_every_key_on_first_read_and_a_roll_back_we
     for key in KEYS:
         memory = after[key].memory
         # The synthetic step ran on the key's first read in job 2 and its view was committed.
-        assert memory.state_schema_version == 2
-        assert after[key].llm_cache.state_schema_version == 2
+        assert memory.state_schema_version == NEXT_STATE_SCHEMA_VERSION
+        assert after[key].llm_cache.state_schema_version == NEXT_STATE_SCHEMA_VERSION
         keys_in_memory = [e.key for e in memory.entries]
         assert MIGRATED_KEY in keys_in_memory
         assert {e.key for e in before[key].memory.entries} < set(keys_in_memory)
@@ -152,13 +154,13 @@ def test_a_savepoint_upgrade_migrates_every_key_on_first_read_and_a_roll_back_we
     assert loop.dead_letters() == JUNK  # and nothing else
     savepoint2 = loop.savepoint(job2)
 
-    # Roll-back: job 1 restored from job 2's savepoint cannot read c-1's v2 state.
+    # Roll-back: job 1 restored from job 2's savepoint cannot read c-1's next-version state.
     wedged = b"c-1"
-    job3 = loop.start_job(state_schema=1, savepoint=savepoint2)
+    job3 = loop.start_job(state_schema=CURRENT_STATE_SCHEMA_VERSION, savepoint=savepoint2)
     loop.send(loop.export(wedged, "rollback-c-1"))
     deadline = time.monotonic() + 120
     while not any("roll the newer binary forward" in e for e in loop.rest.exceptions(job3.jid)):
-        assert time.monotonic() < deadline, "job 1 did not refuse the version-2 state"
+        assert time.monotonic() < deadline, "job 1 did not refuse the next version's state"
         time.sleep(1)
     time.sleep(5)  # what a wedged job could still emit would be on the topic by now
     loop.reader.settle(2)
@@ -168,7 +170,7 @@ def test_a_savepoint_upgrade_migrates_every_key_on_first_read_and_a_roll_back_we
     job3.launcher.wait(60)
 
     # Job 2 restored again from its own savepoint: the wedge clears, the bytes are as it left them.
-    job4 = loop.start_job(state_schema=2, savepoint=savepoint2)
+    job4 = loop.start_job(state_schema=NEXT_STATE_SCHEMA_VERSION, savepoint=savepoint2)
     loop.read(lambda r: bool(loop.snapshots("rollback-")))
     (again,) = loop.snapshots("rollback-").values()
     left = after[wedged]

@@ -11,7 +11,7 @@ from beam_agents.ops.cli import main
 from beam_agents.ops.replay import DIVERGED, REPRODUCED, UNREPRODUCIBLE, replay
 from beam_agents.ops.rounds import Advance, run_round
 from beam_agents.runtime import INTENTS, SNAPSHOTS, TRACES, RunAgent, agent
-from beam_agents.state.migration import MigrationRegistry
+from beam_agents.state.migration import CURRENT_STATE_SCHEMA_VERSION, MigrationRegistry
 from beam_agents.wire.fields import join_delimited
 
 KEY, T0 = b"c-1", 1_764_460_800_000
@@ -173,6 +173,7 @@ def test_the_command_line_reports_and_exits_with_the_verdict(production, tmp_pat
 
 def test_state_that_needs_a_missing_migration_step_cannot_be_reproduced(production):
     _, snapshot, *_ = production
-    without_steps = MigrationRegistry(current_version=2)
+    # The next version's binary, without the steps from this one.
+    without_steps = MigrationRegistry(current_version=CURRENT_STATE_SCHEMA_VERSION + 1)
     result = replay(snapshot, _approval(T0 + 20), triage, registry=without_steps)
     assert result.verdict == UNREPRODUCIBLE and "no migration registered" in result.report

@@ -1,5 +1,6 @@
-"""RunAgent migrates state on read, in the element path and both timers: golden v1 blobs reach
-state only through a commit, a restored suspension still refuses an answer its pending intents
+"""RunAgent migrates state on read, in the element path and both timers: golden v1 blobs, read by
+the next binary (beam_agents.testing.synthetic_next) through every step, reach state only
+through a commit, a restored suspension still refuses an answer its pending intents
 do not hold, and a snapshot from a newer binary is refused before anything is written."""
 
 from __future__ import annotations
@@ -30,7 +31,8 @@ from beam_agents.testing.probe import (
     probe,
     result,
 )
-from beam_agents.testing.synthetic_v2 import registry_v2
+from beam_agents.testing.synthetic_next import NEXT_STATE_SCHEMA_VERSION as NEXT
+from beam_agents.testing.synthetic_next import registry_next
 from beam_agents.wire.decoding import message_type
 from tools import golden
 from tools.workspace import data_root
@@ -49,7 +51,7 @@ def test_golden_blobs_migrate_on_first_read_and_reach_state_only_through_a_commi
     snapshot.memory.CopyFrom(_golden(memory_fixture))
     snapshot.llm_cache.CopyFrom(_golden("llm_cache_blob"))
     outputs = run_round(
-        probe(registry=registry_v2()),
+        probe(registry=registry_next()),
         [
             snapshot,
             Advance(T0 + 1),
@@ -65,10 +67,10 @@ def test_golden_blobs_migrate_on_first_read_and_reach_state_only_through_a_commi
     failed, committed = outputs.values("snapshots")
     # A failed activation rewrites nothing: the golden bytes are still there, verbatim.
     assert failed.memory == snapshot.memory and failed.llm_cache == snapshot.llm_cache
-    assert failed.state_schema_version == 2  # the exporting binary's version
-    # The committed memory is the migrated view plus the activation's work, stamped 2; the
+    assert failed.state_schema_version == NEXT  # the exporting binary's version
+    # The committed memory is the migrated view plus the activation's work, stamped NEXT; the
     # activation made no LLM call, so the cache it did not touch is still the golden bytes.
-    assert committed.memory.state_schema_version == 2
+    assert committed.memory.state_schema_version == NEXT
     assert committed.llm_cache == snapshot.llm_cache
     keys = [e.key for e in committed.memory.entries]
     assert "migrated" in keys and keys[-1] == "new"
@@ -98,7 +100,7 @@ def test_the_deadline_timer_reads_golden_blobs_through_migration(tmp_path, resum
     fails = {"raise_at": "resume"} if resume_fails else {}
     snapshot = _suspended_snapshot(T0 + 50, memory, **fails)
     outputs = run_round(
-        probe(registry=registry_v2()),
+        probe(registry=registry_next()),
         [
             snapshot,
             Advance(T0 + 60),
@@ -112,21 +114,22 @@ def test_the_deadline_timer_reads_golden_blobs_through_migration(tmp_path, resum
         # Memory untouched; the continuation, read through migration, now holds the expiry
         # the resume was given, for its retry.
         assert after.memory == snapshot.memory
-        assert after.continuation.state_schema_version == 2
+        assert after.continuation.state_schema_version == NEXT
         assert after.continuation.resume_failures == 1
         assert [a.tool_result.status for a in after.continuation.answers] == [ToolResult.EXPIRED]
     else:
         (done,) = outputs.values("completions")
-        # 0 in the golden v1 continuation, 10 after the v2 step; expiring is no escalation.
+        # 0 in the golden v1 continuation, 10 after the synthetic step; expiring is no
+        # escalation.
         assert json.loads(done) == [["a.tool", "EXPIRED"], ["escalations", 10]]
-        assert after.memory.state_schema_version == 2
+        assert after.memory.state_schema_version == NEXT
         assert "migrated" in [e.key for e in after.memory.entries]
         assert not after.HasField("continuation")
 
 
 def test_an_answer_reads_a_golden_continuation_through_migration(tmp_path):
     outputs = run_round(
-        probe(registry=registry_v2()),
+        probe(registry=registry_next()),
         [
             _suspended_snapshot(FAR),
             Advance(T0 + 1),
@@ -147,7 +150,7 @@ def test_the_ttl_timer_reads_through_migration_before_it_wipes(tmp_path, memory)
     snapshot.memory.CopyFrom(_golden(memory))
     config = RuntimeConfig(ttl_ms=DAY)
     wiped = run_round(
-        probe(config, registry=registry_v2()),
+        probe(config, registry=registry_next()),
         [
             snapshot,
             Advance(T0 + 2 * DAY),
@@ -159,7 +162,7 @@ def test_the_ttl_timer_reads_through_migration_before_it_wipes(tmp_path, memory)
     assert not after.HasField("memory") and after.seq == 7
     with pytest.raises(Exception, match=r"no migration registered for \(MemoryBlob, 1\)"):
         run_round(
-            probe(config, registry=MigrationRegistry(current_version=2)),
+            probe(config, registry=MigrationRegistry(current_version=NEXT)),
             [snapshot, Advance(T0 + 2 * DAY)],
             tmp_path,
         )
@@ -180,7 +183,7 @@ def test_a_snapshot_from_a_newer_binary_is_refused_before_anything_is_written(tm
     restore instead, and the binary that wrote it restores it. (State a newer binary wrote in
     place wedges the key: machine_test proves that on the DoFn, flink_upgrade_test on Flink.)"""
     future = StateSnapshot(entity_key=KEY, seq=7, snapshot_at_ms=T0, request_id="r-9")
-    future.memory.CopyFrom(memory_blob(2))
+    future.memory.CopyFrom(memory_blob(NEXT))
     inputs = [
         future,
         Advance(T0 + 1),
@@ -193,7 +196,7 @@ def test_a_snapshot_from_a_newer_binary_is_refused_before_anything_is_written(tm
     assert error.reason == "snapshot_from_future" and "memory" in error.detail
     (after,) = refused.values("snapshots")
     assert [e.key for e in after.memory.entries] == ["new"] and after.seq != 7
-    rolled_forward = run_round(probe(registry=registry_v2()), inputs, tmp_path / "forward")
+    rolled_forward = run_round(probe(registry=registry_next()), inputs, tmp_path / "forward")
     (done,) = rolled_forward.values("completions")
     assert done == b"done"
     (after,) = rolled_forward.values("snapshots")

@@ -1,12 +1,14 @@
 """Bump drill: proves the migration machinery and the bump checklist without bumping the schema.
 
-On a copy of the workspace the drill raises CURRENT_STATE_SCHEMA_VERSION to 2 and runs the
-completeness test, which must fail naming every missing item. It then does the checklist for
-real: one step module per versioned message under migrations/, each registered in the central
-registry and in migrations/BUILD.bazel; golden/v2/builders.py from a copy of v1's; the v2
-corpus written by tools/gen_golden.py; //golden/v2 wired into the compat test. Then the
-completeness and compat tests pass, with every v1 fixture migrating to v2 field-equal, v1 is
-frozen (gen_golden refuses it) and tampering with a v1 fixture is caught by name.
+On a copy of the workspace the drill raises CURRENT_STATE_SCHEMA_VERSION from its value here,
+N, to NEXT = N + 1 and runs the completeness test, which must fail naming every missing item.
+It then does the checklist for real: one step module per versioned message under migrations/,
+each registered in the central registry and in migrations/BUILD.bazel; golden/v<NEXT>/builders.py
+from a copy of v<N>'s; the new corpus written by tools/gen_golden.py; //golden/v<NEXT> wired
+into the compat test. Then the completeness and compat tests pass, with every fixture of every
+older version migrating to NEXT field-equal, v<N> is frozen (gen_golden refuses it) and
+tampering with one of its fixtures is caught by name. Everything is written in terms of N, so
+a real bump needs no edit here.
 """
 
 from __future__ import annotations
@@ -19,15 +21,17 @@ from pathlib import Path
 
 import pytest
 
+from beam_agents.state.migration import CURRENT_STATE_SCHEMA_VERSION as N
 from tools.workspace import source_root
 
-STEP = '''"""{name} v1 -> v2: restamp; the drill's schema change is a re-interpretation only."""
+NEXT = N + 1
+STEP = '''"""{name} v{N} -> v{NEXT}: restamp; the drill's change is a re-interpretation only."""
 
 from beam_agents._protos import {name}
 
 MESSAGE_TYPE = {name}
-FROM_VERSION = 1
-TO_VERSION = 2
+FROM_VERSION = {N}
+TO_VERSION = {NEXT}
 
 
 def upgrade(old: {name}) -> {name}:
@@ -37,9 +41,9 @@ def upgrade(old: {name}) -> {name}:
     return new
 '''
 STEPS = {
-    "memory_blob_v1_to_v2": "MemoryBlob",
-    "continuation_v1_to_v2": "Continuation",
-    "llm_cache_blob_v1_to_v2": "LlmCacheBlob",
+    f"memory_blob_v{N}_to_v{NEXT}": "MemoryBlob",
+    f"continuation_v{N}_to_v{NEXT}": "Continuation",
+    f"llm_cache_blob_v{N}_to_v{NEXT}": "LlmCacheBlob",
 }
 
 
@@ -105,8 +109,8 @@ def test_the_drill_runs_against_the_copy(workspace):
 def test_raising_the_version_fails_the_checklist_naming_each_missing_item(workspace):
     _replace(
         workspace / "beam_agents/state/migration.py",
-        "CURRENT_STATE_SCHEMA_VERSION = 1\n",
-        "CURRENT_STATE_SCHEMA_VERSION = 2\n",
+        f"CURRENT_STATE_SCHEMA_VERSION = {N}\n",
+        f"CURRENT_STATE_SCHEMA_VERSION = {NEXT}\n",
     )
     # Every test module still imports: the suite runs to the end instead of stopping at a
     # collection error (pytest's exit 2), and its failures say what the bump lacks.
@@ -115,43 +119,49 @@ def test_raising_the_version_fails_the_checklist_naming_each_missing_item(worksp
     result = _pytest(workspace, COMPLETENESS, COMPAT)
     assert result.returncode == 1, result.stdout
     for missing in (
-        "no migration registered for (MemoryBlob, 1)",
-        "no migration registered for (Continuation, 1)",
-        "no migration registered for (LlmCacheBlob, 1)",
-        "golden/v2/ missing",
-        "golden/v2/BUILD.bazel has no filegroup 'v2'",
-        "//beam_agents/state:schema_compat_test does not have //golden/v2 in its data",
+        f"no migration registered for (MemoryBlob, {N})",
+        f"no migration registered for (Continuation, {N})",
+        f"no migration registered for (LlmCacheBlob, {N})",
+        f"golden/v{NEXT}/ missing",
+        f"golden/v{NEXT}/BUILD.bazel has no filegroup 'v{NEXT}'",
+        f"//beam_agents/state:schema_compat_test does not have //golden/v{NEXT} in its data",
     ):
         assert missing in result.stdout
-    assert "golden/v2/builders.py is missing; schema_completeness_test names" in result.stdout
+    assert f"golden/v{NEXT}/builders.py is missing; schema_completeness_test names" in (
+        result.stdout
+    )
 
 
 def test_real_steps_and_the_v2_corpus_complete_the_bump(workspace):
     steps = workspace / "migrations" / "beam_agents_migrations"
     for module, name in STEPS.items():
-        (steps / f"{module}.py").write_text(STEP.format(name=name))
+        (steps / f"{module}.py").write_text(STEP.format(name=name, N=N, NEXT=NEXT))
     imports = "".join(f"from beam_agents_migrations import {m}\n" for m in STEPS)
-    _replace(
-        steps / "__init__.py",
-        "STEP_MODULES = ()\n",
-        f"{imports}\nSTEP_MODULES = ({', '.join(STEPS)},)\n",
-    )
+    listed = "".join(f"    {m},\n" for m in STEPS)
+    _replace(steps / "__init__.py", "STEP_MODULES = (\n", f"{imports}\nSTEP_MODULES = (\n{listed}")
     libraries = "".join(
         f'\npy_library(\n    name = "{m}",\n    srcs = ["beam_agents_migrations/{m}.py"],\n'
         f'    imports = ["."],\n    deps = ["//beam_agents/_protos"],\n)\n'
         for m in STEPS
     )
     build = workspace / "migrations" / "BUILD.bazel"
-    _replace(build, "deps = [],", f"deps = [{', '.join(repr(':' + m) for m in STEPS)}],")
+    # The first deps of the file are :migrations'.
+    _replace(
+        build, "    deps = [\n", "    deps = [\n" + "".join(f'        ":{m}",\n' for m in STEPS)
+    )
     build.write_text(build.read_text() + libraries)
 
-    v1, v2 = workspace / "golden" / "v1", workspace / "golden" / "v2"
-    v2.mkdir()
-    shutil.copy(v1 / "builders.py", v2 / "builders.py")
-    _replace(v2 / "builders.py", "STATE_SCHEMA_VERSION = 1\n", "STATE_SCHEMA_VERSION = 2\n")
-    _replace(v2 / "builders.py", "for state schema version 1.", "for state schema version 2.")
-    shutil.copy(v1 / "BUILD.bazel", v2 / "BUILD.bazel")
-    _replace(v2 / "BUILD.bazel", 'name = "v1"', 'name = "v2"')
+    old, new = workspace / "golden" / f"v{N}", workspace / "golden" / f"v{NEXT}"
+    new.mkdir()
+    shutil.copy(old / "builders.py", new / "builders.py")
+    _replace(
+        new / "builders.py", f"STATE_SCHEMA_VERSION = {N}\n", f"STATE_SCHEMA_VERSION = {NEXT}\n"
+    )
+    _replace(
+        new / "builders.py", f"for state schema version {N}.", f"for state schema version {NEXT}."
+    )
+    shutil.copy(old / "BUILD.bazel", new / "BUILD.bazel")
+    _replace(new / "BUILD.bazel", f'name = "v{N}"', f'name = "v{NEXT}"')
     for test in ("schema_compat_test", "schema_completeness_test"):
         _replace(
             workspace / "beam_agents/state/BUILD.bazel",
@@ -160,19 +170,20 @@ def test_real_steps_and_the_v2_corpus_complete_the_bump(workspace):
         )
     state_build = workspace / "beam_agents/state/BUILD.bazel"
     state_build.write_text(
-        state_build.read_text().replace('"//golden/v1"', '"//golden/v1", "//golden/v2"')
+        state_build.read_text().replace(f'"//golden/v{N}"', f'"//golden/v{N}", "//golden/v{NEXT}"')
     )
 
     generated = _run(workspace, "tools/gen_golden.py")
     assert generated.returncode == 0, generated.stderr
-    assert "golden/v2/: wrote memory_blob.binpb" in generated.stdout
-    assert "golden/v1/" not in generated.stdout
+    assert f"golden/v{NEXT}/: wrote memory_blob.binpb" in generated.stdout
+    for frozen in range(1, NEXT):
+        assert f"golden/v{frozen}/" not in generated.stdout
 
     result = _pytest(workspace, COMPLETENESS, COMPAT)
     assert result.returncode == 0, result.stdout + result.stderr
     for fixture in ("memory_blob", "continuation_escalated", "llm_cache_blob", "state_snapshot"):
-        assert f"[v1/{fixture}] PASSED" in result.stdout
-        assert f"[v2/{fixture}] PASSED" in result.stdout
+        for version in range(1, NEXT + 1):
+            assert f"[v{version}/{fixture}] PASSED" in result.stdout
 
     check = _run(
         workspace,
@@ -182,7 +193,7 @@ def test_real_steps_and_the_v2_corpus_complete_the_bump(workspace):
         "from beam_agents.state.migration import migrate_to_current\n"
         "old = MemoryBlob.FromString(Path('golden/v1/memory_blob.binpb').read_bytes())\n"
         "new = migrate_to_current(old)\n"
-        "assert (old.state_schema_version, new.state_schema_version) == (1, 2)\n"
+        f"assert (old.state_schema_version, new.state_schema_version) == (1, {NEXT})\n"
         "assert list(new.entries) == list(old.entries)\n"
         "print('migrated')\n",
     )
@@ -194,10 +205,10 @@ def test_after_the_bump_the_operator_commands_show_the_migration(workspace):
         workspace, "-m", "beam_agents.ops.cli", "inspect", "golden/v1/memory_blob.binpb"
     )
     assert inspected.returncode == 0, inspected.stderr
-    assert "# MemoryBlob state_schema_version 1: migrates 1 -> 2 through 1 step(s)" in (
+    assert f"# MemoryBlob state_schema_version 1: migrates 1 -> {NEXT} through {N} step(s)" in (
         inspected.stdout
     )
-    assert "# after migrate_to_current:\nstate_schema_version: 2" in inspected.stdout
+    assert f"# after migrate_to_current:\nstate_schema_version: {NEXT}" in inspected.stdout
 
     export = workspace / "export"
     export.mkdir()
@@ -205,17 +216,17 @@ def test_after_the_bump_the_operator_commands_show_the_migration(workspace):
         shutil.copy(workspace / "golden" / "v1" / f"{name}.binpb", export)
     checked = _run(workspace, "-m", "beam_agents.ops.cli", "dry-run", str(export))
     assert checked.returncode == 0, checked.stdout
-    assert "memory: MemoryBlob state_schema_version 1: migrates 1 -> 2" in checked.stdout
+    assert f"memory: MemoryBlob state_schema_version 1: migrates 1 -> {NEXT}" in checked.stdout
     assert "summary: 2 files, 2 ready, 0 not; 7 blobs: 0 current, 7 migrate" in checked.stdout
 
 
-def test_after_the_bump_v1_is_frozen(workspace):
-    refused = _run(workspace, "tools/gen_golden.py", "--version", "1")
+def test_after_the_bump_the_outgoing_corpus_is_frozen(workspace):
+    refused = _run(workspace, "tools/gen_golden.py", "--version", str(N))
     assert refused.returncode == 2
-    assert "golden/v1/ is frozen" in refused.stderr
+    assert f"golden/v{N}/ is frozen" in refused.stderr
 
-    fixture = workspace / "golden" / "v1" / "memory_blob.binpb"
+    fixture = workspace / "golden" / f"v{N}" / "memory_blob.binpb"
     fixture.write_bytes(fixture.read_bytes() + b"\x18\x00")
     result = _pytest(workspace, COMPLETENESS)
     assert result.returncode == 1
-    assert "golden/v1/ changed: memory_blob.binpb" in result.stdout
+    assert f"golden/v{N}/ changed: memory_blob.binpb" in result.stdout

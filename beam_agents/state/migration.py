@@ -59,7 +59,9 @@ __all__ = [
 
 #: The state schema version this binary reads and writes. Raising it is a bump: see
 #: beam_agents/state/schema_completeness_test.py for what must exist before it merges.
-CURRENT_STATE_SCHEMA_VERSION = 1
+#: 2: MemoryBlob and LlmCacheBlob carry an index of their entries (entry_stamps, key_hashes,
+#: key_stamps), trustworthy only in blobs a version-2 writer wrote.
+CURRENT_STATE_SCHEMA_VERSION = 2
 
 #: The keyed-state blobs that carry state_schema_version and migrate on read.
 VERSIONED_MESSAGE_TYPES: tuple[type[Message], ...] = (MemoryBlob, Continuation, LlmCacheBlob)

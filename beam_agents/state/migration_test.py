@@ -38,6 +38,7 @@ from beam_agents.state.migration import (
     migrate_to_current,
     new_state_blob,
 )
+from beam_agents.testing.samples import sample as samples_blob
 from beam_agents.testing.samples import snapshot
 
 
@@ -72,7 +73,7 @@ def memory(version: int) -> MemoryBlob:
 
 
 def test_the_versioned_set_is_exactly_the_three_state_blobs():
-    assert CURRENT_STATE_SCHEMA_VERSION == 1
+    assert CURRENT_STATE_SCHEMA_VERSION == 2
     assert set(VERSIONED_MESSAGE_TYPES) == {MemoryBlob, Continuation, LlmCacheBlob}
 
 
@@ -80,8 +81,9 @@ def test_the_versioned_set_is_exactly_the_three_state_blobs():
 def test_writers_stamp_the_current_version(cls):
     """Scenario: Schema version defaults are explicit (the writers' half)."""
     blob = new_state_blob(cls)
-    assert blob.state_schema_version == CURRENT_STATE_SCHEMA_VERSION == 1
-    assert cls.FromString(blob.SerializeToString()).state_schema_version == 1
+    assert blob.state_schema_version == CURRENT_STATE_SCHEMA_VERSION
+    decoded = cls.FromString(blob.SerializeToString())
+    assert decoded.state_schema_version == CURRENT_STATE_SCHEMA_VERSION
     assert cls().state_schema_version == 0  # what a pre-versioned blob reads as
 
 
@@ -98,7 +100,7 @@ def test_a_current_blob_comes_back_as_the_very_same_object(cls):
 
 def test_version_zero_reads_as_one():
     blob = memory(0)
-    assert migrate_to_current(blob) is blob  # 1 is current: nothing to run
+    assert MigrationRegistry(current_version=1).migrate(blob) is blob  # nothing to run
     registry = MigrationRegistry.from_modules([memory_step(1)], current_version=2)
     migrated = registry.migrate(blob)
     assert migrated.state_schema_version == 2
@@ -234,10 +236,36 @@ def test_the_default_registry_holds_a_complete_chain():
     assert migration.default_registry() is registry
 
 
+@pytest.mark.parametrize("cls", [MemoryBlob, LlmCacheBlob], ids=lambda c: c.DESCRIPTOR.name)
+def test_a_version_1_blob_loses_its_entry_index_on_the_way_to_2(cls):
+    """Only a version-2 writer keeps the index in step with the entries: one in a version-1
+    blob (say, carried along as unknown fields by a version-1 binary) may describe other
+    entries, so the step empties it and the reader builds its own."""
+    old = samples_blob(cls)
+    old.state_schema_version = 1
+    old.entry_stamps, old.key_hashes, old.key_stamps = b"\x01" * 8, b"\x02" * 8, b"\x03" * 8
+    before = old.SerializeToString()
+    new = default_registry().migrate(old)
+    assert new.state_schema_version == 2
+    assert (new.entry_stamps, new.key_hashes, new.key_stamps) == (b"", b"", b"")
+    assert list(new.entries) == list(old.entries)
+    assert old.SerializeToString() == before
+
+
+def test_a_version_1_continuation_is_only_restamped_on_the_way_to_2():
+    old = snapshot().continuation
+    old.state_schema_version = 1
+    new = default_registry().migrate(old)
+    assert new.state_schema_version == 2
+    new.state_schema_version = 1
+    assert new == old
+
+
 def test_a_loaded_snapshot_has_its_blobs_migrated_and_its_envelope_stamped_current():
     exported = snapshot()
     exported.state_schema_version = 0
     exported.memory.state_schema_version = 0
+    exported.llm_cache.state_schema_version = 1
     before = exported.SerializeToString()
     registry = MigrationRegistry.from_modules([memory_step(1)], current_version=2)
     with pytest.raises(MissingMigrationError, match=r"\(LlmCacheBlob, 1\)"):
@@ -245,7 +273,10 @@ def test_a_loaded_snapshot_has_its_blobs_migrated_and_its_envelope_stamped_curre
 
     loaded = migrate_snapshot(exported)
     assert loaded.state_schema_version == CURRENT_STATE_SCHEMA_VERSION
-    assert loaded.memory == exported.memory  # 0 reads as 1 == current: nothing ran
+    assert loaded.memory == migrate_to_current(exported.memory)  # 0 read as 1, then the chain
+    assert loaded.memory.state_schema_version == CURRENT_STATE_SCHEMA_VERSION
+    assert loaded.llm_cache == migrate_to_current(exported.llm_cache)
+    assert loaded.continuation == exported.continuation  # current already
     assert list(loaded.pending) == list(exported.pending)
     assert exported.SerializeToString() == before
 

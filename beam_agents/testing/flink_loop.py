@@ -38,6 +38,7 @@ from beam_agents.bus.flink import FlinkRest, KafkaArrivals, ReadWatchdog
 from beam_agents.errors import ReadStalledError
 from beam_agents.examples.support_triage import ticket
 from beam_agents.ops.processes import Launched
+from beam_agents.state.migration import CURRENT_STATE_SCHEMA_VERSION
 from beam_agents.testing.chaos import Ledger
 from beam_agents.testing.engines import Engines
 
@@ -138,7 +139,7 @@ class Loop:
 
     def start_job(
         self,
-        state_schema: int = 1,
+        state_schema: int = CURRENT_STATE_SCHEMA_VERSION,
         savepoint: str | None = None,
         parallelism: int = 1,
         options: Sequence[str] = (),

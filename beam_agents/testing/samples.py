@@ -19,6 +19,7 @@ from beam_agents._protos import (
     ToolResult,
     TraceEvent,
 )
+from beam_agents.state.migration import CURRENT_STATE_SCHEMA_VERSION
 
 __all__ = [
     "ALL_MESSAGES",
@@ -68,23 +69,26 @@ def intent(**overrides) -> ToolIntent:
 
 
 def snapshot() -> StateSnapshot:
-    """A suspended key's snapshot: memory, cache (one digest-only entry), continuation, two
-    pending intents."""
-    memory = MemoryBlob(state_schema_version=1, total_value_bytes=2)
+    """A suspended key's snapshot, as this binary exports it: memory, cache (one digest-only
+    entry), continuation, two pending intents."""
+    memory = MemoryBlob(state_schema_version=CURRENT_STATE_SCHEMA_VERSION, total_value_bytes=2)
     memory.entries.add(key="z", value=b"1", last_access_ms=2)
     memory.entries.add(key="a", value=b"2", last_access_ms=1)
-    cache = LlmCacheBlob(state_schema_version=1, total_response_bytes=3)
+    cache = LlmCacheBlob(state_schema_version=CURRENT_STATE_SCHEMA_VERSION, total_response_bytes=3)
     cache.entries.add(cache_key="c2", response=b"abc", response_digest=bytes(32))
     cache.entries.add(cache_key="c1", digest_only=True, response_digest=bytes(range(32)))
     return StateSnapshot(
-        state_schema_version=1,
+        state_schema_version=CURRENT_STATE_SCHEMA_VERSION,
         entity_key=b"customer-42",
         seq=12,
         snapshot_at_ms=1_700_000_000_000,
         memory=memory,
         llm_cache=cache,
         continuation=Continuation(
-            state_schema_version=1, seq=12, pending_intent_ids=["i-1", "i-2"], snapshot=b"s"
+            state_schema_version=CURRENT_STATE_SCHEMA_VERSION,
+            seq=12,
+            pending_intent_ids=["i-1", "i-2"],
+            snapshot=b"s",
         ),
         pending=[intent(intent_id="i-1"), intent(intent_id="i-2", step_index=4)],
         request_id="export-1",

@@ -1,12 +1,13 @@
 """The support-triage agent as a Kafka loop job: `python -m beam_agents.testing.triage_loop`.
 
     python -m beam_agents.testing.triage_loop --kafka_bootstrap HOST:PORT --topic_prefix P
-        --expansion_service HOST:PORT [--state_schema {1,2}] [--unchained]
+        --expansion_service HOST:PORT [--state_schema {CURRENT,NEXT}] [--unchained]
         [BEAM PIPELINE OPTIONS]
 
 builds the demo's loop job (beam_agents.ops.demo.add_triage_loop), runs it and waits until the
-runner ends the job. `--state_schema 2` is the second binary of the upgrade test: the same job
-with the synthetic version-2 migration steps registered (beam_agents.testing.synthetic_v2).
+runner ends the job. `--state_schema` is CURRENT_STATE_SCHEMA_VERSION unless given; the next
+version is the second binary of the upgrade test: the same job with the synthetic migration
+steps to CURRENT + 1 registered (beam_agents.testing.synthetic_next).
 The transform names, and so the state a savepoint holds, are the same in both. `--unchained`
 turns Flink's operator chaining off, so the job's savepoints can be restored at another
 parallelism (beam_agents/bus/flink_upgrade_test.py).
@@ -23,7 +24,8 @@ from apache_beam.options.pipeline_options import PipelineOptions
 
 from beam_agents.bus import Topics
 from beam_agents.ops.demo import add_triage_loop
-from beam_agents.testing.synthetic_v2 import registry_v2
+from beam_agents.state.migration import CURRENT_STATE_SCHEMA_VERSION
+from beam_agents.testing.synthetic_next import NEXT_STATE_SCHEMA_VERSION, registry_next
 
 __all__ = ["main"]
 
@@ -33,7 +35,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--kafka_bootstrap", required=True)
     parser.add_argument("--topic_prefix", required=True)
     parser.add_argument("--expansion_service", required=True)
-    parser.add_argument("--state_schema", type=int, choices=[1, 2], default=1)
+    parser.add_argument(
+        "--state_schema",
+        type=int,
+        choices=[CURRENT_STATE_SCHEMA_VERSION, NEXT_STATE_SCHEMA_VERSION],
+        default=CURRENT_STATE_SCHEMA_VERSION,
+    )
     # Flink's runner option operator_chaining defaults to true, and Beam's Python side parses
     # a runner's boolean option as a flag that can only set it: false has to be a keyword.
     parser.add_argument("--unchained", action="store_true", help="Flink: no operator chaining")
@@ -45,7 +52,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         kafka_bootstrap=args.kafka_bootstrap,
         topics=Topics(args.topic_prefix),
         expansion_service=args.expansion_service,
-        registry=registry_v2() if args.state_schema == 2 else None,
+        registry=registry_next() if args.state_schema == NEXT_STATE_SCHEMA_VERSION else None,
     )
     result = pipeline.run()
     print(f"triage_loop: submitted, state schema {args.state_schema}", file=sys.stderr, flush=True)

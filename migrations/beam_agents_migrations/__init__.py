@@ -11,8 +11,17 @@ Each step is also a py_library of its own in migrations/BUILD.bazel and a depend
 :migrations. List every step below; beam_agents.state.migration.default_registry builds the
 registry from this tuple and rejects duplicates and malformed steps. Steps are never removed:
 a key untouched since any past version may still be read.
-
-CURRENT_STATE_SCHEMA_VERSION is 1, so there are no steps yet.
 """
 
-STEP_MODULES = ()
+from . import (
+    continuation_v1_to_v2,
+    llm_cache_blob_v1_to_v2,
+    memory_blob_v1_to_v2,
+)
+
+STEP_MODULES = (
+    # 1 -> 2: MemoryBlob and LlmCacheBlob gain the entry index (cleared for version-1 blobs).
+    memory_blob_v1_to_v2,
+    continuation_v1_to_v2,
+    llm_cache_blob_v1_to_v2,
+)

@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -19,18 +20,39 @@ import (
 
 var typeHeader = regexp.MustCompile(`(?m)^# proto-message: (\S+)$`)
 
+var versionDir = regexp.MustCompile(`^v([1-9][0-9]*)$`)
+
 type fixture struct {
 	name    string
 	decoded proto.Message
 	text    string
 }
 
-// goldenDir is the newest corpus folder: $BEAM_AGENTS_GOLDEN, else the repository's.
+// goldenDir is the newest corpus folder: $BEAM_AGENTS_GOLDEN, else the repository's golden/v<N>
+// with the highest N (older ones are frozen, and the newest holds every fixture name they do).
 func goldenDir(t *testing.T) string {
 	if dir := os.Getenv("BEAM_AGENTS_GOLDEN"); dir != "" {
 		return dir
 	}
-	return filepath.Join("..", "..", "..", "golden", "v1")
+	root := filepath.Join("..", "..", "..", "golden")
+	entries, err := os.ReadDir(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	newest, dir := 0, ""
+	for _, entry := range entries {
+		match := versionDir.FindStringSubmatch(entry.Name())
+		if match == nil || !entry.IsDir() {
+			continue
+		}
+		if version, _ := strconv.Atoi(match[1]); version > newest {
+			newest, dir = version, filepath.Join(root, entry.Name())
+		}
+	}
+	if dir == "" {
+		t.Fatalf("no golden/v<N> folder under %s", root)
+	}
+	return dir
 }
 
 func fixtures(t *testing.T) []fixture {

@@ -7,7 +7,7 @@ import (
 	"testing"
 )
 
-// The published golden test key (golden/v1/builders.py): never a production secret.
+// The published golden test key (golden/v<N>/builders.py): never a production secret.
 var goldenKeys = map[string][]byte{
 	"golden-2026-11": []byte("beam_agents golden corpus test key, not a secret"),
 }

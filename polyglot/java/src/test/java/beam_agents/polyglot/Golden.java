@@ -22,13 +22,37 @@ final class Golden {
   record Fixture(String name, Message decoded, Message knownFieldsOnly, String text) {}
 
   private static final Pattern TYPE_HEADER = Pattern.compile("(?m)^# proto-message: (\\S+)$");
+  private static final Pattern VERSION_DIR = Pattern.compile("v([1-9][0-9]*)");
 
   private Golden() {}
 
-  /** The newest corpus folder: $BEAM_AGENTS_GOLDEN, else the repository's. */
+  /**
+   * The newest corpus folder: $BEAM_AGENTS_GOLDEN, else the repository's golden/v&lt;N&gt; with the
+   * highest N (older ones are frozen, and the newest holds every fixture name they do).
+   */
   static Path dir() {
     String given = System.getenv("BEAM_AGENTS_GOLDEN");
-    return given != null ? Path.of(given) : Path.of("..", "..", "golden", "v1");
+    if (given != null) {
+      return Path.of(given);
+    }
+    Path root = Path.of("..", "..", "golden");
+    Path newest = null;
+    int newestVersion = 0;
+    try (DirectoryStream<Path> folders = Files.newDirectoryStream(root, Files::isDirectory)) {
+      for (Path folder : folders) {
+        Matcher version = VERSION_DIR.matcher(folder.getFileName().toString());
+        if (version.matches() && Integer.parseInt(version.group(1)) > newestVersion) {
+          newestVersion = Integer.parseInt(version.group(1));
+          newest = folder;
+        }
+      }
+    } catch (IOException e) {
+      throw new UncheckedIOException(e);
+    }
+    if (newest == null) {
+      throw new IllegalStateException("no golden/v<N> folder under " + root);
+    }
+    return newest;
   }
 
   static List<Fixture> fixtures() {

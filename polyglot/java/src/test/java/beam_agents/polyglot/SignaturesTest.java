@@ -14,7 +14,7 @@ import java.util.Map;
 import org.junit.jupiter.api.Test;
 
 class SignaturesTest {
-  /** The published golden test key (golden/v1/builders.py): never a production secret. */
+  /** The published golden test key (golden/v<N>/builders.py): never a production secret. */
   private static final Map<String, byte[]> GOLDEN_KEYS =
       Map.of(
           "golden-2026-11",
