@@ -69,7 +69,7 @@ from beam_agents.runtime.machine_state import (
     due_at,
     timer_ms,
 )
-from beam_agents.state.memory import without_index
+from beam_agents.state.memory import with_checked_index
 from beam_agents.state.migration import MigrationRegistry
 
 __all__ = [
@@ -173,16 +173,17 @@ class KeyMachine(Commits, Intake, AnswerChecks, Activations, DueTimes, BudgetQue
             self._migrate(snapshot.continuation) if snapshot.HasField("continuation") else None
         )
         work.anchor = max(now, arrival_ms)
-        # The blobs are written as exported, less their entry indexes (a snapshot is a file
-        # people may edit, and an index that no longer fits its entries would hide keys), and
-        # migrate on their first read, like state restored by --update; a snapshot with no seq
-        # (0) keeps the key's time-based first seq.
+        # The blobs are written as exported (an entry index that no longer fits entries people
+        # edited is dropped, as it would hide keys) and migrate on their first read, like state
+        # restored by --update; a snapshot with no seq (0) keeps the key's time-based first seq.
         work.commit(
             KeyState(
                 seq=max(snapshot.seq, stored.seq or 0) if snapshot.seq else stored.seq,
-                memory=without_index(snapshot.memory) if snapshot.HasField("memory") else None,
+                memory=with_checked_index(snapshot.memory) if snapshot.HasField("memory") else None,
                 cache=(
-                    without_index(snapshot.llm_cache) if snapshot.HasField("llm_cache") else None
+                    with_checked_index(snapshot.llm_cache)
+                    if snapshot.HasField("llm_cache")
+                    else None
                 ),
                 continuation=snapshot.continuation if continuation is not None else None,
                 # Pending intents belong to a suspension: without one they answer nothing.

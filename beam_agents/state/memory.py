@@ -39,6 +39,7 @@ import bisect
 import collections
 import dataclasses
 import hashlib
+import itertools
 import sys
 from collections.abc import Callable, Iterator
 
@@ -46,24 +47,10 @@ from beam_agents._protos import LlmCacheBlob, MemoryBlob
 from beam_agents.errors import MemoryBudgetError
 from beam_agents.state.migration import CURRENT_STATE_SCHEMA_VERSION
 
-__all__ = ["Memory", "ReplayCache", "without_index"]
+__all__ = ["Memory", "ReplayCache", "with_checked_index"]
 
 _INDEX_FIELDS = ("entry_stamps", "key_hashes", "key_stamps")
 _BIG_ENDIAN = sys.byteorder == "big"
-
-
-def without_index(blob):
-    """`blob` (a MemoryBlob or LlmCacheBlob) without its index: a copy, or `blob` itself when
-    it carries none. For blobs that come from outside the runtime, such as a restored
-    snapshot, whose entries someone may have edited since the index was written: the first
-    lookup builds the index by a pass over the entries, and the next commit writes it."""
-    if not any(getattr(blob, field) for field in _INDEX_FIELDS):
-        return blob
-    copy = type(blob)()
-    copy.CopyFrom(blob)
-    for field in _INDEX_FIELDS:
-        copy.ClearField(field)
-    return copy
 
 
 def _key_hash(key: str) -> int:
@@ -186,6 +173,26 @@ class _LruOverlay:
             total,
             len(last),
             kept=False,
+        )
+
+    @classmethod
+    def _fits(cls, blob) -> bool:
+        """Whether `blob`'s index is exactly the one `to_blob` writes for its entries, and its
+        total their sizes' sum."""
+        entries = blob.entries
+        keys = [getattr(entry, cls._KEY) for entry in entries]
+        count = len(keys)
+        stamps, hashes, owners = (getattr(blob, field) for field in _INDEX_FIELDS)
+        if not len(stamps) == len(hashes) == len(owners) == 8 * count:
+            return False
+        stamps = _unpacked(stamps)
+        # Two entries of one key would need two slots of one hash, which the pairs compared
+        # below never hold for distinct keys, so no separate check for them.
+        return (
+            all(a < b for a, b in itertools.pairwise(stamps))
+            and list(zip(_unpacked(hashes), _unpacked(owners), strict=True))
+            == sorted(zip(map(_key_hash, keys), stamps, strict=True))
+            and getattr(blob, cls._TOTAL) == sum(map(cls._size, entries))
         )
 
     def _position(self, key: str) -> int | None:
@@ -480,3 +487,20 @@ class ReplayCache(_LruOverlay):
     def _evict(self) -> None:
         while len(self) > self.max_entries or self._total() > self.max_bytes:
             self._evict_least_recent()
+
+
+def with_checked_index(blob):
+    """`blob` (a MemoryBlob or LlmCacheBlob) itself when it has no entry index or one that
+    describes its entries exactly, else a copy without the index. For blobs from outside the
+    runtime, such as a restored snapshot, which people may have edited since the index was
+    written: readers check only the index's size, and an index that no longer fits its
+    entries would hide keys. The check is a pass over the entries, once per restore; a copy
+    without the index is read by a pass at its first lookup, and its next commit writes one."""
+    overlay = Memory if isinstance(blob, MemoryBlob) else ReplayCache
+    if not any(getattr(blob, field) for field in _INDEX_FIELDS) or overlay._fits(blob):
+        return blob
+    copy = type(blob)()
+    copy.CopyFrom(blob)
+    for field in _INDEX_FIELDS:
+        copy.ClearField(field)
+    return copy

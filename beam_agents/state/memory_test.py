@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import itertools
 import struct
 
 import pytest
@@ -14,7 +15,7 @@ from hypothesis import strategies as st
 from beam_agents._protos import LlmCacheBlob, MemoryBlob
 from beam_agents.errors import MemoryBudgetError
 from beam_agents.state import memory as memory_module
-from beam_agents.state.memory import Memory, ReplayCache, without_index
+from beam_agents.state.memory import Memory, ReplayCache, with_checked_index
 from beam_agents.state.migration import CURRENT_STATE_SCHEMA_VERSION
 
 
@@ -27,7 +28,7 @@ def assert_index_fits(blob, key_field: str = "key") -> None:
         struct.unpack(f"<{count}q", getattr(blob, field))
         for field in ("entry_stamps", "key_hashes", "key_stamps")
     )
-    assert all(a < b for a, b in zip(stamps, stamps[1:]))
+    assert all(a < b for a, b in itertools.pairwise(stamps))
     assert list(hashes) == sorted(hashes)
     expected = sorted(
         (
@@ -38,9 +39,9 @@ def assert_index_fits(blob, key_field: str = "key") -> None:
             ),
             stamp,
         )
-        for e, stamp in zip(blob.entries, stamps)
+        for e, stamp in zip(blob.entries, stamps, strict=True)
     )
-    assert sorted(zip(hashes, owners)) == expected
+    assert sorted(zip(hashes, owners, strict=True)) == expected
 
 
 def test_reads_and_writes_make_an_entry_the_most_recent():
@@ -423,17 +424,78 @@ def test_an_index_whose_size_does_not_fit_the_entries_is_built_afresh(field):
     assert_index_fits(written)
 
 
-def test_without_index_copies_only_a_blob_that_has_one_and_leaves_the_read_one_alone():
+def _edited(blob, edit):
+    copy = type(blob)()
+    copy.CopyFrom(blob)
+    edit(copy)
+    return copy
+
+
+def _rename_first(blob):
+    blob.entries[0].key = "renamed"
+
+
+def _grow_first(blob):
+    blob.entries[0].value += b"!"
+
+
+def _swap_first_two(blob):
+    first, second = (type(e)() for e in blob.entries[:2])
+    first.CopyFrom(blob.entries[0])
+    second.CopyFrom(blob.entries[1])
+    blob.entries[0].CopyFrom(second)
+    blob.entries[1].CopyFrom(first)
+
+
+def _duplicate_a_key(blob):
+    blob.entries[1].key = blob.entries[0].key
+
+
+def _swap_first_two_with_their_stamps(blob):
+    """Entries and their stamps moved together: every key still has its own stamp, but the
+    stamps no longer grow along the entries, so bisection would miss keys."""
+    _swap_first_two(blob)
+    stamps = blob.entry_stamps
+    blob.entry_stamps = stamps[8:16] + stamps[:8] + stamps[16:]
+
+
+@pytest.mark.parametrize(
+    "edit",
+    [
+        _rename_first,
+        _grow_first,
+        _swap_first_two,
+        _duplicate_a_key,
+        _swap_first_two_with_their_stamps,
+    ],
+)
+def test_a_checked_index_is_kept_only_while_it_fits_its_entries(edit):
+    """What a restored snapshot goes through: its blobs are kept byte for byte unless someone
+    edited their entries, and then lose only the index, which a reader builds afresh."""
+    memory = Memory(now_ms=1)
+    for key in ("a", "b", "c"):
+        memory.put(key, key.encode())
+    indexed = memory.to_blob()
+    assert with_checked_index(indexed) is indexed
     bare = MemoryBlob(state_schema_version=CURRENT_STATE_SCHEMA_VERSION)
     bare.entries.add(key="a", value=b"1")
-    assert without_index(bare) is bare
-    memory = Memory(now_ms=1)
-    memory.put("a", b"1")
-    indexed = memory.to_blob()
-    before = indexed.SerializeToString()
-    plain = without_index(indexed)
-    assert indexed.SerializeToString() == before and plain.entries == indexed.entries
-    assert (plain.entry_stamps, plain.key_hashes, plain.key_stamps) == (b"", b"", b"")
-    cache = ReplayCache(now_ms=1)
-    cache.put("k", b"r")
-    assert not without_index(cache.to_blob()).key_hashes
+    assert with_checked_index(bare) is bare
+    edited = _edited(indexed, edit)
+    before = edited.SerializeToString()
+    checked = with_checked_index(edited)
+    assert edited.SerializeToString() == before and checked.entries == edited.entries
+    assert (checked.entry_stamps, checked.key_hashes, checked.key_stamps) == (b"", b"", b"")
+    assert set(Memory.from_blob(checked).keys()) == {e.key for e in edited.entries}
+
+
+def test_a_checked_cache_index_is_kept_only_while_it_fits_its_entries():
+    cache = ReplayCache(now_ms=1, max_response_bytes=1)
+    for key in ("k1", "k2"):
+        cache.put(key, b"r" * len(key))  # over the limit: digest-only, sized 0
+    indexed = cache.to_blob()
+    assert with_checked_index(indexed) is indexed
+
+    def rename(blob):
+        blob.entries[0].cache_key = "k3"
+
+    assert not with_checked_index(_edited(indexed, rename)).key_hashes
