@@ -118,6 +118,8 @@ class _LruOverlay:
         self._overlay: collections.OrderedDict[str, object] = collections.OrderedDict()
         #: The total minus the base's live total when read.
         self._delta = 0
+        #: Key hashes this overlay computed: a touched key's is needed again at the commit.
+        self._hashes: dict[str, int] = {}
         #: Whether anything (order, times, entries) differs from the base.
         self.changed = False
         self.now_ms = now_ms
@@ -201,7 +203,7 @@ class _LruOverlay:
             return None
         index = self._built()
         hashes, stamps, entries = index.hashes, index.stamps, self._base.entries
-        hashed = _key_hash(key)
+        hashed = self._hash(key)
         slot = bisect.bisect_left(hashes, hashed)
         while slot < len(hashes) and hashes[slot] == hashed:
             stamp = index.owners[slot]
@@ -214,6 +216,12 @@ class _LruOverlay:
                 return position
             slot += 1
         return None
+
+    def _hash(self, key: str) -> int:
+        hashed = self._hashes.get(key)
+        if hashed is None:
+            hashed = self._hashes[key] = _key_hash(key)
+        return hashed
 
     def _drop(self, key: str, position: int):
         """Takes a live base entry out of the base; returns it."""
@@ -298,7 +306,7 @@ class _LruOverlay:
             del stamps[position]
         hashes, owners = array.array("q", index.hashes), array.array("q", index.owners)
         for position, key in self._gone.items():
-            hashed, owner = _key_hash(key), index.stamps[position]
+            hashed, owner = self._hash(key), index.stamps[position]
             slot = bisect.bisect_left(hashes, hashed)
             while slot < len(hashes) and hashes[slot] == hashed:
                 if owners[slot] == owner:
@@ -310,7 +318,7 @@ class _LruOverlay:
             # the index's size differ from the entries', and the next read builds it afresh.
         stamp = index.next_stamp
         for key in self._overlay:
-            hashed = _key_hash(key)
+            hashed = self._hash(key)
             slot = bisect.bisect_right(hashes, hashed)
             hashes.insert(slot, hashed)
             owners.insert(slot, stamp)
