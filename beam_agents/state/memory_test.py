@@ -7,6 +7,7 @@ import contextlib
 import hashlib
 import itertools
 import struct
+import types
 
 import pytest
 from hypothesis import given, settings
@@ -16,7 +17,12 @@ from beam_agents._protos import LlmCacheBlob, MemoryBlob
 from beam_agents.errors import MemoryBudgetError
 from beam_agents.state import memory as memory_module
 from beam_agents.state.memory import Memory, ReplayCache, with_checked_index
-from beam_agents.state.migration import CURRENT_STATE_SCHEMA_VERSION
+from beam_agents.state.migration import (
+    CURRENT_STATE_SCHEMA_VERSION,
+    MigrationRegistry,
+    MigrationStep,
+    default_registry,
+)
 
 
 def assert_index_fits(blob, key_field: str = "key") -> None:
@@ -499,3 +505,55 @@ def test_a_checked_cache_index_is_kept_only_while_it_fits_its_entries():
         blob.entries[0].cache_key = "k3"
 
     assert not with_checked_index(_edited(indexed, rename)).key_hashes
+
+
+def _next_version(message_type, change):
+    """A registry at the next version whose step for `message_type` applies `change` to the
+    copy, as a step author following migration_test's example writes it: knowing nothing of the
+    entry index."""
+
+    def upgrade(old):
+        new = message_type()
+        new.CopyFrom(old)
+        new.state_schema_version = CURRENT_STATE_SCHEMA_VERSION + 1
+        change(new)
+        return new
+
+    step = types.ModuleType(f"{message_type.DESCRIPTOR.name}_next")
+    step.MESSAGE_TYPE, step.upgrade = message_type, upgrade
+    step.FROM_VERSION, step.TO_VERSION = (
+        CURRENT_STATE_SCHEMA_VERSION,
+        CURRENT_STATE_SCHEMA_VERSION + 1,
+    )
+    return MigrationRegistry(
+        [*default_registry().steps, MigrationStep.from_module(step)],
+        current_version=CURRENT_STATE_SCHEMA_VERSION + 1,
+    )
+
+
+def test_a_blob_whose_keys_a_migration_step_renamed_finds_them():
+    memory = Memory(now_ms=1)
+    memory.put("user:name", b"Ada")
+    memory.put("user:tier", b"gold")
+    stored = MemoryBlob.FromString(memory.to_blob().SerializeToString())
+
+    def rename(blob):
+        for entry in blob.entries:
+            entry.key = entry.key.replace("user:", "u/")
+
+    migrated = Memory.from_blob(_next_version(MemoryBlob, rename).migrate(stored), now_ms=2)
+    assert "u/name" in migrated and migrated.get("u/tier") == b"gold"
+    migrated.put("u/name", b"Lovelace")
+    assert list(migrated.keys()) == ["u/tier", "u/name"] and len(migrated) == 2
+
+
+def test_a_cache_whose_responses_a_migration_step_shrank_has_an_exact_total():
+    cache = ReplayCache(now_ms=1)
+    cache.put("a", b"12345678")
+
+    def shrink(blob):
+        blob.entries[0].response = b"1"
+
+    migrated = _next_version(LlmCacheBlob, shrink).migrate(cache.to_blob())
+    shrunk = ReplayCache.from_blob(migrated, max_bytes=4)
+    assert shrunk.total_response_bytes == 1 and shrunk.get("a") == b"1"
