@@ -45,11 +45,10 @@ from collections.abc import Callable, Iterator
 
 from beam_agents._protos import LlmCacheBlob, MemoryBlob
 from beam_agents.errors import MemoryBudgetError
-from beam_agents.state.migration import CURRENT_STATE_SCHEMA_VERSION
+from beam_agents.state.migration import CURRENT_STATE_SCHEMA_VERSION, INDEX_FIELDS
 
 __all__ = ["Memory", "ReplayCache", "with_checked_index"]
 
-_INDEX_FIELDS = ("entry_stamps", "key_hashes", "key_stamps")
 _BIG_ENDIAN = sys.byteorder == "big"
 
 
@@ -184,7 +183,7 @@ class _LruOverlay:
         entries = blob.entries
         keys = [getattr(entry, cls._KEY) for entry in entries]
         count = len(keys)
-        stamps, hashes, owners = (getattr(blob, field) for field in _INDEX_FIELDS)
+        stamps, hashes, owners = (getattr(blob, field) for field in INDEX_FIELDS)
         if not len(stamps) == len(hashes) == len(owners) == 8 * count:
             return False
         stamps = _unpacked(stamps)
@@ -505,10 +504,10 @@ def with_checked_index(blob):
     entries would hide keys. The check is a pass over the entries, once per restore; a copy
     without the index is read by a pass at its first lookup, and its next commit writes one."""
     overlay = Memory if isinstance(blob, MemoryBlob) else ReplayCache
-    if not any(getattr(blob, field) for field in _INDEX_FIELDS) or overlay._fits(blob):
+    if not any(getattr(blob, field) for field in INDEX_FIELDS) or overlay._fits(blob):
         return blob
     copy = type(blob)()
     copy.CopyFrom(blob)
-    for field in _INDEX_FIELDS:
+    for field in INDEX_FIELDS:
         copy.ClearField(field)
     return copy

@@ -47,6 +47,7 @@ from beam_agents.errors import (
 
 __all__ = [
     "CURRENT_STATE_SCHEMA_VERSION",
+    "INDEX_FIELDS",
     "SNAPSHOT_BLOB_FIELDS",
     "VERSIONED_MESSAGE_TYPES",
     "MigrationRegistry",
@@ -65,6 +66,11 @@ CURRENT_STATE_SCHEMA_VERSION = 2
 
 #: The keyed-state blobs that carry state_schema_version and migrate on read.
 VERSIONED_MESSAGE_TYPES: tuple[type[Message], ...] = (MemoryBlob, Continuation, LlmCacheBlob)
+
+#: The entry index of MemoryBlob and LlmCacheBlob (see protos/beam_agents.proto), and the
+#: total its reader trusts along with it.
+INDEX_FIELDS = ("entry_stamps", "key_hashes", "key_stamps")
+_INDEXED_TOTALS = {MemoryBlob: "total_value_bytes", LlmCacheBlob: "total_response_bytes"}
 
 #: The StateSnapshot fields that embed versioned blobs, carried verbatim at export.
 SNAPSHOT_BLOB_FIELDS = ("memory", "llm_cache", "continuation")
@@ -180,7 +186,7 @@ class MigrationRegistry:
         if message_type not in _VERSIONED:
             raise UnversionedMessageError(type_name=message_type.DESCRIPTOR.name)
         type_name = message_type.DESCRIPTOR.name
-        version = message.state_schema_version or 1
+        original, version = message, message.state_schema_version or 1
         if version > self.current_version:
             raise StateSchemaFromFutureError(
                 type_name=type_name,
@@ -208,7 +214,29 @@ class MigrationRegistry:
                     step=step.name,
                 )
             message, version = upgraded, version + 1
-        return message
+        return _index_checked(original, message)
+
+
+def _index_checked(original: _BlobT, migrated: _BlobT) -> _BlobT:
+    """`migrated`, without the entry index unless the steps left the entries and the total as
+    they were. A reader trusts the index and total as written, and a step (which may rename
+    keys, reorder or reshape entries) need not know of them: with the index cleared, the
+    reader builds it from the entries by one pass, and the next commit writes it. Clears only
+    the steps' own output, never the blob read."""
+    total = _INDEXED_TOTALS.get(type(migrated))
+    if (
+        migrated is original
+        or total is None
+        or not any(getattr(migrated, field) for field in INDEX_FIELDS)
+        or (
+            migrated.entries == original.entries
+            and getattr(migrated, total) == getattr(original, total)
+        )
+    ):
+        return migrated
+    for field in INDEX_FIELDS:
+        migrated.ClearField(field)
+    return migrated
 
 
 @functools.cache

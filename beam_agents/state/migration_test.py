@@ -29,6 +29,7 @@ from beam_agents.errors import (
     UnversionedMessageError,
 )
 from beam_agents.state import migration
+from beam_agents.state.memory import Memory
 from beam_agents.state.migration import (
     CURRENT_STATE_SCHEMA_VERSION,
     VERSIONED_MESSAGE_TYPES,
@@ -250,6 +251,27 @@ def test_a_version_1_blob_loses_its_entry_index_on_the_way_to_2(cls):
     assert (new.entry_stamps, new.key_hashes, new.key_stamps) == (b"", b"", b"")
     assert list(new.entries) == list(old.entries)
     assert old.SerializeToString() == before
+
+
+def test_a_step_keeps_the_entry_index_only_of_entries_it_left_as_they_were():
+    """A reader trusts the index and total as written; a step need not know of them, so the
+    chain clears the index of the blob a step changed the entries of, and only of that one."""
+    written = Memory(now_ms=1)
+    written.put("user:name", b"Ada")
+    written.put("user:tier", b"gold")
+    current = written.to_blob()
+    before = current.SerializeToString()
+    version = CURRENT_STATE_SCHEMA_VERSION
+    restamped = MigrationRegistry.from_modules([memory_step(version)], current_version=version + 1)
+    assert restamped.migrate(current).key_hashes == current.key_hashes
+    renaming = MigrationRegistry.from_modules(
+        [memory_step(version, 'for e in new.entries: e.key = e.key.replace("user:", "u/")')],
+        current_version=version + 1,
+    )
+    renamed = renaming.migrate(current)
+    assert (renamed.entry_stamps, renamed.key_hashes, renamed.key_stamps) == (b"", b"", b"")
+    assert [e.key for e in renamed.entries] == ["u/name", "u/tier"]
+    assert current.SerializeToString() == before
 
 
 def test_a_version_1_continuation_is_only_restamped_on_the_way_to_2():
