@@ -557,3 +557,9 @@ def test_a_cache_whose_responses_a_migration_step_shrank_has_an_exact_total():
     migrated = _next_version(LlmCacheBlob, shrink).migrate(cache.to_blob())
     shrunk = ReplayCache.from_blob(migrated, max_bytes=4)
     assert shrunk.total_response_bytes == 1 and shrunk.get("a") == b"1"
+
+
+def test_an_untouched_new_memory_or_cache_is_written_stamped():
+    for written in (Memory().to_blob(), ReplayCache().to_blob()):
+        assert written.state_schema_version == CURRENT_STATE_SCHEMA_VERSION
+        assert not written.entries
