@@ -252,21 +252,20 @@ def test_memory_behaves_as_a_plain_lru_across_activations(initial, activations, 
 _WIDE_KEYS = [f"k{i}" for i in range(48)]
 
 
+def _wide_activations(min_size: int, max_size: int):
+    """Activations of up to 12 operations each over 48 keys."""
+    operation = st.tuples(
+        st.sampled_from(["put", "get", "delete"]),
+        st.sampled_from(_WIDE_KEYS),
+        st.binary(max_size=4),
+    )
+    return st.lists(st.lists(operation, max_size=12), min_size=min_size, max_size=max_size)
+
+
 @settings(max_examples=60, deadline=None)
 @given(
     st.dictionaries(st.sampled_from(_WIDE_KEYS), st.binary(max_size=4), max_size=40),
-    st.lists(
-        st.lists(
-            st.tuples(
-                st.sampled_from(["put", "get", "delete"]),
-                st.sampled_from(_WIDE_KEYS),
-                st.binary(max_size=4),
-            ),
-            max_size=12,
-        ),
-        min_size=20,
-        max_size=40,
-    ),
+    _wide_activations(20, 40),
 )
 def test_a_long_chain_of_blobs_keeps_an_index_that_finds_every_key(initial, activations):
     """Many keys come and go along a chain of blobs: each index is the last one edited, never
@@ -277,22 +276,11 @@ def test_a_long_chain_of_blobs_keeps_an_index_that_finds_every_key(initial, acti
 @settings(max_examples=100, deadline=None)
 @given(
     st.dictionaries(st.sampled_from(_WIDE_KEYS), st.binary(max_size=4), max_size=40),
-    st.lists(
-        st.lists(
-            st.tuples(
-                st.sampled_from(["put", "get", "delete"]),
-                st.sampled_from(_WIDE_KEYS),
-                st.binary(max_size=4),
-            ),
-            max_size=12,
-        ),
-        min_size=1,
-        max_size=20,
-    ),
+    _wide_activations(1, 20),
 )
 def test_keys_whose_hashes_collide_are_told_apart_by_their_entries(initial, activations):
-    """With a hash that puts 48 keys in 3 buckets, every lookup walks a run of equal hashes:
-    the entry's own key decides, and commits edit the right slot of the run."""
+    """With a hash that gives 48 keys 2 values, every lookup walks a run of equal hashes: the
+    entry's own key decides, and commits edit the right slot of the run."""
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(memory_module, "_key_hash", lambda key: len(key) % 3 - 1)
         _across_activations(initial, activations, None, check_hashes=False)
