@@ -89,11 +89,21 @@ def test_the_transform_routes_every_intent_and_executes_once_per_intent_id(tmp_p
         equal_to([(b"customer-42", "signature_bad_signature"), (b"", "undecodable_intent")]),
         label="dead letters",
     )
-    result = pipeline.run()
-    result.wait_until_finish()
-    assert tool.executions() == [intent().intent_id]
+    result = _run_then_check(pipeline, tool, [intent().intent_id])
     assert _counter(result, "executions") == 1
     assert _counter(result, "duplicates") == 1
+
+
+def _run_then_check(pipeline, tool: AppendingTool, executions: list[str]):
+    """Runs `pipeline`, then checks the tool ran `executions`; the check runs even when an
+    assert_that inside the pipeline fails it, so a failure says whether the tool ran again or
+    only an output came out twice."""
+    try:
+        result = pipeline.run()
+        result.wait_until_finish()
+    finally:
+        assert tool.executions() == executions
+    return result
 
 
 class AppendingTool:
@@ -131,7 +141,7 @@ def _stream(events):
     return stream.advance_watermark_to_infinity()
 
 
-def _run_stream(events, tool: AppendingTool, results: int, retention_ms: int) -> None:
+def _run_stream(events, tool: AppendingTool, executions: int, retention_ms: int) -> None:
     # Counters of later bundles are lost by the streaming DirectRunner's stateful ParDo, so
     # executions are counted by the tool's own side effect.
     pipeline = _streaming_pipeline()
@@ -146,9 +156,9 @@ def _run_stream(events, tool: AppendingTool, results: int, retention_ms: int) ->
             retention_ms=retention_ms,
         )
     )
-    expected = [(b"customer-42", intent().intent_id, "OK")] * results
+    expected = [(b"customer-42", intent().intent_id, "OK")] * executions
     assert_that(outputs[RESULTS] | beam.Map(_summary), equal_to(expected))
-    pipeline.run().wait_until_finish()
+    _run_then_check(pipeline, tool, [intent().intent_id] * executions)
 
 
 EXPIRES_S = intent().expires_at_ms // 1000
@@ -156,22 +166,19 @@ EXPIRES_S = intent().expires_at_ms // 1000
 
 def test_a_duplicate_in_a_later_bundle_of_a_stream_does_not_run_again(tmp_path):
     tool = AppendingTool(tmp_path / "executions.log")
-    _run_stream([signed(), EXPIRES_S - 20, signed()], tool, results=1, retention_ms=5_000)
-    assert tool.executions() == [intent().intent_id]
+    _run_stream([signed(), EXPIRES_S - 20, signed()], tool, executions=1, retention_ms=5_000)
 
 
 def test_a_redelivery_after_the_expiry_within_retention_does_not_run_again(tmp_path):
     # The clock is pinned before expiry so the gate would admit the copy; only the record
     # kept past the expiry stops it.
     tool = AppendingTool(tmp_path / "executions.log")
-    _run_stream([signed(), EXPIRES_S + 1, signed()], tool, results=1, retention_ms=5_000)
-    assert tool.executions() == [intent().intent_id]
+    _run_stream([signed(), EXPIRES_S + 1, signed()], tool, executions=1, retention_ms=5_000)
 
 
 def test_the_record_is_dropped_when_the_watermark_passes_the_retention(tmp_path):
     tool = AppendingTool(tmp_path / "executions.log")
-    _run_stream([signed(), EXPIRES_S + 6, signed()], tool, results=2, retention_ms=5_000)
-    assert tool.executions() == [intent().intent_id] * 2
+    _run_stream([signed(), EXPIRES_S + 6, signed()], tool, executions=2, retention_ms=5_000)
 
 
 def _run_batch(inputs, tool, *, windowed=False):
@@ -200,8 +207,7 @@ def test_the_same_intent_in_two_windows_runs_once(tmp_path):
     inputs = [window.TimestampedValue(data, 10), window.TimestampedValue(data, 500)]
     pipeline, outputs = _run_batch(inputs, tool, windowed=True)
     assert_that(outputs[RESULTS], equal_to([(b"customer-42", intent().intent_id, "OK")]))
-    pipeline.run().wait_until_finish()
-    assert tool.executions() == [intent().intent_id]
+    _run_then_check(pipeline, tool, [intent().intent_id])
 
 
 def test_two_keys_sharing_an_intent_id_never_get_each_others_result(tmp_path):
@@ -220,8 +226,7 @@ def test_two_keys_sharing_an_intent_id_never_get_each_others_result(tmp_path):
         equal_to([b"customer-42", b"customer-43"]),
         label="each output to its own entity",
     )
-    pipeline.run().wait_until_finish()
-    assert tool.executions() == [intent().intent_id]
+    _run_then_check(pipeline, tool, [intent().intent_id])
 
 
 def test_duplicate_approvals_reach_a_human_once_in_the_transform(tmp_path):
@@ -230,7 +235,7 @@ def test_duplicate_approvals_reach_a_human_once_in_the_transform(tmp_path):
     again = signed(intent_id="approval-1", kind=ToolIntent.APPROVAL, attempt=4)
     pipeline, outputs = _run_batch([approval, again], tool)
     assert_that(outputs[APPROVALS], equal_to([(b"customer-42", "approval-1")]))
-    pipeline.run().wait_until_finish()
+    _run_then_check(pipeline, tool, [])
 
 
 def test_an_int64_max_expiry_runs_once_in_the_transform(tmp_path):
@@ -238,5 +243,4 @@ def test_an_int64_max_expiry_runs_once_in_the_transform(tmp_path):
     forever = signed(expires_at_ms=2**63 - 1)
     pipeline, outputs = _run_batch([forever, forever.SerializeToString()], tool)
     assert_that(outputs[RESULTS], equal_to([(b"customer-42", intent().intent_id, "OK")]))
-    pipeline.run().wait_until_finish()
-    assert tool.executions() == [intent().intent_id]
+    _run_then_check(pipeline, tool, [intent().intent_id])
