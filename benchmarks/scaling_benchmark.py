@@ -41,7 +41,7 @@ import matplotlib
 
 matplotlib.use("Agg")  # files only, no display
 import matplotlib.pyplot as plt
-from driver_benchmark import _CODERS, T0, _event, _Key, _machine, remember
+from driver_benchmark import _CODERS, T0, _event, _floor, _Key, _machine, remember
 
 from beam_agents._protos import MemoryBlob
 from beam_agents.state.migration import CURRENT_STATE_SCHEMA_VERSION
@@ -83,14 +83,18 @@ def _state_bytes(key: _Key) -> int:
     return total + sum(len(_CODERS[type(i)].encode(i)) for i in key.states[4].value) + 8
 
 
-def measure(keys: int, kib: int, passes: int) -> tuple[float, float]:
-    """(median microseconds per activation over passes, mean state bytes per key). Few keys
-    are measured on several fresh sets of keys, at least 1,000 keys in all: a pass over 10
-    keys takes half a millisecond, and more passes over the same keys would grow their event
-    marks, so they would no longer hold what a key at 100,000 keys holds."""
+def measure(keys: int, kib: int, passes: int) -> tuple[float, float, float]:
+    """(median microseconds per activation over passes, median microseconds of its floor,
+    mean state bytes per key). The floor is `driver_benchmark`'s: the same state reads and
+    the blobs the activation wrote encoded once, with no agent, timed in a pass over the same
+    keys right after each timed pass, so it meets the heap as the activations did (at 100,000
+    keys, a key's blobs are long out of the CPU's caches when its turn comes). Few keys are
+    measured on several fresh sets of keys, at least 1,000 keys in all: a pass over 10 keys
+    takes half a millisecond, and more passes over the same keys would grow their event marks,
+    so they would no longer hold what a key at 100,000 keys holds."""
     machine = _machine(remember, memory_budget_bytes=None)
     initial = _memory(kib)  # shared until each key's first write; never changed in place
-    per_pass = []
+    per_pass, floor_per_pass = [], []
     for _ in range(max(1, 1_000 // keys)):
         cells = []
         for _ in range(keys):
@@ -104,12 +108,21 @@ def measure(keys: int, kib: int, passes: int) -> tuple[float, float]:
             start = time.perf_counter()
             for key in cells:
                 key.send(event)
-            if number:
-                per_pass.append((time.perf_counter() - start) / keys * 1e6)
+            if not number:
+                for key in cells:
+                    key.written.clear()
+                continue
+            per_pass.append((time.perf_counter() - start) / keys * 1e6)
+            start = time.perf_counter()
             for key in cells:
-                key.written.clear()  # the driver's log for its floor; no floor here
+                _floor(key)
+            floor_per_pass.append((time.perf_counter() - start) / keys * 1e6)
     sample = cells[:: max(1, keys // 100)]
-    return statistics.median(per_pass), statistics.mean(map(_state_bytes, sample))
+    return (
+        statistics.median(per_pass),
+        statistics.median(floor_per_pass),
+        statistics.mean(map(_state_bytes, sample)),
+    )
 
 
 def main() -> None:
@@ -134,7 +147,7 @@ def main() -> None:
         else "the C library's allocator as it comes"
     )
     print(f"allocator: {allocator}; each cell in a process of its own")
-    results: dict[tuple[int, int], tuple[float, float]] = {}
+    results: dict[tuple[int, int], tuple[float, float, float]] = {}
     for kib in KIB:
         for keys in KEYS:
             if keys * kib > args.max_mib * 1024:
@@ -146,16 +159,27 @@ def main() -> None:
             command += ["--glibc-default"] if args.glibc_default else []
             # The cell's stderr goes on to ours, so a cell that fails says why.
             done = subprocess.run(command, check=True, stdout=subprocess.PIPE, text=True)
-            us, size = map(float, done.stdout.split()[-2:])
-            results[keys, kib] = us, size
-            print(f"{keys:7} keys, {kib:5} KiB: {us:9.1f} us/activation  {size:10.0f} B/key")
+            us, floor, size = map(float, done.stdout.split()[-3:])
+            results[keys, kib] = us, floor, size
+            print(
+                f"{keys:7} keys, {kib:5} KiB: {us:9.1f} us/activation (floor {floor:8.1f})"
+                f"  {size:10.0f} B/key"
+            )
 
     args.out.mkdir(parents=True, exist_ok=True)
     figure, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
     for kib in KIB:
         run = [k for k in KEYS if (k, kib) in results]
-        left.plot(run, [results[k, kib][0] for k in run], marker="o", label=f"{kib} KiB")
-        right.plot(run, [results[k, kib][1] for k in run], marker="o", label=f"{kib} KiB")
+        (line,) = left.plot(run, [results[k, kib][0] for k in run], marker="o", label=f"{kib} KiB")
+        left.plot(
+            run,
+            [results[k, kib][1] for k in run],
+            marker=".",
+            linestyle="--",
+            color=line.get_color(),
+            label=f"{kib} KiB, floor",
+        )
+        right.plot(run, [results[k, kib][2] for k in run], marker="o", label=f"{kib} KiB")
     for axes, label in ((left, "microseconds per activation"), (right, "state bytes per key")):
         axes.set(xscale="log", yscale="log", xlabel="keys", ylabel=label)
         axes.grid(True, which="both", alpha=0.3)
@@ -177,20 +201,24 @@ def main() -> None:
         "",
         "![time per activation and state bytes per key](scaling.png)",
         "",
-        "| keys | memory per key | us per activation | state bytes per key | / at 10 keys |",
-        "| ---: | ---: | ---: | ---: | ---: |",
+        "| keys | memory per key | us per activation | floor us | / floor | state bytes per key "
+        "| / at 10 keys | floor / at 10 keys |",
+        "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for kib in KIB:
         for keys in KEYS:
             if (keys, kib) not in results:
                 mib = keys * kib // 1024
                 over = f"not run: {mib:,} MiB of memory, over --max-mib {args.max_mib:,}"
-                lines.append(f"| {keys:,} | {kib:,} KiB | {over} | | |")
+                lines.append(f"| {keys:,} | {kib:,} KiB | {over} | | | | | |")
                 continue
-            us, size = results[keys, kib]
+            us, floor, size = results[keys, kib]
             ratio = us / results[10, kib][0]
             verdict = "" if ratio <= GOAL else " ABOVE"
-            row = f"| {keys:,} | {kib:,} KiB | {us:.1f} | {size:,.0f} | {ratio:.2f}{verdict} |"
+            row = (
+                f"| {keys:,} | {kib:,} KiB | {us:.1f} | {floor:.1f} | {us / floor:.2f} "
+                f"| {size:,.0f} | {ratio:.2f}{verdict} | {floor / results[10, kib][1]:.2f} |"
+            )
             lines.append(row)
     lines += [
         "",
