@@ -10,6 +10,11 @@ executed twice. Then the roll-back: job 1 restored from job 2's savepoint wedges
 committed (its bundle fails, nothing is emitted for it), and job 2 restored again clears the
 wedge and finds the key's bytes exactly as it left them.
 
+The real upgrade: job 1 is the release that wrote state schema 1 (SCHEMA_1_RELEASE, taken
+from this repository's history), whose blobs carry no entry index; job 2, this release,
+restores from its savepoint, resumes the suspended keys and commits every key's state at the
+current version with its index, each intent still run once.
+
 Then the scale-out: a loop stopped with a savepoint at parallelism 1 is restored at
 parallelism 2 on two task managers. Every key continues where it was (the suspended ones resume
 on their approvals, the others' state is byte for byte what it was), both task managers run a
@@ -22,9 +27,13 @@ already, and only those started here are stopped.
 
 from __future__ import annotations
 
+import io
 import json
+import subprocess
+import tarfile
 import time
 from collections import Counter
+from pathlib import Path
 
 import pytest
 
@@ -36,6 +45,7 @@ from beam_agents.state.migration import CURRENT_STATE_SCHEMA_VERSION
 from beam_agents.testing.engines import Engines
 from beam_agents.testing.flink_loop import Loop
 from beam_agents.testing.synthetic_next import MIGRATED_KEY, NEXT_STATE_SCHEMA_VERSION
+from tools.workspace import source_root
 
 pytestmark = pytest.mark.engines
 
@@ -50,6 +60,9 @@ BURST = 60
 #: 1 and not above, which changes Flink's generated ids of those operators, so a savepoint taken
 #: at 1 cannot be restored at 2. Unchained, every operator keeps its id at any parallelism.
 RESCALABLE = ("--unchained",)
+#: The last commit whose binary wrote state schema 1, the release before the entry index moved
+#: into state: the real upgrade's job 1.
+SCHEMA_1_RELEASE = "f426924c273aa7510125453e2085bb7ac60fb004"
 #: The dead letters of the junk job 1 is sent: (entity_key, reason).
 JUNK = Counter({(b"", "undecodable_envelope"): 2, (b"c-9", "empty_envelope"): 1})
 
@@ -138,19 +151,7 @@ def test_a_savepoint_upgrade_migrates_every_key_on_first_read_and_a_roll_back_we
     assert outcomes == Counter(
         {**{(k, "refunded"): 1 for k in REFUNDS}, **{(k, "answered"): 2 for k in QUESTIONS}}
     )
-    # Nothing executed twice: every intent has one id, one execution record, one result.
-    intents = loop.messages(topics.intents, ToolIntent)
-    tool_intents = [i.intent_id for i in intents if i.kind == ToolIntent.TOOL]
-    assert len(tool_intents) == len(set(tool_intents)) == len(KEYS) + 3 + 3  # lookups, refunds
-    envelopes = [
-        AgentEnvelope.FromString(value)
-        for _, value in loop.reader.records[topics.events]
-        if value not in (None, UNDECODABLE)
-    ]
-    results = [e.tool_result.intent_id for e in envelopes if e.HasField("tool_result")]
-    assert sorted(results) == sorted(tool_intents)
-    records = loop.execution_records()
-    assert sorted(r.intent_id for r in records) == sorted(i.intent_id for i in intents)
+    _assert_each_intent_ran_once(loop)
     assert loop.dead_letters() == JUNK  # and nothing else
     savepoint2 = loop.savepoint(job2)
 
@@ -180,6 +181,92 @@ def test_a_savepoint_upgrade_migrates_every_key_on_first_read_and_a_roll_back_we
     assert again.llm_cache == left.llm_cache and again.seq == left.seq
     assert loop.dead_letters() == JUNK  # and nothing else
     loop.rest.cancel(job4.jid)
+
+
+def _assert_each_intent_ran_once(loop) -> None:
+    """Nothing executed twice: every intent has one id, one execution record, one result; the
+    tool intents are each key's customer lookup and the three refunds."""
+    topics = loop.topics
+    intents = loop.messages(topics.intents, ToolIntent)
+    tool_intents = [i.intent_id for i in intents if i.kind == ToolIntent.TOOL]
+    assert len(tool_intents) == len(set(tool_intents)) == len(KEYS) + 3 + 3  # lookups, refunds
+    envelopes = [
+        AgentEnvelope.FromString(value)
+        for _, value in loop.reader.records[topics.events]
+        if value not in (None, UNDECODABLE)
+    ]
+    results = [e.tool_result.intent_id for e in envelopes if e.HasField("tool_result")]
+    assert sorted(results) == sorted(tool_intents)
+    records = loop.execution_records()
+    assert sorted(r.intent_id for r in records) == sorted(i.intent_id for i in intents)
+
+
+@pytest.fixture(scope="module")
+def schema_1_release(tmp_path_factory) -> Path:
+    """The source tree of the release that wrote state schema 1, from this repository's
+    history (CI's clean clone has it)."""
+    root = source_root()
+    archive = subprocess.run(
+        ["git", "-C", str(root), "archive", SCHEMA_1_RELEASE, "beam_agents", "migrations"],
+        capture_output=True,
+    )
+    if archive.returncode:
+        pytest.fail(
+            f"the schema 1 release comes from git history: git archive {SCHEMA_1_RELEASE} "
+            f"in {root} failed: {archive.stderr.decode(errors='replace')}"
+        )
+    tree = tmp_path_factory.mktemp("schema-1-release")
+    with tarfile.open(fileobj=io.BytesIO(archive.stdout)) as files:
+        files.extractall(tree, filter="data")
+    return tree
+
+
+def test_a_savepoint_of_the_schema_1_release_restores_in_this_one_and_every_key_migrates(
+    loop, schema_1_release
+):
+    """The real upgrade, not a synthetic one: job 1 is the release that wrote state schema 1
+    (no entry index in its blobs), job 2 this release, restored from job 1's savepoint."""
+    topics = loop.topics
+    job1 = loop.start_job(state_schema=1, source=schema_1_release)
+    loop.send(*(loop.ticket(k, "I was charged twice, refund me") for k in REFUNDS))
+    loop.send(*(loop.ticket(k, "how do I export my invoices?") for k in QUESTIONS))
+    loop.read(lambda r: _count(r, topics.completions) == 3 and _count(r, topics.approvals) == 3)
+    loop.send(*(loop.export(k, f"v1-{k.decode()}") for k in KEYS))
+    loop.read(lambda r: _count(r, topics.snapshots) == len(KEYS))
+    before = loop.snapshots("v1-")
+    for key in QUESTIONS:
+        # Written by the old binary: schema 1, and no index (its fields did not exist).
+        assert before[key].memory.state_schema_version == 1
+        assert before[key].memory.entries and not before[key].memory.key_hashes
+    for key in REFUNDS:
+        assert before[key].continuation.pending_intent_ids
+    savepoint = loop.savepoint(job1)
+
+    job2 = loop.start_job(savepoint=savepoint)
+    loop.send(*(approve(a) for a in loop.messages(topics.approvals, ToolIntent)))
+    loop.send(*(loop.ticket(k, "where is the API documentation?") for k in QUESTIONS))
+    loop.read(lambda r: _count(r, topics.completions) == 9)
+    loop.send(*(loop.export(k, f"now-{k.decode()}") for k in KEYS))
+    loop.read(lambda r: _count(r, topics.snapshots) == 2 * len(KEYS))
+    after = loop.snapshots("now-")
+    for key in KEYS:
+        memory = after[key].memory
+        assert memory.state_schema_version == CURRENT_STATE_SCHEMA_VERSION
+        assert after[key].llm_cache.state_schema_version == CURRENT_STATE_SCHEMA_VERSION
+        keys_in_memory = [e.key for e in memory.entries]
+        assert {e.key for e in before[key].memory.entries} <= set(keys_in_memory)
+        assert f"customer:{key.decode()}" in keys_in_memory
+        # Committed with its entry index: one 8-byte hash, stamp and key stamp an entry.
+        assert len(memory.entry_stamps) == len(memory.key_hashes) == 8 * len(memory.entries)
+        assert len(memory.key_stamps) == len(memory.key_hashes)
+        assert not after[key].continuation.pending_intent_ids
+    outcomes = Counter((k, c["outcome"]) for k, c in loop.completions())
+    assert outcomes == Counter(
+        {**{(k, "refunded"): 1 for k in REFUNDS}, **{(k, "answered"): 2 for k in QUESTIONS}}
+    )
+    _assert_each_intent_ran_once(loop)
+    assert not loop.dead_letters()
+    loop.rest.cancel(job2.jid)
 
 
 def _burst(loop, label: str) -> float:

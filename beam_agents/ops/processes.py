@@ -19,14 +19,15 @@ class Launched:
     """A process started in its own session, its output in `log`; `stop` ends the whole
     process group: SIGTERM, then SIGKILL after `grace_s`."""
 
-    def __init__(self, args: Sequence[str], log: Path) -> None:
+    def __init__(self, args: Sequence[str], log: Path, *, path_first: Sequence[Path] = ()) -> None:
         self.log = log
         self._out = open(log, "wb")  # noqa: SIM115 - closed in stop()
         # The child imports what this process imports, however its launcher (pip's venv,
-        # Bazel's bootstrap) set up sys.path.
+        # Bazel's bootstrap) set up sys.path; `path_first` shadows it (another release's
+        # source tree, as the upgrade test's older binary).
         env = {
             **os.environ,
-            "PYTHONPATH": os.pathsep.join(p for p in sys.path if p),
+            "PYTHONPATH": os.pathsep.join([*map(str, path_first), *(p for p in sys.path if p)]),
             "PYTHONUNBUFFERED": "1",
         }
         self.process = subprocess.Popen(
@@ -38,8 +39,13 @@ class Launched:
         )
 
     @classmethod
-    def python(cls, module: str, args: Sequence[str], log: Path) -> Launched:
-        return cls([sys.executable, "-m", module, *args], log)
+    def python(
+        cls, module: str, args: Sequence[str], log: Path, *, path_first: Sequence[Path] = ()
+    ) -> Launched:
+        # -P: `python -m` would put the working directory (this release's checkout, in the
+        # tests) before `path_first`.
+        safe_path = ["-P"] if path_first else []
+        return cls([sys.executable, *safe_path, "-m", module, *args], log, path_first=path_first)
 
     def check_alive(self) -> None:
         if self.process.poll() is not None:

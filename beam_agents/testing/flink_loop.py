@@ -60,6 +60,8 @@ class Job:
     state_schema: int
     parallelism: int
     options: tuple[str, ...] = ()
+    #: The source tree of another release the job's launcher imports first, if any.
+    source: Path | None = None
     restores: int = 0
 
 
@@ -131,9 +133,14 @@ class Loop:
         self.effector.stop()
         self.effector = self._start_effector()
 
-    def _launch(self, module: str, args: list[str], name: str) -> Launched:
-        """`python -m module args`, logged to name.log and stopped by close()."""
-        launched = Launched.python(module, args, self.tmp_path / f"{name}.log")
+    def _launch(
+        self, module: str, args: list[str], name: str, source: Path | None = None
+    ) -> Launched:
+        """`python -m module args`, logged to name.log and stopped by close(); with `source`,
+        that release's packages (and its migration steps) shadow this one's."""
+        path_first = () if source is None else (source, source / "migrations")
+        log = self.tmp_path / f"{name}.log"
+        launched = Launched.python(module, args, log, path_first=path_first)
         self.launched.append(launched)
         return launched
 
@@ -143,16 +150,24 @@ class Loop:
         savepoint: str | None = None,
         parallelism: int = 1,
         options: Sequence[str] = (),
+        source: Path | None = None,
     ) -> Job:
         """Submits a job with `options` beside the engines' Flink options; an option named in
-        both takes the value in `options`."""
-        jid, launcher = self._submit(state_schema, savepoint, parallelism, tuple(options))
-        job = Job(jid, launcher, state_schema, parallelism, tuple(options))
+        both takes the value in `options`. With `source`, the job is that source tree's
+        release (its launcher, whose LOOPBACK workers run the job's Python, imports it first)."""
+        options = tuple(options)
+        jid, launcher = self._submit(state_schema, savepoint, parallelism, options, source)
+        job = Job(jid, launcher, state_schema, parallelism, options, source)
         self.jobs.append(job)
         return job
 
     def _submit(
-        self, state_schema: int, savepoint: str | None, parallelism: int, options: tuple
+        self,
+        state_schema: int,
+        savepoint: str | None,
+        parallelism: int,
+        options: tuple,
+        source: Path | None = None,
     ) -> tuple[str, Launched]:
         known = set(self.rest.jobs())
         args = [
@@ -165,7 +180,7 @@ class Loop:
         if savepoint is not None:
             args.append(f"--savepoint_path={savepoint}")
         name = f"job{len(self.launched)}-schema{state_schema}"
-        launcher = self._launch("beam_agents.testing.triage_loop", args, name)
+        launcher = self._launch("beam_agents.testing.triage_loop", args, name, source)
         try:
             jid = self.rest.wait_for_new_job(known, launcher.check_alive)
         except TimeoutError as e:
@@ -247,7 +262,7 @@ class Loop:
         job.launcher.stop()
         checkpoint = self.engines.run("latest-checkpoint", job.jid)
         job.jid, job.launcher = self._submit(
-            job.state_schema, checkpoint, job.parallelism, job.options
+            job.state_schema, checkpoint, job.parallelism, job.options, job.source
         )
         job.restores += 1
 
