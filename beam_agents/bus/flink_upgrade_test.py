@@ -129,20 +129,10 @@ def test_a_savepoint_upgrade_migrates_every_key_on_first_read_and_a_roll_back_we
 
     # Job 2, the next schema, restored from job 1: the approvals arrive, and new questions.
     job2 = loop.start_job(state_schema=NEXT_STATE_SCHEMA_VERSION, savepoint=savepoint1)
-    approvals = loop.messages(topics.approvals, ToolIntent)
-    assert sorted(a.entity_key for a in approvals) == REFUNDS
-    loop.send(*(approve(a) for a in approvals))
-    loop.send(*(loop.ticket(k, "where is the API documentation?") for k in QUESTIONS))
-    loop.read(lambda r: _count(r, topics.completions) == 9)
-    loop.send(*(loop.export(k, f"job2-{k.decode()}") for k in KEYS))
-    loop.read(lambda r: _count(r, topics.snapshots) == 12)
-    after = loop.snapshots("job2-")
+    after = _resume_and_export(loop, "job2-")
     for key in KEYS:
-        memory = after[key].memory
         # The synthetic step ran on the key's first read in job 2 and its view was committed.
-        assert memory.state_schema_version == NEXT_STATE_SCHEMA_VERSION
-        assert after[key].llm_cache.state_schema_version == NEXT_STATE_SCHEMA_VERSION
-        keys_in_memory = [e.key for e in memory.entries]
+        keys_in_memory = _memory_keys_at(after[key], NEXT_STATE_SCHEMA_VERSION)
         assert MIGRATED_KEY in keys_in_memory
         assert {e.key for e in before[key].memory.entries} < set(keys_in_memory)
         assert f"customer:{key.decode()}" in keys_in_memory
@@ -181,6 +171,29 @@ def test_a_savepoint_upgrade_migrates_every_key_on_first_read_and_a_roll_back_we
     assert again.llm_cache == left.llm_cache and again.seq == left.seq
     assert loop.dead_letters() == JUNK  # and nothing else
     loop.rest.cancel(job4.jid)
+
+
+def _memory_keys_at(snapshot, version: int) -> list[str]:
+    """The snapshot's memory keys, once its memory and replay cache are seen committed at
+    `version`."""
+    assert snapshot.memory.state_schema_version == version
+    assert snapshot.llm_cache.state_schema_version == version
+    return [e.key for e in snapshot.memory.entries]
+
+
+def _resume_and_export(loop, prefix: str) -> dict:
+    """In the job restored after job 1: the refunds' approvals (one for each refund) and a
+    second question for each questioned key, answered; then every key's snapshot, exported
+    under `prefix`."""
+    topics = loop.topics
+    approvals = loop.messages(topics.approvals, ToolIntent)
+    assert sorted(a.entity_key for a in approvals) == REFUNDS
+    loop.send(*(approve(a) for a in approvals))
+    loop.send(*(loop.ticket(k, "where is the API documentation?") for k in QUESTIONS))
+    loop.read(lambda r: _count(r, topics.completions) == 9)
+    loop.send(*(loop.export(k, f"{prefix}{k.decode()}") for k in KEYS))
+    loop.read(lambda r: _count(r, topics.snapshots) == 2 * len(KEYS))  # job 1 exported too
+    return loop.snapshots(prefix)
 
 
 def _assert_each_intent_ran_once(loop) -> None:
@@ -243,17 +256,10 @@ def test_a_savepoint_of_the_schema_1_release_restores_in_this_one_and_every_key_
     savepoint = loop.savepoint(job1)
 
     job2 = loop.start_job(savepoint=savepoint)
-    loop.send(*(approve(a) for a in loop.messages(topics.approvals, ToolIntent)))
-    loop.send(*(loop.ticket(k, "where is the API documentation?") for k in QUESTIONS))
-    loop.read(lambda r: _count(r, topics.completions) == 9)
-    loop.send(*(loop.export(k, f"now-{k.decode()}") for k in KEYS))
-    loop.read(lambda r: _count(r, topics.snapshots) == 2 * len(KEYS))
-    after = loop.snapshots("now-")
+    after = _resume_and_export(loop, "now-")
     for key in KEYS:
+        keys_in_memory = _memory_keys_at(after[key], CURRENT_STATE_SCHEMA_VERSION)
         memory = after[key].memory
-        assert memory.state_schema_version == CURRENT_STATE_SCHEMA_VERSION
-        assert after[key].llm_cache.state_schema_version == CURRENT_STATE_SCHEMA_VERSION
-        keys_in_memory = [e.key for e in memory.entries]
         assert {e.key for e in before[key].memory.entries} <= set(keys_in_memory)
         assert f"customer:{key.decode()}" in keys_in_memory
         # Committed with its entry index: one 8-byte hash, stamp and key stamp an entry.
