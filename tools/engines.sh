@@ -462,8 +462,11 @@ flink_demo() {
 case "${1:-}" in
   fetch) fetch ;;
   prism) prism ;;
+  # Prism splits a slow bundle and frees the split-off elements' keys while the first part's
+  # state is uncommitted, so a stateful DoFn can see one key in two bundles at once (an
+  # effector's copy then runs its tool again): prism_disable_sdf_split turns splitting off.
   prism-options)
-    echo "--runner=PrismRunner --prism_location=$(prism) --environment_type=LOOPBACK" ;;
+    echo "--runner=PrismRunner --prism_location=$(prism) --environment_type=LOOPBACK --experiments=prism_disable_sdf_split" ;;
   start) start "${2:?which service}" "${3:-}" ;;
   restart-taskmanager) restart_taskmanager "${2:-}" ;;
   add-taskmanager) add_taskmanager ;;
