@@ -41,6 +41,7 @@ from beam_agents._protos import AgentEnvelope, ToolIntent
 from beam_agents.bus import produce
 from beam_agents.bus.flink import KafkaArrivals
 from beam_agents.ops.demo import approve
+from beam_agents.state.memory import with_checked_index
 from beam_agents.state.migration import CURRENT_STATE_SCHEMA_VERSION
 from beam_agents.testing.engines import Engines
 from beam_agents.testing.flink_loop import Loop
@@ -262,9 +263,11 @@ def test_a_savepoint_of_the_schema_1_release_restores_in_this_one_and_every_key_
         memory = after[key].memory
         assert {e.key for e in before[key].memory.entries} <= set(keys_in_memory)
         assert f"customer:{key.decode()}" in keys_in_memory
-        # Committed with its entry index: one 8-byte hash, stamp and key stamp an entry.
+        # Committed with its entry index: one 8-byte hash, stamp and key stamp an entry, and
+        # the very index of these entries (a stale one of the right size would hide keys).
         assert len(memory.entry_stamps) == len(memory.key_hashes) == 8 * len(memory.entries)
         assert len(memory.key_stamps) == len(memory.key_hashes)
+        assert with_checked_index(memory) is memory
         assert not after[key].continuation.pending_intent_ids
     outcomes = Counter((k, c["outcome"]) for k, c in loop.completions())
     assert outcomes == Counter(
