@@ -463,8 +463,9 @@ case "${1:-}" in
   fetch) fetch ;;
   prism) prism ;;
   # Prism splits a slow bundle and frees the split-off elements' keys while the first part's
-  # state is uncommitted, so a stateful DoFn can see one key in two bundles at once (an
-  # effector's copy then runs its tool again): prism_disable_sdf_split turns splitting off.
+  # state is uncommitted, so a stateful DoFn can see one key in two bundles at once (RunAgent
+  # loses an activation's writes, an effector's copy runs its tool again):
+  # prism_disable_sdf_split turns splitting off.
   prism-options)
     echo "--runner=PrismRunner --prism_location=$(prism) --environment_type=LOOPBACK --experiments=prism_disable_sdf_split" ;;
   start) start "${2:?which service}" "${3:-}" ;;
