@@ -462,12 +462,11 @@ flink_demo() {
 case "${1:-}" in
   fetch) fetch ;;
   prism) prism ;;
-  # Prism splits a slow bundle and frees the split-off elements' keys while the first part's
-  # state is uncommitted, so a stateful DoFn can see one key in two bundles at once (RunAgent
-  # loses an activation's writes, an effector's copy runs its tool again):
-  # prism_disable_sdf_split turns splitting off.
+  # No --experiments=prism_disable_sdf_split here: RunAgent and ExecuteIntents add it to their
+  # pipeline's options themselves (beam_agents.wire.beam_support.keep_each_key_in_one_bundle),
+  # and the Prism run of the suite is what proves they do.
   prism-options)
-    echo "--runner=PrismRunner --prism_location=$(prism) --environment_type=LOOPBACK --experiments=prism_disable_sdf_split" ;;
+    echo "--runner=PrismRunner --prism_location=$(prism) --environment_type=LOOPBACK" ;;
   start) start "${2:?which service}" "${3:-}" ;;
   restart-taskmanager) restart_taskmanager "${2:-}" ;;
   add-taskmanager) add_taskmanager ;;

@@ -50,7 +50,7 @@ from beam_agents.runtime.machine import (
     KeyState,
 )
 from beam_agents.state.migration import CURRENT_STATE_SCHEMA_VERSION, MigrationRegistry
-from beam_agents.wire.beam_support import timer_timestamp, typed
+from beam_agents.wire.beam_support import keep_each_key_in_one_bundle, timer_timestamp, typed
 from beam_agents.wire.fields import encode_varint, read_varint
 
 __all__ = [
@@ -367,6 +367,7 @@ class RunAgent(beam.PTransform):
             keyed.append(typed(tagged.keyed, Tuple[bytes, bytes]))
             errors.append(typed(tagged[ERRORS], Tuple[bytes, ActivationErrorRecord]))
         merged = keyed[0] if len(keyed) == 1 else tuple(keyed) | "Merge" >> beam.Flatten()
+        keep_each_key_in_one_bundle(merged.pipeline)
         outputs = typed(merged, Tuple[bytes, bytes]) | "Activate" >> beam.ParDo(
             _AgentDoFn(
                 self._agent,

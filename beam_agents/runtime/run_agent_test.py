@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import json
 import re
+import time
 
 import apache_beam as beam
+from apache_beam.options.pipeline_options import DebugOptions, PipelineOptions
 from apache_beam.testing.test_pipeline import TestPipeline as BeamPipeline
 from apache_beam.testing.util import assert_that, equal_to
 from apache_beam.transforms import window
@@ -18,6 +20,7 @@ from beam_agents._protos import (
 )
 from beam_agents.intents.identity import intent_id
 from beam_agents.ops.rounds import Advance, run_round
+from beam_agents.runtime import RunAgent, agent
 from beam_agents.testing.probe import (
     CHARGED_TWICE,
     FAR,
@@ -26,10 +29,12 @@ from beam_agents.testing.probe import (
     T0,
     command,
     event,
+    export,
     probe,
     result,
     run_agent,
 )
+from beam_agents.wire.beam_support import NO_PRISM_SPLITS
 
 _PROTO_CODERS = {"ProtoCoder", "DeterministicProtoCoder"}
 
@@ -182,3 +187,32 @@ def test_an_answer_in_another_window_than_its_suspension_resumes_it(tmp_path):
     assert outputs.errors == []
     (done,) = outputs.values("completions")
     assert json.loads(done) == [["a.tool", "OK"], ["escalations", 0]]
+
+
+@agent(name="test.slow_count/v1")
+def slow_count(ctx, data: bytes) -> bytes:
+    """Counts its activations in memory, each taking half a second."""
+    count = int(ctx.memory.get("count", b"0")) + 1
+    time.sleep(0.5)
+    ctx.memory.put("count", b"%d" % count)
+    return b"%d" % count
+
+
+def test_two_events_of_a_key_behind_a_slow_activation_each_start_from_the_one_before(tmp_path):
+    # On Prism, a bundle that makes no progress for two 100 ms ticks is split and its keys
+    # freed before it commits; without keep_each_key_in_one_bundle both activations started
+    # from empty state (completions 1 and 1, memory 1).
+    outputs = run_round(
+        RunAgent(slow_count),
+        [event(T0, b"a"), event(T0 + 1, b"b"), Advance(T0 + 5), export(T0 + 10, "end")],
+        tmp_path,
+    )
+    assert sorted(outputs.values("completions")) == [b"1", b"2"]
+    (snapshot,) = outputs.values("snapshots")
+    assert {e.key: e.value for e in snapshot.memory.entries} == {"count": b"2"}
+
+
+def test_run_agent_turns_prisms_bundle_splits_off_in_its_pipeline():
+    pipeline = beam.Pipeline(options=PipelineOptions())
+    _ = pipeline | beam.Create([b""]) | RunAgent(slow_count)
+    assert NO_PRISM_SPLITS in pipeline.options.view_as(DebugOptions).experiments

@@ -2,10 +2,19 @@
 
 from __future__ import annotations
 
+from apache_beam.options.pipeline_options import DebugOptions
 from apache_beam.transforms import window
 from apache_beam.utils.timestamp import MIN_TIMESTAMP, Timestamp
 
-__all__ = ["timer_timestamp", "typed"]
+__all__ = ["NO_PRISM_SPLITS", "keep_each_key_in_one_bundle", "timer_timestamp", "typed"]
+
+#: Prism (Beam 2.77; also what the DirectRunner hands every pipeline Prism supports, whenever
+#: the Prism binary can be fetched) splits a bundle that makes no progress for two of its
+#: 100 ms ticks, and frees the split-off elements' keys before the first part has committed
+#: its state. A stateful DoFn then runs one key in two bundles at once, each from the state
+#: before both: an activation's memory writes are lost, a copy of an intent runs its tool
+#: again. This experiment turns the splitting off; other runners do not read it.
+NO_PRISM_SPLITS = "prism_disable_sdf_split"
 
 _LATEST_MICROS = window.GlobalWindow().max_timestamp().micros
 
@@ -14,6 +23,13 @@ def timer_timestamp(ms: int) -> Timestamp:
     """An event-time timer's firing time for any int64 of milliseconds, clamped into what a
     global-window timer can hold."""
     return Timestamp(micros=max(MIN_TIMESTAMP.micros, min(ms * 1000, _LATEST_MICROS)))
+
+
+def keep_each_key_in_one_bundle(pipeline) -> None:
+    """Adds NO_PRISM_SPLITS to `pipeline`'s experiments: the keyed transforms call it as they
+    expand, so a pipeline that holds them keeps each key in one bundle on any runner its
+    options pick, the DirectRunner's choice of Prism included."""
+    pipeline.options.view_as(DebugOptions).add_experiment(NO_PRISM_SPLITS)
 
 
 def typed(pcollection, element_type):

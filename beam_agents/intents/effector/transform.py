@@ -33,7 +33,7 @@ from beam_agents.intents.effector.spec import (
 )
 from beam_agents.intents.effector.stores import ExecutionStore
 from beam_agents.intents.signing import Keyring
-from beam_agents.wire.beam_support import timer_timestamp, typed
+from beam_agents.wire.beam_support import keep_each_key_in_one_bundle, timer_timestamp, typed
 
 __all__ = ["ExecuteIntents"]
 
@@ -185,6 +185,7 @@ class ExecuteIntents(beam.PTransform):
             DEAD_LETTERS, main="intents"
         )
         by_intent_id = typed(keyed.intents, Tuple[str, bytes])
+        keep_each_key_in_one_bundle(by_intent_id.pipeline)
         gated = by_intent_id | "ExecuteOnce" >> beam.ParDo(
             _ExecuteOnce(
                 self._tools,

@@ -8,7 +8,7 @@ import time
 
 import apache_beam as beam
 from apache_beam.metrics import MetricsFilter
-from apache_beam.options.pipeline_options import StandardOptions
+from apache_beam.options.pipeline_options import DebugOptions, PipelineOptions, StandardOptions
 from apache_beam.testing.test_pipeline import TestPipeline as BeamPipeline
 from apache_beam.testing.test_stream import TestStream as EventStream
 from apache_beam.testing.util import assert_that, equal_to
@@ -31,6 +31,7 @@ from beam_agents.testing.effectors import (
     tampered,
 )
 from beam_agents.testing.samples import intent
+from beam_agents.wire.beam_support import NO_PRISM_SPLITS
 
 LOAD_RING = functools.partial(Keyring, KEYS, "k1")
 
@@ -253,10 +254,16 @@ def test_an_int64_max_expiry_runs_once_in_the_transform(tmp_path):
 def test_a_copy_behind_a_slow_call_in_its_bundle_does_not_run_again(tmp_path):
     # Prism splits a bundle that makes no progress for two of its 100 ms ticks, and its
     # splitBundle frees the key, so the copy runs in a bundle of its own before the first
-    # commits its record: without prism_disable_sdf_split (engines.sh prism-options) the copy
-    # finds no record and runs the tool again.
+    # commits its record: without NO_PRISM_SPLITS, which ExecuteIntents adds to its pipeline,
+    # the copy finds no record and runs the tool again.
     tool = AppendingTool(tmp_path / "executions.log", seconds=0.5)
     data = signed().SerializeToString()
     pipeline, outputs = _run_batch([data, data], tool)
     assert_that(outputs[RESULTS], equal_to([(b"customer-42", intent().intent_id, "OK")]))
     _run_then_check(pipeline, tool, [intent().intent_id])
+
+
+def test_the_transform_turns_prisms_bundle_splits_off_in_its_pipeline():
+    pipeline = beam.Pipeline(options=PipelineOptions())
+    _ = pipeline | beam.Create([b""]) | ExecuteIntents({}, mode=VerifyMode.OFF)
+    assert NO_PRISM_SPLITS in pipeline.options.view_as(DebugOptions).experiments
