@@ -87,8 +87,10 @@ def measure(keys: int, kib: int, passes: int) -> tuple[float, float, float]:
     """(median microseconds per activation over passes, median microseconds of its floor,
     mean state bytes per key). The floor is `driver_benchmark`'s: the same state reads and
     the blobs the activation wrote encoded once, with no agent, timed in a pass over the same
-    keys right after each timed pass, so it meets the heap as the activations did (at 100,000
-    keys, a key's blobs are long out of the CPU's caches when its turn comes). Few keys are
+    keys right after each timed pass. So each blob it encodes is as far out of the CPU's caches
+    as the key's previous blob is when its activation copies it (the runtime encodes the blob
+    it has just built): a probe of what one cold pass over a key's state costs, not a bound
+    on the runtime's own growth. Few keys are
     measured on several fresh sets of keys, at least 1,000 keys in all: a pass over 10 keys
     takes half a millisecond, and more passes over the same keys would grow their event marks,
     so they would no longer hold what a key at 100,000 keys holds."""
