@@ -90,10 +90,10 @@ def measure(keys: int, kib: int, passes: int) -> tuple[float, float, float]:
     keys right after each timed pass. So each blob it encodes is as far out of the CPU's caches
     as the key's previous blob is when its activation copies it (the runtime encodes the blob
     it has just built): a probe of what one cold pass over a key's state costs, not a bound
-    on the runtime's own growth. Few keys are
-    measured on several fresh sets of keys, at least 1,000 keys in all: a pass over 10 keys
-    takes half a millisecond, and more passes over the same keys would grow their event marks,
-    so they would no longer hold what a key at 100,000 keys holds."""
+    on the runtime's own growth. Few keys are measured on several fresh sets of keys, at
+    least 1,000 keys in all: a pass over 10 keys takes half a millisecond, and more passes
+    over the same keys would grow their event marks, so they would no longer hold what a key
+    at 100,000 keys holds."""
     machine = _machine(remember, memory_budget_bytes=None)
     initial = _memory(kib)  # shared until each key's first write; never changed in place
     per_pass, floor_per_pass = [], []
