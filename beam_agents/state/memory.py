@@ -37,11 +37,11 @@ from __future__ import annotations
 import array
 import bisect
 import collections
-import dataclasses
 import hashlib
 import itertools
 import sys
 from collections.abc import Callable, Iterator
+from typing import NamedTuple
 
 from beam_agents._protos import LlmCacheBlob, MemoryBlob
 from beam_agents.errors import MemoryBudgetError
@@ -73,9 +73,9 @@ def _packed(values: array.array) -> bytes:
     return values.tobytes()
 
 
-@dataclasses.dataclass(frozen=True)
-class _Index:
-    """Where each live key of a blob sits; never changed once built.
+class _Index(NamedTuple):
+    """Where each live key of a blob sits; never changed once built (a tuple, which is also
+    cheaper to build than a frozen dataclass: an activation builds one for each blob it reads).
 
     `stamps[position]` grows with the position; `hashes` are the live keys' hashes, ascending,
     and `owners[i]` the stamp of the entry `hashes[i]` belongs to. `dead` holds positions a
@@ -201,16 +201,16 @@ class _LruOverlay:
         if key in self._dropped:
             return None
         index = self._built()
-        hashes, stamps, entries = index.hashes, index.stamps, self._base.entries
+        hashes = index.hashes
         hashed = self._hash(key)
         slot = bisect.bisect_left(hashes, hashed)
         while slot < len(hashes) and hashes[slot] == hashed:
-            stamp = index.owners[slot]
+            stamps, stamp = index.stamps, index.owners[slot]
             position = bisect.bisect_left(stamps, stamp)
             if (
                 position < len(stamps)
                 and stamps[position] == stamp
-                and getattr(entries[position], self._KEY) == key
+                and getattr(self._base.entries[position], self._KEY) == key
             ):
                 return position
             slot += 1
@@ -299,12 +299,15 @@ class _LruOverlay:
         index = self._built()
         blob = type(base)()
         blob.CopyFrom(base)
+        # One container for every edit: each attribute access builds a new one in upb.
+        entries = blob.entries
         stamps = array.array("q", index.stamps)
-        for position in sorted(self._gone.keys() | index.dead, reverse=True):
-            del blob.entries[position]
+        gone = self._gone
+        for position in sorted(gone.keys() | index.dead if index.dead else gone, reverse=True):
+            del entries[position]
             del stamps[position]
         hashes, owners = array.array("q", index.hashes), array.array("q", index.owners)
-        for position, key in self._gone.items():
+        for position, key in gone.items():
             hashed, owner = self._hash(key), index.stamps[position]
             slot = bisect.bisect_left(hashes, hashed)
             while slot < len(hashes) and hashes[slot] == hashed:
@@ -323,7 +326,7 @@ class _LruOverlay:
             owners.insert(slot, stamp)
             stamps.append(stamp)
             stamp += 1
-        blob.entries.extend(self._overlay.values())
+        entries.extend(self._overlay.values())
         blob.state_schema_version = CURRENT_STATE_SCHEMA_VERSION
         # Set, not merged: MergeFrom skips proto3 zeros, so a total that dropped to 0 would
         # keep its old value.
