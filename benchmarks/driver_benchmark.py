@@ -224,7 +224,13 @@ def replayed_llm_activation(loops: int) -> tuple[float, float]:
 
 def round_trip(loops: int) -> tuple[float, float]:
     key, at = _Key(_machine(one_tool)), iter(range(T0, T0 + 10**9))
-    return _measure(key, lambda: key.send(_result(next(at), _suspended(key, at))), 2, loops)
+
+    def step():
+        intent = _suspended(key, at)
+        # After the suspension's event, as a tool's result comes.
+        key.send(_result(next(at), intent))
+
+    return _measure(key, step, 2, loops)
 
 
 def commit(kib: int, loops: int) -> tuple[float, float]:
