@@ -35,6 +35,9 @@ class DeadlinePolicy:
 class RuntimeConfig:
     #: Bytes of memory values a key may hold; LRU entries beyond it are evicted.
     memory_budget_bytes: int | None = 1024 * 1024
+    #: Recorded model calls a key's replay cache may hold, and their response bytes: LRU
+    #: entries beyond either are evicted. A start keeps none of the calls recorded before it
+    #: (`ReplayCache.without_calls`), so these bound what one activation and its resumes record.
     cache_max_entries: int = 256
     cache_max_bytes: int = 4 * 1024 * 1024
     cache_max_response_bytes: int = 256 * 1024

@@ -61,7 +61,9 @@ class Activations:
         memory = Memory.from_blob(
             state.memory or MemoryBlob(), budget_bytes=config.memory_budget_bytes, now_ms=now
         )
-        cache = ReplayCache.from_blob(
+        # A start runs under a seq of its own, which every call's cache key holds: the calls
+        # recorded before cannot answer it, and it writes none of them back.
+        cache = (ReplayCache.without_calls if resume_of is None else ReplayCache.from_blob)(
             state.cache or LlmCacheBlob(),
             max_entries=config.cache_max_entries,
             max_bytes=config.cache_max_bytes,

@@ -6,7 +6,7 @@ test drives KeyMachine through `testing.machine_harness`.
 
 from __future__ import annotations
 
-from beam_agents.runtime import RuntimeConfig, Suspension, agent
+from beam_agents.runtime import LlmResponse, RuntimeConfig, Suspension, agent
 from beam_agents.runtime.machine import ERRORS
 from beam_agents.testing.machine_harness import (
     T0,
@@ -54,6 +54,57 @@ def test_a_function_agent_counts_one_visit_per_event_however_often_it_suspends()
         b"summary of ok after 2 visit(s)",
     ]
     assert [(e.key, e.value) for e in h.memory.entries] == [("visits", b"2")]
+
+
+# The replay cache ------------------------------------------------------------------------------
+
+
+class _Counted:
+    """A model that answers every call with 5 input and 3 output tokens, and counts calls."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def complete(self, request):
+        self.calls += 1
+        return LlmResponse(f"on {request.messages[-1]['content']}", request.model, 5, 3)
+
+
+@agent(name="tests.asks_then_pays/v1")
+def _asks_then_pays(ctx, event: bytes) -> bytes:
+    advice = ctx.llm([{"role": "user", "content": event.decode()}], model="m")
+    return ctx.call_tool("payments.refund", {"advice": advice.text}).payload
+
+
+def test_a_start_writes_back_its_own_model_calls_not_the_ones_before_and_a_resume_replays():
+    """A call's cache key holds its activation's seq, so a call recorded under an earlier seq
+    can never answer again: a start's commit writes its own calls and the key's usage only.
+    The resume of the same activation still answers the start's call from the cache."""
+    model = _Counted()
+    h = Harness(_asks_then_pays, llm=model)
+    for n, at in enumerate((T0, T0 + 100, T0 + 200), start=1):
+        h.send(event(at, b"q%d" % n))
+        cache = h.states[2].value
+        assert len(cache.entries) == 1 and cache.total_response_bytes == len(
+            cache.entries[0].response
+        )
+        assert (cache.input_tokens, cache.output_tokens) == (5 * n, 3 * n)
+        (paid,) = pending(h)
+        h.send(answer(at + 1, paid, b"paid %d" % n))
+        assert model.calls == n
+    assert h.values("completions") == [b"paid 1", b"paid 2", b"paid 3"]
+    assert len(h.states[2].value.entries) == 1
+
+
+def test_a_start_that_calls_no_model_leaves_the_recorded_calls_unwritten():
+    h = Harness(refund, llm=summarise(""))  # a tool first; the model only in the resume
+    h.send(event(T0, b"7"))
+    (paid,) = pending(h)
+    h.send(answer(T0 + 1, paid))
+    recorded = h.states[2].value
+    assert len(recorded.entries) == 1
+    h.send(event(T0 + 100, b"8"))
+    assert pending(h) and h.states[2].value is recorded
 
 
 # Contract and memory totals ---------------------------------------------------------------------

@@ -29,7 +29,9 @@ over a 1 MiB memory paid about ten encodings of the blob for it on every activat
 `ReplayCache` is what makes a resumed or replayed activation cheap and deterministic: an LLM
 call whose key was answered before returns the recorded response without calling the model.
 A response larger than `max_response_bytes` is kept as a digest only, so the cache can tell a
-replay that diverged, but it reads as a miss.
+replay that diverged, but it reads as a miss. A call's cache key holds its activation's seq, so
+only the activation that recorded a call (its start and resumes) can replay it: a start reads
+the cache `without_calls`, and its commit writes back its own calls and the key's usage.
 """
 
 from __future__ import annotations
@@ -420,6 +422,10 @@ class Memory(_LruOverlay):
         return self._remove(key)
 
 
+#: The fields of an LlmCacheBlob that hold its recorded calls.
+_CALL_FIELDS = frozenset({"entries", "total_response_bytes", *INDEX_FIELDS})
+
+
 class ReplayCache(_LruOverlay):
     """Recorded LLM responses by cache key, LRU, within `max_entries` and `max_bytes` of
     stored responses; a response over `max_response_bytes` keeps only its SHA-256."""
@@ -461,6 +467,19 @@ class ReplayCache(_LruOverlay):
         """An LlmCacheBlob stamped with the current state schema version, least recent first:
         the blob read itself when nothing changed (`changed`)."""
         return self._write()
+
+    @classmethod
+    def without_calls(cls, blob: LlmCacheBlob, **limits) -> ReplayCache:
+        """A cache over every field of `blob` but its recorded calls (and their total and
+        index): the key's usage and budget grants, which outlive the activations they count.
+        For a start: a call's cache key holds its activation's seq, so no call recorded under
+        an earlier seq can answer one of a new activation's, and keeping them would only make
+        each commit of the cache copy and encode them. `blob` is read, never changed."""
+        kept = LlmCacheBlob()
+        for field, value in blob.ListFields():
+            if field.name not in _CALL_FIELDS:
+                setattr(kept, field.name, value)
+        return cls.from_blob(kept, **limits)
 
     @property
     def total_response_bytes(self) -> int:

@@ -19,6 +19,7 @@ from beam_agents.state import memory as memory_module
 from beam_agents.state.memory import Memory, ReplayCache, with_checked_index
 from beam_agents.state.migration import (
     CURRENT_STATE_SCHEMA_VERSION,
+    INDEX_FIELDS,
     MigrationRegistry,
     MigrationStep,
     default_registry,
@@ -340,6 +341,35 @@ def test_a_cache_read_over_smaller_limits_is_evicted_at_once():
     shrunk = ReplayCache.from_blob(cache.to_blob(), max_entries=2)
     assert list(shrunk.keys()) == ["b", "c"] and shrunk.total_response_bytes == 4
     assert [e.cache_key for e in shrunk.to_blob().entries] == ["b", "c"]
+
+
+def test_a_cache_without_calls_keeps_every_other_field_of_the_blob_it_read():
+    recorded = ReplayCache(now_ms=1)
+    for key in ("a", "b"):
+        recorded.put(key, b"response")
+    blob = recorded.to_blob()
+    # Every field that is not a recorded call set to a value of its own, so one added to the
+    # schema later is covered too.
+    calls = {"entries", "total_response_bytes", *INDEX_FIELDS}
+    others = [f for f in LlmCacheBlob.DESCRIPTOR.fields if f.name not in calls]
+    for value, field in enumerate(others, start=7):
+        assert field.type in (field.TYPE_INT64, field.TYPE_UINT32), (
+            f"{field.name} is not an integer: check that without_calls carries it"
+        )
+        setattr(blob, field.name, value)
+    read = blob.SerializeToString(deterministic=True)
+
+    cache = ReplayCache.without_calls(blob, now_ms=2)
+    assert len(cache) == 0 and cache.get("a") is None and cache.total_response_bytes == 0
+    assert not cache.changed
+    cache.put("c", b"xyz")
+    written = cache.to_blob()
+    assert [e.cache_key for e in written.entries] == ["c"] and written.total_response_bytes == 3
+    assert_index_fits(written, "cache_key")
+    assert {f.name: getattr(written, f.name) for f in others} == {
+        f.name: getattr(blob, f.name) for f in others
+    } | {"state_schema_version": CURRENT_STATE_SCHEMA_VERSION}
+    assert blob.SerializeToString(deterministic=True) == read
 
 
 def test_a_written_blob_changed_afterwards_is_read_afresh():
