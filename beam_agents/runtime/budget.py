@@ -2,8 +2,7 @@
 
 Usage is counted from each model response's token counts (an answer from the replay cache costs
 nothing), priced by the budget's table per model, and kept in the key's LlmCacheBlob, so it
-survives restarts, travels in the StateSnapshot and shows in `beam-agents inspect`; the calls of
-an activation that failed are kept there too (`Activations._count_usage`). Before a
+survives restarts, travels in the StateSnapshot and shows in `beam-agents inspect`. Before a
 call the meter estimates it (the request's canonical JSON length / 4 input tokens, plus its
 `max_tokens` output tokens) and refuses one that would take the key or the activation past a
 limit: the call is not made, and BudgetExceededError ends the activation as a `budget_exceeded`

@@ -3,8 +3,7 @@ and resuming a suspension.
 
 `Activations`, a mixin of KeyMachine, owns the agent's calls. `_run` builds the
 ActivationContext over the key's Memory and ReplayCache and calls the agent, so that whatever
-it raises or returns out of contract is a `Run` with an error, never the bundle's (with the
-model calls it paid for counted in the key's usage);
+it raises or returns out of contract is a `Run` with an error, never the bundle's;
 `_commit_run` commits a success (the new state, its intents, traces and completion) and runs
 the mailbox of a suspension a completion ended; `_failed` dead-letters a failure with one
 ERROR trace event. `_resume` resumes the agent with every answer accepted so far: a resume
@@ -118,21 +117,7 @@ class Activations:
             cache = ctx.cache.to_blob() if ctx.cache.changed else state.cache
             return Run(ctx, result, memory=ctx.memory.to_blob(), cache=cache)
         except Exception as e:  # the agent's failure is a dead letter, never the bundle's
-            self._count_usage(work, ctx.meter)
             return Run(ctx, error=e)
-
-    def _count_usage(self, work: Work, meter: BudgetMeter) -> None:
-        """Commits the key's usage with a failed activation's model calls counted: they were
-        made and paid for, and a key budget that left them out would let an agent that fails
-        after calling the model spend without limit, event after event and retry after retry.
-        Only the usage: the activation's recorded answers go with the rest of it, so a retry
-        calls the model again, and that call counts too."""
-        if not (meter.input_tokens or meter.output_tokens or meter.cost):
-            return
-        cache = self._copy(work.state.cache) if work.state.cache is not None else LlmCacheBlob()
-        cache.state_schema_version = self._version
-        meter.write(cache)
-        work.commit(dataclasses.replace(work.state, cache=cache))
 
     def _commit_run(self, work: Work, run: Run, now: int, *, marks, anchor, mailbox) -> None:
         """Commits a successful activation and emits its outputs; a completion that ends a

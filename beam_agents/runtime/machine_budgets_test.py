@@ -61,52 +61,6 @@ def test_usage_is_kept_per_key_and_a_call_past_the_key_budget_is_not_made():
     assert model.calls == 3 and frozen(_read(h.states)) == before
 
 
-@agent(name="tests.pays_then_fails/v1")
-def _pays_then_fails(ctx, event: bytes) -> bytes:
-    ctx.llm([{"role": "user", "content": "hi"}], model="m")
-    raise RuntimeError("a bug after the model call")
-
-
-def test_a_failed_activations_model_calls_count_against_the_key_budget():
-    model = _Counting()
-    h = Harness(_pays_then_fails, llm=model, config=_budgeted(key_tokens=400))
-    for n in range(6):
-        h.send(event(T0 + n, b"x%d" % n))
-    # 150 tokens a call: the third fits (300 used), the fourth would pass 400 and is not made.
-    assert model.calls == 3
-    assert [e.reason for e in h.values(ERRORS)] == ["agent_raised"] * 3 + ["budget_exceeded"] * 3
-    cache = h.states[2].value
-    assert (cache.input_tokens, cache.output_tokens, len(cache.entries)) == (300, 150, 0)
-
-
-@agent(name="tests.pays_then_fails_on_resume/v1")
-def _pays_then_fails_on_resume(ctx, event: bytes) -> bytes:
-    ctx.llm([{"role": "user", "content": "plan"}], model="m")
-    paid = ctx.call_tool("payments.refund", {"amount": 1})
-    ctx.llm([{"role": "user", "content": paid.payload.decode()}], model="m")
-    raise RuntimeError("a bug after the model call")
-
-
-def test_each_retry_of_a_failing_resume_counts_its_model_calls_and_keeps_what_it_resumes():
-    model = _Counting()
-    h = Harness(_pays_then_fails_on_resume, llm=model, config=_budgeted())
-    h.send(event(T0, b"1"))
-    (paid,) = pending(h)
-    h.send(answer(T0 + 1, paid, b"refunded"))
-    for attempts in (1, 2, 3):
-        # The start's call, then one call an attempt: each attempt replays the start's.
-        assert model.calls == 1 + attempts
-        cache = h.states[2].value
-        assert (cache.input_tokens, cache.output_tokens) == (
-            100 + 100 * attempts,
-            50 + 50 * attempts,
-        )
-        assert len(cache.entries) == 1
-        assert h.continuation.resume_failures == attempts
-        assert h.continuation.answers[0].tool_result.payload == b"refunded"
-        h.fire_deadline()
-
-
 def test_an_activation_budget_and_a_model_without_a_price_under_a_cost_limit():
     h = Harness(summarise_event, llm=_Counting(), config=_budgeted(activation_tokens=5))
     h.send(event(T0, b"a long enough question to pass five tokens"))
