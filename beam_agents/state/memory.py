@@ -45,6 +45,8 @@ import sys
 from collections.abc import Callable, Iterator
 from typing import NamedTuple
 
+from google.protobuf.unknown_fields import UnknownFieldSet
+
 from beam_agents._protos import LlmCacheBlob, MemoryBlob
 from beam_agents.errors import MemoryBudgetError
 from beam_agents.state.migration import CURRENT_STATE_SCHEMA_VERSION, INDEX_FIELDS
@@ -474,11 +476,20 @@ class ReplayCache(_LruOverlay):
         index): the key's usage and budget grants, which outlive the activations they count.
         For a start: a call's cache key holds its activation's seq, so no call recorded under
         an earlier seq can answer one of a new activation's, and keeping them would only make
-        each commit of the cache copy and encode them. `blob` is read, never changed."""
+        each commit of the cache copy and encode them. `blob` is read, never changed.
+
+        Fields a newer binary added (unknown here) are kept, as every other writer of the blob
+        keeps them: a roll-back must not zero what the newer binary counts there. Only then is
+        the blob copied whole, its calls with it, and those cleared."""
         kept = LlmCacheBlob()
-        for field, value in blob.ListFields():
-            if field.name not in _CALL_FIELDS:
-                setattr(kept, field.name, value)
+        if UnknownFieldSet(blob):
+            kept.CopyFrom(blob)
+            for name in _CALL_FIELDS:
+                kept.ClearField(name)
+        else:
+            for field, value in blob.ListFields():
+                if field.name not in _CALL_FIELDS:
+                    setattr(kept, field.name, value)
         return cls.from_blob(kept, **limits)
 
     @property

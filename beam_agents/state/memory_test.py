@@ -10,6 +10,7 @@ import struct
 import types
 
 import pytest
+from google.protobuf.unknown_fields import UnknownFieldSet
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -370,6 +371,28 @@ def test_a_cache_without_calls_keeps_every_other_field_of_the_blob_it_read():
         f.name: getattr(blob, f.name) for f in others
     } | {"state_schema_version": CURRENT_STATE_SCHEMA_VERSION}
     assert blob.SerializeToString(deterministic=True) == read
+
+
+def test_a_cache_without_calls_keeps_a_newer_writers_fields():
+    """The additive-evolution rule lets a newer binary add a field to LlmCacheBlob without a
+    schema bump (the usage fields came that way), and a rollback then
+    reads it as an unknown field. Every other writer of the cache (from_blob's commit, the
+    machine's _copy) carries unknown fields along; a start's cache must too, or a rollback
+    silently zeroes what the newer binary kept there."""
+    recorded = ReplayCache(now_ms=1)
+    recorded.put("a", b"response")
+    # Field 20, varint 5: a counter a newer writer added.
+    newer = LlmCacheBlob.FromString(recorded.to_blob().SerializeToString() + b"\xa0\x01\x05")
+    assert len(UnknownFieldSet(newer)) == 1
+
+    for read, calls in ((ReplayCache.from_blob, ["a", "b"]), (ReplayCache.without_calls, ["b"])):
+        cache = read(newer, now_ms=2)
+        cache.put("b", b"xyz")
+        written = cache.to_blob()
+        assert [(f.field_number, f.data) for f in UnknownFieldSet(written)] == [(20, 5)], read
+        assert [e.cache_key for e in written.entries] == calls, read
+        assert written.total_response_bytes == sum(len(e.response) for e in written.entries)
+        assert_index_fits(written, "cache_key")
 
 
 def test_a_written_blob_changed_afterwards_is_read_afresh():
