@@ -35,7 +35,7 @@ import dataclasses
 import json
 import random
 
-from beam_agents._protos import AgentEnvelope, StateSnapshot, ToolIntent
+from beam_agents._protos import AgentEnvelope, LlmCacheBlob, StateSnapshot, ToolIntent
 from beam_agents.intents.effector import SqliteExecutionStore
 from beam_agents.intents.identity import content_digest
 from beam_agents.runtime import AtDeadline, DeadlinePolicy, RuntimeConfig, run_agent
@@ -229,6 +229,18 @@ class Simulation(World, Checks):
             return []
         old_timers = dict(durable.timers)
         bundle.commit()
+        counted = sum(
+            blob.input_tokens + blob.output_tokens
+            for blob in (
+                LlmCacheBlob.FromString(d.blobs["cache"])
+                for d in self.durable.values()
+                if "cache" in d.blobs
+            )
+        )
+        if counted > self.model.paid:
+            self.fail(
+                f"the keys' usage counts {counted} tokens, the model was paid {self.model.paid}"
+            )
         for family, at in old_timers.items():
             if at is not None and at != durable.timers[family] and self.rng.random() < 0.2:
                 self.ghosts[key].append((family, at))  # the old setting fires anyway

@@ -62,6 +62,8 @@ class SimModel:
         self._fail_p = fail_p
         self._variant_p = variant_p
         self._asked: set[str] = set()
+        #: Tokens of every answer it gave: no key's usage may count more than were paid.
+        self.paid = 0
 
     def complete(self, request: LlmRequest) -> LlmResponse:
         if self._rng.random() < self._fail_p:
@@ -71,7 +73,8 @@ class SimModel:
         if canonical in self._asked and self._rng.random() < self._variant_p:
             variant = self._rng.randrange(1, 4)
         self._asked.add(canonical)
-        return LlmResponse(f"{request.messages[-1]['content']}#{variant}", request.model)
+        self.paid += 3 + 2
+        return LlmResponse(f"{request.messages[-1]['content']}#{variant}", request.model, 3, 2)
 
 
 def _summary(answers) -> list:
