@@ -115,6 +115,9 @@ class FunctionAgent:
 
     function: Callable[..., bytes]
     adapter: str
+    #: Each resume runs the function again from the top, making again (from the replay cache)
+    #: every model call of its seq it can need: what it does not touch, it never needs.
+    replays_every_call = True
 
     def start(self, ctx: ActivationContext, event: bytes) -> Completion | Suspension:
         return self._run(ctx, event, [])

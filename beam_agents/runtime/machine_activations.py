@@ -61,15 +61,24 @@ class Activations:
         memory = Memory.from_blob(
             state.memory or MemoryBlob(), budget_bytes=config.memory_budget_bytes, now_ms=now
         )
-        # A start runs under a seq of its own, which every call's cache key holds: the calls
-        # recorded before cannot answer it, and it writes none of them back.
-        cache = (ReplayCache.without_calls if resume_of is None else ReplayCache.from_blob)(
-            state.cache or LlmCacheBlob(),
-            max_entries=config.cache_max_entries,
-            max_bytes=config.cache_max_bytes,
-            max_response_bytes=config.cache_max_response_bytes,
-            now_ms=now,
-        )
+        limits = {
+            "max_entries": config.cache_max_entries,
+            "max_bytes": config.cache_max_bytes,
+            "max_response_bytes": config.cache_max_response_bytes,
+            "now_ms": now,
+        }
+        if resume_of is None:
+            # A start runs under a seq of its own, which every call's cache key holds: the
+            # calls recorded before cannot answer it, and it writes none of them back.
+            cache = ReplayCache.without_calls(state.cache or LlmCacheBlob(), **limits)
+        else:
+            # An agent that runs again from the top makes every call of its seq it can need,
+            # so the calls it leaves untouched are earlier activations' (or a diverged run's).
+            cache = ReplayCache.from_blob(
+                state.cache or LlmCacheBlob(),
+                only_touched=getattr(self._agent, "replays_every_call", False),
+                **limits,
+            )
         ctx = ActivationContext(
             entity_key=work.key,
             seq=seq,

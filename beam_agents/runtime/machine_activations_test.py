@@ -107,6 +107,47 @@ def test_a_start_that_calls_no_model_leaves_the_recorded_calls_unwritten():
     assert pending(h) and h.states[2].value is recorded
 
 
+def test_an_agent_that_calls_the_model_only_after_a_tool_keeps_no_dead_calls():
+    # Its starts call no model and write no cache; its resumes run the function again from
+    # the top and write back only the calls they made again or made first.
+    h = Harness(refund, llm=summarise(""))
+    for n in range(1, 6):
+        h.send(event(T0 + 10 * n, str(n).encode()))
+        (paid,) = pending(h)
+        h.send(answer(T0 + 10 * n + 1, paid, b"refunded %d" % n))
+    assert h.values("completions")[-1].startswith(b"summary of refunded 5")
+    assert len(h.states[2].value.entries) == 1
+
+
+class _PlansThenPays:
+    """An agent of its own (not a function run again): its resume makes a model call of its
+    own and none of its start's, so the start's recorded call must stay for later resumes."""
+
+    adapter = "tests.plans_then_pays/v1"
+
+    def start(self, ctx, event):
+        ctx.llm([{"role": "user", "content": "plan"}], model="m")
+        ctx.call_tool("a.tool", {"step": 1})
+        return ctx.suspend(snapshot=b"1")
+
+    def resume(self, ctx, answers):
+        ctx.llm([{"role": "user", "content": f"step {ctx.resume_of.snapshot.decode()}"}], model="m")
+        if ctx.resume_of.snapshot == b"1":
+            ctx.call_tool("a.tool", {"step": 2})
+            return ctx.suspend(snapshot=b"2")
+        return ctx.complete(b"done")
+
+
+def test_an_agent_that_does_not_run_again_from_the_top_keeps_the_calls_its_resume_left():
+    h = Harness(_PlansThenPays(), llm=summarise(""))
+    h.send(event(T0, b"x"))
+    for at in (T0 + 1, T0 + 2):
+        (asked,) = pending(h)
+        h.send(answer(at, asked))
+    assert h.values("completions") == [b"done"]
+    assert len(h.states[2].value.entries) == 3
+
+
 # Contract and memory totals ---------------------------------------------------------------------
 
 

@@ -31,7 +31,9 @@ call whose key was answered before returns the recorded response without calling
 A response larger than `max_response_bytes` is kept as a digest only, so the cache can tell a
 replay that diverged, but it reads as a miss. A call's cache key holds its activation's seq, so
 only the activation that recorded a call (its start and resumes) can replay it: a start reads
-the cache `without_calls`, and its commit writes back its own calls and the key's usage.
+the cache `without_calls`, and its commit writes back its own calls and the key's usage; the
+resume of an agent that runs again from the top reads it `only_touched`, and writes back the
+calls it made again and its new ones.
 """
 
 from __future__ import annotations
@@ -449,17 +451,20 @@ class ReplayCache(_LruOverlay):
         now_ms: int = 0,
     ) -> None:
         super().__init__(LlmCacheBlob(), now_ms)
+        self._only_touched = False
         self.max_entries = max_entries
         self.max_bytes = max_bytes
         self.max_response_bytes = max_response_bytes
 
     @classmethod
-    def from_blob(cls, blob: LlmCacheBlob, **limits) -> ReplayCache:
+    def from_blob(cls, blob: LlmCacheBlob, *, only_touched: bool = False, **limits) -> ReplayCache:
         """The cache a (current-version) LlmCacheBlob holds, within `limits` (a blob over
         them is evicted down at once). `blob` is not copied and must not change while the
-        cache is in use."""
+        cache is in use. With `only_touched`, a changed cache writes back only the calls it
+        answered or recorded (for an activation that makes again every call it can need)."""
         cache = cls(**limits)
         cache._base = blob
+        cache._only_touched = only_touched
         # The stored total decides only whether to look closer; the check itself is exact.
         if len(blob.entries) > cache.max_entries or blob.total_response_bytes > cache.max_bytes:
             cache._evict()
@@ -468,7 +473,18 @@ class ReplayCache(_LruOverlay):
     def to_blob(self) -> LlmCacheBlob:
         """An LlmCacheBlob stamped with the current state schema version, least recent first:
         the blob read itself when nothing changed (`changed`)."""
-        return self._write()
+        if not (self._only_touched and self.changed):
+            return self._write()
+        kept = ReplayCache.without_calls(
+            self._base,
+            max_entries=self.max_entries,
+            max_bytes=self.max_bytes,
+            max_response_bytes=self.max_response_bytes,
+            now_ms=self.now_ms,
+        )
+        for key, entry in self._overlay.items():
+            kept._store(key, entry)
+        return kept._write()
 
     @classmethod
     def without_calls(cls, blob: LlmCacheBlob, **limits) -> ReplayCache:

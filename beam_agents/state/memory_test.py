@@ -395,6 +395,30 @@ def test_a_cache_without_calls_keeps_a_newer_writers_fields():
         assert_index_fits(written, "cache_key")
 
 
+def test_a_cache_read_only_touched_writes_back_the_calls_it_answered_or_recorded():
+    recorded = ReplayCache(now_ms=1)
+    for key in ("a", "b", "c"):
+        recorded.put(key, b"r-" + key.encode())
+    blob = recorded.to_blob()
+    blob.input_tokens = 9
+    # Field 20, varint 5: a counter a newer writer added.
+    blob = LlmCacheBlob.FromString(blob.SerializeToString() + b"\xa0\x01\x05")
+    read = blob.SerializeToString(deterministic=True)
+
+    untouched = ReplayCache.from_blob(blob, only_touched=True, now_ms=2)
+    assert untouched.digest("a") and untouched.to_blob() is blob  # a peek changes nothing
+
+    cache = ReplayCache.from_blob(blob, only_touched=True, now_ms=2)
+    assert cache.get("b") == b"r-b"
+    cache.put("d", b"xyz")
+    written = cache.to_blob()
+    assert [(e.cache_key, e.last_access_ms) for e in written.entries] == [("b", 2), ("d", 2)]
+    assert written.total_response_bytes == 6 and written.input_tokens == 9
+    assert [(f.field_number, f.data) for f in UnknownFieldSet(written)] == [(20, 5)]
+    assert_index_fits(written, "cache_key")
+    assert blob.SerializeToString(deterministic=True) == read
+
+
 def test_a_written_blob_changed_afterwards_is_read_afresh():
     memory = Memory(now_ms=1)
     memory.put("a", b"1")
