@@ -36,8 +36,9 @@ class RuntimeConfig:
     #: Bytes of memory values a key may hold; LRU entries beyond it are evicted.
     memory_budget_bytes: int | None = 1024 * 1024
     #: Recorded model calls a key's replay cache may hold, and their response bytes: LRU
-    #: entries beyond either are evicted. A start keeps none of the calls recorded before it
-    #: (`ReplayCache.without_calls`), so these bound what one activation and its resumes record.
+    #: entries beyond either are evicted. A start that calls the model, and a function agent's
+    #: resume, write back only their own activation's calls (`ReplayCache.without_calls`,
+    #: `only_touched`); an agent with a resume of its own keeps earlier ones up to these limits.
     cache_max_entries: int = 256
     cache_max_bytes: int = 4 * 1024 * 1024
     cache_max_response_bytes: int = 256 * 1024
