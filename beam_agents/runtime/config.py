@@ -37,8 +37,8 @@ class RuntimeConfig:
     memory_budget_bytes: int | None = 1024 * 1024
     #: Recorded model calls a key's replay cache may hold, and their response bytes: LRU
     #: entries beyond either are evicted. A start that calls the model, and a function agent's
-    #: resume, write back only their own activation's calls (`ReplayCache.without_calls`,
-    #: `only_touched`); an agent with a resume of its own keeps earlier ones up to these limits.
+    #: resume, write back only their own seq's calls (`ReplayCache.from_blob(only_touched=)`);
+    #: an agent with a resume of its own keeps earlier ones up to these limits.
     cache_max_entries: int = 256
     cache_max_bytes: int = 4 * 1024 * 1024
     cache_max_response_bytes: int = 256 * 1024

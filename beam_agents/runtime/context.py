@@ -20,7 +20,8 @@ bundle emits byte-identical intents and traces:
 
 Nothing an agent does through the context reaches state or outputs unless the activation
 returns normally: the runtime commits the context's memory, cache, intents and traces only
-then.
+then. The one exception is what the model was paid for: a failed activation's model calls are
+counted in the key's usage and kept in its cache for the activation's retry.
 """
 
 from __future__ import annotations
@@ -281,6 +282,8 @@ class ActivationContext:
         self.meter = meter
         self._next_step = first_step
         self._llm_calls = 0
+        #: Calls the model answered (not the cache): paid, whatever becomes of the activation.
+        self.model_calls = 0
         self._closed = False
         #: ToolIntents emitted, in order.
         self.intents: list[ToolIntent] = []
@@ -388,6 +391,7 @@ class ActivationContext:
             with model_slot(model, self._llm_concurrency):
                 response = self._llm_client.complete(request)
             replayed = False
+            self.model_calls += 1
             self.cache.put(key, response.to_bytes())
             if self.meter is not None:
                 cost = self.meter.record(model, response.input_tokens, response.output_tokens)

@@ -5,7 +5,8 @@ and resuming a suspension.
 ActivationContext over the key's Memory and ReplayCache and calls the agent, so that whatever
 it raises or returns out of contract is a `Run` with an error, never the bundle's;
 `_commit_run` commits a success (the new state, its intents, traces and completion) and runs
-the mailbox of a suspension a completion ended; `_failed` dead-letters a failure with one
+the mailbox of a suspension a completion ended; `_keep_paid` commits what a failure paid the
+model for (its calls counted and kept for its retry), and `_failed` dead-letters it with one
 ERROR trace event. `_resume` resumes the agent with every answer accepted so far: a resume
 that fails keeps them, dead-letters the failure (with the answers) and is tried again on the
 deadline timer with backoff, until its retries are spent and the suspension ends
@@ -61,24 +62,18 @@ class Activations:
         memory = Memory.from_blob(
             state.memory or MemoryBlob(), budget_bytes=config.memory_budget_bytes, now_ms=now
         )
-        limits = {
-            "max_entries": config.cache_max_entries,
-            "max_bytes": config.cache_max_bytes,
-            "max_response_bytes": config.cache_max_response_bytes,
-            "now_ms": now,
-        }
-        if resume_of is None:
-            # A start runs under a seq of its own, which every call's cache key holds: the
-            # calls recorded before cannot answer it, and it writes none of them back.
-            cache = ReplayCache.without_calls(state.cache or LlmCacheBlob(), **limits)
-        else:
-            # An agent that runs again from the top makes every call of its seq it can need,
-            # so the calls it leaves untouched are earlier activations' (or a diverged run's).
-            cache = ReplayCache.from_blob(
-                state.cache or LlmCacheBlob(),
-                only_touched=getattr(self._agent, "replays_every_call", False),
-                **limits,
-            )
+        # A call's cache key holds its activation's seq, so the calls recorded under an earlier
+        # seq can answer nothing: a start writes back only the calls it replays (a failed
+        # attempt's under its own seq, `_keep_paid`) or makes, and so does an agent that runs
+        # again from the top at each resume, making every call of its seq it can need.
+        cache = ReplayCache.from_blob(
+            state.cache or LlmCacheBlob(),
+            only_touched=resume_of is None or getattr(self._agent, "replays_every_call", False),
+            max_entries=config.cache_max_entries,
+            max_bytes=config.cache_max_bytes,
+            max_response_bytes=config.cache_max_response_bytes,
+            now_ms=now,
+        )
         ctx = ActivationContext(
             entity_key=work.key,
             seq=seq,
@@ -176,6 +171,27 @@ class Activations:
             if mailbox:
                 self._drain(work, mailbox, anchor)
 
+    def _keep_paid(self, work: Work, run: Run, *, ended: bool) -> None:
+        """Commits what a failed activation paid the model for, as durable inputs: its calls
+        count in the key's usage, and their answers stay in the cache, so a retry under the
+        same seq (a resume's, a deferred start's, a start held up by its budget) replays them
+        instead of paying again. An `ended` activation is never run again: the key moves past
+        its seq, so a start after it cannot replay an answer given to another event.
+
+        Nothing else changes: the key's memory (its activity, which the TTL counts from,
+        included) is not touched. A key that still holds a blob of an older version keeps it
+        untouched, and goes uncounted until a commit of its own migrates it: a failed
+        activation must not make a key the binary before cannot read."""
+        ctx = run.ctx
+        if not ctx.model_calls or work.current is not work.stored:
+            return
+        cache = ctx.cache.to_blob()
+        cache.state_schema_version = self._version
+        ctx.meter.write(cache)
+        state = work.state
+        seq = max(ctx.seq, state.seq or 0) if ended else state.seq
+        work.commit(dataclasses.replace(state, seq=seq, cache=cache), activity=False)
+
     def _failed(
         self,
         work: Work,
@@ -224,6 +240,7 @@ class Activations:
                 work, run, now, marks=(), anchor=work.anchor, mailbox=list(suspended.mailbox)
             )
             return
+        self._keep_paid(work, run, ended=False)
         if self._asks(run.error):
             self._ask_budget(work, run, now, suspended=suspended)
             return

@@ -5,8 +5,6 @@ KeyMachine through `testing.machine_harness`.
 
 from __future__ import annotations
 
-import pytest
-
 from beam_agents._protos import ToolIntent
 from beam_agents.runtime import LlmResponse, RuntimeConfig, agent
 from beam_agents.runtime.machine import ERRORS
@@ -171,8 +169,8 @@ def _two_calls(ctx, event: bytes) -> bytes:
 def test_under_ask_a_raise_of_the_refused_call_lets_the_start_finish():
     # The start's first call (150 tokens) fits, its second does not: a raise of one call must
     # let the retried start finish. Counting the refused attempt's calls while dropping their
-    # answers (as a first fix of the budget hole below did) made each approval pay the first
-    # call again and ask again, for ever.
+    # answers (as a first fix of the budget hole did) made each approval pay the first call
+    # again and ask again, for ever.
     from beam_agents.runtime.budget import BUDGET_TOOL, OnBudget
 
     model = _Counting()
@@ -183,8 +181,8 @@ def test_under_ask_a_raise_of_the_refused_call_lets_the_start_finish():
     assert question.tool_name == BUDGET_TOOL and model.calls == 1
     h.send(approve(T0 + 1, question))
     assert h.values("completions") == [b"ok"] and not pending(h)
-    # The refused attempt's first call is paid again and counted once: the open hole below.
-    assert model.calls == 3
+    # The refused attempt's first call is counted, and replayed by the retry, not paid again.
+    assert model.calls == 2
     cache = h.states[2].value
     assert cache.input_tokens + cache.output_tokens == 300
 
@@ -195,14 +193,7 @@ def _pays_then_fails(ctx, event: bytes) -> bytes:
     raise RuntimeError("a bug after the model call")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="open: a failed activation's model calls are paid but not counted in the key's usage",
-)
 def test_a_failed_activations_model_calls_count_against_the_key_budget():
-    # A fix must count them and keep their answers for the retry (so a raise under ASK is not
-    # spent on paying them again), write no blob the binary before cannot read, and leave the
-    # TTL where the key's activity put it: the tests beside this one.
     model = _Counting()
     h = Harness(_pays_then_fails, llm=model, config=_budgeted(key_tokens=400))
     for n in range(6):
@@ -247,3 +238,80 @@ def test_a_failed_activation_that_paid_writes_no_blob_the_binary_before_cannot_r
     h.send(event(T0, b"x"))
     assert [e.reason for e in h.values(ERRORS)] == ["agent_raised"]
     assert h.states[2].value.state_schema_version == 1
+
+
+# A failed activation's paid model calls are durable inputs: counted, and replayed by a retry.
+
+
+def test_a_start_deferred_while_the_model_was_busy_replays_the_call_it_paid_for():
+    from beam_agents.errors import LlmCallError
+
+    class BusyOnce(_Counting):
+        busy = 1
+
+        def complete(self, request):
+            if request.messages[-1]["content"] == "b" and self.busy:
+                self.busy -= 1
+                raise LlmCallError("busy", model=request.model, retryable=True)
+            return super().complete(request)
+
+    model = BusyOnce()
+    h = Harness(_two_calls, llm=model, config=_budgeted())
+    h.send(event(T0, b"x"))
+    assert h.continuation.mailbox and model.calls == 1 and h.states[2].value.input_tokens == 100
+    h.fire_deadline()
+    assert h.values("completions") == [b"ok"] and h.continuation is None
+    assert model.calls == 2  # "a" once, "b" once its model was back
+    cache = h.states[2].value
+    assert cache.input_tokens + cache.output_tokens == 300
+
+
+def test_a_failing_resume_is_retried_with_the_model_answers_it_paid_for():
+    model, fails = _Counting(), [RuntimeError("a bug after the model call, once")]
+
+    @agent(name="tests.fails_once_after_the_model/v1")
+    def fails_once(ctx, event: bytes) -> bytes:
+        paid = ctx.call_tool("payments.refund", {"amount": 1})
+        summary = ctx.llm([{"role": "user", "content": paid.payload.decode()}], model="m")
+        if fails:
+            raise fails.pop()
+        return summary.text.encode()
+
+    h = Harness(fails_once, llm=model, config=_budgeted())
+    h.send(event(T0, b"x"))
+    (intent,) = pending(h)
+    h.send(answer(T0 + 1, intent))
+    assert [e.reason for e in h.values(ERRORS)] == ["agent_raised"] and model.calls == 1
+    assert h.continuation.resume_failures == 1
+    h.fire_deadline()
+    assert h.values("completions") == [b"ok"] and model.calls == 1
+    assert h.states[2].value.input_tokens == 100
+
+
+def test_a_start_that_failed_for_good_replays_its_answer_to_no_later_event():
+    # The same request at the same position of the next event's start: a key left at the failed
+    # start's seq would hand the next event the answer the failed one paid for.
+    @agent(name="tests.same_question/v1")
+    def same_question(ctx, event: bytes) -> bytes:
+        answered = ctx.llm([{"role": "user", "content": "what now?"}], model="m")
+        if event == b"fail":
+            raise RuntimeError("a bug after the model call")
+        return answered.text.encode()
+
+    model = _Counting()
+    h = Harness(same_question, llm=model, config=_budgeted())
+    h.send(event(T0, b"fail"))
+    h.send(event(T0 + 1, b"ok"))
+    assert h.values("completions") == [b"ok"] and model.calls == 2
+    assert h.states[2].value.input_tokens == 200
+
+
+def test_a_new_keys_failed_start_keeps_its_usage_for_a_ttl_from_its_event():
+    # With no memory there is no activity to count the TTL from but the event's: counted from
+    # 0, the timer would wipe the usage as soon as it was written.
+    ttl = 10_000
+    config = RuntimeConfig(ttl_ms=ttl, budget=_budgeted().budget)
+    h = Harness(_pays_then_fails, llm=_Counting(), config=config)
+    h.send(event(T0 + 5, b"x"))
+    assert h.memory is None and h.states[2].value.input_tokens == 100
+    assert h.timers[1].at_ms == T0 + 5 + ttl

@@ -164,10 +164,13 @@ class Intake:
         if run.error is None:
             self._commit_run(work, run, now, marks=digests, anchor=anchor, mailbox=())
         elif model_busy(run.error) and failures < self._config.retryable_resume_retries:
+            self._keep_paid(work, run, ended=False)
             self._defer(work, envelope, digests, anchor, failures + 1)
         elif self._asks(run.error):
+            self._keep_paid(work, run, ended=False)
             self._ask_budget(work, run, now, event=envelope, digests=digests, anchor=anchor)
         else:
+            self._keep_paid(work, run, ended=True)
             # The record carries the event: one drained from a mailbox was marked as seen, so
             # nothing else holds it.
             self._failed(work, run, now, event=envelope)

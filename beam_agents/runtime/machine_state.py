@@ -96,13 +96,17 @@ class Work:
         self.current = state
         self.stored = state if stored is None else stored
         self.changed = False
+        #: Whether a commit was the key's activity, which the TTL counts from; the usage of a
+        #: failed activation is not (`Activations._keep_paid`).
+        self.active = False
         self.effects = Effects()
         #: The latest event or arrival time this input brought: the TTL counts from it.
         self.anchor = 0
 
-    def commit(self, state: KeyState) -> None:
+    def commit(self, state: KeyState, *, activity: bool = True) -> None:
         self.state = state
         self.changed = True
+        self.active = self.active or activity
 
     def emit(self, tag: str, value) -> None:
         self.effects.outputs.append((tag, (self.key, value)))
@@ -156,9 +160,10 @@ class Commits:
             state = work.state
             suspended = continuation if continuation is not None else state.continuation
             effects.deadline_at = None if suspended is None else due_at(suspended)
-            effects.ttl_at = (
-                None if state.empty else self._ttl_at(state.memory, suspended, work.anchor)
-            )
+            # Only activity moves the TTL; a key with no memory has no activity to count from
+            # but this input's, and a TTL counted from 0 would wipe it at once.
+            anchor = work.anchor if work.active or state.memory is None else 0
+            effects.ttl_at = None if state.empty else self._ttl_at(state.memory, suspended, anchor)
             # A blob the input did not replace is written back as it was read: its migrated
             # view reaches state only with a change of its own.
             current, stored = work.current, work.stored

@@ -30,10 +30,10 @@ over a 1 MiB memory paid about ten encodings of the blob for it on every activat
 call whose key was answered before returns the recorded response without calling the model.
 A response larger than `max_response_bytes` is kept as a digest only, so the cache can tell a
 replay that diverged, but it reads as a miss. A call's cache key holds its activation's seq, so
-only the activation that recorded a call (its start and resumes) can replay it: a start reads
-the cache `without_calls`, and its commit writes back its own calls and the key's usage; the
-resume of an agent that runs again from the top reads it `only_touched`, and writes back the
-calls it made again and its new ones.
+only the activation that recorded a call (its start and resumes, and a retry of its seq) can
+replay it: a start, and the resume of an agent that runs again from the top, read the cache
+`only_touched`, and write back the calls they made again and their new ones, with every other
+field of the blob (the key's usage, its budget grants).
 """
 
 from __future__ import annotations
@@ -490,8 +490,8 @@ class ReplayCache(_LruOverlay):
     def without_calls(cls, blob: LlmCacheBlob, **limits) -> ReplayCache:
         """A cache over every field of `blob` but its recorded calls (and their total and
         index): the key's usage and budget grants, which outlive the activations they count.
-        For a start: a call's cache key holds its activation's seq, so no call recorded under
-        an earlier seq can answer one of a new activation's, and keeping them would only make
+        What an `only_touched` cache writes its calls onto: the calls it left untouched are
+        earlier activations', whose keys hold another seq, and keeping them would only make
         each commit of the cache copy and encode them. `blob` is read, never changed.
 
         Fields a newer binary added (unknown here) are kept, as every other writer of the blob

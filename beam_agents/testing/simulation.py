@@ -210,13 +210,15 @@ class Simulation(World, Checks):
                 item = ("G", *item[1:])  # reset by this bundle already: a stale firing
             before = bundle.view()
             del self.counters.counted[:]
-            started = len(note.started)
+            started, paid = len(note.started), self.model.paid
             outputs = state.run(self.dofn, key, bundle, item, self.now)
             for message, data in bundle.handed:
                 if _bytes(message) != data:
                     self.fail(f"{item[:2]} changed a {type(message).__name__} it read in place")
             after = bundle.view()
-            self._check_input(item, before, after, outputs, set(self.counters.counted))
+            self._check_input(
+                item, before, after, outputs, set(self.counters.counted), self.model.paid - paid
+            )
             steps.append((outputs, after, note.started[started:]))
         if faults and self.rng.random() < 0.15:
             every = [output for outputs, _, _ in steps for output in outputs]

@@ -9,7 +9,7 @@ model after every input: what a resume is handed (`check_resume`), what an input
 
 from __future__ import annotations
 
-from beam_agents._protos import AgentEnvelope, Continuation, MemoryBlob, ToolResult
+from beam_agents._protos import AgentEnvelope, Continuation, LlmCacheBlob, MemoryBlob, ToolResult
 from beam_agents.intents.identity import content_digest
 from beam_agents.intents.signing import Verification, verify
 from beam_agents.runtime import dead_letters as dl
@@ -23,6 +23,12 @@ _FAILED = {dl.AGENT_RAISED, dl.AGENT_CONTRACT, dl.LLM_FAILED, dl.MEMORY_BUDGET}
 #: What may end a suspension in an input whose activations all failed.
 _ENDINGS = {dl.RESUME_FAILED, dl.DEADLINE_EXCEEDED}
 _ANSWERS = ("tool_result", "approval")
+
+
+def _tokens(cache: bytes | None) -> int:
+    """The tokens a key's stored cache counts."""
+    blob = LlmCacheBlob.FromString(cache or b"")
+    return blob.input_tokens + blob.output_tokens
 
 
 def _deferred(continuation: bytes) -> bool:
@@ -70,7 +76,8 @@ class Checks:
             if message.intent_digest != content_digest(_bytes(answer.intent)):
                 self.fail(f"the answer to {answer.intent.intent_id} is for other content")
 
-    def _check_input(self, item, before, after, outputs, counted) -> None:
+    def _check_input(self, item, before, after, outputs, counted, paid: int) -> None:
+        """`paid`: the tokens the model was paid for during the input."""
         envelope = AgentEnvelope.FromString(item[1]) if item[0] == "E" else None
         if envelope is not None and envelope.HasField("export_request"):
             if before != after:
@@ -96,9 +103,18 @@ class Checks:
             counted
         ):
             return
-        # A failed activation changes nothing but its durable inputs (the answers).
-        if before[:3] != after[:3]:
-            self.fail(f"a failed activation ({item[:2]}) changed seq, memory or cache")
+        # A failed activation changes nothing but its durable inputs: the answers, and the
+        # model calls it paid for (counted in the cache, the seq moved past a start that ended).
+        if before[1] != after[1]:
+            self.fail(f"a failed activation ({item[:2]}) changed the key's memory")
+        counted_before, counted_after = (_tokens(blob) for blob in (before[2], after[2]))
+        if counted_after - counted_before != paid:
+            self.fail(
+                f"failed activations paid {paid} tokens and the key's usage rose "
+                f"{counted_after - counted_before}"
+            )
+        if not paid and (before[0], before[2]) != (after[0], after[2]):
+            self.fail(f"a failed activation ({item[:2]}) that paid nothing changed seq or cache")
         answer = envelope is not None and envelope.WhichOneof("payload") in _ANSWERS
         if answer and after[3] is not None:
             kept = {answer_bytes(a) for a in Continuation.FromString(after[3]).answers}
