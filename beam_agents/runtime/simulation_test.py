@@ -14,6 +14,7 @@ import pytest
 
 from beam_agents.intents.effector import gate
 from beam_agents.runtime import machine, machine_answers
+from beam_agents.state.memory import ReplayCache
 from beam_agents.testing.simulation import Simulation, SimulationFailure
 
 SEEDS = int(os.environ.get("BEAM_AGENTS_SIM_SEEDS", "2000"))
@@ -68,6 +69,26 @@ def test_it_goes_red_when_an_answer_is_taken_without_its_signature(monkeypatch):
         machine_answers, "verify", lambda *args, **kwargs: machine_answers.Verification.VALID
     )
     assert "forged answer" in _red()
+
+
+def test_it_goes_red_when_a_failed_activations_model_calls_are_not_kept(monkeypatch):
+    monkeypatch.setattr(machine.KeyMachine, "_keep_paid", lambda self, work, run, ended: None)
+    assert "paid" in _red()
+
+
+def test_it_goes_red_when_a_replay_drops_the_calls_of_its_own_seq(monkeypatch):
+    # A retried start (deferred while its model was busy) and a function agent's resume replay
+    # what their seq paid for; reading the cache without its calls, as starts once did, pays
+    # again.
+    original = ReplayCache.from_blob.__func__
+
+    def from_blob(cls, blob, *, only_touched=False, **limits):
+        if only_touched:
+            return cls.without_calls(blob, **limits)
+        return original(cls, blob, **limits)
+
+    monkeypatch.setattr(ReplayCache, "from_blob", classmethod(from_blob))
+    assert "paid twice" in _red()
 
 
 def test_it_goes_red_when_the_effector_waits_for_a_claimant_that_died(monkeypatch):

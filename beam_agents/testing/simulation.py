@@ -18,9 +18,10 @@ simulated is everything around them:
   answers, events stamped 0 or far behind, duplicate events, exports, and a new job that
   restores a key from its last snapshot.
 
-After every step the invariants are checked against a reference model; at the end the world
-is drained (every message delivered, every due timer fired) and the answers are accounted for.
-A violation raises `SimulationFailure`.
+After every step the invariants are checked against a reference model (among them: the model
+is paid once for a call, by key, seq, position and request, unless the bundle that paid failed
+before its commit); at the end the world is drained (every message delivered, every due timer
+fired) and the answers are accounted for. A violation raises `SimulationFailure`.
 
 The simulation is in five modules: this one (the seeded world's state and the reference model,
 bundles of RunAgent's DoFn, the run), `simulation_world` (the effector, the human, forgers and
@@ -35,7 +36,7 @@ import dataclasses
 import json
 import random
 
-from beam_agents._protos import AgentEnvelope, LlmCacheBlob, StateSnapshot, ToolIntent
+from beam_agents._protos import AgentEnvelope, LlmCacheBlob, StateSnapshot, ToolIntent, TraceEvent
 from beam_agents.intents.effector import SqliteExecutionStore
 from beam_agents.intents.identity import content_digest
 from beam_agents.runtime import AtDeadline, DeadlinePolicy, RuntimeConfig, run_agent
@@ -68,14 +69,18 @@ class _Recording:
     def __init__(self, agent, sim: Simulation) -> None:
         self._agent, self._sim = agent, sim
         self.adapter = agent.adapter
+        # What the runtime reads of the agent it runs: how its resumes use the replay cache.
+        self.replays_every_call = getattr(agent, "replays_every_call", False)
 
     def start(self, ctx, event: bytes):
+        self._sim.activation = ctx
         outcome = self._agent.start(ctx, event)
         self._sim.note.started.append((ctx.entity_key, event))
         return outcome
 
     def resume(self, ctx, answers):
         self._sim.check_resume(ctx, answers)
+        self._sim.activation = ctx
         outcome = self._agent.resume(ctx, answers)
         self._sim.note.seen.extend(answer_bytes(a.envelope()) for a in answers)
         return outcome
@@ -87,6 +92,8 @@ class _Note:
 
     started: list = dataclasses.field(default_factory=list)
     seen: list = dataclasses.field(default_factory=list)
+    #: The model calls paid for: (key, seq, position, request).
+    paid: list = dataclasses.field(default_factory=list)
 
 
 class Simulation(World, Checks):
@@ -117,6 +124,10 @@ class Simulation(World, Checks):
         self.function_agent = rng.random() < 0.5
         agent = agents.FUNCTION if self.function_agent else agents.StepAgent()
         self.model = agents.SimModel(rng, fail_p=rng.choice([0, 0.1, 0.3]), variant_p=0.5)
+        self.model.on_paid = self._paid
+        #: The activation running now, and every model call a committed bundle paid for.
+        self.activation = None
+        self.paid_calls: set[tuple] = set()
         self.dofn = run_agent._AgentDoFn(
             _Recording(agent, self),
             self.model,
@@ -163,6 +174,17 @@ class Simulation(World, Checks):
 
     def fail(self, message: str) -> None:
         raise SimulationFailure(f"seed {self.seed}, step {self.step}: {message}")
+
+    def _paid(self, request) -> None:
+        """A model call is paid for once: a committed answer (or one a failed activation
+        paid for) replays, and only a bundle that failed before its commit pays again."""
+        ctx = self.activation
+        # The call's position in its activation: the calls before it, each traced.
+        position = sum(t.event_type == TraceEvent.LLM_CALL for t in ctx.traces)
+        call = (ctx.entity_key, ctx.seq, position, request.canonical())
+        if call in self.paid_calls or call in self.note.paid:
+            self.fail(f"paid twice for the model call {call}")
+        self.note.paid.append(call)
 
     # -- the DoFn ------------------------------------------------------------------------------
 
@@ -231,6 +253,7 @@ class Simulation(World, Checks):
             return []
         old_timers = dict(durable.timers)
         bundle.commit()
+        self.paid_calls.update(note.paid)
         counted = sum(
             blob.input_tokens + blob.output_tokens
             for blob in (

@@ -64,6 +64,8 @@ class SimModel:
         self._asked: set[str] = set()
         #: Tokens of every answer it gave: no key's usage may count more than were paid.
         self.paid = 0
+        #: Called with each request it answers.
+        self.on_paid = lambda request: None
 
     def complete(self, request: LlmRequest) -> LlmResponse:
         if self._rng.random() < self._fail_p:
@@ -74,6 +76,7 @@ class SimModel:
             variant = self._rng.randrange(1, 4)
         self._asked.add(canonical)
         self.paid += 3 + 2
+        self.on_paid(request)
         return LlmResponse(f"{request.messages[-1]['content']}#{variant}", request.model, 3, 2)
 
 
