@@ -21,7 +21,8 @@ bundle emits byte-identical intents and traces:
 Nothing an agent does through the context reaches state or outputs unless the activation
 returns normally: the runtime commits the context's memory, cache, intents and traces only
 then. The one exception is what the model was paid for: a failed activation's model calls are
-counted in the key's usage and kept in its cache for the activation's retry.
+counted in the key's usage, and kept in its cache for the activation's retry when the model or
+the budget stopped it.
 """
 
 from __future__ import annotations
@@ -57,6 +58,7 @@ __all__ = [
     "RefusingLlmClient",
     "ScriptedLlmClient",
     "Suspension",
+    "llm_cache_key",
     "model_slot",
     "span_id",
     "trace_id",
@@ -238,6 +240,14 @@ def model_slot(model: str, concurrency: int | None):
         yield
 
 
+def llm_cache_key(entity_key: bytes, seq: int, position: int | str, canonical: str) -> str:
+    """A model call's key in the replay cache: the key, its activation's seq, its position in
+    the activation (or `key:<replay_key>`) and the request's canonical JSON."""
+    return hashlib.sha256(
+        f"llm|{entity_key.hex()}|{seq}|{position}|{canonical}".encode()
+    ).hexdigest()
+
+
 def _saturating_add(ms: int, delta_ms: int) -> int:
     # Event times are any int64; a time past the end of int64 is the end of int64.
     return min(ms + delta_ms, 2**63 - 1)
@@ -376,9 +386,7 @@ class ActivationContext:
         canonical = request.canonical()
         position = self._llm_calls if replay_key is None else f"key:{replay_key}"
         self._llm_calls += 1
-        key = hashlib.sha256(
-            f"llm|{self.entity_key.hex()}|{self.seq}|{position}|{canonical}".encode()
-        ).hexdigest()
+        key = llm_cache_key(self.entity_key, self.seq, position, canonical)
         recorded = self.cache.get(key)
         cost = 0
         if recorded is not None:

@@ -15,8 +15,8 @@ Durable inputs. An accepted answer is recorded in the Continuation before anythi
 with it: a resume that fails keeps every answer, dead-letters the failure (with the answers)
 and is tried again on the deadline timer (`retry_at_ms`, backoff per RuntimeConfig); only when
 its retries are spent is the suspension ended, its answers inside a `resume_failed` dead letter.
-A model call is durable as soon as it is paid for: a failed activation's calls are counted in
-the key's usage and kept in its cache, so its retry replays them (`_keep_paid`).
+A failed activation's model calls are counted in the key's usage, and, when the model or the
+budget stopped it, kept in its cache as durable inputs that its retry replays (`_keep_paid`).
 An intent that has an answer is never presented as EXPIRED. An accepted external event is
 marked in the key's MemoryBlob (`event_marks`, a digest of its time and bytes, and of a
 transport's idempotency key), so a copy within `dedupe_window_ms` does nothing; events for a

@@ -6,11 +6,12 @@ ActivationContext over the key's Memory and ReplayCache and calls the agent, so 
 it raises or returns out of contract is a `Run` with an error, never the bundle's;
 `_commit_run` commits a success (the new state, its intents, traces and completion) and runs
 the mailbox of a suspension a completion ended; `_keep_paid` commits what a failure paid the
-model for (its calls counted and kept for its retry), and `_failed` dead-letters it with one
-ERROR trace event. `_resume` resumes the agent with every answer accepted so far: a resume
-that fails keeps them, dead-letters the failure (with the answers) and is tried again on the
-deadline timer with backoff, until its retries are spent and the suspension ends
-(`_end_suspension`) with its answers inside a `resume_failed` dead letter.
+model for (its calls counted, and kept for its retry when the model or the budget stopped it),
+and `_failed` dead-letters it with one ERROR trace event. `_resume` resumes the agent with
+every answer accepted so far: a resume that fails keeps them, dead-letters the failure (with
+the answers) and is tried again on the deadline timer with backoff, until its retries are spent
+and the suspension ends (`_end_suspension`) with its answers inside a `resume_failed` dead
+letter.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from beam_agents.runtime.machine_state import (
     saturating_add,
 )
 from beam_agents.state.memory import Memory, ReplayCache
+from beam_agents.state.migration import new_state_blob
 
 __all__ = ["Activations", "Run", "model_busy"]
 
@@ -172,25 +174,30 @@ class Activations:
                 self._drain(work, mailbox, anchor)
 
     def _keep_paid(self, work: Work, run: Run, *, ended: bool) -> None:
-        """Commits what a failed activation paid the model for, as durable inputs: its calls
-        count in the key's usage, and their answers stay in the cache, so a retry under the
-        same seq (a resume's, a deferred start's, a start held up by its budget) replays them
-        instead of paying again. An `ended` activation is never run again: the key moves past
-        its seq, so a start after it cannot replay an answer given to another event.
+        """Commits what a failed activation paid the model for: its calls count in the key's
+        usage. A failure of the model's (busy, down) or the budget's keeps their answers in the
+        cache too, as durable inputs, so the retry under the same seq (a resume's, a deferred
+        start's, a start held up by its budget) replays them instead of paying again; a failure
+        of the agent's (it raised, broke the contract) may have come from an answer, so its
+        retry asks the model again. A start that `ended` is never run again: the key moves past
+        its seq, so a later event's start cannot replay an answer this one's attempts paid for.
 
-        Nothing else changes: the key's memory (its activity, which the TTL counts from,
-        included) is not touched. A key that still holds a blob of an older version keeps it
-        untouched, and goes uncounted until a commit of its own migrates it: a failed
-        activation must not make a key the binary before cannot read."""
-        ctx = run.ctx
-        if not ctx.model_calls or work.current is not work.stored:
-            return
-        cache = ctx.cache.to_blob()
-        cache.state_schema_version = self._version
-        ctx.meter.write(cache)
-        state = work.state
+        Nothing else changes: not the key's memory, nor its TTL (`Work.commit(activity=False)`).
+        A key that still holds a blob of an older version keeps it untouched, and goes
+        uncounted until a commit of its own migrates it: a failed activation must not make a
+        key the binary before cannot read."""
+        ctx, state = run.ctx, work.state
+        cache = state.cache
+        if ctx.model_calls and work.current is work.stored:
+            if isinstance(run.error, LlmCallError | BudgetExceededError):
+                cache = ctx.cache.to_blob()
+            else:
+                cache = self._copy(cache) if cache is not None else new_state_blob(LlmCacheBlob)
+            cache.state_schema_version = self._version
+            ctx.meter.write(cache)
         seq = max(ctx.seq, state.seq or 0) if ended else state.seq
-        work.commit(dataclasses.replace(state, seq=seq, cache=cache), activity=False)
+        if cache is not state.cache or seq != state.seq:
+            work.commit(dataclasses.replace(state, seq=seq, cache=cache), activity=False)
 
     def _failed(
         self,

@@ -9,6 +9,7 @@ from __future__ import annotations
 from beam_agents.runtime import LlmResponse, RuntimeConfig, Suspension, agent
 from beam_agents.runtime.machine import ERRORS
 from beam_agents.testing.machine_harness import (
+    SEQ,
     T0,
     DownOnce,
     Harness,
@@ -96,6 +97,29 @@ def test_a_start_writes_back_its_own_model_calls_not_the_ones_before_and_a_resum
     assert len(h.states[2].value.entries) == 1
 
 
+class _AsksEachEvent:
+    """An agent of its own start and resume (not one that runs again from the top)."""
+
+    adapter = "tests.asks_each_event/v1"
+
+    def start(self, ctx, event):
+        return ctx.complete(
+            ctx.llm([{"role": "user", "content": event.decode()}], model="m").text.encode()
+        )
+
+    def resume(self, ctx, answers):
+        raise AssertionError("never suspends")
+
+
+def test_any_agents_start_writes_back_only_its_own_model_calls():
+    h = Harness(_AsksEachEvent(), llm=_Counted())
+    for n in range(3):
+        h.send(event(T0 + n, b"q%d" % n))
+        (entry,) = h.states[2].value.entries
+        assert LlmResponse.from_bytes(entry.response).text == f"on q{n}"
+    assert h.states[2].value.input_tokens == 15
+
+
 def test_a_start_that_calls_no_model_leaves_the_recorded_calls_unwritten():
     h = Harness(refund, llm=summarise(""))  # a tool first; the model only in the resume
     h.send(event(T0, b"7"))
@@ -166,7 +190,8 @@ def test_a_suspension_without_a_continuation_is_a_contract_dead_letter_not_a_cra
     h = Harness(_BadSuspension())
     effects = h.send(event(T0, b"x"))
     assert [e.reason for e in h.values(ERRORS)] == ["agent_contract"]
-    assert effects.state is None and h.values("intents") == []
+    # Only the seq is written: the key moves past the start that failed for good.
+    assert effects.state.empty and effects.state.seq == SEQ and h.values("intents") == []
 
 
 def test_a_memory_total_that_drops_to_zero_is_written_as_zero():

@@ -6,6 +6,7 @@ KeyMachine through `testing.machine_harness`.
 from __future__ import annotations
 
 from beam_agents._protos import ToolIntent
+from beam_agents.errors import LlmCallError
 from beam_agents.runtime import LlmResponse, RuntimeConfig, agent
 from beam_agents.runtime.machine import ERRORS
 from beam_agents.runtime.run_agent import _read
@@ -34,6 +35,20 @@ class _Counting:
     def complete(self, request):
         self.calls += 1
         return LlmResponse("ok", request.model, *self.usage)
+
+
+class _BusyOnce(_Counting):
+    """As _Counting, but busy once (retryable) on the first request for `content`."""
+
+    def __init__(self, content: str) -> None:
+        super().__init__()
+        self.busy_on = content
+
+    def complete(self, request):
+        if request.messages[-1]["content"] == self.busy_on:
+            self.busy_on = None
+            raise LlmCallError("busy", model=request.model, retryable=True)
+        return super().complete(request)
 
 
 def _budgeted(**budget):
@@ -244,18 +259,7 @@ def test_a_failed_activation_that_paid_writes_no_blob_the_binary_before_cannot_r
 
 
 def test_a_start_deferred_while_the_model_was_busy_replays_the_call_it_paid_for():
-    from beam_agents.errors import LlmCallError
-
-    class BusyOnce(_Counting):
-        busy = 1
-
-        def complete(self, request):
-            if request.messages[-1]["content"] == "b" and self.busy:
-                self.busy -= 1
-                raise LlmCallError("busy", model=request.model, retryable=True)
-            return super().complete(request)
-
-    model = BusyOnce()
+    model = _BusyOnce("b")
     h = Harness(_two_calls, llm=model, config=_budgeted())
     h.send(event(T0, b"x"))
     assert h.continuation.mailbox and model.calls == 1 and h.states[2].value.input_tokens == 100
@@ -266,7 +270,9 @@ def test_a_start_deferred_while_the_model_was_busy_replays_the_call_it_paid_for(
     assert cache.input_tokens + cache.output_tokens == 300
 
 
-def test_a_failing_resume_is_retried_with_the_model_answers_it_paid_for():
+def test_a_resume_the_agent_failed_counts_its_calls_and_its_retry_asks_the_model_again():
+    # The agent's failure may come from the model's answer (a malformed turn, JSON that does
+    # not parse): its retry is handed no recorded answer of the failed attempt, and pays again.
     model, fails = _Counting(), [RuntimeError("a bug after the model call, once")]
 
     @agent(name="tests.fails_once_after_the_model/v1")
@@ -282,10 +288,28 @@ def test_a_failing_resume_is_retried_with_the_model_answers_it_paid_for():
     (intent,) = pending(h)
     h.send(answer(T0 + 1, intent))
     assert [e.reason for e in h.values(ERRORS)] == ["agent_raised"] and model.calls == 1
-    assert h.continuation.resume_failures == 1
+    assert h.continuation.resume_failures == 1 and h.states[2].value.input_tokens == 100
     h.fire_deadline()
-    assert h.values("completions") == [b"ok"] and model.calls == 1
-    assert h.states[2].value.input_tokens == 100
+    assert h.values("completions") == [b"ok"] and model.calls == 2
+    assert h.states[2].value.input_tokens == 200
+
+
+def test_a_resume_whose_model_went_busy_replays_the_calls_it_paid_for_on_its_retry():
+    @agent(name="tests.two_calls_after_a_tool/v1")
+    def two_calls_after_a_tool(ctx, event: bytes) -> bytes:
+        ctx.call_tool("payments.refund", {"amount": 1})
+        ctx.llm([{"role": "user", "content": "first"}], model="m")
+        return ctx.llm([{"role": "user", "content": "second"}], model="m").text.encode()
+
+    model = _BusyOnce("second")
+    h = Harness(two_calls_after_a_tool, llm=model, config=_budgeted())
+    h.send(event(T0, b"x"))
+    (intent,) = pending(h)
+    h.send(answer(T0 + 1, intent))
+    assert [e.reason for e in h.values(ERRORS)] == ["llm_failed"] and model.calls == 1
+    h.fire_deadline()
+    assert h.values("completions") == [b"ok"] and model.calls == 2  # "first" replayed
+    assert h.states[2].value.input_tokens == 200
 
 
 def test_a_start_that_failed_for_good_replays_its_answer_to_no_later_event():

@@ -170,6 +170,7 @@ class Intake:
             self._keep_paid(work, run, ended=False)
             self._ask_budget(work, run, now, event=envelope, digests=digests, anchor=anchor)
         else:
+            # Ended for good, whatever this attempt paid: an earlier one may have kept answers.
             self._keep_paid(work, run, ended=True)
             # The record carries the event: one drained from a mailbox was marked as seen, so
             # nothing else holds it.

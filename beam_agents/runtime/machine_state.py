@@ -74,12 +74,14 @@ class KeyState:
 class Effects:
     """What one input produces. `state` is None when nothing is to be written; otherwise it
     is the key's whole new state, `deadline_at` the deadline timer's time (None: clear it)
-    and `ttl_at` the TTL timer's (None: clear it)."""
+    and `ttl_at` the TTL timer's (None: clear it), unless `keep_ttl` leaves that timer as it
+    is."""
 
     outputs: list[tuple[str, tuple[bytes, object]]] = dataclasses.field(default_factory=list)
     state: KeyState | None = None
     deadline_at: int | None = None
     ttl_at: int | None = None
+    keep_ttl: bool = False
     #: Names of the counters to increment, once per occurrence.
     counters: list[str] = dataclasses.field(default_factory=list)
 
@@ -160,10 +162,16 @@ class Commits:
             state = work.state
             suspended = continuation if continuation is not None else state.continuation
             effects.deadline_at = None if suspended is None else due_at(suspended)
-            # Only activity moves the TTL; a key with no memory has no activity to count from
-            # but this input's, and a TTL counted from 0 would wipe it at once.
-            anchor = work.anchor if work.active or state.memory is None else 0
-            effects.ttl_at = None if state.empty else self._ttl_at(state.memory, suspended, anchor)
+            if work.active or state.memory is None:
+                effects.ttl_at = (
+                    None if state.empty else self._ttl_at(state.memory, suspended, work.anchor)
+                )
+            else:
+                # Only activity sets the TTL: a commit of none (a failed activation's usage)
+                # leaves the timer the key's last activity set, which may count from an input
+                # that did not move the memory's mark. A key with no memory has no activity to
+                # count from but this input's.
+                effects.keep_ttl = True
             # A blob the input did not replace is written back as it was read: its migrated
             # view reaches state only with a change of its own.
             current, stored = work.current, work.stored

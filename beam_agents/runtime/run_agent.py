@@ -287,6 +287,8 @@ def _write(effects: Effects, stored: KeyState, states, timers) -> None:
             pending.add(intent)
     deadline, ttl = timers
     for timer, at in ((deadline, effects.deadline_at), (ttl, effects.ttl_at)):
+        if timer is ttl and effects.keep_ttl:
+            continue
         if at is None:
             timer.clear()
         else:

@@ -88,7 +88,7 @@ def test_it_goes_red_when_a_replay_drops_the_calls_of_its_own_seq(monkeypatch):
         return original(cls, blob, **limits)
 
     monkeypatch.setattr(ReplayCache, "from_blob", classmethod(from_blob))
-    assert "paid twice" in _red()
+    assert "paid again" in _red()
 
 
 def test_it_goes_red_when_the_effector_waits_for_a_claimant_that_died(monkeypatch):

@@ -19,9 +19,9 @@ simulated is everything around them:
   restores a key from its last snapshot.
 
 After every step the invariants are checked against a reference model (among them: the model
-is paid once for a call, by key, seq, position and request, unless the bundle that paid failed
-before its commit); at the end the world is drained (every message delivered, every due timer
-fired) and the answers are accounted for. A violation raises `SimulationFailure`.
+is never paid again for a call whose answer a committed cache held); at the end the world is
+drained (every message delivered, every due timer fired) and the answers are accounted for.
+A violation raises `SimulationFailure`.
 
 The simulation is in five modules: this one (the seeded world's state and the reference model,
 bundles of RunAgent's DoFn, the run), `simulation_world` (the effector, the human, forgers and
@@ -40,6 +40,7 @@ from beam_agents._protos import AgentEnvelope, LlmCacheBlob, StateSnapshot, Tool
 from beam_agents.intents.effector import SqliteExecutionStore
 from beam_agents.intents.identity import content_digest
 from beam_agents.runtime import AtDeadline, DeadlinePolicy, RuntimeConfig, run_agent
+from beam_agents.runtime.context import llm_cache_key
 from beam_agents.testing import simulation_agents as agents
 from beam_agents.testing import simulation_state as state
 from beam_agents.testing.simulation_checks import Checks
@@ -92,8 +93,8 @@ class _Note:
 
     started: list = dataclasses.field(default_factory=list)
     seen: list = dataclasses.field(default_factory=list)
-    #: The model calls paid for: (key, seq, position, request).
-    paid: list = dataclasses.field(default_factory=list)
+    #: The cache key of every call the bundle's cache has held after an input.
+    cached: set = dataclasses.field(default_factory=set)
 
 
 class Simulation(World, Checks):
@@ -125,9 +126,9 @@ class Simulation(World, Checks):
         agent = agents.FUNCTION if self.function_agent else agents.StepAgent()
         self.model = agents.SimModel(rng, fail_p=rng.choice([0, 0.1, 0.3]), variant_p=0.5)
         self.model.on_paid = self._paid
-        #: The activation running now, and every model call a committed bundle paid for.
+        #: The activation running now, and the cache key of every call a committed cache held.
         self.activation = None
-        self.paid_calls: set[tuple] = set()
+        self.cached: set[str] = set()
         self.dofn = run_agent._AgentDoFn(
             _Recording(agent, self),
             self.model,
@@ -176,15 +177,14 @@ class Simulation(World, Checks):
         raise SimulationFailure(f"seed {self.seed}, step {self.step}: {message}")
 
     def _paid(self, request) -> None:
-        """A model call is paid for once: a committed answer (or one a failed activation
-        paid for) replays, and only a bundle that failed before its commit pays again."""
+        """The model is never paid again for a call whose answer a committed cache held: it
+        replays (a call past the cache's limits aside, which these runs do not reach)."""
         ctx = self.activation
         # The call's position in its activation: the calls before it, each traced.
         position = sum(t.event_type == TraceEvent.LLM_CALL for t in ctx.traces)
-        call = (ctx.entity_key, ctx.seq, position, request.canonical())
-        if call in self.paid_calls or call in self.note.paid:
-            self.fail(f"paid twice for the model call {call}")
-        self.note.paid.append(call)
+        key = llm_cache_key(ctx.entity_key, ctx.seq, position, request.canonical())
+        if key in self.cached or key in self.note.cached:
+            self.fail(f"paid again for seq {ctx.seq}'s call {position}, which the cache held")
 
     # -- the DoFn ------------------------------------------------------------------------------
 
@@ -238,6 +238,9 @@ class Simulation(World, Checks):
                 if _bytes(message) != data:
                     self.fail(f"{item[:2]} changed a {type(message).__name__} it read in place")
             after = bundle.view()
+            note.cached.update(
+                e.cache_key for e in LlmCacheBlob.FromString(after[2] or b"").entries
+            )
             self._check_input(
                 item, before, after, outputs, set(self.counters.counted), self.model.paid - paid
             )
@@ -253,7 +256,7 @@ class Simulation(World, Checks):
             return []
         old_timers = dict(durable.timers)
         bundle.commit()
-        self.paid_calls.update(note.paid)
+        self.cached.update(note.cached)
         counted = sum(
             blob.input_tokens + blob.output_tokens
             for blob in (

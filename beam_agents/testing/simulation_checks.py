@@ -103,8 +103,9 @@ class Checks:
             counted
         ):
             return
-        # A failed activation changes nothing but its durable inputs: the answers, and the
-        # model calls it paid for (counted in the cache, the seq moved past a start that ended).
+        # A failed activation changes nothing but its durable inputs (the answers, and the
+        # model calls it paid for, counted in the cache) and, for a start that failed for good,
+        # the seq, which moves past it.
         if before[1] != after[1]:
             self.fail(f"a failed activation ({item[:2]}) changed the key's memory")
         counted_before, counted_after = (_tokens(blob) for blob in (before[2], after[2]))
@@ -113,8 +114,14 @@ class Checks:
                 f"failed activations paid {paid} tokens and the key's usage rose "
                 f"{counted_after - counted_before}"
             )
-        if not paid and (before[0], before[2]) != (after[0], after[2]):
-            self.fail(f"a failed activation ({item[:2]}) that paid nothing changed seq or cache")
+        if not paid and before[2] != after[2]:
+            self.fail(f"a failed activation ({item[:2]}) that paid nothing changed the cache")
+        ended = any(
+            tag == run_agent.ERRORS and value.input.HasField("external_event")
+            for tag, (_, value) in outputs
+        )
+        if before[0] != after[0] and not (ended and (before[0] or 0) < after[0]):
+            self.fail(f"a failed activation ({item[:2]}) moved the seq, and no start ended")
         answer = envelope is not None and envelope.WhichOneof("payload") in _ANSWERS
         if answer and after[3] is not None:
             kept = {answer_bytes(a) for a in Continuation.FromString(after[3]).answers}

@@ -1,0 +1,183 @@
+"""A failed activation's paid model calls under attack: a start that ends for good
+(its last attempt paid or not, a budget question declined or unanswered) leaves no answer for a
+later event's start at its seq; a retry past the cache's limits counts every payment; a ReAct
+resume that failed on a bad model turn asks the model again on its retry; the TTL is not moved
+back. Each test drives KeyMachine through `testing.machine_harness`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from beam_agents.errors import LlmCallError
+from beam_agents.runtime import LlmResponse, RuntimeConfig, agent
+from beam_agents.runtime.budget import Budget, OnBudget, Price
+from beam_agents.runtime.machine import ERRORS
+from beam_agents.testing.machine_harness import T0, Harness, answer, approve, event, pending
+
+
+class _Numbered:
+    """A model whose every answer is new ("answer 1", "answer 2", ...), so a replayed answer
+    tells itself apart from a paid one; busy (retryable) on requests for `busy`."""
+
+    def __init__(self, busy: str | None = None) -> None:
+        self.calls = 0
+        self.busy = busy
+
+    def complete(self, request):
+        if request.messages[-1]["content"] == self.busy:
+            raise LlmCallError("busy", model=request.model, retryable=True)
+        self.calls += 1
+        return LlmResponse(f"answer {self.calls}", request.model, 100, 50)
+
+
+@agent(name="tests.status/v1")
+def _status(ctx, event: bytes) -> bytes:
+    # The same first question whatever the event: "what is the status now?". A `deep` event
+    # asks a second question after it.
+    now = ctx.llm([{"role": "user", "content": "status?"}], model="m").text
+    if event == b"deep":
+        ctx.llm([{"role": "user", "content": "details?"}], model="m")
+    return now.encode()
+
+
+def _config(**budget) -> RuntimeConfig:
+    prices = {"m": Price(input_per_million=2_000_000, output_per_million=8_000_000)}
+    return RuntimeConfig(budget=Budget(prices=prices, **budget))
+
+
+def test_a_deferred_start_that_ends_on_a_replayed_attempt_moves_the_key_past_its_seq():
+    # The first attempt pays for "status?" and is deferred ("details?" busy); its last retry
+    # replays "status?", pays nothing, and fails for good. The cache still holds the first
+    # attempt's answer at that seq, so the key must move past it whatever the last attempt
+    # paid, or the next event is answered with it.
+    model = _Numbered(busy="details?")
+    config = dataclasses.replace(_config(), retryable_resume_retries=1)
+    h = Harness(_status, llm=model, config=config)
+    h.send(event(T0 - 1, b"quick"))  # a key with a seq: the next start runs at its successor
+    h.send(event(T0, b"deep"))
+    assert h.continuation.mailbox and model.calls == 2
+    h.fire_deadline()
+    assert [e.reason for e in h.values(ERRORS)] == ["llm_failed"] and h.continuation is None
+    model.busy = None
+    h.send(event(T0 + 10**6, b"quick"))
+    # The new event must ask the model; "answer 2" was paid for by the event that failed.
+    assert h.values("completions") == [b"answer 1", b"answer 3"]
+    assert model.calls == 3
+
+
+@pytest.mark.parametrize("decision", ["declined", "unanswered"])
+def test_a_budget_question_on_a_start_that_is_declined_moves_the_key_past_its_seq(decision):
+    # A start pays for "status?", is refused "details?" under ASK, and no one raises its
+    # budget: the start has failed for good, as a `budget_exceeded` dead letter, and the next
+    # event must not replay the answer it paid for.
+    model = _Numbered()
+    config = _config(key_tokens=310, on_exceed=OnBudget.ASK, raise_tokens=1000)
+    h = Harness(_status, llm=model, config=config)
+    h.send(event(T0 - 1, b"quick"))
+    h.send(event(T0, b"deep"))
+    (question,) = pending(h)
+    assert model.calls == 2
+    if decision == "declined":
+        h.send(approve(T0 + 1, question, approved=False))
+    else:
+        h.fire_deadline()
+    assert [e.reason for e in h.values(ERRORS)] == ["budget_exceeded"] and not pending(h)
+    later = h.timers[1].at_ms or T0 + 10**9
+    h.send(event(later - 1, b"quick"))
+    # The refused start's call counts (300 of 310 tokens used): the next start asks too.
+    (again,) = pending(h)
+    h.send(approve(later, again))
+    assert h.values("completions") == [b"answer 1", b"answer 3"]
+    assert model.calls == 3
+
+
+@agent(name="tests.three_then_busy/v1")
+def _three_then_busy(ctx, event: bytes) -> bytes:
+    for question in ("a", "b", "c", "last"):
+        answered = ctx.llm([{"role": "user", "content": question}], model="m")
+    return answered.text.encode()
+
+
+def test_a_retry_whose_calls_overflow_the_cache_pays_again_and_counts_every_payment():
+    # Three calls paid, the fourth busy; the cache keeps two. The retry runs the calls in the
+    # order they were made, so LRU evicts each kept answer just before it is needed and every
+    # call is paid again: replay holds within the cache's limits only (README, Budgets). What
+    # must hold past them is the count: each payment once in the key's usage.
+    model = _Numbered(busy="last")
+    config = dataclasses.replace(_config(), cache_max_entries=2)
+    h = Harness(_three_then_busy, llm=model, config=config)
+    h.send(event(T0, b"x"))
+    assert model.calls == 3 and h.continuation.mailbox
+    model.busy = None
+    h.fire_deadline()
+    assert h.values("completions") == [b"answer 7"] and model.calls == 7
+    cache = h.states[2].value
+    assert (cache.input_tokens, cache.output_tokens) == (700, 350)
+
+
+def test_a_react_resume_that_failed_on_a_bad_model_turn_asks_the_model_again_on_its_retry():
+    # A ReAct resume whose model turn named a tool it was not given until the turn limit is a
+    # TurnLimitError (agent_raised), which resume_retries exists to retry. A retry handed the
+    # same bad turn would fail the same way each time, and the suspension would end as
+    # resume_failed after a refund was paid; a react agent cannot ask again on its own, as its
+    # calls are its loop's. So the retry asks the model, which answers differently.
+    from beam_agents.runtime.react import react_agent
+    from beam_agents.runtime.tool_calling import ToolCall, ToolDefinition
+
+    class Model:
+        calls = 0
+
+        def complete(self, request):
+            self.calls += 1
+            if self.calls == 1:
+                call = ToolCall("c1", "refund", {"amount": 1})
+                return LlmResponse("", request.model, 10, 10, tool_calls=(call,))
+            if self.calls == 2:  # a bad turn: a tool that does not exist
+                call = ToolCall("c2", "refund_v2", {})
+                return LlmResponse("", request.model, 10, 10, tool_calls=(call,))
+            return LlmResponse("refunded", request.model, 10, 10)
+
+    model = Model()
+    agent_ = react_agent(
+        model="m",
+        tools=[ToolDefinition("refund", "Refunds.", {"type": "object"})],
+        max_turns=2,
+    )
+    h = Harness(agent_, llm=model, config=_config())
+    h.send(event(T0, b"refund my order"))
+    (intent,) = pending(h)
+    h.send(answer(T0 + 1, intent))
+    assert [e.reason for e in h.values(ERRORS)] == ["agent_raised"]
+    h.fire_deadline()
+    assert h.values("completions") == [b"refunded"]
+
+
+@agent(name="tests.suspends_then_fails/v1")
+def _suspends_then_fails(ctx, event: bytes) -> bytes:
+    if event == b"fail":
+        ctx.llm([{"role": "user", "content": "hi"}], model="m")
+        raise RuntimeError("a bug after the model call")
+    ctx.memory.put("order", event)
+    ctx.call_tool("payments.refund", {"amount": 1})
+    raise RuntimeError("a bug in the resume")
+
+
+def test_a_failed_start_that_paid_does_not_move_the_keys_ttl_back():
+    # A resume that fails for good is activity: the TTL timer is set a TTL from it, though the
+    # memory's last_activity_ms does not move. A failed start that paid must leave that timer:
+    # set anew from the memory's mark, it would move back, and the key (its memory and its
+    # usage) would be wiped half a TTL after its latest activity.
+    ttl = 10_000_000
+    config = dataclasses.replace(_config(), ttl_ms=ttl, resume_retries=0)
+    h = Harness(_suspends_then_fails, llm=_Numbered(), config=config)
+    h.send(event(T0, b"refund"))
+    (intent,) = pending(h)
+    h.send(answer(T0 + ttl // 2, intent))
+    assert [e.reason for e in h.values(ERRORS)] == ["resume_failed"]
+    assert h.timers[1].at_ms == T0 + ttl // 2 + ttl
+    h.send(event(T0 + ttl // 2 + 1, b"fail"))
+    assert h.values(ERRORS)[-1].reason == "agent_raised" and h.states[2].value.input_tokens
+    assert h.timers[1].at_ms >= T0 + ttl // 2 + ttl
