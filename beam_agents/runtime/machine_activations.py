@@ -179,8 +179,9 @@ class Activations:
         cache too, as durable inputs, so the retry under the same seq (a resume's, a deferred
         start's, a start held up by its budget) replays them instead of paying again; a failure
         of the agent's (it raised, broke the contract) may have come from an answer, so its
-        retry asks the model again. A start that `ended` is never run again: the key moves past
-        its seq, so a later event's start cannot replay an answer this one's attempts paid for.
+        retry asks the model again. A start that `ended` is never run again: only the count is
+        kept, and the key moves past its seq, so a later event's start cannot replay an answer
+        this one's attempts paid for.
 
         Nothing else changes: not the key's memory, nor its TTL (`Work.commit(activity=False)`).
         A key that still holds a blob of an older version keeps it untouched, and goes
@@ -189,7 +190,7 @@ class Activations:
         ctx, state = run.ctx, work.state
         cache = state.cache
         if ctx.model_calls and work.current is work.stored:
-            if isinstance(run.error, LlmCallError | BudgetExceededError):
+            if isinstance(run.error, LlmCallError | BudgetExceededError) and not ended:
                 cache = ctx.cache.to_blob()
             else:
                 cache = self._copy(cache) if cache is not None else new_state_blob(LlmCacheBlob)

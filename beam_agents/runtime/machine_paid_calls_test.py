@@ -181,3 +181,19 @@ def test_a_failed_start_that_paid_does_not_move_the_keys_ttl_back():
     h.send(event(T0 + ttl // 2 + 1, b"fail"))
     assert h.values(ERRORS)[-1].reason == "agent_raised" and h.states[2].value.input_tokens
     assert h.timers[1].at_ms >= T0 + ttl // 2 + ttl
+
+
+def test_a_start_that_ends_for_good_keeps_the_count_of_its_calls_not_their_answers():
+    # Its seq is never run again, so an answer kept at it would be dead weight in every later
+    # commit of the cache, until a start that calls the model drops it.
+    class Down(_Numbered):
+        def complete(self, request):
+            if request.messages[-1]["content"] == "details?":
+                raise LlmCallError("down", model=request.model, retryable=False)
+            return super().complete(request)
+
+    h = Harness(_status, llm=Down(), config=_config())
+    h.send(event(T0, b"deep"))
+    assert [e.reason for e in h.values(ERRORS)] == ["llm_failed"]
+    cache = h.states[2].value
+    assert not cache.entries and cache.input_tokens == 100
