@@ -179,26 +179,30 @@ class Activations:
         cache too, as durable inputs, so the retry under the same seq (a resume's, a deferred
         start's, a start held up by its budget) replays them instead of paying again; a failure
         of the agent's (it raised, broke the contract) may have come from an answer, so its
-        retry asks the model again. A start that `ended` is never run again: only the count is
-        kept, and the key moves past its seq, so a later event's start cannot replay an answer
-        this one's attempts paid for.
+        retry asks the model again. A start that `ended` is never run again (`_end_start`).
 
-        Nothing else changes: not the key's memory, nor its TTL (`Work.commit(activity=False)`).
-        A key that still holds a blob of an older version keeps it untouched, and goes
-        uncounted until a commit of its own migrates it: a failed activation must not make a
-        key the binary before cannot read."""
+        Nothing else changes: not the key's memory, nor its TTL (`Work.commit(activity=False)`),
+        but on a key with no memory, whose TTL has no activity to count from but this failure:
+        its memory then holds that mark alone. A key that an older binary still reads is left
+        untouched and goes uncounted until a commit of its own migrates it: a failed
+        activation must not make a key the binary before cannot read."""
         ctx, state = run.ctx, work.state
-        cache = state.cache
-        if ctx.model_calls and work.current is work.stored:
-            if isinstance(run.error, LlmCallError | BudgetExceededError) and not ended:
+        if ctx.model_calls and not self._readable_by_older(work):
+            if isinstance(run.error, LlmCallError | BudgetExceededError):
                 cache = ctx.cache.to_blob()
+            elif state.cache is not None:
+                cache = self._copy(state.cache)
             else:
-                cache = self._copy(cache) if cache is not None else new_state_blob(LlmCacheBlob)
+                cache = new_state_blob(LlmCacheBlob)
             cache.state_schema_version = self._version
             ctx.meter.write(cache)
-        seq = max(ctx.seq, state.seq or 0) if ended else state.seq
-        if cache is not state.cache or seq != state.seq:
-            work.commit(dataclasses.replace(state, seq=seq, cache=cache), activity=False)
+            memory = state.memory or self._marked(None, (), work.anchor, owned=False)
+            work.commit(
+                dataclasses.replace(state, memory=memory, cache=cache),
+                activity=memory is not state.memory,
+            )
+        if ended:
+            self._end_start(work, ctx.seq)
 
     def _failed(
         self,

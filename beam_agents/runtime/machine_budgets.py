@@ -147,10 +147,7 @@ class BudgetQuestions:
             answers=() if start else suspended.answers,
         )
         if start:
-            # The start it held up ended for good: the key moves past its seq, as after any
-            # start that failed for good (`Activations._keep_paid`).
-            seq = max(suspended.seq, work.state.seq or 0)
-            work.commit(dataclasses.replace(work.state, seq=seq))
+            self._end_start(work, suspended.seq)
             rest = self._copy(suspended)
             del rest.mailbox[0]
             self._end_suspension(work, rest)

@@ -16,7 +16,6 @@ from beam_agents.testing.machine_harness import (
     answer,
     approve,
     event,
-    frozen,
     pending,
     refund,
     summarise_event,
@@ -68,12 +67,16 @@ def test_usage_is_kept_per_key_and_a_call_past_the_key_budget_is_not_made():
     # Each call: 100 input tokens at 2 and 50 output tokens at 8 per million, in micros.
     assert cache.cost_micros == 2 * (200 + 400)
     h.send(event(T0 + 2, b"c"))  # 300 used, the estimate fits: 450 used after it
-    before = frozen(_read(h.states))
+    before = _read(h.states)
     h.send(event(T0 + 3, b"d" * 400))  # past 400 already: not called
     (refused,) = [e for e in h.values(ERRORS)]
     assert refused.reason == "budget_exceeded" and "key tokens" in refused.detail
     assert refused.input.external_event == b"d" * 400
-    assert model.calls == 3 and frozen(_read(h.states)) == before
+    after = _read(h.states)
+    # The refused start ended for good: the key moves past its seq and its dead calls go.
+    assert model.calls == 3 and after.seq == before.seq + 1 and not after.cache.entries
+    assert after.cache.input_tokens == before.cache.input_tokens == 300
+    assert after.memory is before.memory and after.continuation is before.continuation
 
 
 def test_an_activation_budget_and_a_model_without_a_price_under_a_cost_limit():
@@ -331,11 +334,13 @@ def test_a_start_that_failed_for_good_replays_its_answer_to_no_later_event():
 
 
 def test_a_new_keys_failed_start_keeps_its_usage_for_a_ttl_from_its_event():
-    # With no memory there is no activity to count the TTL from but the event's: counted from
-    # 0, the timer would wipe the usage as soon as it was written.
+    # With no memory there is no activity to count the TTL from but the failure's: the memory
+    # holds that mark alone, a high-water mark as any other, so an event stamped behind and a
+    # stale TTL firing cannot wipe the usage early (machine_paid_calls_test).
     ttl = 10_000
     config = RuntimeConfig(ttl_ms=ttl, budget=_budgeted().budget)
     h = Harness(_pays_then_fails, llm=_Counting(), config=config)
     h.send(event(T0 + 5, b"x"))
-    assert h.memory is None and h.states[2].value.input_tokens == 100
+    assert h.states[2].value.input_tokens == 100
+    assert h.memory.last_activity_ms == T0 + 5 and not h.memory.entries
     assert h.timers[1].at_ms == T0 + 5 + ttl

@@ -11,8 +11,9 @@ dropped; for a suspended key it waits in the Continuation's mailbox (bounded in 
 bytes, else a `mailbox_full` dead letter); otherwise it starts an activation at the key's
 next seq (`_start`). A start whose model stays busy past its client's retries is deferred: the
 key waits on its deadline timer with the event first in its mailbox (`_defer`,
-`_retry_start`). When a suspension ends, its mailbox runs in event-time order until one
-suspends again (`_drain`). Activations themselves are `machine_activations`'.
+`_retry_start`). A start that fails for good moves the key past its seq (`_end_start`). When
+a suspension ends, its mailbox runs in event-time order until one suspends again (`_drain`).
+Activations themselves are `machine_activations`'.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from beam_agents._protos import AgentEnvelope, Continuation, MemoryBlob
 from beam_agents.runtime import dead_letters as dl
 from beam_agents.runtime.machine_activations import model_busy
 from beam_agents.runtime.machine_state import INT64_MAX, Work, saturating_add
+from beam_agents.state.memory import calls_dropped
 from beam_agents.state.migration import new_state_blob
 
 __all__ = ["Intake", "event_digests"]
@@ -175,6 +177,20 @@ class Intake:
             # The record carries the event: one drained from a mailbox was marked as seen, so
             # nothing else holds it.
             self._failed(work, run, now, event=envelope)
+
+    def _end_start(self, work: Work, seq: int) -> None:
+        """A start failed for good: the key moves past its seq, so no later event's start can
+        replay an answer its attempts paid for. Every call its cache holds is then dead (a
+        start runs only when no suspension could replay one), so they are dropped, on a key
+        no older binary reads. Its memory and TTL stay as they are."""
+        state = work.state
+        cache = state.cache
+        if cache is not None and cache.entries and not self._readable_by_older(work):
+            cache = calls_dropped(cache)
+            cache.state_schema_version = self._version
+        seq = max(seq, state.seq or 0)
+        if cache is not state.cache or seq != state.seq:
+            work.commit(dataclasses.replace(state, seq=seq, cache=cache), activity=False)
 
     def _defer(self, work: Work, envelope: AgentEnvelope, digests, anchor: int, failures: int):
         """A start whose model stayed busy past its client's retries: the key waits on its

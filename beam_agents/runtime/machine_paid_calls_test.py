@@ -20,14 +20,17 @@ from beam_agents.testing.machine_harness import T0, Harness, answer, approve, ev
 
 class _Numbered:
     """A model whose every answer is new ("answer 1", "answer 2", ...), so a replayed answer
-    tells itself apart from a paid one; busy (retryable) on requests for `busy`."""
+    tells itself apart from a paid one; busy (retryable) on requests for `busy`, `times`
+    times (None: always)."""
 
-    def __init__(self, busy: str | None = None) -> None:
+    def __init__(self, busy: str | None = None, times: int | None = None) -> None:
         self.calls = 0
         self.busy = busy
+        self.times = times
 
     def complete(self, request):
-        if request.messages[-1]["content"] == self.busy:
+        if request.messages[-1]["content"] == self.busy and self.times != 0:
+            self.times = None if self.times is None else self.times - 1
             raise LlmCallError("busy", model=request.model, retryable=True)
         self.calls += 1
         return LlmResponse(f"answer {self.calls}", request.model, 100, 50)
@@ -197,3 +200,87 @@ def test_a_start_that_ends_for_good_keeps_the_count_of_its_calls_not_their_answe
     assert [e.reason for e in h.values(ERRORS)] == ["llm_failed"]
     cache = h.states[2].value
     assert not cache.entries and cache.input_tokens == 100
+
+
+@agent(name="tests.pays_then_fails/v1")
+def _pays_then_fails(ctx, event: bytes) -> bytes:
+    ctx.llm([{"role": "user", "content": "hi"}], model="m")
+    raise RuntimeError("a bug after the model call")
+
+
+def test_a_memoryless_keys_usage_is_kept_for_a_ttl_from_its_latest_failure():
+    # A key whose only state is what failed starts paid (a poison key) keeps it for a TTL from
+    # the latest of them, a high-water mark like any key's activity: an event stamped behind
+    # does not move the timer back, and a stale firing of an earlier setting wipes nothing.
+    # Else its budget would reset early, and it would pay on for ever, a TTL at a time.
+    ttl = 10_000_000
+    config = dataclasses.replace(_config(key_tokens=400), ttl_ms=ttl)
+    h = Harness(_pays_then_fails, llm=_Numbered(), config=config)
+    h.send(event(T0 + 10**6, b"a"))
+    assert h.timers[1].at_ms == T0 + 10**6 + ttl
+    h.send(event(T0, b"b"))  # stamped behind; its start fails after paying too
+    assert h.states[2].value.input_tokens == 200
+    assert h.timers[1].at_ms == T0 + 10**6 + ttl
+    h.fire_ttl(T0 + ttl)  # the setting an event at T0 would have made, fired anyway
+    assert h.states[2].value.input_tokens == 200
+    assert [e.reason for e in h.values(ERRORS)] == ["agent_raised"] * 2
+
+
+@agent(name="tests.status_then_details/v1")
+def _status_then_details(ctx, event: bytes) -> bytes:
+    now = ctx.llm([{"role": "user", "content": "status?"}], model="m").text
+    ctx.llm([{"role": "user", "content": "details?"}], model="m")
+    return now.encode()
+
+
+@pytest.mark.parametrize("ending", ["deferred_then_busy", "budget_declined"])
+def test_a_start_that_ends_for_good_leaves_no_answer_an_earlier_attempt_kept(ending):
+    # The first attempt pays "status?" and keeps it for its retry (deferred: "details?" busy;
+    # or held by a budget question); then the start ends for good. Its seq never runs again,
+    # so the answer would only be copied and encoded by every commit of the cache.
+    if ending == "deferred_then_busy":
+        model = _Numbered(busy="details?")
+        config = dataclasses.replace(_config(), retryable_resume_retries=1)
+    else:
+        model = _Numbered()
+        config = _config(key_tokens=160, on_exceed=OnBudget.ASK, raise_tokens=10)
+    h = Harness(_status_then_details, llm=model, config=config)
+    h.send(event(T0, b"x"))
+    assert model.calls == 1 and h.continuation is not None
+    if ending == "deferred_then_busy":
+        h.fire_deadline()
+        assert [e.reason for e in h.values(ERRORS)] == ["llm_failed"]
+    else:
+        (question,) = pending(h)
+        h.send(approve(T0 + 1, question, approved=False))
+        assert [e.reason for e in h.values(ERRORS)] == ["budget_exceeded"]
+    assert h.continuation is None and model.calls == 1
+    cache = h.states[2].value
+    assert cache.input_tokens == 100 and not cache.entries
+
+
+@agent(name="tests.says_or_fails/v1")
+def _says_or_fails(ctx, event: bytes) -> bytes:
+    said = ctx.llm([{"role": "user", "content": event.decode()}], model="m").text
+    if event == b"fail":
+        raise RuntimeError("a bug after the model call")
+    return said.encode()
+
+
+def test_a_failed_start_after_a_commit_that_migrated_the_cache_is_counted():
+    # The key holds a version-1 cache. Its deferred start succeeds on its retry and its commit
+    # migrates the cache; then a queued event pays and fails in the same input. The key holds
+    # no older blob any more, so that payment counts.
+    from beam_agents._protos import LlmCacheBlob
+
+    model = _Numbered(busy="first", times=1)
+    h = Harness(_says_or_fails, llm=model, config=_config())
+    h.states[2].value = LlmCacheBlob(state_schema_version=1, input_tokens=10)
+    h.send(event(T0, b"first"))
+    h.send(event(T0 + 1, b"fail"))
+    assert len(h.continuation.mailbox) == 2 and model.calls == 0
+    h.fire_deadline()
+    assert h.values("completions") == [b"answer 1"] and model.calls == 2
+    assert [e.reason for e in h.values(ERRORS)] == ["agent_raised"]
+    cache = h.states[2].value
+    assert cache.state_schema_version == 2 and cache.input_tokens == 10 + 200

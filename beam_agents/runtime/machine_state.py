@@ -162,15 +162,14 @@ class Commits:
             state = work.state
             suspended = continuation if continuation is not None else state.continuation
             effects.deadline_at = None if suspended is None else due_at(suspended)
-            if work.active or state.memory is None:
+            if work.active:
                 effects.ttl_at = (
                     None if state.empty else self._ttl_at(state.memory, suspended, work.anchor)
                 )
             else:
                 # Only activity sets the TTL: a commit of none (a failed activation's usage)
                 # leaves the timer the key's last activity set, which may count from an input
-                # that did not move the memory's mark. A key with no memory has no activity to
-                # count from but this input's.
+                # that did not move the memory's mark.
                 effects.keep_ttl = True
             # A blob the input did not replace is written back as it was read: its migrated
             # view reaches state only with a change of its own.
@@ -187,6 +186,23 @@ class Commits:
                 pending=state.pending,
             )
         return effects
+
+    def _readable_by_older(self, work: Work) -> bool:
+        """Whether the key, as this input has left it so far, is one a binary of an older
+        schema version still reads: it holds a blob such a binary wrote (one no commit
+        replaced, which `_finish` writes back as read) and none of this version's."""
+        older = False
+        for now, read, stored in (
+            (work.state.memory, work.current.memory, work.stored.memory),
+            (work.state.cache, work.current.cache, work.stored.cache),
+            (work.state.continuation, work.current.continuation, work.stored.continuation),
+        ):
+            blob = stored if now is read else now
+            if blob is not None:
+                if blob.state_schema_version == self._version:
+                    return False
+                older = True
+        return older
 
     def _ttl_at(
         self, memory: MemoryBlob | None, suspended: Continuation | None, anchor: int

@@ -247,10 +247,13 @@ def test_a_failing_agent_changes_no_state_but_the_seq_and_its_models_usage(tmp_p
         after.continuation.CopyFrom(before.continuation)
     else:
         # A start that failed for good moves the key past its seq, so no later event's start
-        # can replay what it paid for. Its model call (at "after_llm" and later) is counted,
-        # here 0 tokens, its answer not kept: the agent's failure may have come from it.
-        assert after.seq == before.seq + 1
+        # can replay what it paid for, and its cache keeps no call, every one dead then. Its
+        # model call (at "after_llm" and later) is counted, here 0 tokens.
+        assert after.seq == before.seq + 1 and before.llm_cache.entries
+        assert not after.llm_cache.entries
+        assert after.llm_cache.input_tokens == before.llm_cache.input_tokens
         after.seq = before.seq
+        after.llm_cache.CopyFrom(before.llm_cache)
     assert _state(after) == _state(before)
     (error,) = outputs.values("errors")
     expected = {

@@ -53,7 +53,7 @@ from beam_agents._protos import LlmCacheBlob, MemoryBlob
 from beam_agents.errors import MemoryBudgetError
 from beam_agents.state.migration import CURRENT_STATE_SCHEMA_VERSION, INDEX_FIELDS
 
-__all__ = ["Memory", "ReplayCache", "with_checked_index"]
+__all__ = ["Memory", "ReplayCache", "calls_dropped", "with_checked_index"]
 
 _BIG_ENDIAN = sys.byteorder == "big"
 
@@ -494,19 +494,8 @@ class ReplayCache(_LruOverlay):
         earlier activations', whose keys hold another seq, and keeping them would only make
         each commit of the cache copy and encode them. `blob` is read, never changed.
 
-        Fields a newer binary added (unknown here) are kept, as every other writer of the blob
-        keeps them: a roll-back must not zero what the newer binary counts there. Only then is
-        the blob copied whole, its calls with it, and those cleared."""
-        kept = LlmCacheBlob()
-        if UnknownFieldSet(blob):
-            kept.CopyFrom(blob)
-            for name in _CALL_FIELDS:
-                kept.ClearField(name)
-        else:
-            for field, value in blob.ListFields():
-                if field.name not in _CALL_FIELDS:
-                    setattr(kept, field.name, value)
-        return cls.from_blob(kept, **limits)
+        Fields a newer binary added are kept (`calls_dropped`)."""
+        return cls.from_blob(calls_dropped(blob), **limits)
 
     @property
     def total_response_bytes(self) -> int:
@@ -543,6 +532,23 @@ class ReplayCache(_LruOverlay):
     def _evict(self) -> None:
         while len(self) > self.max_entries or self._total() > self.max_bytes:
             self._evict_least_recent()
+
+
+def calls_dropped(blob: LlmCacheBlob) -> LlmCacheBlob:
+    """A new LlmCacheBlob with every field of `blob` but its recorded calls (and their total and
+    index). Fields a newer binary added (unknown here) are kept, as every other writer of the
+    blob keeps them: a roll-back must not zero what the newer binary counts there. Only then is
+    the blob copied whole, its calls with it, and those cleared."""
+    kept = LlmCacheBlob()
+    if UnknownFieldSet(blob):
+        kept.CopyFrom(blob)
+        for name in _CALL_FIELDS:
+            kept.ClearField(name)
+    else:
+        for field, value in blob.ListFields():
+            if field.name not in _CALL_FIELDS:
+                setattr(kept, field.name, value)
+    return kept
 
 
 def with_checked_index(blob):

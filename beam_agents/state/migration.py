@@ -17,7 +17,8 @@ additive-only and never migrates.
   no randomness, no I/O: replayed bundles must see the same migrated view) and returns a new
   message stamped exactly one version higher; anything else raises `MigrationStepError`.
 * Migration writes nothing. The migrated view reaches durable state only through the next
-  successful commit, so a failed activation leaves the old bytes untouched.
+  commit, and a failed activation commits (the model calls it paid for) only on a key that no
+  binary of an older version reads any more, so it never wedges one the binary before reads.
 
 Steps are modules under migrations/ (importable as `beam_agents_migrations.<step>`), one per
 (message type, from_version), each declaring MESSAGE_TYPE, FROM_VERSION, TO_VERSION and

@@ -25,6 +25,18 @@ _ENDINGS = {dl.RESUME_FAILED, dl.DEADLINE_EXCEEDED}
 _ANSWERS = ("tool_result", "approval")
 
 
+def _only_activity(memory: bytes | None) -> bool:
+    """A memory that holds nothing but its activity mark."""
+    blob = MemoryBlob.FromString(memory or b"")
+    blob.ClearField("last_activity_ms")
+    blob.ClearField("state_schema_version")
+    return memory is not None and blob == MemoryBlob()
+
+
+def _calls(cache: bytes | None) -> int:
+    return len(LlmCacheBlob.FromString(cache or b"").entries)
+
+
 def _tokens(cache: bytes | None) -> int:
     """The tokens a key's stored cache counts."""
     blob = LlmCacheBlob.FromString(cache or b"")
@@ -105,8 +117,13 @@ class Checks:
             return
         # A failed activation changes nothing but its durable inputs (the answers, and the
         # model calls it paid for, counted in the cache) and, for a start that failed for good,
-        # the seq, which moves past it.
-        if before[1] != after[1]:
+        # the seq, which moves past it, and the cache's calls, all dead then. A key with no
+        # memory gets one holding only the activity mark its TTL counts from.
+        ended = any(
+            tag == run_agent.ERRORS and value.input.HasField("external_event")
+            for tag, (_, value) in outputs
+        )
+        if before[1] != after[1] and not (before[1] is None and _only_activity(after[1])):
             self.fail(f"a failed activation ({item[:2]}) changed the key's memory")
         counted_before, counted_after = (_tokens(blob) for blob in (before[2], after[2]))
         if counted_after - counted_before != paid:
@@ -114,12 +131,8 @@ class Checks:
                 f"failed activations paid {paid} tokens and the key's usage rose "
                 f"{counted_after - counted_before}"
             )
-        if not paid and before[2] != after[2]:
+        if not paid and before[2] != after[2] and not (ended and not _calls(after[2])):
             self.fail(f"a failed activation ({item[:2]}) that paid nothing changed the cache")
-        ended = any(
-            tag == run_agent.ERRORS and value.input.HasField("external_event")
-            for tag, (_, value) in outputs
-        )
         if before[0] != after[0] and not (ended and (before[0] or 0) < after[0]):
             self.fail(f"a failed activation ({item[:2]}) moved the seq, and no start ended")
         answer = envelope is not None and envelope.WhichOneof("payload") in _ANSWERS
