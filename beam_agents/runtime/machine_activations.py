@@ -181,11 +181,13 @@ class Activations:
         of the agent's (it raised, broke the contract) may have come from an answer, so its
         retry asks the model again. A start that `ended` is never run again (`_end_start`).
 
-        Nothing else changes: not the key's memory, nor its TTL (`Work.commit(activity=False)`),
-        but on a key with no memory, whose TTL has no activity to count from but this failure:
-        its memory then holds that mark alone. A key that an older binary still reads is left
-        untouched and goes uncounted until a commit of its own migrates it: a failed
-        activation must not make a key the binary before cannot read."""
+        What it records is the key's activity, as any commit of an event: the memory's
+        activity mark moves (a key with no memory gets one holding that mark alone), and the
+        TTL counts from it, so a key that keeps paying for failures keeps their count. Nothing
+        else changes. A key that an older binary still reads is left untouched and goes
+        uncounted until a commit migrates it: a failed activation must not make a key the
+        binary before cannot read. So the caller commits first what the failure's path commits
+        anyway (a deferral, a budget question, a retry), all written at this version."""
         ctx, state = run.ctx, work.state
         if ctx.model_calls and not self._readable_by_older(work):
             if isinstance(run.error, LlmCallError | BudgetExceededError):
@@ -196,11 +198,8 @@ class Activations:
                 cache = new_state_blob(LlmCacheBlob)
             cache.state_schema_version = self._version
             ctx.meter.write(cache)
-            memory = state.memory or self._marked(None, (), work.anchor, owned=False)
-            work.commit(
-                dataclasses.replace(state, memory=memory, cache=cache),
-                activity=memory is not state.memory,
-            )
+            memory = self._marked(state.memory, (), work.anchor, owned=False)
+            work.commit(dataclasses.replace(state, memory=memory, cache=cache))
         if ended:
             self._end_start(work, ctx.seq)
 
@@ -252,9 +251,9 @@ class Activations:
                 work, run, now, marks=(), anchor=work.anchor, mailbox=list(suspended.mailbox)
             )
             return
-        self._keep_paid(work, run, ended=False)
         if self._asks(run.error):
             self._ask_budget(work, run, now, suspended=suspended)
+            self._keep_paid(work, run, ended=False)
             return
         failures = suspended.resume_failures + 1
         limit = (
@@ -272,6 +271,8 @@ class Activations:
                 answers=suspended.answers,
                 reason=dl.RESUME_FAILED,
             )
+            # Before the mailbox runs: its starts count from the usage this one leaves.
+            self._keep_paid(work, run, ended=False)
             self._end_suspension(work, suspended)
             return
         retry = self._copy(suspended)
@@ -288,6 +289,7 @@ class Activations:
             answers=suspended.answers,
         )
         work.commit(dataclasses.replace(work.state, continuation=retry))
+        self._keep_paid(work, run, ended=False)
 
     def _end_suspension(self, work: Work, suspended: Continuation) -> None:
         work.commit(dataclasses.replace(work.state, continuation=None, pending=()))

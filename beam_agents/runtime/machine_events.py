@@ -166,11 +166,11 @@ class Intake:
         if run.error is None:
             self._commit_run(work, run, now, marks=digests, anchor=anchor, mailbox=())
         elif model_busy(run.error) and failures < self._config.retryable_resume_retries:
-            self._keep_paid(work, run, ended=False)
             self._defer(work, envelope, digests, anchor, failures + 1)
-        elif self._asks(run.error):
             self._keep_paid(work, run, ended=False)
+        elif self._asks(run.error):
             self._ask_budget(work, run, now, event=envelope, digests=digests, anchor=anchor)
+            self._keep_paid(work, run, ended=False)
         else:
             # Ended for good, whatever this attempt paid: an earlier one may have kept answers.
             self._keep_paid(work, run, ended=True)

@@ -11,6 +11,7 @@ import dataclasses
 
 import pytest
 
+from beam_agents._protos import MemoryBlob
 from beam_agents.errors import LlmCallError
 from beam_agents.runtime import LlmResponse, RuntimeConfig, agent
 from beam_agents.runtime.budget import Budget, OnBudget, Price
@@ -284,3 +285,98 @@ def test_a_failed_start_after_a_commit_that_migrated_the_cache_is_counted():
     assert [e.reason for e in h.values(ERRORS)] == ["agent_raised"]
     cache = h.states[2].value
     assert cache.state_schema_version == 2 and cache.input_tokens == 10 + 200
+
+
+def test_a_poison_keys_usage_is_kept_while_it_keeps_failing():
+    # A key failing every TTL/2 is never idle: its count must not be wiped a TTL after its
+    # first failure, or it would get its budget back every TTL and pay on for ever.
+    ttl = 10_000
+    config = dataclasses.replace(_config(key_tokens=400), ttl_ms=ttl)
+    h = Harness(_pays_then_fails, llm=_Numbered(), config=config)
+    h.send(event(T0, b"a"))
+    h.send(event(T0 + ttl // 2, b"b"))
+    h.fire_ttl(T0 + ttl)  # what the first failure set, fired anyway
+    assert h.states[2].value.input_tokens == 200
+    assert h.timers[1].at_ms == T0 + ttl // 2 + ttl
+
+
+@pytest.mark.parametrize("held", ["deferred", "budget_asked"])
+def test_a_held_start_on_an_older_versions_key_keeps_what_it_paid_for(held):
+    # The key holds a version-1 memory only. A start pays "status?", then "details?" is busy
+    # (deferred) or past the key's budget (ASK). The deferral or the question writes the key
+    # at version 2 in the same input, so what the failure paid is kept too: a version-1
+    # binary reads the key no more either way.
+    if held == "deferred":
+        model = _Numbered(busy="details?", times=1)
+        config = dataclasses.replace(_config(), retryable_resume_retries=1)
+    else:
+        model = _Numbered()
+        config = _config(key_tokens=160, on_exceed=OnBudget.ASK, raise_tokens=1000)
+    h = Harness(_status_then_details, llm=model, config=config)
+    h.states[1].value = MemoryBlob(state_schema_version=1, last_activity_ms=T0 - 1)
+    h.send(event(T0, b"x"))
+    assert model.calls == 1 and h.continuation.mailbox
+    assert h.continuation.state_schema_version == h.memory.state_schema_version == 2
+    if held == "deferred":
+        h.fire_deadline()
+    else:
+        (question,) = pending(h)
+        h.send(approve(T0 + 1, question))
+    assert h.values("completions") and model.calls == 2
+    assert h.states[2].value.input_tokens == 200
+
+
+def test_a_resume_that_fails_for_good_counts_its_calls_before_the_mailbox_runs():
+    # Its retries spent, the suspension ends and the events queued behind it start, paying
+    # too: each payment counts once, the resume's included.
+    @agent(name="tests.pays_on_resume_then_fails/v1")
+    def pays_on_resume_then_fails(ctx, event: bytes) -> bytes:
+        if event == b"queued":
+            return ctx.llm([{"role": "user", "content": "queued"}], model="m").text.encode()
+        ctx.call_tool("payments.refund", {"amount": 1})
+        ctx.llm([{"role": "user", "content": "summary?"}], model="m")
+        raise RuntimeError("a bug after the model call")
+
+    model = _Numbered()
+    config = dataclasses.replace(_config(), resume_retries=0)
+    h = Harness(pays_on_resume_then_fails, llm=model, config=config)
+    h.send(event(T0, b"refund"))
+    (intent,) = pending(h)
+    h.send(event(T0 + 1, b"queued"))
+    h.send(answer(T0 + 2, intent))
+    assert [e.reason for e in h.values(ERRORS)] == ["resume_failed"]
+    assert h.values("completions") == [b"answer 2"] and model.calls == 2
+    assert h.states[2].value.input_tokens == 200
+
+
+@agent(name="tests.two_calls_after_a_tool/v1")
+def _two_calls_after_a_tool(ctx, event: bytes) -> bytes:
+    ctx.call_tool("payments.refund", {"amount": 1})
+    ctx.llm([{"role": "user", "content": "first"}], model="m")
+    return ctx.llm([{"role": "user", "content": "second"}], model="m").text.encode()
+
+
+def test_a_resume_whose_model_went_busy_replays_the_calls_it_paid_for_on_its_retry():
+    model = _Numbered(busy="second", times=1)
+    h = Harness(_two_calls_after_a_tool, llm=model, config=_config())
+    h.send(event(T0, b"x"))
+    (intent,) = pending(h)
+    h.send(answer(T0 + 1, intent))
+    assert [e.reason for e in h.values(ERRORS)] == ["llm_failed"] and model.calls == 1
+    h.fire_deadline()
+    assert h.values("completions") == [b"answer 2"] and model.calls == 2  # "first" replayed
+    assert h.states[2].value.input_tokens == 200
+
+
+def test_a_resume_held_by_its_budget_replays_what_it_paid_for_once_raised():
+    model = _Numbered()
+    config = _config(key_tokens=160, on_exceed=OnBudget.ASK, raise_tokens=1000)
+    h = Harness(_two_calls_after_a_tool, llm=model, config=config)
+    h.send(event(T0, b"x"))
+    (intent,) = pending(h)
+    h.send(answer(T0 + 1, intent))
+    _, question = pending(h)
+    assert model.calls == 1 and h.states[2].value.input_tokens == 100
+    h.send(approve(T0 + 2, question))
+    assert h.values("completions") == [b"answer 2"] and model.calls == 2
+    assert h.states[2].value.input_tokens == 200

@@ -98,8 +98,8 @@ class Work:
         self.current = state
         self.stored = state if stored is None else stored
         self.changed = False
-        #: Whether a commit was the key's activity, which the TTL counts from; the usage of a
-        #: failed activation is not (`Activations._keep_paid`).
+        #: Whether a commit was the key's activity, which the TTL counts from; the seq and dead
+        #: calls of a start that failed for good are not (`Intake._end_start`).
         self.active = False
         self.effects = Effects()
         #: The latest event or arrival time this input brought: the TTL counts from it.
@@ -167,7 +167,7 @@ class Commits:
                     None if state.empty else self._ttl_at(state.memory, suspended, work.anchor)
                 )
             else:
-                # Only activity sets the TTL: a commit of none (a failed activation's usage)
+                # Only activity sets the TTL: a commit of none (a start that failed for good)
                 # leaves the timer the key's last activity set, which may count from an input
                 # that did not move the memory's mark.
                 effects.keep_ttl = True

@@ -25,12 +25,18 @@ _ENDINGS = {dl.RESUME_FAILED, dl.DEADLINE_EXCEEDED}
 _ANSWERS = ("tool_result", "approval")
 
 
-def _only_activity(memory: bytes | None) -> bool:
-    """A memory that holds nothing but its activity mark."""
-    blob = MemoryBlob.FromString(memory or b"")
-    blob.ClearField("last_activity_ms")
-    blob.ClearField("state_schema_version")
-    return memory is not None and blob == MemoryBlob()
+def _marked_later(before: bytes | None, after: bytes | None) -> bool:
+    """`after` is `before` (or no memory) with its activity mark moved forward, and the event
+    marks that fell out of the dedupe window with it dropped."""
+    old, new = (MemoryBlob.FromString(blob or b"") for blob in (before, after))
+    if after is None or new.last_activity_ms < old.last_activity_ms:
+        return False
+    if not old.event_marks.endswith(new.event_marks):
+        return False
+    for blob in (old, new):
+        for name in ("last_activity_ms", "state_schema_version", "event_marks"):
+            blob.ClearField(name)
+    return old == new
 
 
 def _calls(cache: bytes | None) -> int:
@@ -116,14 +122,15 @@ class Checks:
         ):
             return
         # A failed activation changes nothing but its durable inputs (the answers, and the
-        # model calls it paid for, counted in the cache) and, for a start that failed for good,
-        # the seq, which moves past it, and the cache's calls, all dead then. A key with no
-        # memory gets one holding only the activity mark its TTL counts from.
+        # model calls it paid for, counted in the cache, which is the key's activity: its
+        # memory's mark moves, a key with no memory getting one holding the mark alone) and, for
+        # a start that failed for good, the seq, which moves past it, and the cache's calls,
+        # all dead then.
         ended = any(
             tag == run_agent.ERRORS and value.input.HasField("external_event")
             for tag, (_, value) in outputs
         )
-        if before[1] != after[1] and not (before[1] is None and _only_activity(after[1])):
+        if before[1] != after[1] and not (paid and _marked_later(before[1], after[1])):
             self.fail(f"a failed activation ({item[:2]}) changed the key's memory")
         counted_before, counted_after = (_tokens(blob) for blob in (before[2], after[2]))
         if counted_after - counted_before != paid:
