@@ -115,9 +115,13 @@ class FunctionAgent:
 
     function: Callable[..., bytes]
     adapter: str
-    #: Each resume runs the function again from the top, making again (from the replay cache)
-    #: every model call of its seq it can need: what it does not touch, it never needs.
-    replays_every_call = True
+
+    @property
+    def replays_every_call(self) -> bool:
+        """Each resume runs the function again from the top, making again (from the replay
+        cache) every model call of its seq it can need: what it does not touch, it never
+        needs. Not said of a subclass with a resume of its own, which may not."""
+        return type(self).resume is FunctionAgent.resume
 
     def start(self, ctx: ActivationContext, event: bytes) -> Completion | Suspension:
         return self._run(ctx, event, [])

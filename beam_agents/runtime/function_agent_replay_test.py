@@ -197,3 +197,17 @@ def test_cache_max_entries_small_still_resumes_without_recalls_when_the_seq_fits
     model = _Fresh()
     h = _drive(Harness(_long, llm=model, config=RuntimeConfig(cache_max_entries=4)), model)
     assert h.values(ERRORS) == [] and model.calls == 4
+
+
+def test_a_subclass_with_a_resume_of_its_own_does_not_claim_to_replay_every_call():
+    from beam_agents.runtime.function_agent import FunctionAgent
+
+    class OwnResume(FunctionAgent):
+        def resume(self, ctx, answers):
+            return super().resume(ctx, answers)
+
+    def ask(ctx, event: bytes) -> bytes:
+        return ctx.llm([{"role": "user", "content": "q"}], model="m").text.encode()
+
+    assert FunctionAgent(ask, "tests.ask/v1").replays_every_call
+    assert not OwnResume(ask, "tests.own_resume/v1").replays_every_call
