@@ -70,9 +70,9 @@ REASONS = {
     "input)",
     NO_ENTITY_KEY: "an envelope or snapshot with an empty entity_key: no agent to run",
     EMPTY_ENVELOPE: "the envelope carries no payload",
-    AGENT_RAISED: "the agent raised; the activation changed nothing but the key's replay cache "
-    "(the count of the model calls it paid for) and, for a start, its seq (a resume keeps its "
-    "answers and is tried again)",
+    AGENT_RAISED: "the agent raised; the activation changed nothing but the count of the model "
+    "calls it paid for (with the key's activity mark) and, for a start, its seq (a resume keeps "
+    "its answers and is tried again)",
     AGENT_CONTRACT: "the agent broke the contract (wrong return type, acted after it finished, "
     "suspended with nothing pending, a replay that diverged)",
     LLM_FAILED: "an LLM call failed or could not be made",
