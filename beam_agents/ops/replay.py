@@ -27,9 +27,10 @@ import tempfile
 from collections.abc import Sequence
 
 from google.protobuf import text_format
-from google.protobuf.message import Message
+from google.protobuf.message import DecodeError, Message
 
 from beam_agents._protos import AgentEnvelope, StateSnapshot, ToolIntent, TraceEvent
+from beam_agents.errors import MessageDecodeError
 from beam_agents.intents.signing import SIGNATURE_FIELDS
 from beam_agents.ops.loading import load_object
 from beam_agents.ops.preflight import report
@@ -62,7 +63,20 @@ def load_agent(spec: str) -> Agent:
 
 
 def read_messages(data: bytes, message_type: type[Message]) -> list:
-    return [message_type.FromString(part) for part in split_delimited(data)]
+    """The length-delimited messages of `data`. Raises ValueError for a truncated framing and
+    MessageDecodeError for a part that is no `message_type`."""
+    messages = []
+    for index, part in enumerate(split_delimited(data)):
+        try:
+            messages.append(message_type.FromString(part))
+        except DecodeError as e:
+            name = message_type.DESCRIPTOR.full_name
+            raise MessageDecodeError(
+                f"message {index} ({len(part)} bytes) is no {name}: {e}",
+                type_name=name,
+                size=len(part),
+            ) from None
+    return messages
 
 
 def replay(

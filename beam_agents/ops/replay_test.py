@@ -177,3 +177,19 @@ def test_state_that_needs_a_missing_migration_step_cannot_be_reproduced(producti
     without_steps = MigrationRegistry(current_version=CURRENT_STATE_SCHEMA_VERSION + 1)
     result = replay(snapshot, _approval(T0 + 20), triage, registry=without_steps)
     assert result.verdict == UNREPRODUCIBLE and "no migration registered" in result.report
+
+
+@pytest.mark.parametrize(
+    "recorded", [b"\x02\xff\xff", b"\x05ab"], ids=["not an intent", "truncated"]
+)
+def test_a_corrupt_recording_is_a_usage_error_not_a_traceback(
+    production, tmp_path, capsys, recorded
+):
+    _, snapshot, *_ = production
+    (tmp_path / "snapshot").write_bytes(snapshot.SerializeToString())
+    (tmp_path / "envelope").write_bytes(_approval(T0 + 20).SerializeToString())
+    (tmp_path / "intents").write_bytes(recorded)
+    args = [str(tmp_path / "snapshot"), str(tmp_path / "envelope")]
+    agent_ = ["--agent", "beam_agents.examples.support_triage:triage"]
+    assert main(["replay", *args, *agent_, "--recorded-intents", str(tmp_path / "intents")]) == 2
+    assert "beam-agents replay: " in capsys.readouterr().err
