@@ -72,6 +72,7 @@ named); 2 usage error (DIR is not a folder or holds nothing).
 from __future__ import annotations
 
 import argparse
+import sqlite3
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -79,6 +80,7 @@ from pathlib import Path
 from google.protobuf import text_format
 
 from beam_agents.errors import BeamAgentsError
+from beam_agents.ops.loading import load_object
 from beam_agents.ops.preflight import (
     DEFAULT_MAX_BYTES,
     BlobReport,
@@ -147,7 +149,6 @@ def _effector_service(args: argparse.Namespace) -> int:
 
     from beam_agents.bus import EffectorService, Topics
     from beam_agents.intents.effector import Effector, VerifyMode
-    from beam_agents.ops.loading import load_object
 
     try:
         mode = VerifyMode[args.mode.upper()]
@@ -156,23 +157,21 @@ def _effector_service(args: argparse.Namespace) -> int:
             raise ValueError(f"{args.tools} is not a dict of tool name to callable")
         if args.keyring is None and mode is not VerifyMode.OFF:
             raise ValueError(f"--mode {args.mode} verifies signatures: name a --keyring")
-        keyring = None if args.keyring is None else load_object(args.keyring)()
-        result_keyring = None if args.result_keyring is None else load_object(args.result_keyring)()
-        approval_keyring = (
-            None if args.approval_keyring is None else load_object(args.approval_keyring)()
-        )
         topics = Topics(args.topic_prefix)
-    except (KeyError, ValueError) as e:
+        effector = Effector(
+            tools,
+            mode=mode,
+            store=args.store,
+            keyring=_keyring(args.keyring),
+            result_keyring=_keyring(args.result_keyring),
+            approval_keyring=_keyring(args.approval_keyring),
+        )
+    except (KeyError, ValueError, BeamAgentsError) as e:
         print(f"beam-agents effector-service: {e}", file=sys.stderr)
         return EXIT_USAGE
-    effector = Effector(
-        tools,
-        mode=mode,
-        store=args.store,
-        keyring=keyring,
-        result_keyring=result_keyring,
-        approval_keyring=approval_keyring,
-    )
+    except (sqlite3.Error, OSError) as e:
+        print(f"beam-agents effector-service: store {args.store}: {e}", file=sys.stderr)
+        return EXIT_REJECTED
     service = EffectorService(
         effector,
         bootstrap_servers=args.bootstrap_servers,
@@ -197,6 +196,17 @@ def _effector_service(args: argparse.Namespace) -> int:
         print(f"beam-agents effector-service: stopped: {type(e).__name__}: {e}", file=sys.stderr)
         return EXIT_REJECTED
     return EXIT_OK
+
+
+def _keyring(spec: str | None):
+    """The Keyring the loader named MODULE:NAME returns, or None. Raises ValueError when the
+    name is no loader, BeamAgentsError (KeyringError) when the loader refuses."""
+    if spec is None:
+        return None
+    loader = load_object(spec)
+    if not callable(loader):
+        raise ValueError(f"{spec} is not a function returning a Keyring")
+    return loader()
 
 
 def _export_traces(args: argparse.Namespace) -> int:
