@@ -275,9 +275,7 @@ def test_effector_service_refuses_a_keyring_that_is_no_loader_before_touching_a_
     assert "is not a function returning a Keyring" in capsys.readouterr().err
 
 
-def test_effector_service_names_a_store_it_cannot_open_before_touching_a_broker(
-    tmp_path, capsys
-):
+def test_effector_service_names_a_store_it_cannot_open_before_touching_a_broker(tmp_path, capsys):
     store = str(tmp_path / "no_such_folder" / "store.db")
     args = ["effector-service", "--bootstrap-servers", "127.0.0.1:1", "--store", store]
     assert main([*args, *_TRIAGE_TOOLS, "--mode", "off"]) == EXIT_REJECTED

@@ -189,7 +189,7 @@ def test_a_restored_memory_over_the_budget_is_evicted_down_before_the_agent_read
 
     @agent(name="tests.reads_memory/v1")
     def reads_memory(ctx, event: bytes) -> bytes:
-        return b",".join(key.encode() for key in ctx.memory.keys())
+        return b",".join(key.encode() for key in ctx.memory.keys())  # noqa: SIM118 (no __iter__)
 
     snapshot = StateSnapshot(entity_key=KEY, snapshot_at_ms=T0)
     snapshot.memory.state_schema_version = CURRENT_STATE_SCHEMA_VERSION
