@@ -236,12 +236,13 @@ def _export_traces(args: argparse.Namespace) -> int:
 def _replay(args: argparse.Namespace) -> int:
     # Deferred: the replay runs a Beam pipeline, which the other commands do not need.
     from beam_agents._protos import ToolIntent, TraceEvent
-    from beam_agents.ops.replay import load_agent, read_messages, replay
+    from beam_agents.ops.replay import check_inputs, load_agent, read_messages, replay
 
     try:
         agent = load_agent(args.agent)
         snapshot = decode(read_input(args.snapshot), "StateSnapshot").message
         envelope = decode(read_input(args.envelope), "AgentEnvelope").message
+        check_inputs(snapshot, envelope)
         recorded = {
             name: None if path is None else read_messages(read_input(path), message_type)
             for name, path, message_type in (

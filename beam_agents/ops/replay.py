@@ -40,7 +40,15 @@ from beam_agents.runtime.dead_letters import CHECKPOINT_REJECTED, LLM_FAILED
 from beam_agents.state.migration import MigrationRegistry
 from beam_agents.wire.fields import split_delimited
 
-__all__ = ["DIVERGED", "REPRODUCED", "UNREPRODUCIBLE", "Replay", "load_agent", "replay"]
+__all__ = [
+    "DIVERGED",
+    "REPRODUCED",
+    "UNREPRODUCIBLE",
+    "Replay",
+    "check_inputs",
+    "load_agent",
+    "replay",
+]
 
 REPRODUCED, DIVERGED, UNREPRODUCIBLE = 0, 1, 3
 
@@ -60,6 +68,16 @@ def load_agent(spec: str) -> Agent:
     if not isinstance(found, Agent):
         raise ValueError(f"{spec} is not an agent (adapter, start and resume)")
     return found
+
+
+def check_inputs(snapshot: StateSnapshot, envelope: AgentEnvelope) -> None:
+    """Raises ValueError unless the envelope is addressed to the snapshot's key: an activation
+    of another key would run on no state and its failure would read as a divergence."""
+    if not snapshot.entity_key or envelope.entity_key != snapshot.entity_key:
+        raise ValueError(
+            f"the envelope is for key {envelope.entity_key!r}, the snapshot for "
+            f"{snapshot.entity_key!r}: give the snapshot of the key the envelope activates"
+        )
 
 
 def read_messages(data: bytes, message_type: type[Message]) -> list:
@@ -89,7 +107,9 @@ def replay(
     registry: MigrationRegistry | None = None,
 ) -> Replay:
     """Re-runs the activation `envelope` starts or resumes from `snapshot`; see the module.
-    `registry` replaces this binary's migration registry (tests of another schema version)."""
+    `registry` replaces this binary's migration registry (tests of another schema version).
+    Raises ValueError when the envelope is for another key than the snapshot (`check_inputs`)."""
+    check_inputs(snapshot, envelope)
     unreadable = [blob for blob in report(snapshot, registry) if not blob.outcome.readable]
     if unreadable:  # the same verdicts as `beam-agents dry-run`, before any pipeline runs
         where = "; ".join(f"{b.where or b.type_name}: {b.detail}" for b in unreadable)

@@ -193,3 +193,19 @@ def test_a_corrupt_recording_is_a_usage_error_not_a_traceback(
     agent_ = ["--agent", "beam_agents.examples.support_triage:triage"]
     assert main(["replay", *args, *agent_, "--recorded-intents", str(tmp_path / "intents")]) == 2
     assert "beam-agents replay: " in capsys.readouterr().err
+
+
+def test_an_envelope_for_another_key_than_the_snapshots_is_a_usage_error(
+    production, tmp_path, capsys
+):
+    """Not a divergence: the activation would run on another key's (empty) state and fail."""
+    _, snapshot, *_ = production
+    elsewhere = _approval(T0 + 20)
+    elsewhere.entity_key = b"c-2"
+    with pytest.raises(ValueError, match="the envelope is for key b'c-2'"):
+        replay(snapshot, elsewhere, triage)
+    (tmp_path / "snapshot").write_bytes(snapshot.SerializeToString())
+    (tmp_path / "envelope").write_bytes(elsewhere.SerializeToString())
+    args = [str(tmp_path / "snapshot"), str(tmp_path / "envelope")]
+    assert main(["replay", *args, "--agent", "beam_agents.examples.support_triage:triage"]) == 2
+    assert "give the snapshot of the key the envelope activates" in capsys.readouterr().err
