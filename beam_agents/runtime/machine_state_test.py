@@ -202,3 +202,17 @@ def test_a_restored_memory_over_the_budget_is_evicted_down_before_the_agent_read
     (seen,) = h.values("completions")
     assert seen == b"b,c"
     assert [e.key for e in h.memory.entries] == ["b", "c"] and h.memory.total_value_bytes == 16
+
+
+@pytest.mark.parametrize("seq", [2**63 - 1, 2**63 - 1000, -5])
+def test_a_snapshot_with_a_seq_the_runtime_never_issues_is_refused_before_it_wedges_the_key(
+    seq,
+):
+    """Restored, a seq at the top of int64 made every later input of the key raise
+    ValueError (its next seq out of range) inside the DoFn: a bundle failing for good."""
+    h = Harness(echo)
+    h.restore(StateSnapshot(entity_key=KEY, seq=seq, snapshot_at_ms=T0))
+    assert [record.reason for record in h.values("errors")] == ["invalid_snapshot"]
+    assert [state.writes for state in h.states] == [0] * 5
+    h.send(event(T0 + 1, b"a"))
+    assert h.values("completions") == [b"echo a"] and h.states[0].value == SEQ + 1000
