@@ -26,6 +26,7 @@ import difflib
 import tempfile
 from collections.abc import Sequence
 
+from apache_beam.utils.timestamp import MAX_TIMESTAMP, MIN_TIMESTAMP
 from google.protobuf import text_format
 from google.protobuf.message import DecodeError, Message
 
@@ -71,13 +72,24 @@ def load_agent(spec: str) -> Agent:
 
 
 def check_inputs(snapshot: StateSnapshot, envelope: AgentEnvelope) -> None:
-    """Raises ValueError unless the envelope is addressed to the snapshot's key: an activation
-    of another key would run on no state and its failure would read as a divergence."""
+    """Raises ValueError unless the envelope is addressed to the snapshot's key (an activation
+    of another key would run on no state and its failure would read as a divergence) and both
+    times are ones the replay's pipeline can stamp its inputs with."""
     if not snapshot.entity_key or envelope.entity_key != snapshot.entity_key:
         raise ValueError(
             f"the envelope is for key {envelope.entity_key!r}, the snapshot for "
             f"{snapshot.entity_key!r}: give the snapshot of the key the envelope activates"
         )
+    # Inputs are stamped at these times and the watermark goes 1 ms either side of them.
+    earliest, latest = MIN_TIMESTAMP.micros // 1000 + 2, MAX_TIMESTAMP.micros // 1000 - 2
+    for name, at in (
+        ("envelope's event_time_ms", envelope.event_time_ms),
+        ("snapshot's snapshot_at_ms", snapshot.snapshot_at_ms),
+    ):
+        if not earliest <= at <= latest:
+            raise ValueError(
+                f"the {name} {at} is outside the times Beam stamps ({earliest} to {latest})"
+            )
 
 
 def read_messages(data: bytes, message_type: type[Message]) -> list:

@@ -209,3 +209,20 @@ def test_an_envelope_for_another_key_than_the_snapshots_is_a_usage_error(
     args = [str(tmp_path / "snapshot"), str(tmp_path / "envelope")]
     assert main(["replay", *args, "--agent", "beam_agents.examples.support_triage:triage"]) == 2
     assert "give the snapshot of the key the envelope activates" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("field", "at"),
+    [("event_time_ms", 2**62), ("event_time_ms", -(2**63)), ("snapshot_at_ms", -(2**63))],
+)
+def test_times_the_pipeline_cannot_stamp_are_a_usage_error_not_a_beam_assertion(
+    production, tmp_path, capsys, field, at
+):
+    _, snapshot, *_ = production
+    envelope = _approval(T0 + 20)
+    setattr(envelope if field == "event_time_ms" else snapshot, field, at)
+    (tmp_path / "snapshot").write_bytes(snapshot.SerializeToString())
+    (tmp_path / "envelope").write_bytes(envelope.SerializeToString())
+    args = [str(tmp_path / "snapshot"), str(tmp_path / "envelope")]
+    assert main(["replay", *args, "--agent", "beam_agents.examples.support_triage:triage"]) == 2
+    assert "outside the times Beam stamps" in capsys.readouterr().err
