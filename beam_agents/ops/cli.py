@@ -80,7 +80,6 @@ from pathlib import Path
 from google.protobuf import text_format
 
 from beam_agents.errors import BeamAgentsError
-from beam_agents.ops.loading import load_object
 from beam_agents.ops.preflight import (
     DEFAULT_MAX_BYTES,
     BlobReport,
@@ -149,6 +148,7 @@ def _effector_service(args: argparse.Namespace) -> int:
 
     from beam_agents.bus import EffectorService, Topics
     from beam_agents.intents.effector import Effector, VerifyMode
+    from beam_agents.ops.loading import load_object
 
     try:
         mode = VerifyMode[args.mode.upper()]
@@ -201,6 +201,8 @@ def _effector_service(args: argparse.Namespace) -> int:
 def _keyring(spec: str | None):
     """The Keyring the loader named MODULE:NAME returns, or None. Raises ValueError when the
     name is no loader, BeamAgentsError (KeyringError) when the loader refuses."""
+    from beam_agents.ops.loading import load_object
+
     if spec is None:
         return None
     loader = load_object(spec)
