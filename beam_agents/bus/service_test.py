@@ -547,3 +547,103 @@ def test_a_static_member_restarted_after_a_crash_serves_without_waiting_out_its_
     # with each other, not with the clock's 30 s: the broker's expiry check runs on its own
     # schedule, and a loaded machine shifts both.
     assert timings["static"] * 4 < timings["dynamic"]
+
+
+class _Record(_Message):
+    """A consumed intent record, as the service reads it."""
+
+    def __init__(self, topic: str, offset: int, value: bytes) -> None:
+        super().__init__(topic, 0, offset)
+        self._value = value
+
+    def value(self) -> bytes:
+        return self._value
+
+
+class _Consumer:
+    """A consumer double that returns its records in one batch and keeps what the service
+    commits and seeks."""
+
+    def __init__(self, records) -> None:
+        self.records = list(records)
+        self.committed: list = []
+        self.seeks: list = []
+
+    def subscribe(self, topics) -> None:
+        pass
+
+    def poll(self, timeout):
+        return self.records[0] if self.records else None
+
+    def consume(self, count, timeout):
+        return self.records[1 : 1 + count]
+
+    def commit(self, offsets, asynchronous):
+        self.committed += [(t.topic, t.partition, t.offset) for t in offsets]
+
+    def seek(self, position) -> None:
+        self.seeks.append((position.topic, position.partition, position.offset))
+
+    def close(self) -> None:
+        pass
+
+
+class _Producer:
+    """A producer double with librdkafka's local check: a record over message.max.bytes
+    (1 MB by default) raises MSG_SIZE_TOO_LARGE at produce, a permanent error."""
+
+    def __init__(self, config) -> None:
+        self.produced: list[tuple[str, bytes]] = []
+
+    def produce(self, topic, key=None, value=None, **_) -> None:
+        from confluent_kafka import KafkaError, KafkaException
+
+        if len(value or b"") > 1_000_000:
+            raise KafkaException(KafkaError(KafkaError.MSG_SIZE_TOO_LARGE))
+        self.produced.append((topic, key))
+
+    def poll(self, timeout) -> int:
+        return 0
+
+    def flush(self, timeout) -> int:
+        return 0
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="a tool result over the producer's message.max.bytes is recorded in the store, "
+    "then can never be produced: serve raises KafkaBusError (MSG_SIZE_TOO_LARGE is permanent), "
+    "the service stops, and every restart reads the same intent and stops again, wedging its "
+    "partition; bounding results (an ERROR result or a dead letter naming the size) is a design "
+    "decision of the effector",
+)
+def test_a_tool_result_too_large_for_the_broker_does_not_wedge_the_intents_behind_it(
+    monkeypatch,
+):
+    import confluent_kafka
+
+    from beam_agents.bus import Topics
+    from beam_agents.testing.effectors import effector as make_effector
+    from beam_agents.testing.effectors import signed
+
+    topics = Topics("big")
+    records = [
+        _Record(topics.intents, 10, signed(intent_id="i-big").SerializeToString()),
+        _Record(topics.intents, 11, signed(intent_id="i-small").SerializeToString()),
+    ]
+    runs: list[str] = []
+
+    def lookup(args, tool_intent):
+        runs.append(tool_intent.intent_id)
+        return b"x" * 2_000_000 if tool_intent.intent_id == "i-big" else b"ok"
+
+    consumer = _Consumer(records)
+    monkeypatch.setattr(confluent_kafka, "Consumer", lambda config: consumer)
+    monkeypatch.setattr(confluent_kafka, "Producer", _Producer)
+    service = EffectorService(
+        make_effector(**{"crm.lookup": lookup}), bootstrap_servers="-", topics=topics
+    )
+    service.serve()
+    # Each intent has an outcome on a topic and both are committed; the big one ran once.
+    assert (topics.intents, 0, 12) in consumer.committed
+    assert runs == ["i-big", "i-small"]

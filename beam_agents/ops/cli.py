@@ -72,6 +72,7 @@ named); 2 usage error (DIR is not a folder or holds nothing).
 from __future__ import annotations
 
 import argparse
+import sqlite3
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -156,23 +157,21 @@ def _effector_service(args: argparse.Namespace) -> int:
             raise ValueError(f"{args.tools} is not a dict of tool name to callable")
         if args.keyring is None and mode is not VerifyMode.OFF:
             raise ValueError(f"--mode {args.mode} verifies signatures: name a --keyring")
-        keyring = None if args.keyring is None else load_object(args.keyring)()
-        result_keyring = None if args.result_keyring is None else load_object(args.result_keyring)()
-        approval_keyring = (
-            None if args.approval_keyring is None else load_object(args.approval_keyring)()
-        )
         topics = Topics(args.topic_prefix)
-    except (KeyError, ValueError) as e:
+        effector = Effector(
+            tools,
+            mode=mode,
+            store=args.store,
+            keyring=_keyring(args.keyring),
+            result_keyring=_keyring(args.result_keyring),
+            approval_keyring=_keyring(args.approval_keyring),
+        )
+    except (KeyError, ValueError, BeamAgentsError) as e:
         print(f"beam-agents effector-service: {e}", file=sys.stderr)
         return EXIT_USAGE
-    effector = Effector(
-        tools,
-        mode=mode,
-        store=args.store,
-        keyring=keyring,
-        result_keyring=result_keyring,
-        approval_keyring=approval_keyring,
-    )
+    except (sqlite3.Error, OSError) as e:
+        print(f"beam-agents effector-service: store {args.store}: {e}", file=sys.stderr)
+        return EXIT_REJECTED
     service = EffectorService(
         effector,
         bootstrap_servers=args.bootstrap_servers,
@@ -197,6 +196,19 @@ def _effector_service(args: argparse.Namespace) -> int:
         print(f"beam-agents effector-service: stopped: {type(e).__name__}: {e}", file=sys.stderr)
         return EXIT_REJECTED
     return EXIT_OK
+
+
+def _keyring(spec: str | None):
+    """The Keyring the loader named MODULE:NAME returns, or None. Raises ValueError when the
+    name is no loader, BeamAgentsError (KeyringError) when the loader refuses."""
+    from beam_agents.ops.loading import load_object
+
+    if spec is None:
+        return None
+    loader = load_object(spec)
+    if not callable(loader):
+        raise ValueError(f"{spec} is not a function returning a Keyring")
+    return loader()
 
 
 def _export_traces(args: argparse.Namespace) -> int:
@@ -226,12 +238,13 @@ def _export_traces(args: argparse.Namespace) -> int:
 def _replay(args: argparse.Namespace) -> int:
     # Deferred: the replay runs a Beam pipeline, which the other commands do not need.
     from beam_agents._protos import ToolIntent, TraceEvent
-    from beam_agents.ops.replay import load_agent, read_messages, replay
+    from beam_agents.ops.replay import check_inputs, load_agent, read_messages, replay
 
     try:
         agent = load_agent(args.agent)
         snapshot = decode(read_input(args.snapshot), "StateSnapshot").message
         envelope = decode(read_input(args.envelope), "AgentEnvelope").message
+        check_inputs(snapshot, envelope)
         recorded = {
             name: None if path is None else read_messages(read_input(path), message_type)
             for name, path, message_type in (

@@ -264,3 +264,19 @@ def test_inspect_shows_a_keys_model_usage_and_allowance(tmp_path, capsys):
     shown = capsys.readouterr().out
     assert "input_tokens: 1200" in shown and "cost_micros: 4800" in shown
     assert "token_allowance: 1000" in shown
+
+
+_TRIAGE_TOOLS = ["--topic-prefix", "p", "--tools", "beam_agents.examples.support_triage:TOOLS"]
+
+
+def test_effector_service_refuses_a_keyring_that_is_no_loader_before_touching_a_broker(capsys):
+    keyring = ["--keyring", "beam_agents.ops.demo:DEMO_KEY_ID"]
+    assert main([*_SERVICE, *_TRIAGE_TOOLS, *keyring]) == EXIT_USAGE
+    assert "is not a function returning a Keyring" in capsys.readouterr().err
+
+
+def test_effector_service_names_a_store_it_cannot_open_before_touching_a_broker(tmp_path, capsys):
+    store = str(tmp_path / "no_such_folder" / "store.db")
+    args = ["effector-service", "--bootstrap-servers", "127.0.0.1:1", "--store", store]
+    assert main([*args, *_TRIAGE_TOOLS, "--mode", "off"]) == EXIT_REJECTED
+    assert f"store {store}: " in capsys.readouterr().err

@@ -26,10 +26,12 @@ import difflib
 import tempfile
 from collections.abc import Sequence
 
+from apache_beam.utils.timestamp import MAX_TIMESTAMP, MIN_TIMESTAMP
 from google.protobuf import text_format
-from google.protobuf.message import Message
+from google.protobuf.message import DecodeError, Message
 
 from beam_agents._protos import AgentEnvelope, StateSnapshot, ToolIntent, TraceEvent
+from beam_agents.errors import MessageDecodeError
 from beam_agents.intents.signing import SIGNATURE_FIELDS
 from beam_agents.ops.loading import load_object
 from beam_agents.ops.preflight import report
@@ -39,7 +41,15 @@ from beam_agents.runtime.dead_letters import CHECKPOINT_REJECTED, LLM_FAILED
 from beam_agents.state.migration import MigrationRegistry
 from beam_agents.wire.fields import split_delimited
 
-__all__ = ["DIVERGED", "REPRODUCED", "UNREPRODUCIBLE", "Replay", "load_agent", "replay"]
+__all__ = [
+    "DIVERGED",
+    "REPRODUCED",
+    "UNREPRODUCIBLE",
+    "Replay",
+    "check_inputs",
+    "load_agent",
+    "replay",
+]
 
 REPRODUCED, DIVERGED, UNREPRODUCIBLE = 0, 1, 3
 
@@ -61,8 +71,42 @@ def load_agent(spec: str) -> Agent:
     return found
 
 
+def check_inputs(snapshot: StateSnapshot, envelope: AgentEnvelope) -> None:
+    """Raises ValueError unless the envelope is addressed to the snapshot's key (an activation
+    of another key would run on no state and its failure would read as a divergence) and both
+    times are ones the replay's pipeline can stamp its inputs with."""
+    if not snapshot.entity_key or envelope.entity_key != snapshot.entity_key:
+        raise ValueError(
+            f"the envelope is for key {envelope.entity_key!r}, the snapshot for "
+            f"{snapshot.entity_key!r}: give the snapshot of the key the envelope activates"
+        )
+    # Inputs are stamped at these times and the watermark goes 1 ms either side of them.
+    earliest, latest = MIN_TIMESTAMP.micros // 1000 + 2, MAX_TIMESTAMP.micros // 1000 - 2
+    for name, at in (
+        ("envelope's event_time_ms", envelope.event_time_ms),
+        ("snapshot's snapshot_at_ms", snapshot.snapshot_at_ms),
+    ):
+        if not earliest <= at <= latest:
+            raise ValueError(
+                f"the {name} {at} is outside the times Beam stamps ({earliest} to {latest})"
+            )
+
+
 def read_messages(data: bytes, message_type: type[Message]) -> list:
-    return [message_type.FromString(part) for part in split_delimited(data)]
+    """The length-delimited messages of `data`. Raises ValueError for a truncated framing and
+    MessageDecodeError for a part that is no `message_type`."""
+    messages = []
+    for index, part in enumerate(split_delimited(data)):
+        try:
+            messages.append(message_type.FromString(part))
+        except DecodeError as e:
+            name = message_type.DESCRIPTOR.full_name
+            raise MessageDecodeError(
+                f"message {index} ({len(part)} bytes) is no {name}: {e}",
+                type_name=name,
+                size=len(part),
+            ) from None
+    return messages
 
 
 def replay(
@@ -75,7 +119,9 @@ def replay(
     registry: MigrationRegistry | None = None,
 ) -> Replay:
     """Re-runs the activation `envelope` starts or resumes from `snapshot`; see the module.
-    `registry` replaces this binary's migration registry (tests of another schema version)."""
+    `registry` replaces this binary's migration registry (tests of another schema version).
+    Raises ValueError when the envelope is for another key than the snapshot (`check_inputs`)."""
+    check_inputs(snapshot, envelope)
     unreadable = [blob for blob in report(snapshot, registry) if not blob.outcome.readable]
     if unreadable:  # the same verdicts as `beam-agents dry-run`, before any pipeline runs
         where = "; ".join(f"{b.where or b.type_name}: {b.detail}" for b in unreadable)

@@ -177,3 +177,52 @@ def test_state_that_needs_a_missing_migration_step_cannot_be_reproduced(producti
     without_steps = MigrationRegistry(current_version=CURRENT_STATE_SCHEMA_VERSION + 1)
     result = replay(snapshot, _approval(T0 + 20), triage, registry=without_steps)
     assert result.verdict == UNREPRODUCIBLE and "no migration registered" in result.report
+
+
+@pytest.mark.parametrize(
+    "recorded", [b"\x02\xff\xff", b"\x05ab"], ids=["not an intent", "truncated"]
+)
+def test_a_corrupt_recording_is_a_usage_error_not_a_traceback(
+    production, tmp_path, capsys, recorded
+):
+    _, snapshot, *_ = production
+    (tmp_path / "snapshot").write_bytes(snapshot.SerializeToString())
+    (tmp_path / "envelope").write_bytes(_approval(T0 + 20).SerializeToString())
+    (tmp_path / "intents").write_bytes(recorded)
+    args = [str(tmp_path / "snapshot"), str(tmp_path / "envelope")]
+    agent_ = ["--agent", "beam_agents.examples.support_triage:triage"]
+    assert main(["replay", *args, *agent_, "--recorded-intents", str(tmp_path / "intents")]) == 2
+    assert "beam-agents replay: " in capsys.readouterr().err
+
+
+def test_an_envelope_for_another_key_than_the_snapshots_is_a_usage_error(
+    production, tmp_path, capsys
+):
+    """Not a divergence: the activation would run on another key's (empty) state and fail."""
+    _, snapshot, *_ = production
+    elsewhere = _approval(T0 + 20)
+    elsewhere.entity_key = b"c-2"
+    with pytest.raises(ValueError, match="the envelope is for key b'c-2'"):
+        replay(snapshot, elsewhere, triage)
+    (tmp_path / "snapshot").write_bytes(snapshot.SerializeToString())
+    (tmp_path / "envelope").write_bytes(elsewhere.SerializeToString())
+    args = [str(tmp_path / "snapshot"), str(tmp_path / "envelope")]
+    assert main(["replay", *args, "--agent", "beam_agents.examples.support_triage:triage"]) == 2
+    assert "give the snapshot of the key the envelope activates" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("field", "at"),
+    [("event_time_ms", 2**62), ("event_time_ms", -(2**63)), ("snapshot_at_ms", -(2**63))],
+)
+def test_times_the_pipeline_cannot_stamp_are_a_usage_error_not_a_beam_assertion(
+    production, tmp_path, capsys, field, at
+):
+    _, snapshot, *_ = production
+    envelope = _approval(T0 + 20)
+    setattr(envelope if field == "event_time_ms" else snapshot, field, at)
+    (tmp_path / "snapshot").write_bytes(snapshot.SerializeToString())
+    (tmp_path / "envelope").write_bytes(envelope.SerializeToString())
+    args = [str(tmp_path / "snapshot"), str(tmp_path / "envelope")]
+    assert main(["replay", *args, "--agent", "beam_agents.examples.support_triage:triage"]) == 2
+    assert "outside the times Beam stamps" in capsys.readouterr().err

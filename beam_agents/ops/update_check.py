@@ -52,6 +52,11 @@ def _coder(components, coder_id: str) -> str:
     return coder.spec.urn + (f"[{', '.join(parts)}]" if parts else "")
 
 
+def _domain(number: int) -> str:
+    domains = beam_runner_api_pb2.TimeDomain.Enum
+    return domains.Name(number) if number in domains.values() else f"TimeDomain {number}"
+
+
 def describe_graph(graph: beam_runner_api_pb2.Pipeline) -> dict:
     """The graph in the shape of the state manifest: every transform name, and the state and
     timer specs of every stateful step."""
@@ -69,14 +74,14 @@ def describe_graph(graph: beam_runner_api_pb2.Pipeline) -> dict:
             continue
         states = {}
         for spec_id, spec in payload.state_specs.items():
+            # A kind or time domain this Beam does not name (a newer writer's, or a forged
+            # file) is described as found, so it still compares instead of failing the check.
             kind = spec.WhichOneof("spec")
-            detail = getattr(spec, kind)
+            detail = spec if kind is None else getattr(spec, kind)
             coder_id = getattr(detail, "coder_id", "") or getattr(detail, "element_coder_id", "")
             states[spec_id] = {"kind": kind, "coder": _coder(components, coder_id)}
         timers = {
-            timer_id.removeprefix("ts-"): {
-                "domain": beam_runner_api_pb2.TimeDomain.Enum.Name(spec.time_domain)
-            }
+            timer_id.removeprefix("ts-"): {"domain": _domain(spec.time_domain)}
             for timer_id, spec in payload.timer_family_specs.items()
         }
         described[transform.unique_name] = {

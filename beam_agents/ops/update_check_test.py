@@ -96,3 +96,33 @@ def test_what_is_no_graph_is_a_usage_error(tmp_path, capsys):
     bad.write_bytes(b"\xff\xff")
     assert main(["update-check", str(bad), str(bad)]) == 2
     assert "not a pipeline graph" in capsys.readouterr().err
+
+
+def _one_stateful_step(fill) -> bytes:
+    graph = beam_runner_api_pb2.Pipeline()
+    step = graph.components.transforms["step"]
+    step.unique_name = "step"
+    step.spec.urn = "beam:transform:pardo:v1"
+    payload = beam_runner_api_pb2.ParDoPayload()
+    fill(payload)
+    step.spec.payload = payload.SerializeToString()
+    return graph.SerializeToString()
+
+
+def test_a_state_spec_or_timer_domain_this_beam_does_not_name_is_compared_not_a_traceback(
+    tmp_path, capsys
+):
+    def unnamed(payload):
+        payload.state_specs["memory"].SetInParent()
+        payload.timer_family_specs["ts-ttl"].time_domain = 77
+
+    def named(payload):
+        payload.state_specs["memory"].read_modify_write_spec.coder_id = ""
+        payload.timer_family_specs["ts-ttl"].time_domain = 1
+
+    (tmp_path / "old").write_bytes(_one_stateful_step(unnamed))
+    (tmp_path / "new").write_bytes(_one_stateful_step(named))
+    assert main(["update-check", str(tmp_path / "old"), str(tmp_path / "old")]) == 0
+    assert main(["update-check", str(tmp_path / "old"), str(tmp_path / "new")]) == 1
+    out = capsys.readouterr().out
+    assert "'memory' changed from" in out and "TimeDomain 77" in out

@@ -24,6 +24,7 @@ __all__ = [
     "CHECKPOINT_REJECTED",
     "DEADLINE_EXCEEDED",
     "EMPTY_ENVELOPE",
+    "INVALID_SNAPSHOT",
     "LLM_FAILED",
     "MAILBOX_FULL",
     "MEMORY_BUDGET",
@@ -61,6 +62,7 @@ MAILBOX_FULL = "mailbox_full"
 BAD_ANSWER_SIGNATURE = "bad_answer_signature"
 ANSWER_FOR_OTHER_CONTENT = "answer_for_other_content"
 SNAPSHOT_FROM_FUTURE = "snapshot_from_future"
+INVALID_SNAPSHOT = "invalid_snapshot"
 CHECKPOINT_REJECTED = "checkpoint_rejected"
 BUDGET_EXCEEDED = "budget_exceeded"
 
@@ -98,6 +100,8 @@ REASONS = {
     "of that id; the key keeps waiting",
     SNAPSHOT_FROM_FUTURE: "a StateSnapshot holding state of a newer schema than this binary "
     "reads; nothing restored",
+    INVALID_SNAPSHOT: "a StateSnapshot whose seq this runtime never issues (negative, or so "
+    "large its next seqs overflow int64); nothing restored",
     CHECKPOINT_REJECTED: "the key's stored checkpoint (a LangGraph graph's) names a type its "
     "allowlist does not hold, or is in another encoding; nothing was imported or run",
     BUDGET_EXCEEDED: "a model call would have taken the key or the activation past its budget "

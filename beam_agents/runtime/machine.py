@@ -57,7 +57,7 @@ from beam_agents.runtime.machine_activations import Activations
 from beam_agents.runtime.machine_answers import AnswerChecks
 from beam_agents.runtime.machine_budgets import BudgetQuestions
 from beam_agents.runtime.machine_deadlines import DueTimes
-from beam_agents.runtime.machine_events import Intake, event_digests
+from beam_agents.runtime.machine_events import MAX_FIRST_SEQ, Intake, event_digests
 from beam_agents.runtime.machine_state import (
     COMPLETIONS,
     ERRORS,
@@ -168,6 +168,16 @@ class KeyMachine(Commits, Intake, AnswerChecks, Activations, DueTimes, BudgetQue
                 dl.SNAPSHOT_FROM_FUTURE,
                 f"request {snapshot.request_id!r}: {', '.join(future)} written at a schema newer "
                 f"than {self._version}; restore it with the binary that wrote it",
+                now,
+            )
+            return work.effects
+        if not 0 <= snapshot.seq <= MAX_FIRST_SEQ:
+            # Its next seq would overflow int64 (or come soon after): every later input of
+            # the key would fail its bundle, the key wedged for good.
+            work.dead(
+                dl.INVALID_SNAPSHOT,
+                f"request {snapshot.request_id!r}: seq {snapshot.seq} is no seq this runtime "
+                f"issues (0 to {MAX_FIRST_SEQ})",
                 now,
             )
             return work.effects

@@ -30,9 +30,12 @@ from beam_agents.runtime.machine_state import INT64_MAX, Work, saturating_add
 from beam_agents.state.memory import calls_dropped
 from beam_agents.state.migration import new_state_blob
 
-__all__ = ["Intake", "event_digests"]
+__all__ = ["MAX_FIRST_SEQ", "Intake", "event_digests"]
 
 _SEQ_PER_MS = 1000
+#: The largest first seq of a key (its first event's time, clamped), so the largest seq a key
+#: can reach but for one activation after another past it.
+MAX_FIRST_SEQ = (INT64_MAX // _SEQ_PER_MS - 1) * _SEQ_PER_MS
 
 
 def event_digests(envelope: AgentEnvelope, idempotency_key: bytes = b"") -> list[bytes]:
@@ -255,4 +258,4 @@ def _next_seq(stored: int | None, now_ms: int) -> int:
     # Never 0: an exported seq of 0 means "none".
     if stored is not None:
         return stored + 1
-    return max(1, min(now_ms, INT64_MAX // _SEQ_PER_MS - 1) * _SEQ_PER_MS)
+    return max(1, min(now_ms * _SEQ_PER_MS, MAX_FIRST_SEQ))
