@@ -51,6 +51,9 @@ SESSION_COOKIE = "beam_agents_console"
 LOGIN_CSRF_COOKIE = "beam_agents_console_login"
 PER_PAGE = 20
 AUDIT_PER_PAGE = 50
+#: Highest page number read: any further is past every list, and its offset must still fit
+#: SQLite's 64-bit integers (a larger one made the query raise, a 500).
+MAX_PAGE = 10**9
 _HERE = Path(__file__).parent
 _HEADERS = {
     "Content-Security-Policy": (
@@ -114,7 +117,7 @@ def _environment() -> Environment:
 
 def _page(request: Request, param: str = "page") -> int:
     try:
-        return max(int(request.query_params.get(param, "1")), 1)
+        return min(max(int(request.query_params.get(param, "1")), 1), MAX_PAGE)
     except ValueError:
         return 1
 

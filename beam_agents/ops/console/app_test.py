@@ -441,3 +441,17 @@ def test_a_csrf_field_sent_as_a_file_is_refused_not_a_server_error(console):
         connection.close()
     assert status == 403
     assert bus.inbox.decision("a-1") is None and recorder.records == []
+
+
+@pytest.mark.parametrize(
+    "path",
+    ["/?page=99999999999999999999", "/?decided_page=99999999999999999999",
+     "/agents?page=99999999999999999999", "/agents/632d31?page=99999999999999999999",
+     "/agents/632d31?letters_page=99999999999999999999", "/dead-letters?page=99999999999999999999",
+     "/fragments/audit?page=99999999999999999999"],
+)  # fmt: skip
+def test_a_page_number_past_sqlites_integers_is_an_empty_page_not_a_server_error(console, path):
+    # Review: the offset of ?page=10**20 overflowed SQLite's INTEGER (OverflowError, a 500).
+    url, *_ = console
+    page = _signed_in(url, "ada").get(path)
+    assert page.status == 200, page.text[:500]
