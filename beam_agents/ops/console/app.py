@@ -7,6 +7,10 @@ anything else is looked at; a decision also needs the approver role (403 for a v
 Templates autoescape everything, and the Content-Security-Policy allows scripts only from
 /static, so text from the loop (a question, a memory value, a key) is shown, never run.
 
+What waits (a decision or an export request for the broker's acknowledgement, a password's
+argon2 hash) runs in the thread pool: a broker that is slow or down stalls that request only,
+never every page of the console.
+
 Live updates: elements with `data-poll` are re-fetched from their fragment URL every few
 seconds by static/console.js (plain fetch; server-rendered HTML in, no client templating). A
 page's fragment URL carries the page's whole query string, so a refresh keeps the pages and the
@@ -31,6 +35,7 @@ from urllib.parse import urlencode
 
 from jinja2 import Environment, FileSystemLoader
 from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import Mount, Route
@@ -217,7 +222,9 @@ def create_app(
             return await login_page(request, 403, "The form expired; please sign in again.")
         address = request.client.host if request.client else ""
         try:
-            signed = auth.sign_in(str(form.get("user", "")), str(form.get("password", "")), address)
+            signed = await run_in_threadpool(
+                auth.sign_in, str(form.get("user", "")), str(form.get("password", "")), address
+            )
         except RateLimited:
             return await login_page(request, 429, "Too many failed sign-ins; try again later.")
         if signed is None:
@@ -269,7 +276,8 @@ def create_app(
         address = request.client.host if request.client else ""
         back = f"/approvals/{intent_id}"
         try:
-            decision, made = bus.decide(
+            decision, made = await run_in_threadpool(
+                bus.decide,
                 intent_id,
                 approved=verdict == "approve",
                 user=session.user.name,
@@ -347,7 +355,7 @@ def create_app(
     async def export(request: Request, session: Session) -> Response:
         key_hex = request.path_params["key_hex"]
         try:
-            bus.request_export(bytes.fromhex(key_hex))
+            await run_in_threadpool(bus.request_export, bytes.fromhex(key_hex))
         except ValueError:
             return message(request, session, 404, "Not found", "keys are named in hex")
         except KafkaBusError as e:

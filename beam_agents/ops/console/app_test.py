@@ -5,7 +5,9 @@ rate-limited, an approver's decision is produced once, and text from the loop is
 from __future__ import annotations
 
 import html
+import http.client
 import re
+import threading
 from urllib.parse import urlencode
 
 import pytest
@@ -455,3 +457,65 @@ def test_a_page_number_past_sqlites_integers_is_an_empty_page_not_a_server_error
     url, *_ = console
     page = _signed_in(url, "ada").get(path)
     assert page.status == 200, page.text[:500]
+
+
+class _SlowBroker(Recorder):
+    """A broker that acknowledges only once the test releases it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.entered = threading.Event()
+        self.release = threading.Event()
+
+    def __call__(self, records) -> None:
+        self.entered.set()
+        assert self.release.wait(30)
+        super().__call__(records)
+
+
+def _status_within(url: str, path: str, seconds: float) -> int | None:
+    """The status of GET `path`, or None when the console does not answer in `seconds`."""
+    host, port = url.removeprefix("http://").split(":")
+    connection = http.client.HTTPConnection(host, int(port), timeout=seconds)
+    try:
+        connection.request("GET", path)
+        return connection.getresponse().status
+    except TimeoutError:
+        return None
+    finally:
+        connection.close()
+
+
+def test_a_broker_slow_to_acknowledge_a_decision_stalls_neither_the_console_nor_its_delivery(
+    tmp_path,
+):
+    # Review: the decision was produced on the event loop, so while the broker took its time
+    # (up to 30 s flushing when it is down) no page of the console answered anyone; and two
+    # clicks producing at once both produced the first decision.
+    clock, broker = ManualClock(NOW), _SlowBroker()
+    bus, auth = make_bus(tmp_path / "console.sqlite", broker, clock)
+    for intent_id in ("a-1", "a-2"):
+        bus.inbox.receive(approval_intent(intent_id).SerializeToString(deterministic=True))
+    with serving(create_app(bus, auth, clock=clock)) as url:
+        alice, ada = _signed_in(url, "alice"), _signed_in(url, "ada")
+        replies = {}
+
+        def click(browser, intent_id):
+            form = {"csrf": browser.get(f"/approvals/{intent_id}").csrf(), "decision": "approve"}
+            replies[intent_id] = browser.post(f"/approvals/{intent_id}", form)
+
+        clicks = [threading.Thread(target=click, args=(alice, "a-1"))]
+        clicks[0].start()
+        try:
+            assert broker.entered.wait(10)
+            assert _status_within(url, "/login", 5) == 200
+            clicks.append(threading.Thread(target=click, args=(ada, "a-2")))
+            clicks[1].start()
+            clicks[1].join(0.5)
+        finally:
+            broker.release.set()
+            for thread in clicks:
+                thread.join(30)
+    assert {i: r.status for i, r in replies.items()} == {"a-1": 303, "a-2": 303}
+    produced = [AgentEnvelope.FromString(v).approval.intent_id for v in broker.on("loop.events")]
+    assert sorted(produced) == ["a-1", "a-2"]

@@ -61,6 +61,9 @@ class ConsoleBus:
         self._publish = publish
         self._clock = clock
         self._consumer = None
+        # Producing is serialized: two clicks (thread-pool threads) producing at once would
+        # both read the first one's decision as unproduced and produce it twice.
+        self._producing = threading.Lock()
 
     # -- producing ------------------------------------------------------------------------
 
@@ -79,17 +82,18 @@ class ConsoleBus:
 
     def produce_recorded(self) -> int:
         """Produces the decisions recorded but not acknowledged yet; returns how many."""
-        decisions = self.inbox.unproduced()
-        for decision in decisions:
-            key, at = decision.entity_key, decision.decided_at_ms
-            self._publish(
-                [
-                    (self.topics.events, key, decision.envelope, at),
-                    (self.topics.traces, key, decision.trace, at),
-                ]
-            )
-            self.inbox.mark_produced(decision.intent_id)
-        return len(decisions)
+        with self._producing:
+            decisions = self.inbox.unproduced()
+            for decision in decisions:
+                key, at = decision.entity_key, decision.decided_at_ms
+                self._publish(
+                    [
+                        (self.topics.events, key, decision.envelope, at),
+                        (self.topics.traces, key, decision.trace, at),
+                    ]
+                )
+                self.inbox.mark_produced(decision.intent_id)
+            return len(decisions)
 
     def request_export(self, key: bytes) -> str:
         """Asks the key's agent for a StateSnapshot; returns the request id."""
