@@ -5,6 +5,7 @@ decision, and only an intent verified as the effector verifies it can be decided
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 
@@ -111,6 +112,39 @@ def test_two_console_processes_on_one_file_make_one_decision(tmp_path, clock):
     # same bytes, which RunAgent takes as one answer (a duplicate copy), never two decisions.
     produced = {v for r in recorders for v in r.on("loop.events")}
     assert len(produced) == 1
+
+
+def test_a_decision_the_broker_refused_is_delivered_once_it_answers_without_another_click(
+    tmp_path, clock
+):
+    # Review: ConsoleBus.run produced what was left recorded once, at start, outside its loop:
+    # a broker down then ended the reader thread (no approval read until a restart), and a
+    # decision whose click met a broker down stayed undelivered until someone clicked again or
+    # restarted the console, while the agent's deadline ran out.
+    broker = Recorder()
+    broker.fail = True
+    bus, _ = make_bus(tmp_path / "c.sqlite", broker, clock)
+    _received(bus, approval_intent())
+    with pytest.raises(KafkaBusError):
+        _decide(bus)
+    bus.connect("127.0.0.1:1", "console-review")  # nothing listens: every poll finds nothing
+    stop = threading.Event()
+    reader = threading.Thread(target=bus.run, args=(stop,), daemon=True)
+    reader.start()
+    try:
+        time.sleep(1)
+        assert reader.is_alive(), "a broker down at start ended the console's reader"
+        broker.fail = False
+        deadline = time.monotonic() + 20
+        while not bus.inbox.decision("a-1").produced:
+            assert time.monotonic() < deadline, "the recorded decision was never produced"
+            time.sleep(0.1)
+    finally:
+        stop.set()
+        reader.join(30)
+    assert not reader.is_alive()
+    (data,) = broker.on(bus.topics.events)
+    assert AgentEnvelope.FromString(data).approval.intent_id == "a-1"
 
 
 def test_a_decision_the_broker_did_not_acknowledge_is_produced_on_restart_once(tmp_path, clock):
