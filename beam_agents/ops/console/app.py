@@ -95,10 +95,15 @@ def _key(value: bytes) -> str:
     return bytes(value).decode("utf-8", "backslashreplace")
 
 
+# Arguments nested past the parser's recursion limit (anyone may write an unsigned intent to the
+# approvals topic, and it is listed) are shown as text, like any other text that is not JSON.
+_NOT_JSON = (ValueError, RecursionError)
+
+
 def _question(intent: ToolIntent) -> str:
     try:
         args = json.loads(intent.args_json)
-    except ValueError:
+    except _NOT_JSON:
         return intent.args_json
     if isinstance(args, dict) and isinstance(args.get("question"), str):
         return args["question"]
@@ -108,7 +113,7 @@ def _question(intent: ToolIntent) -> str:
 def _pretty(text: str) -> str:
     try:
         return json.dumps(json.loads(text), indent=2, ensure_ascii=False)
-    except ValueError:
+    except _NOT_JSON:
         return text
 
 

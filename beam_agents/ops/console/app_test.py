@@ -519,3 +519,19 @@ def test_a_broker_slow_to_acknowledge_a_decision_stalls_neither_the_console_nor_
     assert {i: r.status for i, r in replies.items()} == {"a-1": 303, "a-2": 303}
     produced = [AgentEnvelope.FromString(v).approval.intent_id for v in broker.on("loop.events")]
     assert sorted(produced) == ["a-1", "a-2"]
+
+
+def test_an_unsigned_intent_nested_too_deep_for_json_does_not_take_the_inbox_down(console):
+    # Review: anyone who can write to the approvals topic, without any key, had an intent
+    # listed (refused, but listed) whose args_json nests past the JSON parser's recursion
+    # limit; reading its question raised RecursionError, so the inbox was a 500 for everyone.
+    url, bus, *_ = console
+    forged = approval_intent("f-1", key=b"f-1", ring=None)
+    forged.args_json = '{"question":' + "[" * 5000 + "]" * 5000 + "}"
+    bus.handle(Topics("loop").approvals, forged.SerializeToString())
+    assert not bus.inbox.get("f-1").approvable
+    browser = _signed_in(url, "alice")
+    for path in ("/", "/fragments/inbox", "/approvals/f-1", f"/agents/{b'f-1'.hex()}"):
+        page = browser.get(path)
+        assert page.status == 200, path
+    assert "cannot be approved" in browser.get("/approvals/f-1").text
