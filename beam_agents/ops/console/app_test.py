@@ -20,6 +20,7 @@ from beam_agents.ops.console.service import serving
 from beam_agents.ops.rounds import ManualClock
 from beam_agents.runtime.dead_letters import error_record, to_envelope
 from beam_agents.testing.console import Browser, Recorder, approval_intent, make_bus
+from beam_agents.testing.samples import TRACE_ID
 
 NOW = 1_000_000
 SCRIPT = "<script>alert(1)</script>"
@@ -535,3 +536,22 @@ def test_an_unsigned_intent_nested_too_deep_for_json_does_not_take_the_inbox_dow
         page = browser.get(path)
         assert page.status == 200, path
     assert "cannot be approved" in browser.get("/approvals/f-1").text
+
+
+def test_a_trace_event_of_a_type_this_binary_does_not_know_is_drawn_not_a_server_error(console):
+    # Review: EventType is an open enum (a newer runtime may add a type, anyone may write to
+    # the traces topic); EventType.Name raised ValueError for it, so the key's agent page and
+    # the approval page of that activation were a 500.
+    url, bus, *_ = console
+    # The trace of the fixture's approval a-1 (approval_intent's trace id).
+    common = {"trace_id": TRACE_ID, "entity_key": b"c-1", "start_ms": NOW, "end_ms": NOW + 5}
+    for span, event_type in ((b"n" * 8, 99), (b"m" * 8, 98)):
+        event = TraceEvent(span_id=span, event_type=event_type, **common)
+        if event_type == 98:
+            event.attributes["gen_ai.tool.name"] = "lookup"
+        bus.handle(Topics("loop").traces, event.SerializeToString())
+    browser = _signed_in(url, "vera")
+    for path in (f"/agents/{b'c-1'.hex()}", f"/fragments/agents/{b'c-1'.hex()}", "/approvals/a-1"):
+        page = browser.get(path)
+        assert page.status == 200, path
+        assert "event type 99" in page.text and "event type 98 lookup" in page.text, path

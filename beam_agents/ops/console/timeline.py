@@ -72,7 +72,7 @@ def timeline(events: Sequence[TraceEvent]) -> Timeline:
         s = min(e.start_ms for e in evs)
         e_ = max(max(e.end_ms, e.start_ms) for e in evs)
         rows[span] = len(bars)
-        kinds = sorted({TraceEvent.EventType.Name(e.event_type).lower() for e in evs})
+        kinds = sorted({_kind(e.event_type) for e in evs})
         bars.append(
             Bar(
                 row=len(bars),
@@ -107,6 +107,14 @@ def _label(events: Sequence[TraceEvent]) -> str:
             return f"{'resume' if resumed else 'activation'} seq {event.seq}"
         detail = attributes.get("gen_ai.tool.name") or attributes.get("gen_ai.request.model")
         if detail:
-            kind = TraceEvent.EventType.Name(event.event_type).lower()
-            return f"{kind} {detail}"
-    return TraceEvent.EventType.Name(events[0].event_type).lower()
+            return f"{_kind(event.event_type)} {detail}"
+    return _kind(events[0].event_type)
+
+
+def _kind(event_type: int) -> str:
+    # An open enum: a newer writer's event type (or anyone's on the traces topic) is drawn by
+    # its number, not a ValueError that makes the key's pages a 500.
+    try:
+        return TraceEvent.EventType.Name(event_type).lower()
+    except ValueError:
+        return f"event type {event_type}"
