@@ -59,6 +59,10 @@ AUDIT_PER_PAGE = 50
 #: Highest page number read: any further is past every list, and its offset must still fit
 #: SQLite's 64-bit integers (a larger one made the query raise, a 500).
 MAX_PAGE = 10**9
+#: Largest form body read. The largest form, a decision with its 2,000-character comment, is
+#: at most 24 KB percent-encoded; without a bound the form parser buffered up to 1,000 fields
+#: of 1 MB each, for anyone, the sign-in form needing no session.
+MAX_FORM_BYTES = 64 * 1024
 _HERE = Path(__file__).parent
 _HEADERS = {
     "Content-Security-Policy": (
@@ -123,6 +127,17 @@ def _environment() -> Environment:
     env.filters["hex"] = lambda value: bytes(value).hex()
     env.filters["text"] = lambda value: bytes(value).decode("utf-8", "backslashreplace")
     return env
+
+
+def _unreadable(request: Request) -> Response | None:
+    """The refusal of a form body too large to read (413) or of unknown length (411: a
+    browser always sends the length of a form), else None."""
+    length = request.headers.get("content-length", "")
+    if not length.isdigit():
+        return Response("a form needs its Content-Length", status_code=411, headers=_HEADERS)
+    if int(length) > MAX_FORM_BYTES:
+        return Response("the form is too large", status_code=413, headers=_HEADERS)
+    return None
 
 
 def _page(request: Request, param: str = "page") -> int:
@@ -194,6 +209,8 @@ def create_app(
                     return RedirectResponse("/login", status_code=303, headers=_HEADERS)
                 return Response("sign in first", status_code=401, headers=_HEADERS)
             if request.method == "POST":
+                if refused := _unreadable(request):
+                    return refused
                 form = await request.form()
                 if not session.csrf_ok(form.get("csrf")):
                     return message(request, session, 403, "Refused", "missing or wrong CSRF token")
@@ -220,6 +237,8 @@ def create_app(
         return response
 
     async def login(request: Request) -> Response:
+        if refused := _unreadable(request):
+            return refused
         form = await request.form()
         cookie = request.cookies.get(LOGIN_CSRF_COOKIE, "")
         token = str(form.get("csrf", ""))

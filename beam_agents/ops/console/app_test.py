@@ -14,7 +14,13 @@ import pytest
 
 from beam_agents._protos import AgentEnvelope, StateSnapshot, TraceEvent
 from beam_agents.bus import Topics
-from beam_agents.ops.console.app import AUDIT_PER_PAGE, PER_PAGE, SESSION_COOKIE, create_app
+from beam_agents.ops.console.app import (
+    AUDIT_PER_PAGE,
+    MAX_FORM_BYTES,
+    PER_PAGE,
+    SESSION_COOKIE,
+    create_app,
+)
 from beam_agents.ops.console.auth import MAX_FAILURES
 from beam_agents.ops.console.service import serving
 from beam_agents.ops.rounds import ManualClock
@@ -555,3 +561,36 @@ def test_a_trace_event_of_a_type_this_binary_does_not_know_is_drawn_not_a_server
         page = browser.get(path)
         assert page.status == 200, path
         assert "event type 99" in page.text and "event type 98 lookup" in page.text, path
+
+
+def _post_raw(url, path, body: bytes, headers: dict) -> int:
+    host, port = url.removeprefix("http://").split(":")
+    connection = http.client.HTTPConnection(host, int(port), timeout=30)
+    try:
+        connection.request("POST", path, body=body, headers=headers)
+        return connection.getresponse().status
+    finally:
+        connection.close()
+
+
+def test_a_form_too_large_or_of_unknown_length_is_refused_before_it_is_read(console):
+    # Review: the form parser buffered up to 1,000 fields of 1 MB each, and the sign-in form
+    # needs no session: one anonymous post of 300 MB grew the console by 230 MB.
+    url, bus, recorder, _ = console
+    form = {"Content-Type": "application/x-www-form-urlencoded"}
+    big = b"user=alice&password=" + b"a" * MAX_FORM_BYTES
+    assert _post_raw(url, "/login", big, form) == 413
+    alice = _signed_in(url, "alice")
+    csrf = alice.get("/approvals/a-1").csrf()
+    cookie = {"Cookie": f"{SESSION_COOKIE}={alice.cookies[SESSION_COOKIE]}"}
+    decision = urlencode({"csrf": csrf, "decision": "approve", "comment": "x" * MAX_FORM_BYTES})
+    assert _post_raw(url, "/approvals/a-1", decision.encode(), {**form, **cookie}) == 413
+    chunked = {**form, **cookie, "Transfer-Encoding": "chunked"}
+    small = urlencode({"csrf": csrf, "decision": "approve"}).encode()
+    body = b"%x\r\n%s\r\n0\r\n\r\n" % (len(small), small)
+    assert _post_raw(url, "/approvals/a-1", body, chunked) == 411
+    assert bus.inbox.decision("a-1") is None and recorder.records == []
+    # The largest comment the page allows, in 4-byte characters, is still read.
+    longest = {"csrf": csrf, "decision": "approve", "comment": "\U0001f600" * 2000}
+    assert alice.post("/approvals/a-1", longest).status == 303
+    assert bus.inbox.decision("a-1").comment == "\U0001f600" * 2000
