@@ -594,3 +594,20 @@ def test_a_form_too_large_or_of_unknown_length_is_refused_before_it_is_read(cons
     longest = {"csrf": csrf, "decision": "approve", "comment": "\U0001f600" * 2000}
     assert alice.post("/approvals/a-1", longest).status == 303
     assert bus.inbox.decision("a-1").comment == "\U0001f600" * 2000
+
+
+def test_the_address_audited_and_rate_limited_is_the_peers_not_a_forwarded_for_header(console):
+    # Review: uvicorn believed X-Forwarded-For from 127.0.0.1 by default, so a client on the
+    # loopback (a local user, an SSH tunnel) forged the audit log's address and got five more
+    # sign-in tries for every address it named.
+    url, bus, *_ = console
+    browser = _signed_in(url, "alice")
+    form = urlencode({"csrf": browser.get("/approvals/a-1").csrf(), "decision": "approve"})
+    headers = {
+        "Cookie": f"{SESSION_COOKIE}={browser.cookies[SESSION_COOKIE]}",
+        "Content-Type": "application/x-www-form-urlencoded",
+        "X-Forwarded-For": "203.0.113.66",
+    }
+    assert _post_raw(url, "/approvals/a-1", form.encode(), headers) == 303
+    (row,), _ = bus.inbox.audit()
+    assert row[5] == "127.0.0.1"
