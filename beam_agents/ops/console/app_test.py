@@ -637,3 +637,22 @@ def test_concurrent_wrong_passwords_get_no_more_tries_than_the_limit(console):
         thread.join(60)
     assert sorted(set(statuses)) == [401, 429]
     assert statuses.count(401) == MAX_FAILURES
+
+
+def test_deeply_nested_arguments_are_shown_as_sent_not_multiplied_by_their_indents(console):
+    # Review: the approval page indented the arguments whatever their depth; indents grow
+    # with depth, so an unsigned intent of 1 MB of deep arrays (anyone may write one to the
+    # approvals topic, and it is listed) made a page of 851 MB after 50 s on the event loop.
+    url, bus, *_ = console
+    forged = approval_intent("f-2", key=b"f-2", ring=None)
+    forged.args_json = "[" + ",".join(["[" * 500 + "]" * 500] * 20) + "]"
+    bus.handle(Topics("loop").approvals, forged.SerializeToString())
+    page = _signed_in(url, "alice").get("/approvals/f-2")
+    assert page.status == 200
+    assert forged.args_json in page.text and len(page.text) < 2 * len(forged.args_json)
+    # Arguments as deep as a real intent's may be are still indented.
+    real = approval_intent("a-2", question="q")
+    real.args_json = '{"a":' + "[" * 63 + "]" * 63 + "}"
+    bus.inbox.receive(real.SerializeToString())
+    shown = _signed_in(url, "alice").get("/approvals/a-2").text
+    assert "\n" + " " * 126 + "[]" in shown
