@@ -120,8 +120,19 @@ class ConsoleBus:
         if topic == self.topics.approvals:
             approval, new = self.inbox.receive(value)
             if new:
-                self.observations.add_key(approval.intent.entity_key)
-                self.request_export(approval.intent.entity_key)
+                key = approval.intent.entity_key
+                self.observations.add_key(key)
+                # A snapshot only shows the deadline (the agent page's button asks again): a
+                # broker refusing the request must not end the reader, which would read no
+                # more approvals.
+                try:
+                    self.request_export(key)
+                except KafkaBusError as e:
+                    print(
+                        f"beam_agents.console: no snapshot asked of key {key.hex()}: {e}",
+                        file=sys.stderr,
+                        flush=True,
+                    )
         elif topic == self.topics.snapshots:
             self.observations.add_snapshot(value)
         elif topic == self.topics.traces:

@@ -78,6 +78,21 @@ def test_a_new_approval_asks_its_agent_for_a_snapshot_once(tmp_path, clock):
     assert request.WhichOneof("payload") == "export_request" and request.entity_key == b"c-1"
 
 
+def test_an_approval_read_while_the_broker_refuses_its_export_request_is_kept_quietly(
+    tmp_path, clock
+):
+    # Review: the export request a new approval sends raised out of `handle`, so `poll` raised
+    # and the reader thread ended (no approval read again until a restart); the approval was
+    # stored already, so the record read again after the restart asked for no snapshot.
+    broker = Recorder()
+    broker.fail = True
+    bus, _ = make_bus(tmp_path / "c.sqlite", broker, clock)
+    bus.handle(bus.topics.approvals, approval_intent().SerializeToString(deterministic=True))
+    assert bus.inbox.get("a-1").approvable
+    broker.fail = False
+    assert _decide(bus)[1]
+
+
 def test_a_second_click_gets_the_first_decision_and_produces_nothing(tmp_path, clock):
     recorder = Recorder()
     bus, _ = make_bus(tmp_path / "c.sqlite", recorder, clock)
