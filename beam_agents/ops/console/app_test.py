@@ -656,3 +656,30 @@ def test_deeply_nested_arguments_are_shown_as_sent_not_multiplied_by_their_inden
     bus.inbox.receive(real.SerializeToString())
     shown = _signed_in(url, "alice").get("/approvals/a-2").text
     assert "\n" + " " * 126 + "[]" in shown
+
+
+def test_concurrent_approves_and_declines_over_http_make_one_decision_produced_once(console):
+    # Decisions run in the thread pool, so clicks of two approvers really race.
+    url, bus, recorder, _ = console
+    browsers = [_signed_in(url, user) for user in ("alice", "ada") * 4]
+    forms = [
+        {"csrf": b.get("/approvals/a-1").csrf(), "decision": ("approve", "decline")[n % 2]}
+        for n, b in enumerate(browsers)
+    ]
+    start = threading.Barrier(len(browsers))
+    statuses = []
+
+    def click(browser, form):
+        start.wait()
+        statuses.append(browser.post("/approvals/a-1", form).status)
+
+    threads = [
+        threading.Thread(target=click, args=pair) for pair in zip(browsers, forms, strict=True)
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert sorted(statuses) == [303] + [409] * (len(browsers) - 1)
+    (data,) = recorder.on("loop.events")
+    assert AgentEnvelope.FromString(data).approval.approved == bus.inbox.decision("a-1").approved
