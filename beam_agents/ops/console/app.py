@@ -27,6 +27,7 @@ from __future__ import annotations
 import datetime
 import hmac
 import json
+import re
 import secrets
 from collections.abc import Callable
 from functools import partial
@@ -55,6 +56,7 @@ __all__ = ["SESSION_COOKIE", "create_app"]
 
 SESSION_COOKIE = "beam_agents_console"
 LOGIN_CSRF_COOKIE = "beam_agents_console_login"
+_LOGIN_TOKEN = re.compile(r"[A-Za-z0-9_-]{43}")  # secrets.token_urlsafe(32)
 PER_PAGE = 20
 AUDIT_PER_PAGE = 50
 #: Highest page number read: any further is past every list, and its offset must still fit
@@ -248,7 +250,12 @@ def create_app(
     # -- sign-in --------------------------------------------------------------------------
 
     async def login_page(request: Request, status: int = 200, error: str = "") -> Response:
-        token = secrets.token_urlsafe(32)
+        # The token a sign-in form already open (another tab) carries stays valid: a new one
+        # each load expired it, and an old tab's refresh, redirected here once its session
+        # ends, loads this page every 2 s.
+        token = request.cookies.get(LOGIN_CSRF_COOKIE, "")
+        if not _LOGIN_TOKEN.fullmatch(token):
+            token = secrets.token_urlsafe(32)
         response = render(request, "login.html", status, error=error, csrf=token)
         response.set_cookie(
             LOGIN_CSRF_COOKIE, token, httponly=True, secure=True, samesite="strict", path="/"

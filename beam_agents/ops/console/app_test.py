@@ -25,7 +25,7 @@ from beam_agents.ops.console.auth import MAX_FAILURES
 from beam_agents.ops.console.service import serving
 from beam_agents.ops.rounds import ManualClock
 from beam_agents.runtime.dead_letters import error_record, to_envelope
-from beam_agents.testing.console import Browser, Recorder, approval_intent, make_bus
+from beam_agents.testing.console import PASSWORD, Browser, Recorder, approval_intent, make_bus
 from beam_agents.testing.samples import TRACE_ID
 
 NOW = 1_000_000
@@ -683,3 +683,16 @@ def test_concurrent_approves_and_declines_over_http_make_one_decision_produced_o
     assert sorted(statuses) == [303] + [409] * (len(browsers) - 1)
     (data,) = recorder.on("loop.events")
     assert AgentEnvelope.FromString(data).approval.approved == bus.inbox.decision("a-1").approved
+
+
+def test_a_login_page_loaded_again_keeps_the_form_token_of_a_sign_in_form_already_open(console):
+    # Review: every load of /login set a new form token, so a sign-in form open in one tab was
+    # "expired" by any other load: a second tab, or an old tab's live refresh, which after its
+    # session ends follows the redirect to /login every 2 s and kept the user from signing in.
+    url, *_ = console
+    browser = Browser(url)
+    form = browser.get("/login")
+    assert browser.get("/fragments/inbox").headers["Location"] == "/login"
+    browser.get("/login")  # the refresh following the redirect (fetch follows it)
+    reply = browser.post("/login", {"csrf": form.csrf(), "user": "alice", "password": PASSWORD})
+    assert reply.status == 303 and SESSION_COOKIE in browser.cookies
