@@ -696,3 +696,24 @@ def test_a_login_page_loaded_again_keeps_the_form_token_of_a_sign_in_form_alread
     browser.get("/login")  # the refresh following the redirect (fetch follows it)
     reply = browser.post("/login", {"csrf": form.csrf(), "user": "alice", "password": PASSWORD})
     assert reply.status == 303 and SESSION_COOKIE in browser.cookies
+
+
+def test_a_trace_nesting_spans_past_pythons_recursion_limit_is_drawn(console):
+    # Review: the timeline placed each child span by recursion, so a trace whose spans nest
+    # 1,200 deep (anyone may write to the traces topic) made the key's agent page and its
+    # approval's page a 500 (RecursionError).
+    url, bus, *_ = console
+    depth = 1200
+    for n in range(depth):
+        event = TraceEvent(
+            trace_id=TRACE_ID, span_id=n.to_bytes(8, "big"), entity_key=b"c-1",
+            parent_span_id=(n - 1).to_bytes(8, "big") if n else b"",
+            event_type=TraceEvent.TOOL_CALL, start_ms=NOW + n, end_ms=NOW + n + 1,
+        )  # fmt: skip
+        bus.handle(Topics("loop").traces, event.SerializeToString())
+    browser = _signed_in(url, "vera")
+    for path in (f"/agents/{b'c-1'.hex()}", "/approvals/a-1"):
+        page = browser.get(path)
+        assert page.status == 200, path
+        assert page.text.count('<rect class="bar') == depth, path
+        assert page.text.count('<line class="link"') == 2 * (depth - 1), path

@@ -64,10 +64,13 @@ def timeline(events: Sequence[TraceEvent]) -> Timeline:
 
     bars: list[Bar] = []
     rows: dict[bytes, int] = {}
-
-    def place(span: bytes, depth: int, parent_row: int) -> None:
+    # Depth-first with a stack of its own, not recursion: a trace nesting spans deeper than
+    # Python's recursion limit (anyone may write to the traces topic) is drawn, not a 500.
+    stack = [(root, 0, -1) for root in sorted(roots, key=first, reverse=True)]
+    while stack:
+        span, depth, parent_row = stack.pop()
         if span in rows:  # a cycle of parent ids in a damaged trace: draw each span once
-            return
+            continue
         evs = spans[span]
         s = min(e.start_ms for e in evs)
         e_ = max(max(e.end_ms, e.start_ms) for e in evs)
@@ -87,11 +90,8 @@ def timeline(events: Sequence[TraceEvent]) -> Timeline:
                 error=any(e.event_type == TraceEvent.ERROR for e in evs),
             )
         )
-        for child in sorted(children.get(span, []), key=first):
-            place(child, depth + 1, rows[span])
-
-    for root in sorted(roots, key=first):
-        place(root, 0, -1)
+        for child in sorted(children.get(span, []), key=first, reverse=True):
+            stack.append((child, depth + 1, rows[span]))
     return Timeline(start, end - start, bars)
 
 
