@@ -264,3 +264,30 @@ def test_an_unknown_approval_is_refused(tmp_path, clock):
     with pytest.raises(DecisionRefused) as refused:
         _decide(bus, intent_id="nope")
     assert refused.value.reason == "unknown"
+
+
+def test_a_copy_refused_for_a_key_the_console_lacked_is_judged_again_when_it_has_it(
+    tmp_path, clock
+):
+    # Review: the verdict on a copy was kept forever. Its record is committed once read, so an
+    # approval signed with a key the console's keyring did not hold yet (a rotation the
+    # console learned of late) stayed refused after the operator added the key and restarted:
+    # an approval lost for good. The other way, a copy admitted under a key since removed
+    # stayed approvable.
+    path = tmp_path / "c.sqlite"
+    rotated = Keyring({"intents-2": b"the rotated intent key, 32+ bytes long"}, active="intents-2")
+    bus, _ = make_bus(path, Recorder(), clock)
+    _received(bus, approval_intent("a-1", ring=rotated))
+    _received(bus, approval_intent("a-2"))
+    assert not bus.inbox.get("a-1").approvable and bus.inbox.get("a-2").approvable
+    both = Keyring({**INTENT_RING.keys, **rotated.keys}, active="intents-2")
+    restarted, _ = make_bus(path, Recorder(), clock, intent_keyring=both)
+    assert restarted.inbox.get("a-1").approvable
+    assert restarted.inbox.get("a-1").verification == Verification.VALID.value
+    assert _decide(restarted, "a-1")[1]
+    revoked, _ = make_bus(path, Recorder(), clock, intent_keyring=rotated)
+    assert not revoked.inbox.get("a-2").approvable
+    with pytest.raises(DecisionRefused) as refused:
+        _decide(revoked, "a-2")
+    assert refused.value.reason == "unverified"
+    assert revoked.inbox.decision("a-1").approver == "alice"  # a decision is never judged again
