@@ -102,13 +102,14 @@ def make_bus(
     *,
     mode: VerifyMode = VerifyMode.REQUIRE,
     topics: Topics = Topics("loop"),  # noqa: B008 - frozen, never changed
+    intent_keyring: Keyring = INTENT_RING,
 ) -> tuple[ConsoleBus, Auth]:
     """A console's bus and auth over the SQLite file `path`, as `service.build` makes them."""
     db = Database(path)
     inbox = Inbox(
         db,
         mode=mode,
-        intent_keyring=INTENT_RING,
+        intent_keyring=intent_keyring,
         approvals_keyring=APPROVALS_RING,
         clock=clock,
     )

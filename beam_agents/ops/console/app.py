@@ -7,6 +7,10 @@ anything else is looked at; a decision also needs the approver role (403 for a v
 Templates autoescape everything, and the Content-Security-Policy allows scripts only from
 /static, so text from the loop (a question, a memory value, a key) is shown, never run.
 
+What waits (a decision or an export request for the broker's acknowledgement, a password's
+argon2 hash) runs in the thread pool: a broker that is slow or down stalls that request only,
+never every page of the console.
+
 Live updates: elements with `data-poll` are re-fetched from their fragment URL every few
 seconds by static/console.js (plain fetch; server-rendered HTML in, no client templating). A
 page's fragment URL carries the page's whole query string, so a refresh keeps the pages and the
@@ -23,6 +27,7 @@ from __future__ import annotations
 import datetime
 import hmac
 import json
+import re
 import secrets
 from collections.abc import Callable
 from functools import partial
@@ -31,6 +36,7 @@ from urllib.parse import urlencode
 
 from jinja2 import Environment, FileSystemLoader
 from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import Mount, Route
@@ -39,6 +45,7 @@ from starlette.staticfiles import StaticFiles
 from beam_agents._protos import ToolIntent
 from beam_agents.bus import KafkaBusError
 from beam_agents.intents.effector import wall_clock_ms
+from beam_agents.intents.identity import MAX_ARGS_DEPTH
 from beam_agents.ops.console.auth import Auth, RateLimited, Session
 from beam_agents.ops.console.bus import ConsoleBus
 from beam_agents.ops.console.config import Role
@@ -49,8 +56,16 @@ __all__ = ["SESSION_COOKIE", "create_app"]
 
 SESSION_COOKIE = "beam_agents_console"
 LOGIN_CSRF_COOKIE = "beam_agents_console_login"
+_LOGIN_TOKEN = re.compile(r"[A-Za-z0-9_-]{43}")  # secrets.token_urlsafe(32)
 PER_PAGE = 20
 AUDIT_PER_PAGE = 50
+#: Highest page number read: any further is past every list, and its offset must still fit
+#: SQLite's 64-bit integers (a larger one made the query raise, a 500).
+MAX_PAGE = 10**9
+#: Largest form body read. The largest form, a decision with its 2,000-character comment, is
+#: at most 24 KB percent-encoded; without a bound the form parser buffered up to 1,000 fields
+#: of 1 MB each, for anyone, the sign-in form needing no session.
+MAX_FORM_BYTES = 64 * 1024
 _HERE = Path(__file__).parent
 _HEADERS = {
     "Content-Security-Policy": (
@@ -87,10 +102,17 @@ def _key(value: bytes) -> str:
     return bytes(value).decode("utf-8", "backslashreplace")
 
 
+# Arguments nested past the parser's recursion limit (anyone may write an unsigned intent to the
+# approvals topic, and it is listed) are shown as text, like any other text that is not JSON.
+_NOT_JSON = (ValueError, RecursionError)
+#: Longest arguments shown indented.
+_PRETTY_MAX_CHARS = 64 * 1024
+
+
 def _question(intent: ToolIntent) -> str:
     try:
         args = json.loads(intent.args_json)
-    except ValueError:
+    except _NOT_JSON:
         return intent.args_json
     if isinstance(args, dict) and isinstance(args.get("question"), str):
         return args["question"]
@@ -98,10 +120,26 @@ def _question(intent: ToolIntent) -> str:
 
 
 def _pretty(text: str) -> str:
-    try:
-        return json.dumps(json.loads(text), indent=2, ensure_ascii=False)
-    except ValueError:
+    """JSON indented, or the text as it is when it is no JSON or indenting could multiply it:
+    indents grow with depth, and a forged 1 MB intent of deep arrays came to 851 MB in 50 s. A
+    real intent's arguments nest at most MAX_ARGS_DEPTH."""
+    if len(text) > _PRETTY_MAX_CHARS:
         return text
+    try:
+        value = json.loads(text)
+    except _NOT_JSON:
+        return text
+    level = [value]
+    for _ in range(MAX_ARGS_DEPTH):
+        level = [
+            child
+            for v in level
+            if isinstance(v, dict | list)
+            for child in (v.values() if isinstance(v, dict) else v)
+        ]
+    if any(isinstance(v, dict | list) for v in level):
+        return text
+    return json.dumps(value, indent=2, ensure_ascii=False)
 
 
 def _environment() -> Environment:
@@ -112,9 +150,20 @@ def _environment() -> Environment:
     return env
 
 
+def _unreadable(request: Request) -> Response | None:
+    """The refusal of a form body too large to read (413) or of unknown length (411: a
+    browser always sends the length of a form), else None."""
+    length = request.headers.get("content-length", "")
+    if not length.isdigit():
+        return Response("a form needs its Content-Length", status_code=411, headers=_HEADERS)
+    if int(length) > MAX_FORM_BYTES:
+        return Response("the form is too large", status_code=413, headers=_HEADERS)
+    return None
+
+
 def _page(request: Request, param: str = "page") -> int:
     try:
-        return max(int(request.query_params.get(param, "1")), 1)
+        return min(max(int(request.query_params.get(param, "1")), 1), MAX_PAGE)
     except ValueError:
         return 1
 
@@ -181,6 +230,8 @@ def create_app(
                     return RedirectResponse("/login", status_code=303, headers=_HEADERS)
                 return Response("sign in first", status_code=401, headers=_HEADERS)
             if request.method == "POST":
+                if refused := _unreadable(request):
+                    return refused
                 form = await request.form()
                 if not session.csrf_ok(form.get("csrf")):
                     return message(request, session, 403, "Refused", "missing or wrong CSRF token")
@@ -199,7 +250,12 @@ def create_app(
     # -- sign-in --------------------------------------------------------------------------
 
     async def login_page(request: Request, status: int = 200, error: str = "") -> Response:
-        token = secrets.token_urlsafe(32)
+        # The token a sign-in form already open (another tab) carries stays valid: a new one
+        # each load expired it, and an old tab's refresh, redirected here once its session
+        # ends, loads this page every 2 s.
+        token = request.cookies.get(LOGIN_CSRF_COOKIE, "")
+        if not _LOGIN_TOKEN.fullmatch(token):
+            token = secrets.token_urlsafe(32)
         response = render(request, "login.html", status, error=error, csrf=token)
         response.set_cookie(
             LOGIN_CSRF_COOKIE, token, httponly=True, secure=True, samesite="strict", path="/"
@@ -207,6 +263,8 @@ def create_app(
         return response
 
     async def login(request: Request) -> Response:
+        if refused := _unreadable(request):
+            return refused
         form = await request.form()
         cookie = request.cookies.get(LOGIN_CSRF_COOKIE, "")
         token = str(form.get("csrf", ""))
@@ -214,7 +272,9 @@ def create_app(
             return await login_page(request, 403, "The form expired; please sign in again.")
         address = request.client.host if request.client else ""
         try:
-            signed = auth.sign_in(str(form.get("user", "")), str(form.get("password", "")), address)
+            signed = await run_in_threadpool(
+                auth.sign_in, str(form.get("user", "")), str(form.get("password", "")), address
+            )
         except RateLimited:
             return await login_page(request, 429, "Too many failed sign-ins; try again later.")
         if signed is None:
@@ -266,7 +326,8 @@ def create_app(
         address = request.client.host if request.client else ""
         back = f"/approvals/{intent_id}"
         try:
-            decision, made = bus.decide(
+            decision, made = await run_in_threadpool(
+                bus.decide,
                 intent_id,
                 approved=verdict == "approve",
                 user=session.user.name,
@@ -344,7 +405,7 @@ def create_app(
     async def export(request: Request, session: Session) -> Response:
         key_hex = request.path_params["key_hex"]
         try:
-            bus.request_export(bytes.fromhex(key_hex))
+            await run_in_threadpool(bus.request_export, bytes.fromhex(key_hex))
         except ValueError:
             return message(request, session, 404, "Not found", "keys are named in hex")
         except KafkaBusError as e:

@@ -83,6 +83,8 @@ class Auth:
         RateLimited before checking anything once the address or name failed too often."""
         now = self._clock()
         subjects = (f"address:{address}", f"user:{name}")
+        # Each try counts as a failure from the moment it passes the check, in the same
+        # transaction: tries verified at once (threads, processes) cannot all pass it.
         with self._db.transaction() as db:
             db.execute("DELETE FROM login_failures WHERE at_ms < ?", (now - WINDOW_MS,))
             for subject in subjects:
@@ -91,16 +93,17 @@ class Auth:
                 ).fetchone()
                 if count >= MAX_FAILURES:
                     raise RateLimited(subject)
+            tries = [
+                db.execute("INSERT INTO login_failures VALUES (?, ?)", (s, now)).lastrowid
+                for s in subjects
+            ]
         user = self._users.get(name)
         if not _password_ok(user, password):
-            with self._db.transaction() as db:
-                db.executemany(
-                    "INSERT INTO login_failures VALUES (?, ?)", [(s, now) for s in subjects]
-                )
             return None
         token = secrets.token_urlsafe(32)
         session = Session(user, secrets.token_urlsafe(32))
         with self._db.transaction() as db:
+            db.executemany("DELETE FROM login_failures WHERE rowid = ?", [(t,) for t in tries])
             db.execute("DELETE FROM sessions WHERE expires_at_ms < ?", (now,))
             db.execute(
                 "INSERT INTO sessions VALUES (?, ?, ?, ?)",

@@ -9,13 +9,16 @@ viewer shows the suspension and its deadline.
 `ConsoleBus.decide` is the one way a decision leaves: the Inbox records it (with its audit row)
 first, then the recorded AgentEnvelope goes to the events topic and its TraceEvent to the
 traces topic, and only once the broker acknowledged both is it marked produced. A crash or a
-broker failure in between leaves it recorded and unproduced: `produce_recorded`, run on start
-and again on every later click of the same decision, produces the same bytes again.
+broker failure in between leaves it recorded and unproduced: `produce_recorded`, run by the
+reader on start and every `RETRY_S` after (and on every click), produces the same bytes again,
+so a decision made while the broker was down reaches the agent once it answers.
 """
 
 from __future__ import annotations
 
+import sys
 import threading
+import time
 import uuid
 from collections.abc import Callable, Iterable
 from typing import Any, Protocol
@@ -29,6 +32,9 @@ from beam_agents.ops.console.observed import Observations
 __all__ = ["ConsoleBus", "KafkaPublisher", "Publisher"]
 
 Record = tuple[str, bytes, Any, int]
+
+#: Seconds between the reader's tries at producing what is recorded and unacknowledged.
+RETRY_S = 2.0
 
 
 class Publisher(Protocol):
@@ -61,6 +67,9 @@ class ConsoleBus:
         self._publish = publish
         self._clock = clock
         self._consumer = None
+        # Producing is serialized: two clicks (thread-pool threads) producing at once would
+        # both read the first one's decision as unproduced and produce it twice.
+        self._producing = threading.Lock()
 
     # -- producing ------------------------------------------------------------------------
 
@@ -79,17 +88,18 @@ class ConsoleBus:
 
     def produce_recorded(self) -> int:
         """Produces the decisions recorded but not acknowledged yet; returns how many."""
-        decisions = self.inbox.unproduced()
-        for decision in decisions:
-            key, at = decision.entity_key, decision.decided_at_ms
-            self._publish(
-                [
-                    (self.topics.events, key, decision.envelope, at),
-                    (self.topics.traces, key, decision.trace, at),
-                ]
-            )
-            self.inbox.mark_produced(decision.intent_id)
-        return len(decisions)
+        with self._producing:
+            decisions = self.inbox.unproduced()
+            for decision in decisions:
+                key, at = decision.entity_key, decision.decided_at_ms
+                self._publish(
+                    [
+                        (self.topics.events, key, decision.envelope, at),
+                        (self.topics.traces, key, decision.trace, at),
+                    ]
+                )
+                self.inbox.mark_produced(decision.intent_id)
+            return len(decisions)
 
     def request_export(self, key: bytes) -> str:
         """Asks the key's agent for a StateSnapshot; returns the request id."""
@@ -110,8 +120,19 @@ class ConsoleBus:
         if topic == self.topics.approvals:
             approval, new = self.inbox.receive(value)
             if new:
-                self.observations.add_key(approval.intent.entity_key)
-                self.request_export(approval.intent.entity_key)
+                key = approval.intent.entity_key
+                self.observations.add_key(key)
+                # A snapshot only shows the deadline (the agent page's button asks again): a
+                # broker refusing the request must not end the reader, which would read no
+                # more approvals.
+                try:
+                    self.request_export(key)
+                except KafkaBusError as e:
+                    print(
+                        f"beam_agents.console: no snapshot asked of key {key.hex()}: {e}",
+                        file=sys.stderr,
+                        flush=True,
+                    )
         elif topic == self.topics.snapshots:
             self.observations.add_snapshot(value)
         elif topic == self.topics.traces:
@@ -151,10 +172,23 @@ class ConsoleBus:
         return True
 
     def run(self, stop: threading.Event) -> None:
-        """Produces what a crash left recorded, then reads until `stop` is set."""
-        self.produce_recorded()
+        """Reads until `stop` is set, producing what is recorded and unacknowledged (a crash's,
+        a click's that met the broker down) at start and every RETRY_S after: a broker down
+        delays a decision, never ends the loop or loses it."""
+        retry_at = 0.0
         try:
             while not stop.is_set():
+                if time.monotonic() >= retry_at:
+                    retry_at = time.monotonic() + RETRY_S
+                    try:
+                        self.produce_recorded()
+                    except KafkaBusError as e:
+                        print(
+                            f"beam_agents.console: decisions not delivered yet, retrying in "
+                            f"{RETRY_S:.0f} s: {e}",
+                            file=sys.stderr,
+                            flush=True,
+                        )
                 self.poll()
         finally:
             self._consumer.close()

@@ -103,35 +103,44 @@ class ConsoleConfig:
             users[name] = User(name, Role[role], password_hash)
         if not users:
             raise fail("no [users.NAME] table: nobody could sign in")
+
+        def text(table: Mapping, section: str, key: str, default: str = "") -> str:
+            # A value of another TOML type is the file's mistake, named, not a TypeError.
+            value = table.get(key, default)
+            if not isinstance(value, str):
+                raise fail(f"{section}.{key} must be a string, not {type(value).__name__}")
+            return value
+
         try:
-            mode = VerifyMode(console.get("verify_mode", "require"))
+            mode = VerifyMode(text(console, "console", "verify_mode", "require"))
         except ValueError:
             raise fail("console.verify_mode must be off, permissive or require") from None
-        intent_ring = console.get("intent_keyring")
+        intent_ring = text(console, "console", "intent_keyring")
         if mode is not VerifyMode.OFF and not intent_ring:
             raise fail(f"verify_mode {mode.value} needs console.intent_keyring")
-        if not console.get("approvals_keyring"):
+        approvals_ring = text(console, "console", "approvals_keyring")
+        if not approvals_ring:
             raise fail("console.approvals_keyring is needed: every decision is signed")
-        approvals = load_keyring(console["approvals_keyring"], base, fail)
+        approvals = load_keyring(approvals_ring, base, fail)
         if approvals.active is None:
             raise fail("console.approvals_keyring has no active key to sign decisions with")
-        prefix = kafka.get("topic_prefix")
+        prefix = text(kafka, "kafka", "topic_prefix")
         try:
             topics = Topics(prefix) if prefix else None
         except ValueError as e:
             raise fail(str(e)) from None
         port = console.get("port", 8080)
-        if not isinstance(port, int) or not 0 <= port < 65536:
+        if not isinstance(port, int) or isinstance(port, bool) or not 0 <= port < 65536:
             raise fail("console.port must be a port number")
         return cls(
             users=users,
-            database=base / console.get("database", "console.sqlite"),
+            database=base / text(console, "console", "database", "console.sqlite"),
             intent_keyring=load_keyring(intent_ring, base, fail) if intent_ring else None,
             approvals_keyring=approvals,
             verify_mode=mode,
-            bootstrap_servers=str(kafka.get("bootstrap_servers", "")),
+            bootstrap_servers=text(kafka, "kafka", "bootstrap_servers"),
             topics=topics,
-            host=str(console.get("host", "127.0.0.1")),
+            host=text(console, "console", "host", "127.0.0.1"),
             port=port,
         )
 

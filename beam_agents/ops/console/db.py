@@ -46,6 +46,9 @@ _SCHEMA = (
         trace BLOB NOT NULL,
         produced INTEGER NOT NULL DEFAULT 0)""",
     "CREATE INDEX IF NOT EXISTS decisions_decided ON decisions (decided_at_ms)",
+    # The reader looks for unproduced decisions every few seconds (bus.RETRY_S).
+    "CREATE INDEX IF NOT EXISTS decisions_unproduced ON decisions (decided_at_ms) "
+    "WHERE produced = 0",
     """CREATE TABLE IF NOT EXISTS audit (
         id INTEGER PRIMARY KEY AUTOINCREMENT,
         at_ms INTEGER NOT NULL,

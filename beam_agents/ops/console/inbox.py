@@ -5,7 +5,8 @@ an intent (`VerifyMode`, from the bytes as received). Every copy is kept, but on
 admits, of kind APPROVAL, is approvable; a refused one is listed with its verification outcome
 and can never be decided. A copy the mode admits replaces a refused one under the same
 intent_id (a forger cannot shadow the real intent by sending first); two admissible copies keep
-the first.
+the first. Each process judges the undecided copies kept again when it starts, by its own mode
+and keyring (a key added since admits, a key removed refuses).
 
 Deciding, exactly once. `decide` runs in one BEGIN IMMEDIATE transaction: it refuses an intent
 that is not approvable, expired (`expires_at_ms` at or before now, or no expiry: fail closed as
@@ -118,6 +119,7 @@ class Inbox:
         self._intent_keyring = intent_keyring
         self._approvals_keyring = approvals_keyring
         self._clock = clock
+        self._judge_again()
 
     # -- receiving ------------------------------------------------------------------------
 
@@ -128,13 +130,7 @@ class Inbox:
             intent = ToolIntent.FromString(data)
         except DecodeError:
             return None, False
-        if self._mode is VerifyMode.OFF:
-            outcome, admitted = "not verified", True
-        else:
-            verification = verify(intent, self._intent_keyring, wire=data)
-            outcome, admitted = verification.value, self._mode.admits(verification)
-        if effective_kind(intent) != ToolIntent.APPROVAL:
-            outcome, admitted = f"{outcome}; not an APPROVAL intent", False
+        outcome, admitted = self._judge(intent, data)
         now = self._clock()
         with self._db.transaction() as db:
             row = db.execute(
@@ -149,6 +145,37 @@ class Inbox:
                     ),
                 )  # fmt: skip
         return self.get(intent.intent_id), row is None
+
+    def _judge(self, intent: ToolIntent, data: bytes) -> tuple[str, bool]:
+        """The verification outcome of a copy and whether the mode admits it."""
+        if self._mode is VerifyMode.OFF:
+            outcome, admitted = "not verified", True
+        else:
+            verification = verify(intent, self._intent_keyring, wire=data)
+            outcome, admitted = verification.value, self._mode.admits(verification)
+        if effective_kind(intent) != ToolIntent.APPROVAL:
+            outcome, admitted = f"{outcome}; not an APPROVAL intent", False
+        return outcome, admitted
+
+    def _judge_again(self) -> None:
+        """Judges every undecided copy kept by this process's mode and keyring: a copy refused
+        for a key the console lacked becomes approvable once its keyring has the key (its
+        record was read and committed, so it is never read again), one admitted under a key
+        since removed is refused."""
+        rows = self._db.read(
+            "SELECT intent_id, intent, verification, approvable FROM approvals a WHERE NOT EXISTS "
+            "(SELECT 1 FROM decisions d WHERE d.intent_id = a.intent_id)"
+        )
+        for intent_id, data, verification, approvable in rows:
+            outcome, admitted = self._judge(ToolIntent.FromString(data), data)
+            if (outcome, admitted) != (verification, bool(approvable)):
+                with self._db.transaction() as db:
+                    db.execute(
+                        # The copy judged, not one another process kept since.
+                        "UPDATE approvals SET verification = ?, approvable = ? "
+                        "WHERE intent_id = ? AND intent = ?",
+                        (outcome, int(admitted), intent_id, data),
+                    )
 
     # -- reading --------------------------------------------------------------------------
 

@@ -5,6 +5,7 @@ decision, and only an intent verified as the effector verifies it can be decided
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 
@@ -77,6 +78,21 @@ def test_a_new_approval_asks_its_agent_for_a_snapshot_once(tmp_path, clock):
     assert request.WhichOneof("payload") == "export_request" and request.entity_key == b"c-1"
 
 
+def test_an_approval_read_while_the_broker_refuses_its_export_request_is_kept_quietly(
+    tmp_path, clock
+):
+    # Review: the export request a new approval sends raised out of `handle`, so `poll` raised
+    # and the reader thread ended (no approval read again until a restart); the approval was
+    # stored already, so the record read again after the restart asked for no snapshot.
+    broker = Recorder()
+    broker.fail = True
+    bus, _ = make_bus(tmp_path / "c.sqlite", broker, clock)
+    bus.handle(bus.topics.approvals, approval_intent().SerializeToString(deterministic=True))
+    assert bus.inbox.get("a-1").approvable
+    broker.fail = False
+    assert _decide(bus)[1]
+
+
 def test_a_second_click_gets_the_first_decision_and_produces_nothing(tmp_path, clock):
     recorder = Recorder()
     bus, _ = make_bus(tmp_path / "c.sqlite", recorder, clock)
@@ -111,6 +127,39 @@ def test_two_console_processes_on_one_file_make_one_decision(tmp_path, clock):
     # same bytes, which RunAgent takes as one answer (a duplicate copy), never two decisions.
     produced = {v for r in recorders for v in r.on("loop.events")}
     assert len(produced) == 1
+
+
+def test_a_decision_the_broker_refused_is_delivered_once_it_answers_without_another_click(
+    tmp_path, clock
+):
+    # Review: ConsoleBus.run produced what was left recorded once, at start, outside its loop:
+    # a broker down then ended the reader thread (no approval read until a restart), and a
+    # decision whose click met a broker down stayed undelivered until someone clicked again or
+    # restarted the console, while the agent's deadline ran out.
+    broker = Recorder()
+    broker.fail = True
+    bus, _ = make_bus(tmp_path / "c.sqlite", broker, clock)
+    _received(bus, approval_intent())
+    with pytest.raises(KafkaBusError):
+        _decide(bus)
+    bus.connect("127.0.0.1:1", "console-review")  # nothing listens: every poll finds nothing
+    stop = threading.Event()
+    reader = threading.Thread(target=bus.run, args=(stop,), daemon=True)
+    reader.start()
+    try:
+        time.sleep(1)
+        assert reader.is_alive(), "a broker down at start ended the console's reader"
+        broker.fail = False
+        deadline = time.monotonic() + 20
+        while not bus.inbox.decision("a-1").produced:
+            assert time.monotonic() < deadline, "the recorded decision was never produced"
+            time.sleep(0.1)
+    finally:
+        stop.set()
+        reader.join(30)
+    assert not reader.is_alive()
+    (data,) = broker.on(bus.topics.events)
+    assert AgentEnvelope.FromString(data).approval.intent_id == "a-1"
 
 
 def test_a_decision_the_broker_did_not_acknowledge_is_produced_on_restart_once(tmp_path, clock):
@@ -215,3 +264,30 @@ def test_an_unknown_approval_is_refused(tmp_path, clock):
     with pytest.raises(DecisionRefused) as refused:
         _decide(bus, intent_id="nope")
     assert refused.value.reason == "unknown"
+
+
+def test_a_copy_refused_for_a_key_the_console_lacked_is_judged_again_when_it_has_it(
+    tmp_path, clock
+):
+    # Review: the verdict on a copy was kept forever. Its record is committed once read, so an
+    # approval signed with a key the console's keyring did not hold yet (a rotation the
+    # console learned of late) stayed refused after the operator added the key and restarted:
+    # an approval lost for good. The other way, a copy admitted under a key since removed
+    # stayed approvable.
+    path = tmp_path / "c.sqlite"
+    rotated = Keyring({"intents-2": b"the rotated intent key, 32+ bytes long"}, active="intents-2")
+    bus, _ = make_bus(path, Recorder(), clock)
+    _received(bus, approval_intent("a-1", ring=rotated))
+    _received(bus, approval_intent("a-2"))
+    assert not bus.inbox.get("a-1").approvable and bus.inbox.get("a-2").approvable
+    both = Keyring({**INTENT_RING.keys, **rotated.keys}, active="intents-2")
+    restarted, _ = make_bus(path, Recorder(), clock, intent_keyring=both)
+    assert restarted.inbox.get("a-1").approvable
+    assert restarted.inbox.get("a-1").verification == Verification.VALID.value
+    assert _decide(restarted, "a-1")[1]
+    revoked, _ = make_bus(path, Recorder(), clock, intent_keyring=rotated)
+    assert not revoked.inbox.get("a-2").approvable
+    with pytest.raises(DecisionRefused) as refused:
+        _decide(revoked, "a-2")
+    assert refused.value.reason == "unverified"
+    assert revoked.inbox.decision("a-1").approver == "alice"  # a decision is never judged again

@@ -29,6 +29,11 @@ from beam_agents.ops.console.observed import Observations
 
 __all__ = ["build", "main", "run", "serving"]
 
+# The client is the peer: uvicorn believes X-Forwarded-For from 127.0.0.1 by default, so anyone
+# reaching the console through the loopback (a local user, an SSH tunnel) chose the address the
+# audit log records and escaped the per-address sign-in limit.
+_PEER = {"proxy_headers": False}
+
 
 def build(config: ConsoleConfig, publish) -> tuple[ConsoleBus, Auth]:
     """The console's parts over its database; `publish` produces records (KafkaPublisher)."""
@@ -49,7 +54,7 @@ def build(config: ConsoleConfig, publish) -> tuple[ConsoleBus, Auth]:
 def serving(app, host: str = "127.0.0.1", port: int = 0) -> Iterator[str]:
     """Serves `app` in a thread; yields its base URL and stops it on exit."""
     server = uvicorn.Server(
-        uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="off")
+        uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="off", **_PEER)
     )
     thread = threading.Thread(target=server.run, name="console-http", daemon=True)
     thread.start()
@@ -74,7 +79,9 @@ def run(config: ConsoleConfig, *, group_id: str | None = None) -> None:
     reader = threading.Thread(target=bus.run, args=(stop,), name="console-bus", daemon=True)
     reader.start()
     try:
-        uvicorn.run(create_app(bus, auth), host=config.host, port=config.port, log_level="info")
+        uvicorn.run(
+            create_app(bus, auth), host=config.host, port=config.port, log_level="info", **_PEER
+        )
     finally:
         stop.set()
         reader.join(30)

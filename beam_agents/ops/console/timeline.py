@@ -64,15 +64,18 @@ def timeline(events: Sequence[TraceEvent]) -> Timeline:
 
     bars: list[Bar] = []
     rows: dict[bytes, int] = {}
-
-    def place(span: bytes, depth: int, parent_row: int) -> None:
+    # Depth-first with a stack of its own, not recursion: a trace nesting spans deeper than
+    # Python's recursion limit (anyone may write to the traces topic) is drawn, not a 500.
+    stack = [(root, 0, -1) for root in sorted(roots, key=first, reverse=True)]
+    while stack:
+        span, depth, parent_row = stack.pop()
         if span in rows:  # a cycle of parent ids in a damaged trace: draw each span once
-            return
+            continue
         evs = spans[span]
         s = min(e.start_ms for e in evs)
         e_ = max(max(e.end_ms, e.start_ms) for e in evs)
         rows[span] = len(bars)
-        kinds = sorted({TraceEvent.EventType.Name(e.event_type).lower() for e in evs})
+        kinds = sorted({_kind(e.event_type) for e in evs})
         bars.append(
             Bar(
                 row=len(bars),
@@ -87,11 +90,8 @@ def timeline(events: Sequence[TraceEvent]) -> Timeline:
                 error=any(e.event_type == TraceEvent.ERROR for e in evs),
             )
         )
-        for child in sorted(children.get(span, []), key=first):
-            place(child, depth + 1, rows[span])
-
-    for root in sorted(roots, key=first):
-        place(root, 0, -1)
+        for child in sorted(children.get(span, []), key=first, reverse=True):
+            stack.append((child, depth + 1, rows[span]))
     return Timeline(start, end - start, bars)
 
 
@@ -107,6 +107,14 @@ def _label(events: Sequence[TraceEvent]) -> str:
             return f"{'resume' if resumed else 'activation'} seq {event.seq}"
         detail = attributes.get("gen_ai.tool.name") or attributes.get("gen_ai.request.model")
         if detail:
-            kind = TraceEvent.EventType.Name(event.event_type).lower()
-            return f"{kind} {detail}"
-    return TraceEvent.EventType.Name(events[0].event_type).lower()
+            return f"{_kind(event.event_type)} {detail}"
+    return _kind(events[0].event_type)
+
+
+def _kind(event_type: int) -> str:
+    # An open enum: a newer writer's event type (or anyone's on the traces topic) is drawn by
+    # its number, not a ValueError that makes the key's pages a 500.
+    try:
+        return TraceEvent.EventType.Name(event_type).lower()
+    except ValueError:
+        return f"event type {event_type}"

@@ -1,0 +1,52 @@
+"""The console's configuration file: every mistake in it is a ConsoleConfigError naming the
+file and the setting, never a TypeError from deep inside."""
+
+from __future__ import annotations
+
+import pytest
+
+from beam_agents.ops.console.config import ConsoleConfig, ConsoleConfigError
+from beam_agents.testing.console import USERS
+
+_KEYS = '{"active": "k1", "keys": {"k1": "' + "QUJD" * 11 + '"}}'
+
+
+def _document(section: str = "", key: str = "", value: object = None) -> dict:
+    document = {
+        "kafka": {"topic_prefix": "loop", "bootstrap_servers": "127.0.0.1:9092"},
+        "console": {"verify_mode": "off", "approvals_keyring": "keys.json"},
+        "users": {"alice": {"role": "approver", "password_hash": USERS["alice"].password_hash}},
+    }
+    if section:
+        document[section][key] = value
+    return document
+
+
+def test_a_well_formed_file_loads(tmp_path):
+    (tmp_path / "keys.json").write_text(_KEYS)
+    config = ConsoleConfig.from_document(_document(), base=tmp_path, source="console.toml")
+    assert config.topics.prefix == "loop" and config.port == 8080
+    assert config.database == tmp_path / "console.sqlite"
+
+
+@pytest.mark.parametrize(
+    ("section", "key", "value"),
+    [
+        ("console", "approvals_keyring", 5),
+        ("console", "approvals_keyring", ["keys.json"]),
+        ("console", "intent_keyring", 7),
+        ("console", "database", 3),
+        ("console", "host", []),
+        ("console", "port", True),
+        ("kafka", "topic_prefix", 5),
+        ("kafka", "bootstrap_servers", {"host": "x"}),
+    ],
+)
+def test_a_setting_of_the_wrong_type_is_a_config_error_naming_it(tmp_path, section, key, value):
+    # Review: a number or a list where a path or a name belongs raised TypeError (a traceback
+    # from `beam-agents console`), or was taken (a list as the host, true as port 1).
+    (tmp_path / "keys.json").write_text(_KEYS)
+    with pytest.raises(ConsoleConfigError, match=f"{section}.{key}"):
+        ConsoleConfig.from_document(
+            _document(section, key, value), base=tmp_path, source="console.toml"
+        )
