@@ -19,6 +19,7 @@ from collections.abc import Mapping
 
 from beam_agents._protos import LlmCacheBlob
 from beam_agents.errors import BudgetExceededError
+from beam_agents.intents.identity import MAX_SAFE_INTEGER
 
 __all__ = ["BUDGET_TOOL", "Budget", "BudgetMeter", "OnBudget", "Price"]
 
@@ -60,6 +61,28 @@ class Budget:
     #: What one approval under OnBudget.ASK adds to the key's limits.
     raise_tokens: int = 0
     raise_cost_micros: int = 0
+
+    def __post_init__(self) -> None:
+        # Checked when the pipeline is built: a raise travels in the budget question's
+        # canonical JSON, which holds integers only up to 2**53 - 1, so a larger one would fail
+        # every question on the worker instead.
+        limits = ("key_tokens", "activation_tokens", "key_cost_micros", "activation_cost_micros")
+        for name in limits:
+            value = getattr(self, name)
+            if value is not None and (
+                isinstance(value, bool) or not isinstance(value, int) or value < 0
+            ):
+                raise ValueError(f"Budget.{name} must be None or a non-negative int, not {value!r}")
+        for name in ("raise_tokens", "raise_cost_micros"):
+            value = getattr(self, name)
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, int)
+                or not 0 <= value <= MAX_SAFE_INTEGER
+            ):
+                raise ValueError(
+                    f"Budget.{name} must be an int from 0 to {MAX_SAFE_INTEGER}, not {value!r}"
+                )
 
 
 class BudgetMeter:

@@ -5,6 +5,8 @@ KeyMachine through `testing.machine_harness`.
 
 from __future__ import annotations
 
+import pytest
+
 from beam_agents._protos import ToolIntent
 from beam_agents.errors import LlmCallError
 from beam_agents.runtime import LlmResponse, RuntimeConfig, agent
@@ -328,3 +330,19 @@ def test_a_new_keys_failed_start_keeps_its_usage_for_a_ttl_from_its_event():
     assert h.states[2].value.input_tokens == 100
     assert h.memory.last_activity_ms == T0 + 5 and not h.memory.entries
     assert h.timers[1].at_ms == T0 + 5 + ttl
+
+
+def test_a_budget_its_question_could_not_carry_is_refused_when_the_pipeline_is_built():
+    from beam_agents.runtime.budget import Budget, OnBudget
+
+    # A raise travels in the question's canonical JSON (integers up to 2**53 - 1): larger, every
+    # question would fail on the worker, after the model was paid.
+    with pytest.raises(ValueError, match="raise_tokens"):
+        Budget(on_exceed=OnBudget.ASK, raise_tokens=2**53)
+    with pytest.raises(ValueError, match="raise_cost_micros"):
+        Budget(raise_cost_micros=-1)
+    with pytest.raises(ValueError, match="key_tokens"):
+        Budget(key_tokens=-5)
+    with pytest.raises(ValueError, match="activation_cost_micros"):
+        Budget(activation_cost_micros=1.5)
+    assert Budget(raise_tokens=2**53 - 1, key_tokens=2**62).raise_tokens == 2**53 - 1

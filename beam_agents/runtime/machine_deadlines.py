@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 
 from beam_agents._protos import AgentEnvelope, Continuation, ToolResult
+from beam_agents.intents.identity import MAX_SAFE_INTEGER
 from beam_agents.runtime import dead_letters as dl
 from beam_agents.runtime.config import AtDeadline
 from beam_agents.runtime.context import ActivationContext
@@ -123,7 +124,10 @@ class DueTimes:
             "These intents got no answer by their deadline; approve to keep waiting, decline "
             "to let the agent go on without them.",
             unanswered=[i.intent_id for i in unanswered],
-            deadline_ms=suspended.deadline_ms,
+            # Canonical JSON holds integers up to 2**53 - 1 (about 285,000 years of ms): a
+            # deadline past that (a huge suspend_deadline_ms, an event time near int64's end)
+            # is shown as that end of time rather than failing the timer's bundle for good.
+            deadline_ms=max(-MAX_SAFE_INTEGER, min(suspended.deadline_ms, MAX_SAFE_INTEGER)),
         )
         escalated = self._copy(suspended)
         escalated.escalations += 1

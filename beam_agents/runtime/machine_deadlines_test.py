@@ -5,7 +5,7 @@ answers. Each test drives KeyMachine through `testing.machine_harness`.
 
 from __future__ import annotations
 
-import pytest
+import json
 
 from beam_agents.runtime import AtDeadline, DeadlinePolicy, RuntimeConfig
 from beam_agents.testing.machine_harness import (
@@ -71,18 +71,14 @@ def test_escalations_are_counted_per_suspension_and_never_asked_about_nothing():
     assert h.continuation.escalations == 1
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a deadline past 2**53 ms (suspend_deadline_ms set huge to mean 'wait for ever', or "
-    "a restored Continuation's) makes the escalation's args_json raise CanonicalJsonError when "
-    "the timer fires, which a bounded run (replay, rounds) or a drain does at the end of time: "
-    "the timer fails its bundle for good. Whether to bound the config, send the deadline as a "
-    "string or not escalate a deadline at the end of time is a design decision",
-)
-def test_a_deadline_at_the_end_of_time_escalates_or_dead_letters_instead_of_raising():
+def test_a_deadline_past_what_json_holds_escalates_at_the_end_of_json_time():
+    # suspend_deadline_ms set huge to mean "wait for ever": the timer fires at the end of time
+    # (a bounded run, replay, a drain), and canonical JSON holds no integer past 2**53 - 1.
     policy = DeadlinePolicy(AtDeadline.ESCALATE, max_escalations=3, extension_ms=50)
     h = Harness(parallel, config=RuntimeConfig(deadline_policy=policy, suspend_deadline_ms=2**62))
     h.send(event(T0, b"go"))
-    h.fire_deadline()  # at the timer's clamped time: the end of a bounded run
-    escalations = [i for i in h.values("intents") if i.kind == i.APPROVAL]
-    assert escalations or h.values("errors")
+    h.fire_deadline()
+    (escalation,) = [i for i in h.values("intents") if i.kind == i.APPROVAL]
+    assert json.loads(escalation.args_json)["deadline_ms"] == 2**53 - 1
+    assert h.continuation.escalations == 1
+    assert not h.values("errors")
