@@ -51,6 +51,7 @@ import hashlib
 import hmac
 import json
 import os
+import re
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -106,6 +107,7 @@ class Verification(enum.Enum):
     UNKNOWN_SCHEME = "unknown scheme"
 
 
+_SURROGATE = re.compile("[\ud800-\udfff]")
 _BLOCK = 64  # SHA-256's block size, the width of HMAC's key pads (RFC 2104)
 
 
@@ -141,6 +143,11 @@ class Keyring:
         for key_id, secret in self.keys.items():
             if not isinstance(key_id, str) or not key_id:
                 raise KeyringError(f"key id {key_id!r} is not a non-empty string", source=source)
+            if not key_id.isascii() and _SURROGATE.search(key_id):
+                # An intent's signing_key_id is a proto string: such an id could sign nothing.
+                raise KeyringError(
+                    f"key id {key_id!r} holds a lone surrogate, not Unicode text", source=source
+                )
             if not isinstance(secret, bytes):
                 raise KeyringError(
                     f"key {key_id!r} is a {type(secret).__name__}, not bytes", source=source

@@ -315,6 +315,11 @@ def test_signatures_of_the_wrong_length_are_refused(length):
         (json.dumps({"keys": {"": base64.b64encode(SECRET_1).decode()}}), "not a non-empty"),
         ("[" * 100_000, "not"),
         ("[]", 'expected {"active"'),
+        (
+            '{"active": "k\\ud800", "keys": {"k\\ud800": "%s"}}'
+            % base64.b64encode(SECRET_1).decode(),
+            "lone surrogate",
+        ),
     ],
 )
 def test_every_malformed_ring_is_a_keyring_error_naming_its_source(text, reason):
