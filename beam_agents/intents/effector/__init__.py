@@ -35,10 +35,10 @@ Two faces share the gate:
 * `Effector`, a plain callable for a service reading intents from a topic, keeps its records in
   an `ExecutionStore`: `SqliteExecutionStore` (standard library sqlite3, WAL, fsync on commit)
   by default. A claim naming the effector's process is committed before the tool runs. A copy
-  that finds the claim of a process still running is in flight (`Route.IN_FLIGHT`, no result
+  that finds the claim of a call still running is in flight (`Route.IN_FLIGHT`, no result
   yet: deliver it again later);
-  one that finds the claim of a process that is gone (an effector killed mid-call) has an
-  unknown outcome, settled by the tool's `ToolSpec`: run again if idempotent, its reconciler,
+  one that finds the claim of a process that is gone (an effector killed mid-call), or of a
+  call that raised in a live one (its result could not be recorded), has an unknown outcome, settled by the tool's `ToolSpec`: run again if idempotent, its reconciler,
   or a person asked through an APPROVAL intent (`resolve` records their answer). The agent is
   never told a call failed that may have acted.
 * `ExecuteIntents`, a Beam transform, re-windows intents into the global window (the same

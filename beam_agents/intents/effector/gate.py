@@ -8,8 +8,11 @@ outcome is settled by the tool's ToolSpec, or by a person answering an inquiry (
 
 from __future__ import annotations
 
+import collections
+import contextlib
 import dataclasses
 import os
+import threading
 import uuid
 from collections.abc import Callable, Mapping
 
@@ -99,6 +102,11 @@ class Gate:
         except DecodeError as e:
             detail = f"{len(data)} bytes are not a ToolIntent: {e}"
             return dead_letter(b"", REASON_UNDECODABLE, detail, now())
+        # Any claim `owner` holds on this intent is live while this call lasts, and only then.
+        with _deciding(owner, intent.intent_id):
+            return self._decide(data, intent, now, store, owner)
+
+    def _decide(self, data, intent, now, store, owner) -> EffectorOutput:
         at = now()
         if self.mode is not VerifyMode.OFF:
             outcome = verify(intent, self.keyring, wire=data)
@@ -228,7 +236,9 @@ class Gate:
             return EffectorOutput(Route.RESULT, result=self._envelope(rejected))
         updated = ExecutionRecord()
         updated.CopyFrom(known)
-        if known.outcome == ExecutionRecord.OUTCOME_RUNNING and not _running(known.claimed_by):
+        if known.outcome == ExecutionRecord.OUTCOME_RUNNING and not _running(
+            known.claimed_by, known.intent_id, owner
+        ):
             return self._unknown_outcome(known, intent, clock, store, owner)
         if intent.expires_at_ms > known.latest_expires_at_ms:
             updated.latest_expires_at_ms = intent.expires_at_ms
@@ -397,13 +407,38 @@ def _process_start(pid: int) -> str:
         return ""
 
 
-def _running(claimed_by: str) -> bool:
-    """Whether the effector process that wrote a claim is still running (so the call is in
-    flight, not lost)."""
+#: (owner, intent_id) of the decisions under way in this process, each with how many calls.
+_DECIDING: collections.Counter = collections.Counter()
+_DECIDING_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def _deciding(owner: str, intent_id: str):
+    key = (owner, intent_id)
+    with _DECIDING_LOCK:
+        _DECIDING[key] += 1
+    try:
+        yield
+    finally:
+        with _DECIDING_LOCK:
+            _DECIDING[key] -= 1
+            if not _DECIDING[key]:
+                del _DECIDING[key]
+
+
+def _running(claimed_by: str, intent_id: str, owner: str) -> bool:
+    """Whether the effector that wrote a claim is still running the call (so it is in flight,
+    not lost), as `owner`, deciding a copy of it, sees it. A claim of this process is live only
+    while a decision on it other than the asking one is under way: one left by a call that
+    raised (a store that failed to record the result, a tool's BaseException) is as lost as a
+    dead process's."""
     pid, _, rest = claimed_by.partition(":")
     started, _, _ = rest.partition(":")
     if not pid.isdigit():
         return False
+    if int(pid) == os.getpid() and started == _process_start(int(pid)):
+        with _DECIDING_LOCK:
+            return _DECIDING[claimed_by, intent_id] > (claimed_by == owner)
     try:
         os.kill(int(pid), 0)
     except ProcessLookupError:

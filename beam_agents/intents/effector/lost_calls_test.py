@@ -4,12 +4,15 @@ call settled by its ToolSpec or by a person's signed answer."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
+import threading
 
 import pytest
 
@@ -19,6 +22,7 @@ from beam_agents.intents.effector import (
     INQUIRY_TOOL,
     Effector,
     Route,
+    SqliteExecutionStore,
     ToolSpec,
     VerifyMode,
     content_digest,
@@ -140,21 +144,96 @@ def _running_claim(claimed_by):
 def test_an_intent_in_flight_in_another_live_effector_is_in_flight_not_a_lost_call(tmp_path):
     store = tmp_path / "shared.sqlite"
     tool = Recording()
-    busy = Effector(
-        {"crm.lookup": tool},
-        mode=VerifyMode.REQUIRE,
-        store=store,
-        keyring=RING,
-        clock=ManualClock(NOW),
+    busy = subprocess.Popen(
+        [sys.executable, "-c", LIVE_EFFECTOR], stdin=subprocess.PIPE, stdout=subprocess.PIPE
     )
-    # This test's own process is the claimant, so the claim is live.
-    assert busy.store.claim(_running_claim(busy.instance_id), INT64_MAX) is None
-    other = effector(store=store, **{"crm.lookup": tool})
-    assert other.instance_id != busy.instance_id
-    output = other(signed())
+    try:
+        busy_id = busy.stdout.readline().decode().strip()
+        other = effector(store=store, **{"crm.lookup": tool})
+        assert other.store.claim(_running_claim(busy_id), INT64_MAX) is None
+        output = other(signed())
+    finally:
+        busy.stdin.close()
+        busy.wait()
     assert output.route is Route.IN_FLIGHT and output.result is None
     assert tool.calls == []
     assert other.store.get(intent().intent_id).outcome == ExecutionRecord.OUTCOME_RUNNING
+
+
+# An effector process that lives until its stdin closes, and prints its instance id.
+LIVE_EFFECTOR = """
+import sys
+from beam_agents.intents.effector import Effector, VerifyMode
+print(Effector({}, mode=VerifyMode.OFF, store=":memory:").instance_id, flush=True)
+sys.stdin.read()
+"""
+
+
+def test_a_call_in_flight_in_another_thread_of_this_process_is_in_flight(tmp_path):
+    gate = effector(store=tmp_path / "shared.sqlite")
+    started, release, calls = threading.Event(), threading.Event(), []
+
+    def slow(args, tool_intent):
+        calls.append(tool_intent.intent_id)
+        started.set()
+        release.wait(10)
+        return "done"
+
+    busy = effector(store=tmp_path / "shared.sqlite", **{"crm.lookup": slow})
+    first = []
+    worker = threading.Thread(target=lambda: first.append(busy(signed())))
+    worker.start()
+    try:
+        assert started.wait(10)
+        assert gate(signed()).route is Route.IN_FLIGHT
+        assert busy(signed()).route is Route.IN_FLIGHT  # its own instance, another thread
+    finally:
+        release.set()
+        worker.join()
+    assert first[0].route is Route.RESULT and calls == [intent().intent_id]
+
+
+class _DiskFullOnce(SqliteExecutionStore):
+    """A real SQLite store whose first write of a result fails, as a full disk fails it."""
+
+    failed = False
+
+    def put(self, record, keep_until_ms):
+        if not self.failed:
+            self.failed = True
+            raise sqlite3.OperationalError("database or disk is full")
+        super().put(record, keep_until_ms)
+
+
+def _cancelled(args, tool_intent):
+    raise asyncio.CancelledError  # a BaseException: not the tool's result, it propagates
+
+
+@pytest.mark.parametrize(
+    ("store", "tool", "raised"),
+    [
+        (_DiskFullOnce, lambda args, tool_intent: "done", sqlite3.OperationalError),
+        (SqliteExecutionStore, _cancelled, asyncio.CancelledError),
+    ],
+    ids=["store fails to record the result", "tool raises a BaseException"],
+)
+def test_a_claim_left_by_a_call_that_raised_is_a_lost_call_not_in_flight_for_ever(
+    tmp_path, store, tool, raised
+):
+    calls = []
+
+    def recorded(args, tool_intent):
+        calls.append(tool_intent.intent_id)
+        return tool(args, tool_intent)
+
+    gate = effector(store=store(tmp_path / "shared.sqlite"), **{"crm.lookup": recorded})
+    with pytest.raises(raised):
+        gate(signed())
+    # The process lives on, but nothing runs the call any more: its outcome is unknown and a
+    # person is asked, instead of every copy being told to come back later.
+    again = gate(signed())
+    assert again.route is Route.APPROVAL and again.approval.tool_name == INQUIRY_TOOL
+    assert calls == [intent().intent_id]
 
 
 def _dead_claim(gate: Effector) -> str:
