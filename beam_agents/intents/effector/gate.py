@@ -200,7 +200,7 @@ class Gate:
                 raise TypeError(f"tool returned {type(payload).__name__}, not bytes or str")
         except Exception as e:  # a tool's failure is its result, never the effector's
             return _result(
-                intent, digest, ToolResult.ERROR, now(), error=f"{type(e).__name__}: {e}"
+                intent, digest, ToolResult.ERROR, now(), error=f"{type(e).__name__}: {_text(e)}"
             )
         return _result(intent, digest, ToolResult.OK, now(), payload=payload)
 
@@ -466,6 +466,13 @@ def _result(
         completed_at_ms=now,
         intent_digest=digest,
     )
+
+
+def _text(error: Exception) -> str:
+    try:
+        return str(error)
+    except Exception as e:  # a tool's exception type may fail to print itself
+        return f"(its text raised {type(e).__name__})"
 
 
 def _printable(text: str) -> str:

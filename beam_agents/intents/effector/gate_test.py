@@ -332,14 +332,20 @@ def test_invalid_utf8_in_a_string_field_is_an_undecodable_dead_letter():
     assert output.dead_letter.reason == REASON_UNDECODABLE
 
 
+class _Unprintable(Exception):
+    def __str__(self):
+        raise RuntimeError("a __str__ that fails")
+
+
 @pytest.mark.parametrize(
     "tool",
     [
         lambda a, i: (_ for _ in ()).throw(ValueError("bad \ud800 text")),
         lambda a, i: "surrogate \udc80",
         lambda a, i: (_ for _ in ()).throw(RuntimeError("x" * 1_000_000)),
+        lambda a, i: (_ for _ in ()).throw(_Unprintable()),
     ],
-    ids=["surrogate in exception", "surrogate in payload", "huge exception"],
+    ids=["surrogate in exception", "surrogate in payload", "huge exception", "unprintable"],
 )
 def test_whatever_a_tool_does_it_ends_as_a_result(tool):
     output = effector(**{"crm.lookup": tool})(signed())
