@@ -86,6 +86,10 @@ class Gate:
         self.approval_keyring = approval_keyring
 
     def keep_until(self, record: ExecutionRecord, now: int) -> int:
+        if record.outcome == ExecutionRecord.OUTCOME_RUNNING:
+            # Until its call's result replaces it: a tool may run past any retention, and a
+            # copy that found no record would be decided again.
+            return _INT64_MAX
         return min(max(record.latest_expires_at_ms, now) + self.retention_ms, _INT64_MAX)
 
     def decide(
