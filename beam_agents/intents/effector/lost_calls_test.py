@@ -193,6 +193,63 @@ def test_a_call_in_flight_in_another_thread_of_this_process_is_in_flight(tmp_pat
     assert first[0].route is Route.RESULT and calls == [intent().intent_id]
 
 
+# An effector whose tool logs its call, says so, and then waits for stdin to close.
+BLOCKED_EFFECTOR = """
+import sys
+from beam_agents.intents.effector import Effector, VerifyMode
+from beam_agents.intents.signing import Keyring
+
+store, log, now = sys.argv[1], sys.argv[2], int(sys.argv[3])
+
+def tool(args, intent):
+    with open(log, "a") as f:
+        f.write(intent.intent_id + "\\n")
+    print("running", flush=True)
+    sys.stdin.read()
+    return "done"
+
+effector = Effector({"crm.lookup": tool}, mode=VerifyMode.REQUIRE, store=store,
+                    keyring=Keyring.from_environment(), clock=lambda: now)
+effector(bytes.fromhex(sys.stdin.readline()))
+"""
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="a claim names a pid, which another PID namespace (a container sharing the store's "
+    "volume) reads as another process: a live call looks lost and its reconciler, finding no "
+    "effect yet, lets the tool run a second time; claims need an identity valid across "
+    "namespaces (or a lease), a design decision",
+)
+def test_a_call_in_flight_in_another_pid_namespace_on_the_store_is_not_run_again(tmp_path):
+    if subprocess.run(["unshare", "--pid", "--fork", "true"], capture_output=True).returncode:
+        pytest.skip("cannot create a PID namespace here")
+    env = {
+        **os.environ,
+        KEYS_ENV: json.dumps({"keys": {"k1": base64.b64encode(KEYS["k1"]).decode()}}),
+    }
+    store, log = tmp_path / "shared.sqlite", tmp_path / "tool.log"
+    container = subprocess.Popen(
+        ["unshare", "--pid", "--fork", "--mount-proc", sys.executable, "-c", BLOCKED_EFFECTOR]
+        + [str(store), str(log), str(NOW)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    try:
+        container.stdin.write(signed().SerializeToString().hex() + "\n")
+        container.stdin.flush()
+        assert container.stdout.readline() == "running\n"
+        tool = Recording()
+        here = effector(store=store, **{"crm.lookup": ToolSpec(tool, reconcile=lambda _: None)})
+        copy = here(signed(attempt=2))
+    finally:
+        container.stdin.close()
+        container.wait()
+    assert tool.calls == [] and copy.route is Route.IN_FLIGHT
+
+
 class _DiskFullOnce(SqliteExecutionStore):
     """A real SQLite store whose first write of a result fails, as a full disk fails it."""
 
