@@ -9,7 +9,6 @@ import base64
 import json
 import os
 import signal
-import sqlite3
 import subprocess
 import sys
 import threading
@@ -17,6 +16,7 @@ import threading
 import pytest
 
 from beam_agents._protos import AgentEnvelope, ExecutionRecord, ToolIntent, ToolResult
+from beam_agents.errors import ExecutionStoreError
 from beam_agents.intents.effector import (
     INQUIRY_SUFFIX,
     INQUIRY_TOOL,
@@ -258,7 +258,7 @@ class _DiskFullOnce(SqliteExecutionStore):
     def put(self, record, keep_until_ms):
         if not self.failed:
             self.failed = True
-            raise sqlite3.OperationalError("database or disk is full")
+            raise ExecutionStoreError("database or disk is full", path=self.path)
         super().put(record, keep_until_ms)
 
 
@@ -269,7 +269,7 @@ def _cancelled(args, tool_intent):
 @pytest.mark.parametrize(
     ("store", "tool", "raised"),
     [
-        (_DiskFullOnce, lambda args, tool_intent: "done", sqlite3.OperationalError),
+        (_DiskFullOnce, lambda args, tool_intent: "done", ExecutionStoreError),
         (SqliteExecutionStore, _cancelled, asyncio.CancelledError),
     ],
     ids=["store fails to record the result", "tool raises a BaseException"],
