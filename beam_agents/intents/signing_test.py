@@ -316,8 +316,9 @@ def test_signatures_of_the_wrong_length_are_refused(length):
         ("[" * 100_000, "not"),
         ("[]", 'expected {"active"'),
         (
-            '{"active": "k\\ud800", "keys": {"k\\ud800": "%s"}}'
-            % base64.b64encode(SECRET_1).decode(),
+            '{"active": "k\\ud800", "keys": {"k\\ud800": "'
+            + base64.b64encode(SECRET_1).decode()
+            + '"}}',
             "lone surrogate",
         ),
     ],

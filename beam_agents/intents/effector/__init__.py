@@ -37,11 +37,11 @@ Two faces share the gate:
   an `ExecutionStore`: `SqliteExecutionStore` (standard library sqlite3, WAL, fsync on commit)
   by default. A claim naming the effector's process is committed before the tool runs. A copy
   that finds the claim of a call still running is in flight (`Route.IN_FLIGHT`, no result
-  yet: deliver it again later);
-  one that finds the claim of a process that is gone (an effector killed mid-call), or of a
-  call that raised in a live one (its result could not be recorded), has an unknown outcome, settled by the tool's `ToolSpec`: run again if idempotent, its reconciler,
-  or a person asked through an APPROVAL intent (`resolve` records their answer). The agent is
-  never told a call failed that may have acted.
+  yet: deliver it again later); one that finds the claim of a process that is gone (an
+  effector killed mid-call), or of a call that raised in a live one (its result could not be
+  recorded), has an unknown outcome, settled by the tool's `ToolSpec`: run again if
+  idempotent, its reconciler, or a person asked through an APPROVAL intent (`resolve` records
+  their answer). The agent is never told a call failed that may have acted.
 * `ExecuteIntents`, a Beam transform, re-windows intents into the global window (the same
   intent in two windows is still one intent) and keeps each record in keyed state under its
   intent_id, cleared by an event-time timer at the end of retention. Beam commits state with

@@ -230,8 +230,10 @@ def test_a_call_in_flight_in_another_pid_namespace_on_the_store_is_not_run_again
     }
     store, log = tmp_path / "shared.sqlite", tmp_path / "tool.log"
     container = subprocess.Popen(
-        ["unshare", "--pid", "--fork", "--mount-proc", sys.executable, "-c", BLOCKED_EFFECTOR]
-        + [str(store), str(log), str(NOW)],
+        [
+            *("unshare", "--pid", "--fork", "--mount-proc"),
+            *(sys.executable, "-c", BLOCKED_EFFECTOR, str(store), str(log), str(NOW)),
+        ],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
