@@ -197,11 +197,14 @@ class Keyring:
     def from_json(cls, text: str, *, source: str) -> Keyring:
         """Parses the documented JSON format; `source` names where it came from in errors."""
         try:
-            document = json.loads(text)
+            document = json.loads(text, object_pairs_hook=_unique_names)
         except json.JSONDecodeError as e:
             raise KeyringError(f"not JSON: {e.msg} at line {e.lineno}", source=source) from None
         except RecursionError:
             raise KeyringError("not a key ring: nested too deep", source=source) from None
+        except _DuplicateName as e:
+            # JSON readers disagree on which of the two wins: a ring must not depend on it.
+            raise KeyringError(f"{e.args[0]!r} appears twice", source=source) from None
         if not isinstance(document, dict) or not isinstance(document.get("keys"), dict):
             raise KeyringError('expected {"active": ..., "keys": {id: base64}}', source=source)
         keys = {}
@@ -240,6 +243,18 @@ class Keyring:
         if KEYS_FILE_ENV in environ:
             return cls.from_file(environ[KEYS_FILE_ENV])
         raise KeyringError(f"neither {KEYS_ENV} nor {KEYS_FILE_ENV} is set", source="environment")
+
+
+class _DuplicateName(Exception):
+    pass
+
+
+def _unique_names(pairs: list[tuple[str, object]]) -> dict:
+    document = dict(pairs)
+    if len(document) != len(pairs):
+        seen: set[str] = set()
+        raise _DuplicateName(next(name for name, _ in pairs if name in seen or seen.add(name)))
+    return document
 
 
 def signing_input(intent: Message, *, wire: bytes | None = None) -> bytes:

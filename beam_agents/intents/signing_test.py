@@ -316,6 +316,12 @@ def test_signatures_of_the_wrong_length_are_refused(length):
         ("[" * 100_000, "not"),
         ("[]", 'expected {"active"'),
         (
+            '{"active": "k1", "keys": {"k1": "SECRET_1", "k1": "SECRET_2"}}'.replace(
+                "SECRET_1", base64.b64encode(SECRET_1).decode()
+            ).replace("SECRET_2", base64.b64encode(SECRET_2).decode()),
+            "'k1' appears twice",
+        ),
+        (
             '{"active": "k\\ud800", "keys": {"k\\ud800": "'
             + base64.b64encode(SECRET_1).decode()
             + '"}}',
