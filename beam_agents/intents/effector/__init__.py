@@ -28,8 +28,9 @@ effect:
 Every decision of steps 3 to 6 is remembered: an intent_id has one result, whatever arrives
 later. A record is kept for `retention_ms` (default 24 h) after the later of the latest
 expires_at_ms seen for its id and the last time it was decided, then forgotten; only a copy
-arriving after that, still unexpired, could run again. A claim (RUNNING) is kept until its
-call's result replaces it, however long the tool runs.
+arriving after that, still unexpired, could run again. A claim (RUNNING), and an inquiry about a
+lost call, are kept until the call's result replaces them, however long the tool or the person
+takes.
 
 Two faces share the gate:
 

@@ -86,9 +86,10 @@ class Gate:
         self.approval_keyring = approval_keyring
 
     def keep_until(self, record: ExecutionRecord, now: int) -> int:
-        if record.outcome == ExecutionRecord.OUTCOME_RUNNING:
-            # Until its call's result replaces it: a tool may run past any retention, and a
-            # copy that found no record would be decided again.
+        if record.outcome == ExecutionRecord.OUTCOME_RUNNING or _awaits_answer(record):
+            # Until the call's result replaces it: a tool may run, and a person may take, past
+            # any retention, and a copy that found no record would be decided again (EXPIRED,
+            # for a call that may have acted), an answer that found none would be dropped.
             return _INT64_MAX
         return min(max(record.latest_expires_at_ms, now) + self.retention_ms, _INT64_MAX)
 
@@ -361,6 +362,11 @@ class Gate:
         if not store.take_over(updated, known.claimed_by, self.keep_until(updated, clock())):
             return self._again(store.get(intent.intent_id), intent, updated, clock, store, owner)
         return self._first_output(updated, intent)
+
+
+def _awaits_answer(record: ExecutionRecord) -> bool:
+    """Whether `record` holds an inquiry about a lost call (`_inquiry`) still unanswered."""
+    return record.outcome == ExecutionRecord.OUTCOME_APPROVAL and bool(record.result.payload)
 
 
 def _approval_of(record: ExecutionRecord, intent: ToolIntent) -> ToolIntent:

@@ -309,7 +309,7 @@ def test_a_claim_by_a_reused_pid_reads_as_a_lost_call(tmp_path):
     assert output.approval.tool_name == INQUIRY_TOOL
 
 
-def _lost_call(tmp_path, tool) -> Effector:
+def _lost_call(tmp_path, tool, clock=None) -> Effector:
     """An effector whose store holds the dead claim of an effector killed inside `tool`."""
     gate = Effector(
         {"crm.lookup": tool},
@@ -318,7 +318,7 @@ def _lost_call(tmp_path, tool) -> Effector:
         keyring=RING,
         result_keyring=RESULTS_RING,
         approval_keyring=APPROVER_RING,
-        clock=ManualClock(NOW),
+        clock=clock or ManualClock(NOW),
     )
     gate.store.claim(_running_claim(_dead_claim(gate)), INT64_MAX)
     return gate
@@ -408,6 +408,19 @@ def test_an_unknown_outcome_without_a_reconciler_is_answered_by_a_person(tmp_pat
     assert gate.resolve(_answer(inquiry, approved=True)).route is Route.DUPLICATE
     assert gate(signed()).result.tool_result == result
     assert tool.calls == []
+
+
+def test_an_inquiry_waits_for_its_answer_past_the_retention(tmp_path):
+    # Nobody answers for days: a copy meanwhile must not be decided EXPIRED (the call may have
+    # acted), and the answer when it comes must still find the inquiry.
+    clock = ManualClock(NOW)
+    gate = _lost_call(tmp_path, Recording(), clock=clock)
+    inquiry = gate(signed()).approval
+    clock.now_ms = intent().expires_at_ms + 3 * 24 * 60 * 60 * 1000  # a prune runs
+    again = gate(signed(attempt=3))
+    assert again.route is Route.DUPLICATE and again.approval == inquiry
+    answered = gate.resolve(_answer(inquiry, approved=True))
+    assert answered is not None and answered.result.tool_result.status == ToolResult.OK
 
 
 def test_a_person_who_says_the_call_did_not_happen_gets_the_agent_a_not_done_error(tmp_path):
