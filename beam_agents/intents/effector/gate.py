@@ -383,7 +383,7 @@ def _inquiry(intent: ToolIntent, now: int) -> ToolIntent:
     question = (
         f"The effector stopped while running {intent.tool_name} {intent.args_json} "
         f"(intent {intent.intent_id}). Did it take effect? Approve if it did; deny if it did "
-        "not, and it is then run."
+        "not: it is not run again, the agent is told it was not done."
     )
     args = {"question": question, "intent_id": intent.intent_id, "tool": intent.tool_name}
     return ToolIntent(

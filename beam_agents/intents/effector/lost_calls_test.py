@@ -424,10 +424,14 @@ def test_an_inquiry_waits_for_its_answer_past_the_retention(tmp_path):
 
 
 def test_a_person_who_says_the_call_did_not_happen_gets_the_agent_a_not_done_error(tmp_path):
-    gate = _lost_call(tmp_path, Recording())
+    tool = Recording()
+    gate = _lost_call(tmp_path, tool)
     inquiry = gate(signed()).approval
     result = gate.resolve(_answer(inquiry, approved=False)).result.tool_result
     assert result.status == ToolResult.ERROR and result.error_message.startswith("not done: ")
+    # The question told the person what a denial does, and it did just that.
+    assert "it is not run again" in json.loads(inquiry.args_json)["question"]
+    assert tool.calls == []
 
 
 @pytest.mark.parametrize(
