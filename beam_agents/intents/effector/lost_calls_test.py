@@ -252,6 +252,59 @@ def test_a_call_in_flight_in_another_pid_namespace_on_the_store_is_not_run_again
     assert tool.calls == [] and copy.route is Route.IN_FLIGHT
 
 
+class _Interleaved(SqliteExecutionStore):
+    """A real SQLite store that holds a copy's read of the first call's claim until that call
+    has stored its result, and then holds that call until the copy is decided: the
+    interleaving of a retry that arrives while the tool runs."""
+
+    def __init__(self, path) -> None:
+        super().__init__(path)
+        self.copy_read, self.result_put, self.copy_done = (threading.Event() for _ in range(3))
+
+    def get(self, intent_id):
+        held = super().get(intent_id)
+        if held is not None and held.outcome == ExecutionRecord.OUTCOME_RUNNING:
+            self.copy_read.set()
+            self.result_put.wait(10)
+        return held
+
+    def put(self, record, keep_until_ms):
+        super().put(record, keep_until_ms)
+        if record.outcome == ExecutionRecord.OUTCOME_RESULT:
+            self.result_put.set()
+            self.copy_done.wait(10)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="a copy with a later expiry writes its extended copy of the record it read back "
+    "unconditionally (store.put): landing after the running call stored its result, it "
+    "restores the RUNNING claim, and the result is lost; a conditional write needs a new "
+    "ExecutionStore operation, an interface change",
+)
+def test_a_retry_with_a_later_expiry_during_the_call_never_loses_its_result(tmp_path):
+    store, copies = _Interleaved(tmp_path / "shared.sqlite"), []
+
+    def retry():
+        copies.append(gate(signed(attempt=3, expires_at_ms=intent().expires_at_ms + 60_000)))
+        store.copy_done.set()
+
+    retrying = threading.Thread(target=retry)
+
+    def tool(args, tool_intent):
+        retrying.start()  # the retry arrives while the tool runs
+        store.copy_read.wait(10)
+        return "done"
+
+    gate = effector(store=store, **{"crm.lookup": tool})
+    first = gate(signed())
+    retrying.join()
+    assert first.result.tool_result.payload == b"done"
+    assert copies[0].route is Route.IN_FLIGHT
+    again = gate(signed(attempt=4))
+    assert again.route is Route.DUPLICATE and again.result == first.result
+
+
 class _DiskFullOnce(SqliteExecutionStore):
     """A real SQLite store whose first write of a result fails, as a full disk fails it."""
 
