@@ -247,7 +247,11 @@ class Gate:
             return self._unknown_outcome(known, intent, clock, store, owner)
         if intent.expires_at_ms > known.latest_expires_at_ms:
             updated.latest_expires_at_ms = intent.expires_at_ms
-            store.put(updated, self.keep_until(updated, now))
+            if known.outcome != ExecutionRecord.OUTCOME_RUNNING:
+                store.put(updated, self.keep_until(updated, now))
+            elif not store.take_over(updated, known.claimed_by, self.keep_until(updated, now)):
+                # Only over the claim as read: its call has stored its result since.
+                return self._again(store.get(intent.intent_id), intent, record, clock, store, owner)
         if known.outcome == ExecutionRecord.OUTCOME_RESULT:
             return EffectorOutput(Route.DUPLICATE, result=self._envelope(known.result))
         if known.outcome == ExecutionRecord.OUTCOME_APPROVAL:

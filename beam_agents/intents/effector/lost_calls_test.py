@@ -275,13 +275,6 @@ class _Interleaved(SqliteExecutionStore):
             self.copy_done.wait(10)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a copy with a later expiry writes its extended copy of the record it read back "
-    "unconditionally (store.put): landing after the running call stored its result, it "
-    "restores the RUNNING claim, and the result is lost; a conditional write needs a new "
-    "ExecutionStore operation, an interface change",
-)
 def test_a_retry_with_a_later_expiry_during_the_call_never_loses_its_result(tmp_path):
     store, copies = _Interleaved(tmp_path / "shared.sqlite"), []
 
@@ -300,7 +293,7 @@ def test_a_retry_with_a_later_expiry_during_the_call_never_loses_its_result(tmp_
     first = gate(signed())
     retrying.join()
     assert first.result.tool_result.payload == b"done"
-    assert copies[0].route is Route.IN_FLIGHT
+    assert copies[0].route is Route.DUPLICATE and copies[0].result == first.result
     again = gate(signed(attempt=4))
     assert again.route is Route.DUPLICATE and again.result == first.result
 
