@@ -270,7 +270,7 @@ class _Interleaved(SqliteExecutionStore):
 
     def put(self, record, keep_until_ms):
         super().put(record, keep_until_ms)
-        if record.outcome == ExecutionRecord.OUTCOME_RESULT:
+        if record.outcome == ExecutionRecord.OUTCOME_RESULT and not self.result_put.is_set():
             self.result_put.set()
             self.copy_done.wait(10)
 
