@@ -13,6 +13,7 @@ __all__ = [
     "CanonicalJsonError",
     "CheckpointRejectedError",
     "DuplicateMigrationError",
+    "ExecutionStoreError",
     "FlinkRestError",
     "InputFileError",
     "InvalidMigrationStepError",
@@ -132,6 +133,19 @@ class KeyringError(BeamAgentsError):
         super().__init__(f"{source}: {reason}")
         #: Where the keys came from: an environment variable or a file path.
         self.source = source
+        self.reason = reason
+
+
+class ExecutionStoreError(BeamAgentsError):
+    """Raised when an effector's execution store cannot be opened, read or written: a file that
+    is no database, a lock held past the busy timeout, a full disk, a record that does not
+    decode. The intent it was deciding is not done with: deliver it again (a claim the call left
+    behind is then a lost call, settled by the tool's ToolSpec)."""
+
+    def __init__(self, reason: str, *, path: str) -> None:
+        super().__init__(f"{path}: {reason}")
+        #: The store's path (":memory:" for an in-memory store).
+        self.path = path
         self.reason = reason
 
 

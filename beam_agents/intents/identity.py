@@ -80,8 +80,9 @@ MAX_SAFE_INTEGER = 2**53 - 1
 _MAX_INTEGER_DIGITS = len(str(MAX_SAFE_INTEGER))
 # RFC 8785 (ECMAScript) writes floats from 1e21 up with an exponent, smaller ones without.
 _EXPONENT_FORM = 1e21
-_JSON_STRING = re.compile(r'"(?:[^"\\]|\\.)*"')
-_BRACKET = re.compile(r"[\[\]{}]")
+# A string (to its closing quote, or to the end of text that never closes it, so an unclosed
+# string is one linear match, not a new scan from each quote inside it) or a bracket.
+_STRING_OR_BRACKET = re.compile(r'"(?:[^"\\]|\\.)*"?|[\[\]{}]', re.DOTALL)
 
 
 def intent_id_name(entity_key: bytes, seq: int, step_index: int, call_index: int = 0) -> str:
@@ -196,9 +197,12 @@ class _Refused(Exception):
 def _max_depth(text: str) -> int:
     # Brackets inside strings do not nest; a linear scan keeps json.loads out of recursion.
     depth = deepest = 0
-    for bracket in _BRACKET.findall(_JSON_STRING.sub("", text)):
-        depth += 1 if bracket in "[{" else -1
-        deepest = max(deepest, depth)
+    for token in _STRING_OR_BRACKET.findall(text):
+        if token in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif token in "]}":
+            depth -= 1
     return deepest
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 import types
 import uuid
 
@@ -134,6 +135,22 @@ def test_parsing_hostile_args_json_is_a_typed_refusal(text, reason):
 def test_brackets_inside_strings_do_not_count_as_nesting():
     text = '{"a":"' + "[" * 10_000 + '\\"{"}'
     assert parse_args_json(text) == {"a": "[" * 10_000 + '"{'}
+
+
+def test_an_unclosed_string_full_of_escaped_quotes_is_refused_in_linear_time():
+    # A model cut off at its token limit leaves an unclosed string; a scan that restarts at
+    # each quote inside it takes seconds per 40 kB and minutes per 200 kB.
+    text = '{"a":"' + '\\"' * 30_000
+    started = time.perf_counter()
+    with pytest.raises(CanonicalJsonError, match="not JSON"):
+        parse_args_json(text)
+    assert time.perf_counter() - started < 1.0
+
+
+def test_nesting_after_a_string_that_ends_in_an_escaped_backslash_is_counted():
+    text = '{"a":"\\\\","b":' + "[" * 100_000 + "]" * 100_000 + "}"
+    with pytest.raises(CanonicalJsonError, match="nests 100001 deep"):
+        parse_args_json(text)
 
 
 def test_canonical_json_sorts_keys_drops_whitespace_and_keeps_utf8():

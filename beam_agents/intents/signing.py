@@ -51,6 +51,7 @@ import hashlib
 import hmac
 import json
 import os
+import re
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -106,6 +107,7 @@ class Verification(enum.Enum):
     UNKNOWN_SCHEME = "unknown scheme"
 
 
+_SURROGATE = re.compile("[\ud800-\udfff]")
 _BLOCK = 64  # SHA-256's block size, the width of HMAC's key pads (RFC 2104)
 
 
@@ -141,6 +143,11 @@ class Keyring:
         for key_id, secret in self.keys.items():
             if not isinstance(key_id, str) or not key_id:
                 raise KeyringError(f"key id {key_id!r} is not a non-empty string", source=source)
+            if not key_id.isascii() and _SURROGATE.search(key_id):
+                # An intent's signing_key_id is a proto string: such an id could sign nothing.
+                raise KeyringError(
+                    f"key id {key_id!r} holds a lone surrogate, not Unicode text", source=source
+                )
             if not isinstance(secret, bytes):
                 raise KeyringError(
                     f"key {key_id!r} is a {type(secret).__name__}, not bytes", source=source
@@ -190,11 +197,14 @@ class Keyring:
     def from_json(cls, text: str, *, source: str) -> Keyring:
         """Parses the documented JSON format; `source` names where it came from in errors."""
         try:
-            document = json.loads(text)
+            document = json.loads(text, object_pairs_hook=_unique_names)
         except json.JSONDecodeError as e:
             raise KeyringError(f"not JSON: {e.msg} at line {e.lineno}", source=source) from None
         except RecursionError:
             raise KeyringError("not a key ring: nested too deep", source=source) from None
+        except _DuplicateName as e:
+            # JSON readers disagree on which of the two wins: a ring must not depend on it.
+            raise KeyringError(f"{e.args[0]!r} appears twice", source=source) from None
         if not isinstance(document, dict) or not isinstance(document.get("keys"), dict):
             raise KeyringError('expected {"active": ..., "keys": {id: base64}}', source=source)
         keys = {}
@@ -233,6 +243,18 @@ class Keyring:
         if KEYS_FILE_ENV in environ:
             return cls.from_file(environ[KEYS_FILE_ENV])
         raise KeyringError(f"neither {KEYS_ENV} nor {KEYS_FILE_ENV} is set", source="environment")
+
+
+class _DuplicateName(Exception):
+    pass
+
+
+def _unique_names(pairs: list[tuple[str, object]]) -> dict:
+    document = dict(pairs)
+    if len(document) != len(pairs):
+        seen: set[str] = set()
+        raise _DuplicateName(next(name for name, _ in pairs if name in seen or seen.add(name)))
+    return document
 
 
 def signing_input(intent: Message, *, wire: bytes | None = None) -> bytes:

@@ -92,7 +92,7 @@ def test_it_goes_red_when_a_replay_drops_the_calls_of_its_own_seq(monkeypatch):
 
 
 def test_it_goes_red_when_the_effector_waits_for_a_claimant_that_died(monkeypatch):
-    monkeypatch.setattr(gate, "_running", lambda claimed_by: True)
+    monkeypatch.setattr(gate, "_running", lambda claimed_by, intent_id, owner: True)
     failure = _red()
     assert "never answered" in failure
 

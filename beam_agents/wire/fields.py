@@ -62,13 +62,18 @@ def skip_value(data: bytes, position: int, tag: int) -> int:
     elif wire_type == 5:
         position += 4
     elif wire_type == 3:  # a group: skip to its matching end-group tag
-        while True:
+        # The open groups' numbers on a list, not the call stack: hostile bytes nest
+        # without limit, and every failure here must be a ValueError.
+        open_groups = [tag >> 3]
+        while open_groups:
             inner, position = read_varint(data, position)
             if inner & 7 == 4:
-                if inner >> 3 != tag >> 3:
+                if inner >> 3 != open_groups.pop():
                     raise ValueError("mismatched end-group tag")
-                break
-            position = skip_value(data, position, inner)
+            elif inner & 7 == 3:
+                open_groups.append(inner >> 3)
+            else:
+                position = skip_value(data, position, inner)
     else:
         raise ValueError(f"wire type {wire_type} cannot start a field")
     if position > len(data):

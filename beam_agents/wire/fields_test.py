@@ -50,6 +50,18 @@ def test_malformed_bytes_are_a_value_error(malformed):
         strip_fields(malformed, frozenset({1}))
 
 
+@pytest.mark.parametrize("closed", [True, False], ids=["closed", "open"])
+def test_groups_nested_deeper_than_the_stack_are_skipped_or_a_value_error(closed):
+    depth = 100_000
+    groups = b"\xa3\x01" * depth + (b"\xa4\x01" * depth if closed else b"")
+    data = b"\x2a\x01a" + groups
+    if closed:
+        assert strip_fields(data, frozenset({5})) == groups
+    else:
+        with pytest.raises(ValueError):
+            strip_fields(data, frozenset({5}))
+
+
 def test_delimited_messages_round_trip_and_refuse_truncation():
     messages = [intent(), ToolIntent(), intent(intent_id="x" * 300)]
     data = join_delimited(messages)

@@ -28,19 +28,21 @@ effect:
 Every decision of steps 3 to 6 is remembered: an intent_id has one result, whatever arrives
 later. A record is kept for `retention_ms` (default 24 h) after the later of the latest
 expires_at_ms seen for its id and the last time it was decided, then forgotten; only a copy
-arriving after that, still unexpired, could run again.
+arriving after that, still unexpired, could run again. A claim (RUNNING), and an inquiry about a
+lost call, are kept until the call's result replaces them, however long the tool or the person
+takes.
 
 Two faces share the gate:
 
 * `Effector`, a plain callable for a service reading intents from a topic, keeps its records in
   an `ExecutionStore`: `SqliteExecutionStore` (standard library sqlite3, WAL, fsync on commit)
   by default. A claim naming the effector's process is committed before the tool runs. A copy
-  that finds the claim of a process still running is in flight (`Route.IN_FLIGHT`, no result
-  yet: deliver it again later);
-  one that finds the claim of a process that is gone (an effector killed mid-call) has an
-  unknown outcome, settled by the tool's `ToolSpec`: run again if idempotent, its reconciler,
-  or a person asked through an APPROVAL intent (`resolve` records their answer). The agent is
-  never told a call failed that may have acted.
+  that finds the claim of a call still running is in flight (`Route.IN_FLIGHT`, no result
+  yet: deliver it again later); one that finds the claim of a process that is gone (an
+  effector killed mid-call), or of a call that raised in a live one (its result could not be
+  recorded), has an unknown outcome, settled by the tool's `ToolSpec`: run again if
+  idempotent, its reconciler, or a person asked through an APPROVAL intent (`resolve` records
+  their answer). The agent is never told a call failed that may have acted.
 * `ExecuteIntents`, a Beam transform, re-windows intents into the global window (the same
   intent in two windows is still one intent) and keeps each record in keyed state under its
   intent_id, cleared by an event-time timer at the end of retention. Beam commits state with

@@ -8,8 +8,11 @@ outcome is settled by the tool's ToolSpec, or by a person answering an inquiry (
 
 from __future__ import annotations
 
+import collections
+import contextlib
 import dataclasses
 import os
+import threading
 import uuid
 from collections.abc import Callable, Mapping
 
@@ -83,6 +86,11 @@ class Gate:
         self.approval_keyring = approval_keyring
 
     def keep_until(self, record: ExecutionRecord, now: int) -> int:
+        if record.outcome == ExecutionRecord.OUTCOME_RUNNING or _awaits_answer(record):
+            # Until the call's result replaces it: a tool may run, and a person may take, past
+            # any retention, and a copy that found no record would be decided again (EXPIRED,
+            # for a call that may have acted), an answer that found none would be dropped.
+            return _INT64_MAX
         return min(max(record.latest_expires_at_ms, now) + self.retention_ms, _INT64_MAX)
 
     def decide(
@@ -99,6 +107,11 @@ class Gate:
         except DecodeError as e:
             detail = f"{len(data)} bytes are not a ToolIntent: {e}"
             return dead_letter(b"", REASON_UNDECODABLE, detail, now())
+        # Any claim `owner` holds on this intent is live while this call lasts, and only then.
+        with _deciding(owner, intent.intent_id):
+            return self._decide(data, intent, now, store, owner)
+
+    def _decide(self, data, intent, now, store, owner) -> EffectorOutput:
         at = now()
         if self.mode is not VerifyMode.OFF:
             outcome = verify(intent, self.keyring, wire=data)
@@ -192,7 +205,7 @@ class Gate:
                 raise TypeError(f"tool returned {type(payload).__name__}, not bytes or str")
         except Exception as e:  # a tool's failure is its result, never the effector's
             return _result(
-                intent, digest, ToolResult.ERROR, now(), error=f"{type(e).__name__}: {e}"
+                intent, digest, ToolResult.ERROR, now(), error=f"{type(e).__name__}: {_text(e)}"
             )
         return _result(intent, digest, ToolResult.OK, now(), payload=payload)
 
@@ -228,11 +241,17 @@ class Gate:
             return EffectorOutput(Route.RESULT, result=self._envelope(rejected))
         updated = ExecutionRecord()
         updated.CopyFrom(known)
-        if known.outcome == ExecutionRecord.OUTCOME_RUNNING and not _running(known.claimed_by):
+        if known.outcome == ExecutionRecord.OUTCOME_RUNNING and not _running(
+            known.claimed_by, known.intent_id, owner
+        ):
             return self._unknown_outcome(known, intent, clock, store, owner)
         if intent.expires_at_ms > known.latest_expires_at_ms:
             updated.latest_expires_at_ms = intent.expires_at_ms
-            store.put(updated, self.keep_until(updated, now))
+            if known.outcome != ExecutionRecord.OUTCOME_RUNNING:
+                store.put(updated, self.keep_until(updated, now))
+            elif not store.take_over(updated, known.claimed_by, self.keep_until(updated, now)):
+                # Only over the claim as read: its call has stored its result since.
+                return self._again(store.get(intent.intent_id), intent, record, clock, store, owner)
         if known.outcome == ExecutionRecord.OUTCOME_RESULT:
             return EffectorOutput(Route.DUPLICATE, result=self._envelope(known.result))
         if known.outcome == ExecutionRecord.OUTCOME_APPROVAL:
@@ -349,6 +368,11 @@ class Gate:
         return self._first_output(updated, intent)
 
 
+def _awaits_answer(record: ExecutionRecord) -> bool:
+    """Whether `record` holds an inquiry about a lost call (`_inquiry`) still unanswered."""
+    return record.outcome == ExecutionRecord.OUTCOME_APPROVAL and bool(record.result.payload)
+
+
 def _approval_of(record: ExecutionRecord, intent: ToolIntent) -> ToolIntent:
     """What goes before a person for an APPROVAL record: the intent itself, or for a tool call
     whose outcome was unknown, the inquiry the record keeps."""
@@ -363,7 +387,7 @@ def _inquiry(intent: ToolIntent, now: int) -> ToolIntent:
     question = (
         f"The effector stopped while running {intent.tool_name} {intent.args_json} "
         f"(intent {intent.intent_id}). Did it take effect? Approve if it did; deny if it did "
-        "not, and it is then run."
+        "not: it is not run again, the agent is told it was not done."
     )
     args = {"question": question, "intent_id": intent.intent_id, "tool": intent.tool_name}
     return ToolIntent(
@@ -397,13 +421,38 @@ def _process_start(pid: int) -> str:
         return ""
 
 
-def _running(claimed_by: str) -> bool:
-    """Whether the effector process that wrote a claim is still running (so the call is in
-    flight, not lost)."""
+#: (owner, intent_id) of the decisions under way in this process, each with how many calls.
+_DECIDING: collections.Counter = collections.Counter()
+_DECIDING_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def _deciding(owner: str, intent_id: str):
+    key = (owner, intent_id)
+    with _DECIDING_LOCK:
+        _DECIDING[key] += 1
+    try:
+        yield
+    finally:
+        with _DECIDING_LOCK:
+            _DECIDING[key] -= 1
+            if not _DECIDING[key]:
+                del _DECIDING[key]
+
+
+def _running(claimed_by: str, intent_id: str, owner: str) -> bool:
+    """Whether the effector that wrote a claim is still running the call (so it is in flight,
+    not lost), as `owner`, deciding a copy of it, sees it. A claim of this process is live only
+    while a decision on it other than the asking one is under way: one left by a call that
+    raised (a store that failed to record the result, a tool's BaseException) is as lost as a
+    dead process's."""
     pid, _, rest = claimed_by.partition(":")
     started, _, _ = rest.partition(":")
     if not pid.isdigit():
         return False
+    if int(pid) == os.getpid() and started == _process_start(int(pid)):
+        with _DECIDING_LOCK:
+            return _DECIDING[claimed_by, intent_id] > (claimed_by == owner)
     try:
         os.kill(int(pid), 0)
     except ProcessLookupError:
@@ -431,6 +480,13 @@ def _result(
         completed_at_ms=now,
         intent_digest=digest,
     )
+
+
+def _text(error: Exception) -> str:
+    try:
+        return str(error)
+    except Exception as e:  # a tool's exception type may fail to print itself
+        return f"(its text raised {type(e).__name__})"
 
 
 def _printable(text: str) -> str:

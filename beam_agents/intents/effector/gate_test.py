@@ -24,6 +24,7 @@ from beam_agents.testing.effectors import (
     Recording,
     effector,
     flaky,
+    lookup,
     signed,
     tampered,
 )
@@ -332,14 +333,20 @@ def test_invalid_utf8_in_a_string_field_is_an_undecodable_dead_letter():
     assert output.dead_letter.reason == REASON_UNDECODABLE
 
 
+class _Unprintable(Exception):
+    def __str__(self):
+        raise RuntimeError("a __str__ that fails")
+
+
 @pytest.mark.parametrize(
     "tool",
     [
         lambda a, i: (_ for _ in ()).throw(ValueError("bad \ud800 text")),
         lambda a, i: "surrogate \udc80",
         lambda a, i: (_ for _ in ()).throw(RuntimeError("x" * 1_000_000)),
+        lambda a, i: (_ for _ in ()).throw(_Unprintable()),
     ],
-    ids=["surrogate in exception", "surrogate in payload", "huge exception"],
+    ids=["surrogate in exception", "surrogate in payload", "huge exception", "unprintable"],
 )
 def test_whatever_a_tool_does_it_ends_as_a_result(tool):
     output = effector(**{"crm.lookup": tool})(signed())
@@ -374,6 +381,33 @@ def test_records_are_kept_for_the_retention_after_the_latest_expiry_then_pruned(
     assert gate(fresh).route is Route.RESULT  # prunes on the way
     assert len(gate.store) == 1  # only "other" is left
     assert tool.calls == [intent().intent_id, "other"]
+
+
+def test_a_claim_is_not_pruned_while_its_tool_runs_past_the_retention(tmp_path):
+    # A copy arriving meanwhile at another effector on the store must not find the claim gone
+    # and record EXPIRED: the agent would be told the call failed, then that it ran.
+    clock, copies = ManualClock(NOW), []
+
+    def gate(**tools):
+        return Effector(
+            tools or {"crm.lookup": lookup},
+            mode=VerifyMode.REQUIRE,
+            keyring=RING,
+            clock=clock,
+            store=tmp_path / "s.sqlite",
+            retention_ms=2 * MINUTE,
+        )
+
+    def slow(args, tool_intent):
+        clock.now_ms = intent().expires_at_ms + 3 * MINUTE  # past expiry + retention
+        copies.append(gate()(signed(attempt=2)))  # prunes on the way
+        return "done"
+
+    first = gate(**{"crm.lookup": slow})(signed())
+    assert first.result.tool_result.status == ToolResult.OK
+    assert [copy.route for copy in copies] == [Route.IN_FLIGHT]
+    again = gate()(signed(attempt=3))
+    assert again.route is Route.DUPLICATE and again.result == first.result
 
 
 def test_a_decision_on_a_long_expired_intent_is_kept_for_the_retention_from_then():

@@ -6,11 +6,15 @@ keeps its records in Beam keyed state instead: `transform`.)
 from __future__ import annotations
 
 import abc
+import contextlib
 import os
 import sqlite3
 import threading
 
+from google.protobuf.message import DecodeError
+
 from beam_agents._protos import ExecutionRecord
+from beam_agents.errors import ExecutionStoreError
 
 __all__ = ["ExecutionStore", "SqliteExecutionStore"]
 
@@ -42,43 +46,54 @@ class ExecutionStore(abc.ABC):
 class SqliteExecutionStore(ExecutionStore):
     """An ExecutionStore in one SQLite file (WAL, synchronous=FULL), safe to share between
     threads and between processes on one machine. Records past their keep-until time are
-    deleted at most once a minute of the effector's clock."""
+    deleted at most once a minute of the effector's clock. Every failure of SQLite, and a record
+    that does not decode, is an ExecutionStoreError."""
 
     _PRUNE_EVERY_MS = 60_000
 
     def __init__(self, path: str | os.PathLike) -> None:
         self.path = str(path)
         self._lock = threading.Lock()
-        # isolation_level=None: transactions are explicit (BEGIN IMMEDIATE in claim).
-        self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=FULL")
-        self._db.execute("PRAGMA busy_timeout=10000")
-        self._db.execute(
-            "CREATE TABLE IF NOT EXISTS executions ("
-            " intent_id TEXT PRIMARY KEY,"
-            " keep_until_ms INTEGER NOT NULL,"
-            " record BLOB NOT NULL"
-            ") WITHOUT ROWID"
-        )
-        self._db.execute(
-            "CREATE INDEX IF NOT EXISTS executions_keep_until ON executions (keep_until_ms)"
-        )
         self._next_prune_ms: int | None = None
+        with self._failures():
+            # isolation_level=None: transactions are explicit (BEGIN IMMEDIATE in claim).
+            self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA synchronous=FULL")
+            self._db.execute("PRAGMA busy_timeout=10000")
+            self._db.execute(
+                "CREATE TABLE IF NOT EXISTS executions ("
+                " intent_id TEXT PRIMARY KEY,"
+                " keep_until_ms INTEGER NOT NULL,"
+                " record BLOB NOT NULL"
+                ") WITHOUT ROWID"
+            )
+            self._db.execute(
+                "CREATE INDEX IF NOT EXISTS executions_keep_until ON executions (keep_until_ms)"
+            )
+
+    @contextlib.contextmanager
+    def _failures(self):
+        try:
+            yield
+        except sqlite3.Error as e:
+            raise ExecutionStoreError(f"{type(e).__name__}: {e}", path=self.path) from e
+        except DecodeError as e:
+            raise ExecutionStoreError(f"a record does not decode: {e}", path=self.path) from e
 
     def get(self, intent_id: str) -> ExecutionRecord | None:
-        with self._lock:
+        with self._failures(), self._lock:
             row = self._db.execute(
                 "SELECT record FROM executions WHERE intent_id = ?", (intent_id,)
             ).fetchone()
-        return None if row is None else ExecutionRecord.FromString(row[0])
+            return None if row is None else ExecutionRecord.FromString(row[0])
 
     def claim(self, record: ExecutionRecord, keep_until_ms: int) -> ExecutionRecord | None:
         held, _ = self._swap(record, keep_until_ms, lambda held: held is None)
         return held
 
     def put(self, record: ExecutionRecord, keep_until_ms: int) -> None:
-        with self._lock:
+        with self._failures(), self._lock:
             self._db.execute(
                 "INSERT OR REPLACE INTO executions VALUES (?, ?, ?)",
                 (record.intent_id, keep_until_ms, _serialize(record)),
@@ -99,7 +114,7 @@ class SqliteExecutionStore(ExecutionStore):
     def _swap(self, record: ExecutionRecord, keep_until_ms: int, replaces) -> tuple:
         """In one immediate transaction: reads the record held for `record.intent_id` and
         writes `record` when `replaces(held)`; returns (held, written)."""
-        with self._lock:
+        with self._failures(), self._lock:
             self._db.execute("BEGIN IMMEDIATE")
             try:
                 row = self._db.execute(
@@ -114,7 +129,8 @@ class SqliteExecutionStore(ExecutionStore):
                     )
                 self._db.execute("COMMIT")
             except BaseException:
-                self._db.execute("ROLLBACK")
+                if self._db.in_transaction:  # a failed COMMIT may have rolled back already
+                    self._db.execute("ROLLBACK")
                 raise
         return held, written
 
@@ -124,12 +140,12 @@ class SqliteExecutionStore(ExecutionStore):
         if self._next_prune_ms is not None and now_ms < self._next_prune_ms:
             return 0
         self._next_prune_ms = now_ms + self._PRUNE_EVERY_MS
-        with self._lock:
+        with self._failures(), self._lock:
             cursor = self._db.execute("DELETE FROM executions WHERE keep_until_ms < ?", (now_ms,))
         return cursor.rowcount
 
     def __len__(self) -> int:
-        with self._lock:
+        with self._failures(), self._lock:
             return self._db.execute("SELECT count(*) FROM executions").fetchone()[0]
 
     def close(self) -> None:
