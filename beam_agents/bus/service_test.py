@@ -609,14 +609,6 @@ class _Producer:
         return 0
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a tool result over the producer's message.max.bytes is recorded in the store, "
-    "then can never be produced: serve raises KafkaBusError (MSG_SIZE_TOO_LARGE is permanent), "
-    "the service stops, and every restart reads the same intent and stops again, wedging its "
-    "partition; bounding results (an ERROR result or a dead letter naming the size) is a design "
-    "decision of the effector",
-)
 def test_a_tool_result_too_large_for_the_broker_does_not_wedge_the_intents_behind_it(
     monkeypatch,
 ):
@@ -639,7 +631,12 @@ def test_a_tool_result_too_large_for_the_broker_does_not_wedge_the_intents_behin
 
     consumer = _Consumer(records)
     monkeypatch.setattr(confluent_kafka, "Consumer", lambda config: consumer)
-    monkeypatch.setattr(confluent_kafka, "Producer", _Producer)
+    producers: list[_Producer] = []
+    monkeypatch.setattr(
+        confluent_kafka,
+        "Producer",
+        lambda config: producers.append(_Producer(config)) or producers[-1],
+    )
     service = EffectorService(
         make_effector(**{"crm.lookup": lookup}), bootstrap_servers="-", topics=topics
     )
@@ -647,3 +644,9 @@ def test_a_tool_result_too_large_for_the_broker_does_not_wedge_the_intents_behin
     # Each intent has an outcome on a topic and both are committed; the big one ran once.
     assert (topics.intents, 0, 12) in consumer.committed
     assert runs == ["i-big", "i-small"]
+    # The big one's result went out OK (it took effect) without its payload.
+    (producer,) = producers
+    assert [topic for topic, _ in producer.produced] == [topics.events, topics.events]
+    record = service.effector.store.get("i-big")
+    assert record.result.status == ToolResult.OK and not record.result.payload
+    assert "2000000 bytes" in record.result.error_message

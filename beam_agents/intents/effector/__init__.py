@@ -23,7 +23,10 @@ effect:
 5. Tool. An unknown tool, or args_json that `parse_args_json` refuses (not an object, numbers
    beyond I-JSON's range, nesting deeper than MAX_ARGS_DEPTH, duplicate keys), gives REJECTED.
 6. Execution. The record is claimed (RUNNING) in the store before the tool runs and finished
-   with its result after: OK with the tool's bytes, ERROR with its exception.
+   with its result after: OK with the tool's bytes, ERROR with its exception. Bytes over
+   `max_result_bytes` (default 512 KiB) are not kept: the result is OK, since the call took
+   effect, with no payload and an error_message saying what was dropped (every copy would
+   send them again, and past the bus's record limit none could be sent).
 
 Every decision of steps 3 to 6 is remembered: an intent_id has one result, whatever arrives
 later. A record is kept for `retention_ms` (default 24 h) after the later of the latest
@@ -72,6 +75,7 @@ from beam_agents.intents.effector.gate import Effector
 from beam_agents.intents.effector.spec import (
     APPROVALS,
     DEAD_LETTERS,
+    DEFAULT_MAX_RESULT_BYTES,
     DEFAULT_RETENTION_MS,
     INQUIRY_SUFFIX,
     INQUIRY_TOOL,
@@ -92,6 +96,7 @@ from beam_agents.intents.identity import DELIVERY_FIELDS, content_digest
 __all__ = [
     "APPROVALS",
     "DEAD_LETTERS",
+    "DEFAULT_MAX_RESULT_BYTES",
     "DEFAULT_RETENTION_MS",
     "DELIVERY_FIELDS",
     "INQUIRY_SUFFIX",

@@ -27,6 +27,7 @@ from beam_agents._protos import (
 )
 from beam_agents.errors import CanonicalJsonError
 from beam_agents.intents.effector.spec import (
+    DEFAULT_MAX_RESULT_BYTES,
     DEFAULT_RETENTION_MS,
     INQUIRY_SUFFIX,
     INQUIRY_TOOL,
@@ -37,6 +38,7 @@ from beam_agents.intents.effector.spec import (
     Tool,
     ToolSpec,
     VerifyMode,
+    check_max_result_bytes,
     check_retention,
     wall_clock_ms,
 )
@@ -72,6 +74,7 @@ class Gate:
         retention_ms: int,
         result_keyring: Keyring | None = None,
         approval_keyring: Keyring | None = None,
+        max_result_bytes: int = DEFAULT_MAX_RESULT_BYTES,
     ) -> None:
         if mode is not VerifyMode.OFF and keyring is None:
             raise ValueError(f"verify mode {mode.value} needs a keyring")
@@ -84,6 +87,7 @@ class Gate:
         self.retention_ms = retention_ms
         self.result_keyring = result_keyring
         self.approval_keyring = approval_keyring
+        self.max_result_bytes = check_max_result_bytes(max_result_bytes)
 
     def keep_until(self, record: ExecutionRecord, now: int) -> int:
         if record.outcome == ExecutionRecord.OUTCOME_RUNNING or _awaits_answer(record):
@@ -207,7 +211,20 @@ class Gate:
             return _result(
                 intent, digest, ToolResult.ERROR, now(), error=f"{type(e).__name__}: {_text(e)}"
             )
-        return _result(intent, digest, ToolResult.OK, now(), payload=payload)
+        return self._acted(intent, digest, now(), payload)
+
+    def _acted(self, intent: ToolIntent, digest: bytes, now: int, payload: bytes) -> ToolResult:
+        """The OK result of a call that took effect. A payload over `max_result_bytes` is not
+        kept: every copy would send it again, and past the bus's record limit (1 MB by default
+        in Kafka) none could be sent, wedging the intents behind it. The call did act, so the
+        result stays OK, its error_message saying what was dropped."""
+        if len(payload) <= self.max_result_bytes:
+            return _result(intent, digest, ToolResult.OK, now, payload=payload)
+        error = (
+            f"the tool took effect; its result of {len(payload)} bytes is over the effector's "
+            f"max_result_bytes ({self.max_result_bytes}) and was not kept"
+        )
+        return _result(intent, digest, ToolResult.OK, now, error=error)
 
     def _again(
         self,
@@ -288,9 +305,7 @@ class Gate:
                 if payload is not None:
                     updated.ClearField("claimed_by")
                     updated.outcome = ExecutionRecord.OUTCOME_RESULT
-                    updated.result.CopyFrom(
-                        _result(intent, known.content_digest, ToolResult.OK, now, payload=payload)
-                    )
+                    updated.result.CopyFrom(self._acted(intent, known.content_digest, now, payload))
                     return self._take_over(known, updated, intent, clock, store, owner)
                 run_again = True  # it did not act: running it is the first effect
         if run_again:
@@ -510,7 +525,8 @@ class Effector:
     a SqliteExecutionStore (":memory:" keeps nothing across restarts: tests only). `keyring`
     verifies intents; `result_keyring`, with an active key, signs every ToolResult (RunAgent
     verifies them with its answer keyring) and every inquiry; `approval_keyring` verifies the
-    answers to inquiries (`resolve`).
+    answers to inquiries (`resolve`). A tool's payload over `max_result_bytes` is not kept: its
+    result is OK with an error_message saying so (`Gate._acted`).
     """
 
     def __init__(
@@ -524,8 +540,17 @@ class Effector:
         approval_keyring: Keyring | None = None,
         clock: Callable[[], int] = wall_clock_ms,
         retention_ms: int = DEFAULT_RETENTION_MS,
+        max_result_bytes: int = DEFAULT_MAX_RESULT_BYTES,
     ) -> None:
-        self._gate = Gate(tools, mode, keyring, retention_ms, result_keyring, approval_keyring)
+        self._gate = Gate(
+            tools,
+            mode,
+            keyring,
+            retention_ms,
+            result_keyring,
+            approval_keyring,
+            max_result_bytes=max_result_bytes,
+        )
         if isinstance(store, str | os.PathLike):
             store = SqliteExecutionStore(store)
         self.store = store

@@ -10,6 +10,7 @@ from beam_agents.intents.effector import (
     REASON_CONFLICT,
     REASON_UNDECODABLE,
     Effector,
+    ExecuteIntents,
     Route,
     ToolSpec,
     VerifyMode,
@@ -436,6 +437,44 @@ def test_a_failing_tool_gives_an_error_result(tool, message):
     result = effector(**{"crm.lookup": tool})(signed()).result.tool_result
     assert result.status == ToolResult.ERROR
     assert result.error_message.startswith(message)
+
+
+def test_a_payload_over_max_result_bytes_is_dropped_and_the_result_stays_ok():
+    # The call took effect, so the agent hears OK, never a failure it might retry; the bytes
+    # are not kept, since every copy would send them again past the bus's record limit.
+    calls = []
+
+    def tool(args, tool_intent):
+        calls.append(tool_intent.intent_id)
+        return b"y" * (17 if tool_intent.intent_id == intent().intent_id else 16)
+
+    gate = Effector(
+        {"crm.lookup": tool},
+        mode=VerifyMode.REQUIRE,
+        store=":memory:",
+        keyring=RING,
+        clock=ManualClock(NOW),
+        max_result_bytes=16,
+    )
+    result = gate(signed()).result.tool_result
+    assert (result.status, result.payload) == (ToolResult.OK, b"")
+    assert result.error_message == (
+        "the tool took effect; its result of 17 bytes is over the effector's max_result_bytes "
+        "(16) and was not kept"
+    )
+    copy = gate(signed())
+    assert copy.route is Route.DUPLICATE and copy.result.tool_result == result
+    kept = gate(signed(intent_id="at-the-limit")).result.tool_result
+    assert kept.payload == b"y" * 16 and not kept.error_message
+    assert calls == [intent().intent_id, "at-the-limit"]
+
+
+def test_max_result_bytes_must_be_a_non_negative_int():
+    for bad in (-1, 1.5, True):
+        with pytest.raises(ValueError, match="max_result_bytes"):
+            Effector({}, mode=VerifyMode.OFF, store=":memory:", max_result_bytes=bad)
+        with pytest.raises(ValueError, match="max_result_bytes"):
+            ExecuteIntents({}, mode=VerifyMode.OFF, max_result_bytes=bad)
 
 
 def test_verifying_modes_need_a_keyring():

@@ -355,8 +355,9 @@ def test_a_claim_by_a_reused_pid_reads_as_a_lost_call(tmp_path):
     assert output.approval.tool_name == INQUIRY_TOOL
 
 
-def _lost_call(tmp_path, tool, clock=None) -> Effector:
-    """An effector whose store holds the dead claim of an effector killed inside `tool`."""
+def _lost_call(tmp_path, tool, clock=None, **options) -> Effector:
+    """An effector whose store holds the dead claim of an effector killed inside `tool`;
+    `options` go to Effector."""
     gate = Effector(
         {"crm.lookup": tool},
         mode=VerifyMode.REQUIRE,
@@ -365,6 +366,7 @@ def _lost_call(tmp_path, tool, clock=None) -> Effector:
         result_keyring=RESULTS_RING,
         approval_keyring=APPROVER_RING,
         clock=clock or ManualClock(NOW),
+        **options,
     )
     gate.store.claim(_running_claim(_dead_claim(gate)), INT64_MAX)
     return gate
@@ -398,6 +400,16 @@ def test_a_reconciler_that_finds_the_effect_gives_its_payload_without_running(tm
     assert (result.status, result.payload) == (ToolResult.OK, b"refund r-7 exists")
     assert asked == [intent().intent_id] and tool.calls == []
     assert verify(result, RESULTS_RING) is Verification.VALID
+
+
+def test_a_reconciled_payload_over_the_limit_is_dropped_and_the_result_stays_ok(tmp_path):
+    tool = Recording()
+    gate = _lost_call(
+        tmp_path, ToolSpec(tool, reconcile=lambda _: "refund r-7 exists"), max_result_bytes=16
+    )
+    result = gate(signed()).result.tool_result
+    assert (result.status, result.payload) == (ToolResult.OK, b"")
+    assert "17 bytes" in result.error_message and tool.calls == []
 
 
 def test_a_reconciler_that_finds_no_effect_lets_the_tool_run_once(tmp_path):

@@ -19,6 +19,7 @@ from beam_agents.intents.signing import Verification
 __all__ = [
     "APPROVALS",
     "DEAD_LETTERS",
+    "DEFAULT_MAX_RESULT_BYTES",
     "DEFAULT_RETENTION_MS",
     "INQUIRY_SUFFIX",
     "INQUIRY_TOOL",
@@ -30,6 +31,7 @@ __all__ = [
     "Tool",
     "ToolSpec",
     "VerifyMode",
+    "check_max_result_bytes",
     "check_retention",
     "wall_clock_ms",
 ]
@@ -81,6 +83,9 @@ REASON_UNDECODABLE = "undecodable_intent"
 REASON_CONFLICT = "intent_id_conflict"
 
 DEFAULT_RETENTION_MS = 24 * 60 * 60 * 1000
+#: The largest tool payload a result keeps: half of Kafka's default record limit (1 MB), which
+#: leaves room for the envelope and signature, and a size a key's Continuation can hold.
+DEFAULT_MAX_RESULT_BYTES = 512 * 1024
 
 
 def wall_clock_ms() -> int:
@@ -127,3 +132,13 @@ class EffectorOutput:
 def check_retention(retention_ms: int) -> None:
     if isinstance(retention_ms, bool) or not isinstance(retention_ms, int) or retention_ms < 0:
         raise ValueError(f"retention_ms must be a non-negative int, not {retention_ms!r}")
+
+
+def check_max_result_bytes(max_result_bytes: int) -> int:
+    if (
+        isinstance(max_result_bytes, bool)
+        or not isinstance(max_result_bytes, int)
+        or max_result_bytes < 0
+    ):
+        raise ValueError(f"max_result_bytes must be a non-negative int, not {max_result_bytes!r}")
+    return max_result_bytes

@@ -22,12 +22,14 @@ from beam_agents.intents.effector.gate import Gate, dead_letter
 from beam_agents.intents.effector.spec import (
     APPROVALS,
     DEAD_LETTERS,
+    DEFAULT_MAX_RESULT_BYTES,
     DEFAULT_RETENTION_MS,
     REASON_UNDECODABLE,
     RESULTS,
     Route,
     Tool,
     VerifyMode,
+    check_max_result_bytes,
     check_retention,
     wall_clock_ms,
 )
@@ -99,7 +101,7 @@ class _ExecuteOnce(beam.DoFn):
     RETENTION = TimerSpec("retention", TimeDomain.WATERMARK)
 
     def __init__(
-        self, tools, mode, keyring_loader, result_keyring_loader, clock, retention_ms
+        self, tools, mode, keyring_loader, result_keyring_loader, clock, retention_ms, max_result
     ) -> None:
         self._tools = tools
         self._mode = mode
@@ -107,6 +109,7 @@ class _ExecuteOnce(beam.DoFn):
         self._result_keyring_loader = result_keyring_loader
         self._clock = clock
         self._retention_ms = retention_ms
+        self._max_result = max_result
         self._gate: Gate | None = None
         self._duplicates = beam.metrics.Metrics.counter(_METRICS, "duplicates")
         self._executions = beam.metrics.Metrics.counter(_METRICS, "executions")
@@ -120,6 +123,7 @@ class _ExecuteOnce(beam.DoFn):
             keyring,
             self._retention_ms,
             None if signer is None else signer(),
+            max_result_bytes=self._max_result,
         )
 
     def process(
@@ -157,7 +161,7 @@ class ExecuteIntents(beam.PTransform):
     PCollections out, in the global window: RESULTS (entity_key, AgentEnvelope), APPROVALS
     (entity_key, ToolIntent) and DEAD_LETTERS (entity_key, ActivationErrorRecord).
     `result_keyring_loader`, called on the worker, gives the ring whose active key signs every
-    ToolResult."""
+    ToolResult. A tool's payload over `max_result_bytes` is not kept, as in `Effector`."""
 
     def __init__(
         self,
@@ -168,9 +172,11 @@ class ExecuteIntents(beam.PTransform):
         result_keyring_loader: Callable[[], Keyring] | None = None,
         clock: Callable[[], int] = wall_clock_ms,
         retention_ms: int = DEFAULT_RETENTION_MS,
+        max_result_bytes: int = DEFAULT_MAX_RESULT_BYTES,
     ) -> None:
         super().__init__()
         check_retention(retention_ms)
+        self._max_result = check_max_result_bytes(max_result_bytes)
         self._tools = dict(tools)
         self._mode = mode
         self._keyring_loader = keyring_loader
@@ -194,6 +200,7 @@ class ExecuteIntents(beam.PTransform):
                 self._result_keyring_loader,
                 self._clock,
                 self._retention_ms,
+                self._max_result,
             )
         ).with_outputs(APPROVALS, DEAD_LETTERS, main=RESULTS)
         typed(keyed[DEAD_LETTERS], Tuple[bytes, ActivationErrorRecord])

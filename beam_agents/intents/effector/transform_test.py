@@ -267,3 +267,33 @@ def test_the_transform_turns_prisms_bundle_splits_off_in_its_pipeline():
     pipeline = beam.Pipeline(options=PipelineOptions())
     _ = pipeline | beam.Create([b""]) | ExecuteIntents({}, mode=VerifyMode.OFF)
     assert NO_PRISM_SPLITS in pipeline.options.view_as(DebugOptions).experiments
+
+
+def test_a_payload_over_max_result_bytes_leaves_the_transform_ok_without_it(tmp_path):
+    tool = AppendingTool(tmp_path / "executions.log")
+    pipeline = BeamPipeline(options=env_options())
+    outputs = (
+        pipeline
+        | beam.Create([signed().SerializeToString()], reshuffle=False)
+        | ExecuteIntents(
+            {"crm.lookup": tool},
+            mode=VerifyMode.REQUIRE,
+            keyring_loader=LOAD_RING,
+            clock=ManualClock(NOW),
+            max_result_bytes=1,
+        )
+    )
+    assert_that(
+        outputs[RESULTS]
+        | beam.Map(lambda kv: (kv[1].tool_result.payload, kv[1].tool_result.error_message)),
+        equal_to(
+            [
+                (
+                    b"",
+                    "the tool took effect; its result of 4 bytes is over the effector's "
+                    "max_result_bytes (1) and was not kept",
+                )
+            ]
+        ),
+    )
+    _run_then_check(pipeline, tool, [intent().intent_id])
