@@ -306,8 +306,10 @@ class RunAgent(beam.PTransform):
     Input: a PCollection of AgentEnvelopes (messages or serialized bytes), each alone or as a
     pair (envelope, idempotency key: bytes or str) where the transport has one (a Kafka header,
     Pub/Sub's message id), or a dict {"envelopes": ..., "snapshots": ...} whose snapshots
-    (StateSnapshot messages or bytes) restore keys before their envelopes arrive; any
-    windowing. Output: a dict of keyed
+    (StateSnapshot messages or bytes) restore empty keys; any windowing. Nothing orders the
+    two inputs: an envelope that reaches a key before its snapshot runs on the empty key, and
+    the snapshot is then a `restore_conflict` dead letter, so restore a key before its events
+    flow. Output: a dict of keyed
     PCollections in the global window: COMPLETIONS (entity_key, bytes), INTENTS (entity_key,
     ToolIntent), TRACES (entity_key, TraceEvent), ERRORS (entity_key, ActivationErrorRecord),
     SNAPSHOTS (entity_key, StateSnapshot).

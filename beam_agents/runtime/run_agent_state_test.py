@@ -202,28 +202,6 @@ def test_a_snapshot_onto_a_key_with_state_is_refused(tmp_path):
     assert [e.key for e in after.memory.entries] == ["mine"] and after.seq == SEQ
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="RunAgent's docstring says the snapshots input restores keys before their "
-    "envelopes arrive, but nothing orders the two inputs: the Flatten before the stateful "
-    "DoFn hands an envelope that comes first to an empty key, and the snapshot is then refused "
-    "as a restore_conflict (on the DirectRunner with two Creates, 3 runs in 7). Ordering them "
-    "(holding envelopes behind the snapshots' watermark) is a design decision",
-)
-def test_a_snapshot_given_with_a_later_envelope_restores_the_key_before_it_runs(tmp_path):
-    snapshot = StateSnapshot(entity_key=KEY, seq=99, snapshot_at_ms=T0)
-    snapshot.memory.CopyFrom(memory_blob(1))
-    outputs = run_round(
-        probe(),
-        # The order a runner may deliver the two inputs in: the envelope first.
-        [command(T0 + 10, put={"mine": "1"}), snapshot, Advance(T0 + 11), export(T0 + 12, "after")],
-        tmp_path,
-    )
-    assert outputs.values("errors") == []
-    (after,) = outputs.values("snapshots")
-    assert sorted(e.key for e in after.memory.entries) == ["mine", "restored"]
-
-
 FAILURES = ["start", "after_put", "after_llm", "after_call"]
 
 
