@@ -264,10 +264,13 @@ class Gate:
             return self._unknown_outcome(known, intent, clock, store, owner)
         if intent.expires_at_ms > known.latest_expires_at_ms:
             updated.latest_expires_at_ms = intent.expires_at_ms
+            # Only over the record as read: since, its call may have stored its result, or a
+            # person answered its inquiry, which a write of the record read would undo.
             if known.outcome != ExecutionRecord.OUTCOME_RUNNING:
-                store.put(updated, self.keep_until(updated, now))
-            elif not store.take_over(updated, known.claimed_by, self.keep_until(updated, now)):
-                # Only over the claim as read: its call has stored its result since.
+                written = store.replace(updated, known, self.keep_until(updated, now))
+            else:
+                written = store.take_over(updated, known.claimed_by, self.keep_until(updated, now))
+            if not written:
                 return self._again(store.get(intent.intent_id), intent, record, clock, store, owner)
         if known.outcome == ExecutionRecord.OUTCOME_RESULT:
             return EffectorOutput(Route.DUPLICATE, result=self._envelope(known.result))
@@ -374,7 +377,10 @@ class Gate:
         updated.CopyFrom(known)
         updated.outcome = ExecutionRecord.OUTCOME_RESULT
         updated.result.CopyFrom(result)
-        store.put(updated, self.keep_until(updated, now))
+        if not store.replace(updated, known, self.keep_until(updated, now)):
+            # Another answer, or a copy's later expiry, came first: judge against the record
+            # as it is now, so the agent gets one result for the call, never two.
+            return self.resolve(answer, now=now, store=store)
         return EffectorOutput(Route.RESULT, result=self._envelope(result))
 
     def _take_over(self, known, updated, intent, clock, store, owner) -> EffectorOutput:

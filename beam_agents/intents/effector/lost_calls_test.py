@@ -482,8 +482,8 @@ def test_an_inquiry_waits_for_its_answer_past_the_retention(tmp_path):
 
 
 class _AnswerDuringCopy(SqliteExecutionStore):
-    """A real SQLite store that holds a copy's read of an unanswered inquiry until the answer
-    has been recorded: the interleaving of a copy of the intent and the person's answer."""
+    """A real SQLite store that holds another thread's read of an unanswered inquiry (a copy
+    of the intent's, or another answer's) until the main thread's answer has been recorded."""
 
     def __init__(self, path) -> None:
         super().__init__(path)
@@ -498,13 +498,6 @@ class _AnswerDuringCopy(SqliteExecutionStore):
         return held
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a copy with a later expiry writes the inquiry record it read back unconditionally "
-    "(store.put): landing after the answer was recorded, it restores the inquiry, so a person "
-    "is asked again and a second answer gives the agent a second result; a conditional write "
-    "of a non-RUNNING record needs a new ExecutionStore operation, an interface change",
-)
 def test_a_copy_arriving_with_the_answer_never_undoes_it(tmp_path):
     gate = _lost_call(tmp_path, Recording())
     store = _AnswerDuringCopy(tmp_path / "shared.sqlite")
@@ -520,6 +513,29 @@ def test_a_copy_arriving_with_the_answer_never_undoes_it(tmp_path):
     copy.join()
     again = gate(signed(attempt=4))
     assert again.route is Route.DUPLICATE and again.result == answered.result
+
+
+def test_two_answers_at_once_give_the_call_one_result(tmp_path):
+    # Two people answer, or two effectors read one answer twice: the later write must not
+    # replace the first, or the agent gets two results for one call, here contradicting.
+    gate = _lost_call(tmp_path, Recording())
+    store = _AnswerDuringCopy(tmp_path / "shared.sqlite")
+    gate.store = store
+    inquiry = gate(signed()).approval
+    outputs = []
+    first = threading.Thread(
+        target=lambda: outputs.append(gate.resolve(_answer(inquiry, approved=True)))
+    )
+    first.start()
+    assert store.copy_read.wait(10)
+    second = gate.resolve(_answer(inquiry, approved=False))
+    store.answered.set()
+    first.join()
+    (late,) = outputs
+    assert second.route is Route.RESULT
+    assert second.result.tool_result.status == ToolResult.ERROR
+    assert late.route is Route.DUPLICATE and late.result == second.result
+    assert gate(signed(attempt=4)).result == second.result
 
 
 def test_a_person_who_says_the_call_did_not_happen_gets_the_agent_a_not_done_error(tmp_path):

@@ -20,8 +20,9 @@ __all__ = ["ExecutionStore", "SqliteExecutionStore"]
 
 
 class ExecutionStore(abc.ABC):
-    """Where the gate remembers decisions, by intent_id. Each method is atomic; `claim` is the
-    one that must be atomic across processes sharing the store."""
+    """Where the gate remembers decisions, by intent_id. Each method is atomic; `claim`,
+    `take_over` and `replace` are the ones that must be atomic across processes sharing the
+    store."""
 
     @abc.abstractmethod
     def get(self, intent_id: str) -> ExecutionRecord | None:
@@ -41,6 +42,15 @@ class ExecutionStore(abc.ABC):
         """Stores `record` if intent_id's record is still the RUNNING claim of `claimed_by`
         (a claimant that died); False when another caller took it over first. Durable on
         return."""
+
+    @abc.abstractmethod
+    def replace(
+        self, record: ExecutionRecord, expected: ExecutionRecord, keep_until_ms: int
+    ) -> bool:
+        """Stores `record` if intent_id's record is still `expected` (equal as a message);
+        False when another caller changed it first. Durable on return. A change to a record
+        others may change at once (a person's answer to an inquiry, a copy's later expiry)
+        goes through this, so neither undoes the other."""
 
 
 class SqliteExecutionStore(ExecutionStore):
@@ -110,6 +120,12 @@ class SqliteExecutionStore(ExecutionStore):
             ),
         )
         return taken
+
+    def replace(
+        self, record: ExecutionRecord, expected: ExecutionRecord, keep_until_ms: int
+    ) -> bool:
+        _, replaced = self._swap(record, keep_until_ms, lambda held: held == expected)
+        return replaced
 
     def _swap(self, record: ExecutionRecord, keep_until_ms: int, replaces) -> tuple:
         """In one immediate transaction: reads the record held for `record.intent_id` and

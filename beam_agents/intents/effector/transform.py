@@ -92,6 +92,14 @@ class _StateStore(ExecutionStore):
         self.put(record, keep_until_ms)
         return True
 
+    def replace(
+        self, record: ExecutionRecord, expected: ExecutionRecord, keep_until_ms: int
+    ) -> bool:
+        if self._state.read() != expected:
+            return False
+        self.put(record, keep_until_ms)
+        return True
+
 
 class _ExecuteOnce(beam.DoFn):
     """The gate, with each intent_id's record in keyed state."""

@@ -186,6 +186,25 @@ def test_the_record_is_dropped_when_the_watermark_passes_the_retention(tmp_path)
     _run_stream([signed(), EXPIRES_S + 6, signed()], tool, executions=2, retention_ms=5_000)
 
 
+def test_a_copy_with_a_later_expiry_keeps_the_record_for_the_retention_after_it(tmp_path):
+    # The copy moves the record's expiry (through the store's replace of the record it read),
+    # so a third copy past the first expiry's retention, still unexpired, is a duplicate.
+    later = intent().expires_at_ms + 10_000
+    tool = AppendingTool(tmp_path / "executions.log")
+    _run_stream(
+        [
+            signed(),
+            EXPIRES_S - 20,
+            signed(attempt=2, expires_at_ms=later),
+            EXPIRES_S + 6,
+            signed(attempt=3, expires_at_ms=later),
+        ],
+        tool,
+        executions=1,
+        retention_ms=5_000,
+    )
+
+
 def _run_batch(inputs, tool, *, windowed=False):
     """Runs ExecuteIntents over timestamped inputs; returns the outputs' summaries."""
     pipeline = BeamPipeline(options=env_options())
