@@ -174,14 +174,6 @@ def test_a_resume_that_replays_no_llm_call_keeps_the_cache_it_read():
     assert h.states[2].value is cache
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="restore writes a snapshot's memory as exported whatever its size, and Memory "
-    "evicts only on a put, so an agent that reads reads more than memory_budget_bytes and the "
-    "key keeps it; memory_test's reference LRU encodes that lazy eviction for any blob read, "
-    "so where to enforce the budget (at restore, or at every read as ReplayCache does) is a "
-    "design decision",
-)
 def test_a_restored_memory_over_the_budget_is_evicted_down_before_the_agent_reads_it():
     """A snapshot exported under a larger memory budget (or edited by hand) holds more than
     this job's budget: the agent must see, and the key keep, only the most recent entries

@@ -382,10 +382,16 @@ class Memory(_LruOverlay):
     def from_blob(
         cls, blob: MemoryBlob, *, budget_bytes: int | None = None, now_ms: int = 0
     ) -> Memory:
-        """The memory a (current-version) MemoryBlob holds, in its order. `blob` is not
-        copied and must not change while the Memory is in use."""
+        """The memory a (current-version) MemoryBlob holds, in its order, within `budget_bytes`
+        (a blob over it, restored from a snapshot or written under a larger budget, is evicted
+        down at once, least recent first, as ReplayCache does). `blob` is not copied and must
+        not change while the Memory is in use."""
         memory = cls(budget_bytes=budget_bytes, now_ms=now_ms)
         memory._base = blob
+        # The stored total decides only whether to look closer; the check itself is exact.
+        if budget_bytes is not None and blob.total_value_bytes > budget_bytes:
+            while memory._total() > budget_bytes:
+                memory._evict_least_recent()
         return memory
 
     def to_blob(self) -> MemoryBlob:

@@ -134,6 +134,11 @@ class ReferenceLru:
             return
         self.entries.pop(key, None)
         self.entries[key] = (value, now)
+        self.read()
+
+    def read(self):
+        """What reading the entries as a blob leaves: over the budget (restored, or written
+        under a larger one), evicted down, least recent first."""
         while (
             self.budget is not None and sum(len(v) for v, _ in self.entries.values()) > self.budget
         ):
@@ -156,8 +161,10 @@ def test_memory_read_from_a_blob_behaves_as_a_plain_lru(initial, ops, budget):
     blob = MemoryBlob(state_schema_version=CURRENT_STATE_SCHEMA_VERSION)
     for key, value, at in initial:
         blob.entries.add(key=key, value=value, last_access_ms=at)
+    blob.total_value_bytes = sum(len(e.value) for e in blob.entries)
     memory = Memory.from_blob(blob, budget_bytes=budget)
     reference = ReferenceLru(initial, budget)
+    reference.read()
     for now, (op, key, value) in enumerate(ops, start=100):
         memory.now_ms = now
         args = (key, value) if op == "put" else (key,)
@@ -169,10 +176,12 @@ def test_memory_read_from_a_blob_behaves_as_a_plain_lru(initial, ops, budget):
     assert memory.total_value_bytes == sum(len(v) for v, _ in reference.entries.values())
     assert len(memory) == len(reference.entries)
     if not memory.changed:
-        # Nothing to write but, where a key was looked up in this blob without an index, the
-        # index that lookup built; else the blob read is the blob written, untouched.
+        # Nothing to write but, where a key was looked up in this blob without an index (or
+        # its stored total, over the budget, had it looked at), the index that built; else the
+        # blob read is the blob written, untouched.
         if written is not blob:
-            assert not blob.entry_stamps and initial and ops
+            over = budget is not None and blob.total_value_bytes > budget
+            assert not blob.entry_stamps and initial and (ops or over)
             assert [(e.key, e.value, e.last_access_ms) for e in written.entries] == [
                 (k, v, at) for k, (v, at) in reference.entries.items()
             ]
@@ -297,6 +306,7 @@ def _across_activations(initial, activations, budget, *, check_hashes=True) -> N
     now = 100
     for ops in activations:
         memory = Memory.from_blob(blob, budget_bytes=budget, now_ms=now).copy()
+        reference.read()
         for op, key, value in ops:
             now += 1
             memory.now_ms = now
