@@ -405,3 +405,81 @@ def test_a_keys_budget_counts_the_servers_usage_and_refuses_the_call_past_it(tmp
     (snapshot,) = outputs.values("snapshots")
     usage = snapshot.llm_cache
     assert (usage.input_tokens, usage.output_tokens, usage.cost_micros) == (1500, 400, 1900)
+
+
+def _answer(message, usage) -> Reply:
+    body = json.loads(_body(completion()))
+    body["choices"][0]["message"], body["usage"] = message, usage
+    return Reply(200, json.dumps(body).encode(), {"content-type": "application/json"})
+
+
+TEXT = {"role": "assistant", "content": "x"}
+USAGE = {"prompt_tokens": 7, "completion_tokens": 2, "total_tokens": 9}
+
+
+def _call(name, call_id="call_1"):
+    function = {"arguments": "{}"} if name is None else {"name": name, "arguments": "{}"}
+    return {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [{"id": call_id, "type": "function", "function": function}],
+    }
+
+
+@pytest.mark.parametrize(
+    "message, usage",
+    [
+        (TEXT, {"prompt_tokens": -1_000_000, "completion_tokens": 2, "total_tokens": 0}),
+        (TEXT, {"prompt_tokens": 7.5, "completion_tokens": 2, "total_tokens": 9}),
+        (TEXT, {"prompt_tokens": 7, "completion_tokens": 10**30, "total_tokens": 9}),
+        ({"role": "assistant", "content": [{"type": "text", "text": "x"}]}, USAGE),
+        (_call(5), USAGE),
+        (_call(None), USAGE),
+        (_call("kb_search", None), USAGE),
+    ],
+    ids=[
+        "negative usage",
+        "fractional usage",
+        "usage past int64",
+        "content not a string",
+        "tool name not a string",
+        "no tool name",
+        "no call id",
+    ],
+)
+def test_an_answer_whose_fields_have_the_wrong_type_is_a_non_retryable_error(message, usage):
+    """What the server says goes into the budget (a negative count would give the key its
+    budget back) and the replay cache; it must be what an LlmResponse holds, or refused."""
+    answer = scripted(_answer(message, usage))
+    with LocalHttpServer(answer) as server, pytest.raises(LlmCallError) as raised:
+        client(server).complete(REQUEST)
+    assert not raised.value.retryable and len(server.requests) == 1
+
+
+def test_a_negative_usage_does_not_give_the_key_its_budget_back(tmp_path):
+    from beam_agents.runtime import Budget
+
+    @agent(name="tests.summarise/v1")
+    def summarise(ctx, event: bytes) -> bytes:
+        messages = [{"role": "user", "content": event.decode()}]
+        return ctx.llm(messages, model="local-model").text.encode()
+
+    t0, key = 1_764_460_800_000, b"k-1"
+    config = RuntimeConfig(budget=Budget(key_tokens=1000))
+    export = AgentEnvelope(entity_key=key, event_time_ms=t0 + 2)
+    export.export_request.request_id = "usage"
+    refund = _answer(TEXT, {"prompt_tokens": -(10**9), "completion_tokens": 0, "total_tokens": 0})
+    with LocalHttpServer(scripted(refund)) as server:
+        outputs = run_round(
+            RunAgent(summarise, llm_client=client(server), config=config),
+            [
+                AgentEnvelope(entity_key=key, event_time_ms=t0, external_event=b"first"),
+                Advance(t0 + 1),
+                export,
+            ],
+            tmp_path,
+        )
+    (snapshot,) = outputs.values("snapshots")
+    assert snapshot.llm_cache.input_tokens >= 0
+    (failed,) = outputs.values("errors")
+    assert failed.reason == "llm_failed"

@@ -302,7 +302,7 @@ class ResilientClient:
         for attempt in range(1, self.max_attempts + 1):
             token = _DEADLINE.set(min(time.monotonic() + self.timeout_s, call_ends))
             try:
-                return self._send(self._sdk(), request)
+                return _checked(self._send(self._sdk(), request), request.model)
             except LlmCallError:
                 raise
             except Exception as e:
@@ -365,6 +365,44 @@ def checked_arguments(arguments, call: str, model: str) -> dict:
             retryable=False,
         ) from e
     return arguments
+
+
+# Token counts past I-JSON's exact integers are no count a server meant (and would overflow
+# the int64 usage of the key's LlmCacheBlob once priced and summed).
+_MAX_TOKENS = 2**53
+
+
+def _checked(response: LlmResponse, model: str) -> LlmResponse:
+    """`response`, refused (non-retryable) unless every field has its type: the SDKs build
+    their objects without validating the server's JSON, and what the server says goes into
+    the key's budget (a negative count would give it back) and its replay cache."""
+    problems = [
+        f"{name} is {value!r}"
+        for name, value in (
+            ("text", response.text),
+            ("model", response.model),
+            ("finish_reason", response.finish_reason),
+        )
+        if not isinstance(value, str)
+    ]
+    problems += [
+        f"{name} is {value!r}, not a count of tokens"
+        for name, value in (
+            ("input_tokens", response.input_tokens),
+            ("output_tokens", response.output_tokens),
+        )
+        if type(value) is not int or not 0 <= value <= _MAX_TOKENS
+    ]
+    problems += [
+        f"tool call {call.id!r} names {call.name!r}"
+        for call in response.tool_calls
+        if not (isinstance(call.id, str) and call.id and isinstance(call.name, str) and call.name)
+    ]
+    if problems:
+        raise LlmCallError(
+            f"the answer is malformed: {_short('; '.join(problems))}", model=model, retryable=False
+        )
+    return response
 
 
 def retry_after(headers) -> float | None:

@@ -5,6 +5,7 @@ malformed and oversized bodies refused."""
 
 from __future__ import annotations
 
+import json
 import time
 
 import pytest
@@ -62,3 +63,21 @@ def test_a_huge_body_is_refused(provider):
     with LocalHttpServer(scripted(provider.ok())) as server, pytest.raises(LlmCallError) as raised:
         provider.client(server, max_response_bytes=64).complete(provider.request)
     assert not raised.value.retryable and "refused" in raised.value.reason
+
+
+# Where each provider's answer says how many input tokens it read.
+_INPUT_TOKENS = {
+    "anthropic": ("usage", "input_tokens"),
+    "gemini": ("usageMetadata", "promptTokenCount"),
+}
+
+
+def test_a_negative_token_count_is_a_non_retryable_error(provider):
+    """It would give the key its budget back."""
+    body = json.loads(provider.ok().body)
+    usage, field = _INPUT_TOKENS[provider.name]
+    body[usage][field] = -1_000_000
+    answer = scripted(Reply(200, json.dumps(body).encode(), JSON))
+    with LocalHttpServer(answer) as server, pytest.raises(LlmCallError) as raised:
+        provider.client(server).complete(provider.request)
+    assert not raised.value.retryable and "input_tokens" in raised.value.reason
