@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
+from beam_agents.errors import LlmCallError
 from beam_agents.runtime import LlmRequest
 from beam_agents.runtime.tool_calling import (
     ToolCall,
@@ -85,3 +88,12 @@ def test_function_calls_are_tool_calls_and_the_conversation_is_translated():
             ],
         },
     ]
+
+
+def test_arguments_a_tool_intent_cannot_carry_are_an_error_naming_the_call_and_its_usage():
+    reply = answer({"functionCall": {"name": "kb_search", "args": {"n": 2**60}, "id": "fc_9"}})
+    with LocalHttpServer(scripted(reply)) as server, pytest.raises(LlmCallError) as raised:
+        client(server).complete(REQUEST)
+    assert not raised.value.retryable and "kb_search(fc_9)" in raised.value.reason
+    # The answer was billed all the same: the error says for how much.
+    assert (raised.value.input_tokens, raised.value.output_tokens) == (7, 2)

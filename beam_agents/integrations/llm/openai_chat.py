@@ -24,6 +24,7 @@ from beam_agents.errors import CanonicalJsonError, LlmCallError
 from beam_agents.integrations.llm.resilience import (
     Failure,
     ResilientClient,
+    billed,
     connection_failure,
     status_failure,
 )
@@ -77,6 +78,10 @@ def _response(completion, model: str) -> LlmResponse:
     if not getattr(completion, "choices", None):
         raise ValueError(f"no choices in {type(completion).__name__}")
     choice = completion.choices[0]
+    usage = getattr(completion, "usage", None)
+    paid = billed(
+        getattr(usage, "prompt_tokens", 0) or 0, getattr(usage, "completion_tokens", 0) or 0
+    )
     function_call = getattr(choice.message, "function_call", None)
     if function_call is not None:
         raise LlmCallError(
@@ -84,6 +89,7 @@ def _response(completion, model: str) -> LlmResponse:
             "ask with tools instead; it is not dropped silently",
             model=model,
             retryable=False,
+            **paid,
         )
     calls = []
     for call in getattr(choice.message, "tool_calls", None) or []:
@@ -93,6 +99,7 @@ def _response(completion, model: str) -> LlmResponse:
                 f"the model asked for a {call.type} tool call ({call.id}), not a function",
                 model=model,
                 retryable=False,
+                **paid,
             )
         try:
             arguments = parse_args_json(function.arguments)
@@ -102,9 +109,9 @@ def _response(completion, model: str) -> LlmResponse:
                 f"a tool intent can carry: {e}",
                 model=model,
                 retryable=False,
+                **paid,
             ) from e
         calls.append(ToolCall(call.id, function.name, arguments))
-    usage = getattr(completion, "usage", None)
     return LlmResponse(
         text=choice.message.content or "",
         model=completion.model or model,

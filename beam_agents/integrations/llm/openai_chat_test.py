@@ -483,3 +483,38 @@ def test_a_negative_usage_does_not_give_the_key_its_budget_back(tmp_path):
     assert snapshot.llm_cache.input_tokens >= 0
     (failed,) = outputs.values("errors")
     assert failed.reason == "llm_failed"
+
+
+def test_an_answer_the_client_refuses_still_counts_the_tokens_it_was_billed_for(tmp_path):
+    """The server did the work and reported it: a key whose every answer is refused (here,
+    tool-call arguments that are no object) must not call the model for ever for free."""
+    from beam_agents.runtime import Budget
+
+    @agent(name="tests.summarise/v1")
+    def summarise(ctx, event: bytes) -> bytes:
+        messages = [{"role": "user", "content": event.decode()}]
+        return ctx.llm(messages, model="local-model", tools=[SEARCH]).text.encode()
+
+    t0, key = 1_764_460_800_000, b"k-1"
+    config = RuntimeConfig(budget=Budget(key_tokens=1905))
+    export = AgentEnvelope(entity_key=key, event_time_ms=t0 + 3)
+    export.export_request.request_id = "usage"
+    body = json.loads(_body(tool_calls_reply(("call_1", "kb_search", "[1, 2]"))))
+    body["usage"] = {"prompt_tokens": 1500, "completion_tokens": 400, "total_tokens": 1900}
+    refused = Reply(200, json.dumps(body).encode(), {"content-type": "application/json"})
+    with LocalHttpServer(scripted(refused)) as server:
+        outputs = run_round(
+            RunAgent(summarise, llm_client=client(server), config=config),
+            [
+                AgentEnvelope(entity_key=key, event_time_ms=t0, external_event=b"first"),
+                Advance(t0 + 1),
+                AgentEnvelope(entity_key=key, event_time_ms=t0 + 2, external_event=b"second"),
+                Advance(t0 + 3),
+                export,
+            ],
+            tmp_path,
+        )
+    assert [e.reason for e in outputs.values("errors")] == ["llm_failed", "budget_exceeded"]
+    assert len(server.requests) == 1
+    (snapshot,) = outputs.values("snapshots")
+    assert (snapshot.llm_cache.input_tokens, snapshot.llm_cache.output_tokens) == (1500, 400)

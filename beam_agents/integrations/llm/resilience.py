@@ -44,6 +44,7 @@ __all__ = [
     "RETRYABLE_STATUS",
     "Failure",
     "ResilientClient",
+    "billed",
     "checked_arguments",
     "connection_failure",
     "retry_after",
@@ -349,9 +350,21 @@ class ResilientClient:
         raise error
 
 
-def checked_arguments(arguments, call: str, model: str) -> dict:
-    """A tool call's arguments object, refused (non-retryable) unless a tool intent can carry
-    it: a JSON object under the I-JSON rules of `canonical_args_json`."""
+def billed(input_tokens, output_tokens) -> dict:
+    """The usage an answer reports, as LlmCallError's keywords, for an error refusing it: the
+    provider billed it all the same. Empty when the counts are no counts (`_checked`)."""
+    counts = {"input_tokens": input_tokens, "output_tokens": output_tokens}
+    return counts if all(_is_count(n) for n in counts.values()) else {}
+
+
+def _is_count(value) -> bool:
+    return type(value) is int and 0 <= value <= _MAX_TOKENS
+
+
+def checked_arguments(arguments, call: str, model: str, usage: dict) -> dict:
+    """A tool call's arguments object, refused (non-retryable, with the answer's `billed`
+    usage) unless a tool intent can carry it: a JSON object under the I-JSON rules of
+    `canonical_args_json`."""
     try:
         if not isinstance(arguments, dict):
             raise CanonicalJsonError(
@@ -363,6 +376,7 @@ def checked_arguments(arguments, call: str, model: str) -> dict:
             f"the arguments of tool call {call} are no JSON object a tool intent can carry: {e}",
             model=model,
             retryable=False,
+            **usage,
         ) from e
     return arguments
 
@@ -391,7 +405,7 @@ def _checked(response: LlmResponse, model: str) -> LlmResponse:
             ("input_tokens", response.input_tokens),
             ("output_tokens", response.output_tokens),
         )
-        if type(value) is not int or not 0 <= value <= _MAX_TOKENS
+        if not _is_count(value)
     ]
     problems += [
         f"tool call {call.id!r} names {call.name!r}"
@@ -400,7 +414,10 @@ def _checked(response: LlmResponse, model: str) -> LlmResponse:
     ]
     if problems:
         raise LlmCallError(
-            f"the answer is malformed: {_short('; '.join(problems))}", model=model, retryable=False
+            f"the answer is malformed: {_short('; '.join(problems))}",
+            model=model,
+            retryable=False,
+            **billed(response.input_tokens, response.output_tokens),
         )
     return response
 
