@@ -207,10 +207,11 @@ class Failure:
     wait_s: float | None = None
 
 
-def status_failure(status: int, message: str, headers) -> Failure:
-    """The failure of an HTTP error status: retryable for 408, 409, 429 and 5xx."""
+def status_failure(status: int, message, headers) -> Failure:
+    """The failure of an HTTP error status: retryable for 408, 409, 429 and 5xx. `message` is
+    whatever the SDK took from the body (a string, if the server kept to its API)."""
     return Failure(
-        f"HTTP {status}: {_short(message)}",
+        f"HTTP {status}: {_short(str(message))}",
         retryable=status in RETRYABLE_STATUS or status >= 500,
         wait_s=retry_after(headers),
     )
