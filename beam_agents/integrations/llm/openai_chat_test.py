@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import pickle
 import time
+import traceback
 
 import pytest
 
@@ -552,3 +553,16 @@ def test_a_resumed_agent_replays_a_large_answer_instead_of_paying_for_it_again(t
         ).before(t0 + 20)
     assert outputs.values("completions") == [b"found"]
     assert len(server.requests) == 1
+
+
+def test_a_key_read_with_its_line_end_is_a_non_retryable_error_that_does_not_quote_it():
+    """The header cannot be sent (h11 refuses the newline), so no attempt can pass: it must
+    not look like a connection error to retry for hours; and h11's message quotes the header,
+    the key."""
+    key = "-".join(("sk", "secret", "1234"))  # not in this source, which a traceback quotes
+    with LocalHttpServer(scripted(completion())) as server, pytest.raises(LlmCallError) as raised:
+        client(server, api_key=key + "\n", sleep=Sleeps()).complete(REQUEST)
+    assert not raised.value.retryable and "not valid HTTP" in raised.value.reason
+    assert server.requests == []
+    # Nor does its traceback, as a log would show it, down the chain of causes.
+    assert key not in "".join(traceback.format_exception(raised.value))

@@ -59,6 +59,14 @@ _DEADLINE: contextvars.ContextVar[float] = contextvars.ContextVar("llm_attempt_d
 class _Refused(Exception):
     """A response this client will not read (too large, compressed): never retried."""
 
+    what = "response"
+
+
+class _Unsendable(_Refused):
+    """A request that is not valid HTTP: the same request never passes."""
+
+    what = "request"
+
 
 @functools.cache
 def _transport_type(httpx, httpcore) -> type:
@@ -181,6 +189,13 @@ def _transport_type(httpx, httpcore) -> type:
             return None
 
         def __exit__(self, kind, error, traceback) -> None:
+            if isinstance(error, httpcore.LocalProtocolError):
+                # Most often a header value with a newline: a key read with its line end. The
+                # message quotes that header, the key, so it is left behind.
+                raise _Unsendable(
+                    "it is not valid HTTP (a header value with a control character? an API key "
+                    "read with its line end?)"
+                ) from None
             if isinstance(error, httpcore.TimeoutException):
                 raise httpx.TimeoutException(str(error), request=self._request) from error
             if isinstance(error, httpcore.NetworkError | httpcore.ProtocolError):
@@ -189,11 +204,11 @@ def _transport_type(httpx, httpcore) -> type:
     return _BoundedTransport
 
 
-def _refusal(error: BaseException) -> str | None:
-    """Why the transport refused the response, if it did (the SDK wraps what it raises)."""
+def _refusal(error: BaseException) -> _Refused | None:
+    """What the transport refused, if it did (the SDK wraps what it raises)."""
     while error is not None:
         if isinstance(error, _Refused):
-            return str(error)
+            return error
         error = error.__cause__ or error.__context__
     return None
 
@@ -336,7 +351,7 @@ class ResilientClient:
     def _judge(self, error: Exception) -> Failure:
         refused = _refusal(error)
         if refused is not None:
-            return Failure(f"response refused: {refused}", retryable=False)
+            return Failure(f"{refused.what} refused: {refused}", retryable=False)
         httpx = importlib.import_module(self._http_family[0])
         if isinstance(error, httpx.TimeoutException | httpx.TransportError):
             return connection_failure(error)
