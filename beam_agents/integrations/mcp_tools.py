@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from collections.abc import Mapping, Sequence
 from contextlib import AsyncExitStack
 from typing import Any
@@ -148,7 +149,7 @@ class McpTool:
                 failure = e
         if result is None:  # an answer that arrived stands, whatever disconnecting did
             leaf = None if failure is None else _first_cause(failure)
-            cause = "the deadline passed" if leaf is None else _describe(leaf)
+            cause = "the deadline passed" if leaf is None else _describe(leaf, self.server)
             if not sent:
                 raise ToolCallError(
                     f"{self.server} is unavailable, the call was not sent: {cause}",
@@ -226,7 +227,7 @@ async def _definitions(tools: dict[str, McpTool]) -> list[ToolDefinition]:
                 leaf = None if failure is None else _first_cause(failure)
                 if isinstance(leaf, ToolCallError):
                     raise leaf from failure
-                cause = "the deadline passed" if leaf is None else _describe(leaf)
+                cause = "the deadline passed" if leaf is None else _describe(leaf, tool.server)
                 raise ToolCallError(
                     f"could not list the tools of {tool.server}: {cause}",
                     tool=tool.name,
@@ -286,6 +287,18 @@ def _first_cause(error: BaseException) -> BaseException:
     return error
 
 
-def _describe(error: BaseException) -> str:
+def _describe(error: BaseException, server: Server) -> str:
+    """The error as its type and message, with `server`'s credentials (header values, env
+    values) blanked: the message becomes the intent's error_message, which the agent and a
+    ReAct agent's model read, and some quote them (h11 quotes a header it refuses)."""
     text = str(error)
+    secrets = (
+        server.headers.values() if isinstance(server, HttpServer) else (server.env or {}).values()
+    )
+    for secret in secrets:
+        # Whole, and each word of it: a message may quote the value escaped (b'Bearer ...\n').
+        parts = {secret.strip(), *re.split(r"[\s\x00-\x1f\x7f]+", secret)}
+        for part in sorted(parts, key=len, reverse=True):
+            if len(part) >= 8:
+                text = text.replace(part, "<redacted>")
     return f"{type(error).__name__}: {text}" if text else type(error).__name__

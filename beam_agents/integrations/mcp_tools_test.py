@@ -28,6 +28,7 @@ from beam_agents.integrations.mcp_tools import (
 from beam_agents.intents.effector import Effector, Route, VerifyMode
 from beam_agents.ops.rounds import ManualClock
 from beam_agents.testing import mcp_servers
+from beam_agents.testing.local_http import JSON, LocalHttpServer, Reply, scripted
 from beam_agents.testing.samples import intent
 
 NOW = 1_700_000_030_000  # between samples.intent()'s created_at and expires_at
@@ -278,3 +279,20 @@ def test_a_result_that_is_no_json_is_an_error_not_a_payload():
     with pytest.raises(ToolCallError) as raised:
         McpTool(liar("nan"), "t0")({}, intent())
     assert not raised.value.retryable and "no JSON" in raised.value.reason
+
+
+def test_an_error_never_quotes_the_servers_credentials(tmp_path):
+    """A token read with its line end cannot be sent (h11 refuses the header and quotes it);
+    the error becomes the intent's error_message, which the agent, and a ReAct agent's model,
+    read."""
+    token = "-".join(("Bearer", "tok", "1234567890"))  # not in this source
+    with LocalHttpServer(scripted(Reply(200, b"{}", JSON))) as listening:
+        server = HttpServer(f"{listening.url}/mcp", headers={"Authorization": token + "\n"})
+        run = effector(tmp_path, echo=McpTool(server, "echo", connect_timeout_s=5))
+        result = run(call("echo", {"text": "x"})).result.tool_result
+        with pytest.raises(ToolCallError) as raised:
+            tool_definitions({"echo": McpTool(server, "echo", connect_timeout_s=5)})
+    assert result.status == ToolResult.ERROR and "the call was not sent" in result.error_message
+    assert "tok-1234567890" not in result.error_message
+    assert "tok-1234567890" not in str(raised.value)
+    assert listening.requests == []
