@@ -297,8 +297,8 @@ class ResilientClient:
 
     def _failure(self, error: Exception) -> Failure | None:
         """What the SDK's `error` means, or None when it is no failure the SDK reports (then
-        a malformed body is assumed if it is a ValueError, TypeError, KeyError or
-        AttributeError, and anything else propagates)."""
+        a malformed body is assumed if it is a ValueError, TypeError, KeyError,
+        AttributeError or RecursionError, and anything else propagates)."""
         raise NotImplementedError
 
     # -- the loop --------------------------------------------------------------------------
@@ -358,7 +358,8 @@ class ResilientClient:
         failure = self._failure(error)
         if failure is not None:
             return failure
-        if isinstance(error, ValueError | TypeError | KeyError | AttributeError):
+        # A RecursionError is JSON nested past the parser's depth: a few KB of brackets.
+        if isinstance(error, ValueError | TypeError | KeyError | AttributeError | RecursionError):
             return Failure(
                 f"the SDK could not make the call or read its answer: {_short(str(error))}",
                 retryable=False,

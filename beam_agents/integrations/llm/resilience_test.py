@@ -51,7 +51,12 @@ def test_a_timeout_is_a_retryable_error_within_the_attempts_deadline(provider):
     assert time.monotonic() - started < 2  # before the server's reply, 2 s late
 
 
-@pytest.mark.parametrize("body", [b"this is not json", None], ids=["not json", "no answer"])
+DEEP = b'{"a": ' + b"[" * 5000 + b"]" * 5000 + b"}"  # 10 KB past the parser's recursion
+
+
+@pytest.mark.parametrize(
+    "body", [b"this is not json", None, DEEP], ids=["not json", "no answer", "nested too deep"]
+)
 def test_a_malformed_body_is_a_non_retryable_error(provider, body):
     malformed = scripted(Reply(200, provider.empty if body is None else body, JSON))
     with LocalHttpServer(malformed) as server, pytest.raises(LlmCallError) as raised:
