@@ -7,7 +7,8 @@ Retries, deadlines, the response size cap and typed errors are
 are off. Token usage comes back in the LlmResponse, and from there into the LLM_CALL trace event.
 
 Tool calling: `LlmRequest.tools` go out as OpenAI `tools` (functions); the message's
-`tool_calls` come back as `LlmResponse.tool_calls`, their JSON-text arguments parsed under the
+`tool_calls` come back as `LlmResponse.tool_calls` (a call without an id gets `call_<n>`, its
+position in the answer), their JSON-text arguments parsed under the
 I-JSON rules of tool intents (arguments that are no such object are a non-retryable error
 naming the call). Conversations already use OpenAI's format (`beam_agents.runtime.tool_calling`),
 so messages go out unchanged. A legacy `function_call` answer is refused, naming it.
@@ -92,7 +93,7 @@ def _response(completion, model: str) -> LlmResponse:
             **paid,
         )
     calls = []
-    for call in getattr(choice.message, "tool_calls", None) or []:
+    for index, call in enumerate(getattr(choice.message, "tool_calls", None) or []):
         function = getattr(call, "function", None)
         if function is None:
             raise LlmCallError(
@@ -111,7 +112,9 @@ def _response(completion, model: str) -> LlmResponse:
                 retryable=False,
                 **paid,
             ) from e
-        calls.append(ToolCall(call.id, function.name, arguments))
+        # Some OpenAI-compatible servers send none; the position names it, as for Gemini.
+        call_id = f"call_{index}" if call.id is None or call.id == "" else call.id
+        calls.append(ToolCall(call_id, function.name, arguments))
     return LlmResponse(
         text=choice.message.content or "",
         model=completion.model or model,

@@ -453,7 +453,7 @@ def _call(name, call_id="call_1"):
         ({"role": "assistant", "content": [{"type": "text", "text": "x"}]}, USAGE),
         (_call(5), USAGE),
         (_call(None), USAGE),
-        (_call("kb_search", None), USAGE),
+        (_call("kb_search", 5), USAGE),
     ],
     ids=[
         "negative usage",
@@ -462,7 +462,7 @@ def _call(name, call_id="call_1"):
         "content not a string",
         "tool name not a string",
         "no tool name",
-        "no call id",
+        "call id not a string",
     ],
 )
 def test_an_answer_whose_fields_have_the_wrong_type_is_a_non_retryable_error(message, usage):
@@ -472,6 +472,12 @@ def test_an_answer_whose_fields_have_the_wrong_type_is_a_non_retryable_error(mes
     with LocalHttpServer(answer) as server, pytest.raises(LlmCallError) as raised:
         client(server).complete(REQUEST)
     assert not raised.value.retryable and len(server.requests) == 1
+
+
+def test_a_call_without_an_id_gets_its_position_as_gemini_calls_do():
+    with LocalHttpServer(scripted(_answer(_call("kb_search", None), USAGE))) as server:
+        response = client(server).complete(REQUEST)
+    assert response.tool_calls == (ToolCall("call_0", "kb_search", {}),)
 
 
 def test_a_negative_usage_does_not_give_the_key_its_budget_back(tmp_path):
