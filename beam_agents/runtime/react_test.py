@@ -145,9 +145,9 @@ def test_tools_must_have_distinct_names():
 @pytest.mark.xfail(
     strict=True,
     reason="design decision open: react_agent has no cap on the tool calls of one model turn, "
-    "so one answer (up to the client's 1 MiB) fans out into thousands of signed intents (here 300), each "
-    "a tool run with its side effects; a per-turn limit (calls past it told to the model, as an "
-    "unknown tool is) needs a new react_agent option and its default",
+    "so one answer (up to the client's 1 MiB) fans out into thousands of signed intents (here "
+    "300), each a tool run with its side effects; a per-turn limit (calls past it told to the "
+    "model, as an unknown tool is) needs a new react_agent option and its default",
 )
 def test_one_model_answer_cannot_fan_out_into_hundreds_of_tool_runs(tmp_path):
     import json
