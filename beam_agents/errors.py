@@ -184,12 +184,23 @@ class LlmCallError(BeamAgentsError):
     """Raised when an LLM call cannot be made or answered (the model client's failure, or a
     replay that may not call the model)."""
 
-    def __init__(self, reason: str, *, model: str, retryable: bool) -> None:
+    def __init__(
+        self,
+        reason: str,
+        *,
+        model: str,
+        retryable: bool,
+        input_tokens: int = 0,
+        output_tokens: int = 0,
+    ) -> None:
         super().__init__(f"LLM call to {model!r} failed: {reason}")
         self.model = model
         self.reason = reason
         #: True when the same call may succeed later (rate limits, timeouts, 5xx).
         self.retryable = retryable
+        #: The usage the provider reported for an answer the client refused: it was billed.
+        self.input_tokens = input_tokens
+        self.output_tokens = output_tokens
 
 
 class BudgetExceededError(BeamAgentsError):

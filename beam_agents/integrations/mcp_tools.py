@@ -19,7 +19,9 @@ What comes back:
   `{"content": [...content blocks...], "structuredContent": ...}` (the latter only when the
   server gave one), keys sorted, no whitespace, UTF-8: stable bytes whatever the transport;
 * a result flagged `isError`, or a JSON-RPC error (an unknown tool, arguments the server
-  refuses), is a `ToolCallError` that is not retryable;
+  refuses), is a `ToolCallError` that is not retryable, and so is a result whose payload would
+  pass `max_result_bytes` (1 MiB) or is no JSON (a NaN): the tool ran, but its answer would
+  sit in the key's state and travel on the bus;
 * a server that cannot be started or reached, or that fails before the call is sent, is a
   retryable `ToolCallError`: the tool did not run;
 * a connection lost (or the call's deadline passed) after the call was sent is a
@@ -36,6 +38,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from collections.abc import Mapping, Sequence
 from contextlib import AsyncExitStack
 from typing import Any
@@ -54,6 +57,8 @@ __all__ = [
 
 #: The `_meta` key under which a call carries its intent_id.
 IDEMPOTENCY_META_KEY = "beam-agents/intent-id"
+# More tools than any model is given: a server paging past it lies (a cursor that never ends).
+_MAX_LISTED_TOOLS = 10_000
 
 
 @dataclasses.dataclass(frozen=True)
@@ -109,12 +114,14 @@ Server = StdioServer | HttpServer
 @dataclasses.dataclass(frozen=True)
 class McpTool:
     """The effector Tool that calls tool `name` of `server`. `connect_timeout_s` bounds the
-    connection (a subprocess started, the protocol negotiated), `timeout_s` the call."""
+    connection (a subprocess started, the protocol negotiated), `timeout_s` the call,
+    `max_result_bytes` the payload of its result."""
 
     server: Server
     name: str
     timeout_s: float = 60.0
     connect_timeout_s: float = 30.0
+    max_result_bytes: int = 1 << 20
 
     def __call__(self, args: dict, intent: ToolIntent) -> bytes:
         import anyio
@@ -142,7 +149,7 @@ class McpTool:
                 failure = e
         if result is None:  # an answer that arrived stands, whatever disconnecting did
             leaf = None if failure is None else _first_cause(failure)
-            cause = "the deadline passed" if leaf is None else _describe(leaf)
+            cause = "the deadline passed" if leaf is None else _describe(leaf, self.server)
             if not sent:
                 raise ToolCallError(
                     f"{self.server} is unavailable, the call was not sent: {cause}",
@@ -167,7 +174,20 @@ class McpTool:
                 tool=self.name,
                 retryable=False,
             )
-        return _payload(result)
+        try:
+            payload = _payload(result)
+        except ValueError as e:
+            raise ToolCallError(
+                f"the tool ran, but its result is no JSON: {e}", tool=self.name, retryable=False
+            ) from e
+        if len(payload) > self.max_result_bytes:
+            raise ToolCallError(
+                f"the tool ran, but its result of {len(payload)} bytes is over the limit of "
+                f"{self.max_result_bytes}",
+                tool=self.name,
+                retryable=False,
+            )
+        return payload
 
 
 async def _enter_client(server: Server, stack: AsyncExitStack):
@@ -199,13 +219,15 @@ async def _definitions(tools: dict[str, McpTool]) -> list[ToolDefinition]:
                 try:
                     async with AsyncExitStack() as stack:
                         client = await _enter_client(tool.server, stack)
-                        served = {t.name: t for t in await _all_tools(client)}
+                        listing = await _all_tools(client, tool.server, tool.name)
+                        served = {t.name: t for t in listing}
                 except Exception as e:
                     failure = e
             if served is None:
-                cause = (
-                    "the deadline passed" if failure is None else _describe(_first_cause(failure))
-                )
+                leaf = None if failure is None else _first_cause(failure)
+                if isinstance(leaf, ToolCallError):
+                    raise leaf from failure
+                cause = "the deadline passed" if leaf is None else _describe(leaf, tool.server)
                 raise ToolCallError(
                     f"could not list the tools of {tool.server}: {cause}",
                     tool=tool.name,
@@ -223,7 +245,7 @@ async def _definitions(tools: dict[str, McpTool]) -> list[ToolDefinition]:
     return definitions
 
 
-async def _all_tools(client) -> Sequence[Any]:
+async def _all_tools(client, server: Server, tool: str) -> Sequence[Any]:
     tools, cursor = [], None
     while True:
         page = await client.list_tools(cursor=cursor)
@@ -231,6 +253,12 @@ async def _all_tools(client) -> Sequence[Any]:
         cursor = page.next_cursor
         if not cursor:
             return tools
+        if len(tools) > _MAX_LISTED_TOOLS:
+            raise ToolCallError(
+                f"{server} lists more than {_MAX_LISTED_TOOLS} tools and has more pages",
+                tool=tool,
+                retryable=False,
+            )
 
 
 def _payload(result) -> bytes:
@@ -241,9 +269,10 @@ def _payload(result) -> bytes:
     }
     if result.structured_content is not None:
         document["structuredContent"] = result.structured_content
-    return json.dumps(document, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode(
-        "utf-8"
+    text = json.dumps(
+        document, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
     )
+    return text.encode("utf-8")
 
 
 def _text(content) -> str:
@@ -258,6 +287,18 @@ def _first_cause(error: BaseException) -> BaseException:
     return error
 
 
-def _describe(error: BaseException) -> str:
+def _describe(error: BaseException, server: Server) -> str:
+    """The error as its type and message, with `server`'s credentials (header values, env
+    values) blanked: the message becomes the intent's error_message, which the agent and a
+    ReAct agent's model read, and some quote them (h11 quotes a header it refuses)."""
     text = str(error)
+    secrets = (
+        server.headers.values() if isinstance(server, HttpServer) else (server.env or {}).values()
+    )
+    for secret in secrets:
+        # Whole, and each word of it: a message may quote the value escaped (b'Bearer ...\n').
+        parts = {secret.strip(), *re.split(r"[\s\x00-\x1f\x7f]+", secret)}
+        for part in sorted(parts, key=len, reverse=True):
+            if len(part) >= 8:
+                text = text.replace(part, "<redacted>")
     return f"{type(error).__name__}: {text}" if text else type(error).__name__

@@ -28,6 +28,7 @@ from beam_agents.integrations.mcp_tools import (
 from beam_agents.intents.effector import Effector, Route, VerifyMode
 from beam_agents.ops.rounds import ManualClock
 from beam_agents.testing import mcp_servers
+from beam_agents.testing.local_http import JSON, LocalHttpServer, Reply, scripted
 from beam_agents.testing.samples import intent
 
 NOW = 1_700_000_030_000  # between samples.intent()'s created_at and expires_at
@@ -221,3 +222,77 @@ def test_tool_definitions_come_from_the_servers_lists_under_the_configs_names(tr
     assert (lookup.name, lookup.parameters["required"]) == ("crm_lookup", ["customer_id"])
     with pytest.raises(ToolCallError, match="serves no tool 'nope'"):
         tool_definitions({"x": McpTool(server, "nope")})
+
+
+def test_a_result_over_the_size_limit_is_an_error_not_a_payload(transport, log, tmp_path):
+    """A result lands in the key's state and on the bus: one the size of the server's whim
+    must not; the tool ran, so the error is not retryable."""
+    server, _ = transport
+    run = effector(tmp_path, echo=McpTool(server, "echo", max_result_bytes=4096))
+    result = run(call("echo", {"text": "x" * 5000})).result.tool_result
+    assert result.status == ToolResult.ERROR and len(result.error_message) < 1000
+    assert "(not retryable)" in result.error_message and "4096" in result.error_message
+    assert [tool for tool, _ in log.calls()] == ["echo"]
+
+
+# A lying MCP server over stdio, by hand: newline-delimited JSON-RPC. Its mode (argv[1]):
+# "cursor" pages its tool list for ever, "nan" answers a call with NaN in structuredContent.
+LIAR = """
+import json, sys
+mode = sys.argv[1]
+for line in sys.stdin:
+    message = json.loads(line)
+    method, number = message.get("method"), message.get("id")
+    if number is None:
+        continue
+    if method == "initialize":
+        result = {
+            "protocolVersion": message["params"]["protocolVersion"],
+            "capabilities": {"tools": {}},
+            "serverInfo": {"name": "liar", "version": "1"},
+        }
+    elif method == "tools/list":
+        tools = [{"name": f"t{i}", "inputSchema": {"type": "object"}} for i in range(100)]
+        result = {"tools": tools, "nextCursor": "again"}
+    elif method == "tools/call":
+        result = {"content": [], "structuredContent": {"v": float("nan")}}
+    else:
+        result = {}
+    sys.stdout.write(json.dumps({"jsonrpc": "2.0", "id": number, "result": result}) + "\\n")
+    sys.stdout.flush()
+"""
+
+
+def liar(mode: str) -> StdioServer:
+    return StdioServer(sys.executable, ("-c", LIAR, mode))
+
+
+def test_a_tool_list_paged_for_ever_is_refused_at_a_bound_not_read_until_the_deadline():
+    started = time.monotonic()
+    with pytest.raises(ToolCallError) as raised:
+        tool_definitions({"t0": McpTool(liar("cursor"), "t0", connect_timeout_s=60)})
+    assert not raised.value.retryable and "tools" in raised.value.reason
+    assert time.monotonic() - started < 30
+
+
+def test_a_result_that_is_no_json_is_an_error_not_a_payload():
+    with pytest.raises(ToolCallError) as raised:
+        McpTool(liar("nan"), "t0")({}, intent())
+    assert not raised.value.retryable and "no JSON" in raised.value.reason
+
+
+def test_an_error_never_quotes_the_servers_credentials(tmp_path):
+    """A token read with its line end cannot be sent (h11 refuses the header and quotes it);
+    the error becomes the intent's error_message, which the agent, and a ReAct agent's model,
+    read."""
+    token = "-".join(("Bearer", "tok", "1234567890"))  # not in this source
+    with LocalHttpServer(scripted(Reply(200, b"{}", JSON))) as listening:
+        server = HttpServer(f"{listening.url}/mcp", headers={"Authorization": token + "\n"})
+        run = effector(tmp_path, echo=McpTool(server, "echo", connect_timeout_s=5))
+        result = run(call("echo", {"text": "x"})).result.tool_result
+        with pytest.raises(ToolCallError) as raised:
+            tool_definitions({"echo": McpTool(server, "echo", connect_timeout_s=5)})
+    assert result.status == ToolResult.ERROR and "the call was not sent" in result.error_message
+    assert "tok-1234567890" not in result.error_message
+    assert "tok-1234567890" not in str(raised.value)
+    assert listening.requests == []

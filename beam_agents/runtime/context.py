@@ -396,8 +396,17 @@ class ActivationContext:
                 raise LlmCallError("no LLM client is configured", model=model, retryable=False)
             if self.meter is not None:
                 self.meter.check(model, canonical, params.get("max_tokens"))
-            with model_slot(model, self._llm_concurrency):
-                response = self._llm_client.complete(request)
+            try:
+                with model_slot(model, self._llm_concurrency):
+                    response = self._llm_client.complete(request)
+            except LlmCallError as e:
+                # An answer the client refused was billed all the same: it counts, and the
+                # failure commits its count (a key answered only so must not call for free).
+                if e.input_tokens or e.output_tokens:
+                    self.model_calls += 1
+                    if self.meter is not None:
+                        self.meter.record(model, e.input_tokens, e.output_tokens)
+                raise
             replayed = False
             self.model_calls += 1
             self.cache.put(key, response.to_bytes())

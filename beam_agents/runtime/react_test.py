@@ -140,3 +140,45 @@ def test_a_model_that_keeps_calling_tools_past_the_turn_limit_is_a_dead_letter(t
 def test_tools_must_have_distinct_names():
     with pytest.raises(ValueError, match="share a name"):
         react_agent(model="m", tools=(TOOLS[0], TOOLS[0]))
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="design decision open: react_agent has no cap on the tool calls of one model turn, "
+    "so one answer (up to the client's 1 MiB) fans out into thousands of signed intents (here "
+    "300), each a tool run with its side effects; a per-turn limit (calls past it told to the "
+    "model, as an unknown tool is) needs a new react_agent option and its default",
+)
+def test_one_model_answer_cannot_fan_out_into_hundreds_of_tool_runs(tmp_path):
+    import json
+
+    from beam_agents.integrations.llm.openai_chat import OpenAIChatClient
+    from beam_agents.testing.local_http import JSON, LocalHttpServer, Reply, scripted
+
+    calls = [
+        {"id": f"c{i}", "type": "function", "function": {"name": "kb_search", "arguments": "{}"}}
+        for i in range(300)
+    ]
+    body = {
+        "id": "chatcmpl-1",
+        "object": "chat.completion",
+        "created": 1,
+        "model": "m-1",
+        "choices": [
+            {
+                "index": 0,
+                "finish_reason": "tool_calls",
+                "message": {"role": "assistant", "content": None, "tool_calls": calls},
+            }
+        ],
+        "usage": {"prompt_tokens": 7, "completion_tokens": 2, "total_tokens": 9},
+    }
+    agent = react_agent(model="m-1", tools=TOOLS)
+    event = AgentEnvelope(entity_key=KEY, event_time_ms=T0, external_event=b"search!")
+    with LocalHttpServer(scripted(Reply(200, json.dumps(body).encode(), JSON))) as server:
+        client = OpenAIChatClient(base_url=f"{server.url}/v1")
+        outputs = run_round(
+            RunAgent(agent, llm_client=client), [event, Advance(T0 + 1)], tmp_path
+        ).before(T0 + 1)
+    first_turn = [i for i in outputs.values("intents") if i.step_index == 0]
+    assert 0 < len(first_turn) <= 64

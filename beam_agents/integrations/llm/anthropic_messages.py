@@ -24,6 +24,7 @@ import os
 from beam_agents.integrations.llm.resilience import (
     Failure,
     ResilientClient,
+    billed,
     checked_arguments,
     connection_failure,
     status_failure,
@@ -125,14 +126,15 @@ def _messages(conversation) -> tuple[str, list[dict]]:
 
 
 def _response(message, model: str) -> LlmResponse:
+    usage = message.usage
+    paid = billed(getattr(usage, "input_tokens", 0) or 0, getattr(usage, "output_tokens", 0) or 0)
     texts, calls = [], []
     for block in message.content:
         if block.type == "text":
             texts.append(block.text)
         elif block.type == "tool_use":
-            arguments = checked_arguments(block.input, f"{block.name}({block.id})", model)
+            arguments = checked_arguments(block.input, f"{block.name}({block.id})", model, paid)
             calls.append(ToolCall(block.id, block.name, arguments))
-    usage = message.usage
     return LlmResponse(
         text="".join(texts),
         model=message.model or model,

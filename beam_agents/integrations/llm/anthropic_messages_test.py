@@ -97,3 +97,5 @@ def test_a_tool_input_a_tool_intent_cannot_carry_is_an_error_naming_the_call():
     with LocalHttpServer(scripted(reply)) as server, pytest.raises(LlmCallError) as raised:
         client(server).complete(REQUEST)
     assert not raised.value.retryable and "kb_search(toolu_9)" in raised.value.reason
+    # The answer was billed all the same: the error says for how much.
+    assert (raised.value.input_tokens, raised.value.output_tokens) == (7, 2)

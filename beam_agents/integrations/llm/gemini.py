@@ -24,6 +24,7 @@ import os
 from beam_agents.integrations.llm.resilience import (
     Failure,
     ResilientClient,
+    billed,
     checked_arguments,
     status_failure,
 )
@@ -136,17 +137,21 @@ def _response(answer, model: str) -> LlmResponse:
     if not answer.candidates:
         raise ValueError("no candidates in the answer")
     candidate = answer.candidates[0]
+    usage = answer.usage_metadata
+    paid = billed(
+        getattr(usage, "prompt_token_count", 0) or 0,
+        getattr(usage, "candidates_token_count", 0) or 0,
+    )
     texts, calls = [], []
     parts = candidate.content.parts if candidate.content is not None else None
     for index, part in enumerate(parts or ()):
         if part.function_call is not None:
             call = part.function_call
             call_id = call.id or f"call_{index}"
-            arguments = checked_arguments(call.args or {}, f"{call.name}({call_id})", model)
+            arguments = checked_arguments(call.args or {}, f"{call.name}({call_id})", model, paid)
             calls.append(ToolCall(call_id, call.name, arguments))
         elif part.text:
             texts.append(part.text)
-    usage = answer.usage_metadata
     reason = candidate.finish_reason
     return LlmResponse(
         text="".join(texts),

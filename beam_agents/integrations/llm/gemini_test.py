@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
+from beam_agents.errors import LlmCallError
 from beam_agents.runtime import LlmRequest
 from beam_agents.runtime.tool_calling import (
     ToolCall,
@@ -12,7 +15,7 @@ from beam_agents.runtime.tool_calling import (
     tool_message,
 )
 from beam_agents.testing.llm_servers import PROVIDERS, gemini_answer
-from beam_agents.testing.local_http import LocalHttpServer, scripted
+from beam_agents.testing.local_http import JSON, LocalHttpServer, Reply, Sleeps, scripted
 
 REQUEST = PROVIDERS[1].request
 SEARCH = ToolDefinition(
@@ -85,3 +88,24 @@ def test_function_calls_are_tool_calls_and_the_conversation_is_translated():
             ],
         },
     ]
+
+
+def test_arguments_a_tool_intent_cannot_carry_are_an_error_naming_the_call_and_its_usage():
+    reply = answer({"functionCall": {"name": "kb_search", "args": {"n": 2**60}, "id": "fc_9"}})
+    with LocalHttpServer(scripted(reply)) as server, pytest.raises(LlmCallError) as raised:
+        client(server).complete(REQUEST)
+    assert not raised.value.retryable and "kb_search(fc_9)" in raised.value.reason
+    # The answer was billed all the same: the error says for how much.
+    assert (raised.value.input_tokens, raised.value.output_tokens) == (7, 2)
+
+
+@pytest.mark.parametrize("message", [5, [0] * 400], ids=["a number", "a long list"])
+def test_an_error_whose_message_is_no_string_is_still_a_typed_error(message):
+    """The SDK takes the error's message from the body as it is: a 429 saying so must still
+    be a retryable LlmCallError, not a TypeError out of the client."""
+    body = {"error": {"code": 429, "message": message, "status": "RESOURCE_EXHAUSTED"}}
+    busy = Reply(429, json.dumps(body).encode(), JSON)
+    with LocalHttpServer(scripted(busy)) as server, pytest.raises(LlmCallError) as raised:
+        client(server, max_attempts=2, sleep=Sleeps()).complete(REQUEST)
+    assert raised.value.retryable and "HTTP 429" in raised.value.reason
+    assert len(server.requests) == 2

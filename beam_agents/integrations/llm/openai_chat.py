@@ -7,7 +7,8 @@ Retries, deadlines, the response size cap and typed errors are
 are off. Token usage comes back in the LlmResponse, and from there into the LLM_CALL trace event.
 
 Tool calling: `LlmRequest.tools` go out as OpenAI `tools` (functions); the message's
-`tool_calls` come back as `LlmResponse.tool_calls`, their JSON-text arguments parsed under the
+`tool_calls` come back as `LlmResponse.tool_calls` (a call without an id gets `call_<n>`, its
+position in the answer), their JSON-text arguments parsed under the
 I-JSON rules of tool intents (arguments that are no such object are a non-retryable error
 naming the call). Conversations already use OpenAI's format (`beam_agents.runtime.tool_calling`),
 so messages go out unchanged. A legacy `function_call` answer is refused, naming it.
@@ -24,6 +25,7 @@ from beam_agents.errors import CanonicalJsonError, LlmCallError
 from beam_agents.integrations.llm.resilience import (
     Failure,
     ResilientClient,
+    billed,
     connection_failure,
     status_failure,
 )
@@ -77,6 +79,10 @@ def _response(completion, model: str) -> LlmResponse:
     if not getattr(completion, "choices", None):
         raise ValueError(f"no choices in {type(completion).__name__}")
     choice = completion.choices[0]
+    usage = getattr(completion, "usage", None)
+    paid = billed(
+        getattr(usage, "prompt_tokens", 0) or 0, getattr(usage, "completion_tokens", 0) or 0
+    )
     function_call = getattr(choice.message, "function_call", None)
     if function_call is not None:
         raise LlmCallError(
@@ -84,15 +90,17 @@ def _response(completion, model: str) -> LlmResponse:
             "ask with tools instead; it is not dropped silently",
             model=model,
             retryable=False,
+            **paid,
         )
     calls = []
-    for call in getattr(choice.message, "tool_calls", None) or []:
+    for index, call in enumerate(getattr(choice.message, "tool_calls", None) or []):
         function = getattr(call, "function", None)
         if function is None:
             raise LlmCallError(
                 f"the model asked for a {call.type} tool call ({call.id}), not a function",
                 model=model,
                 retryable=False,
+                **paid,
             )
         try:
             arguments = parse_args_json(function.arguments)
@@ -102,9 +110,11 @@ def _response(completion, model: str) -> LlmResponse:
                 f"a tool intent can carry: {e}",
                 model=model,
                 retryable=False,
+                **paid,
             ) from e
-        calls.append(ToolCall(call.id, function.name, arguments))
-    usage = getattr(completion, "usage", None)
+        # Some OpenAI-compatible servers send none; the position names it, as for Gemini.
+        call_id = f"call_{index}" if call.id is None or call.id == "" else call.id
+        calls.append(ToolCall(call_id, function.name, arguments))
     return LlmResponse(
         text=choice.message.content or "",
         model=completion.model or model,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import pickle
 import time
+import traceback
 
 import pytest
 
@@ -141,18 +142,22 @@ def test_the_client_pickles_without_its_connection_or_showing_its_key():
     assert "sk-secret" not in repr(original)
 
 
-def test_a_resumed_agent_replays_its_llm_answer_instead_of_calling_the_server_again(tmp_path):
+def _ask_then_look_up(tmp_path, text: str):
+    """(the completions, the requests the server saw): an agent asks the model, calls a tool
+    with the answer's first 12 characters and is resumed with the tool's answer; the model
+    always answers `text`."""
+
     @agent(name="tests.ask_then_look_up/v1")
     def ask_then_look_up(ctx, event: bytes) -> bytes:
         reply = ctx.llm([{"role": "user", "content": event.decode()}], model="local-model")
-        found = ctx.call_tool("kb.search", {"q": reply.text})
-        return reply.text.encode() + b" / " + found.payload
+        found = ctx.call_tool("kb.search", {"q": reply.text[:12]})
+        return reply.text[:12].encode() + b" / " + found.payload
 
     t0, key = 1_764_460_800_000, b"k-1"
     answer = AgentEnvelope(entity_key=key, event_time_ms=t0 + 10)
     answer.tool_result.intent_id = intent_id(key, t0 * 1000, 0)
     answer.tool_result.payload = b"found"
-    with LocalHttpServer(scripted(completion("search terms"))) as server:
+    with LocalHttpServer(scripted(completion(text))) as server:
         outputs = run_round(
             RunAgent(ask_then_look_up, llm_client=client(server)),
             [
@@ -163,8 +168,13 @@ def test_a_resumed_agent_replays_its_llm_answer_instead_of_calling_the_server_ag
             ],
             tmp_path,
         ).before(t0 + 20)
-    assert outputs.values("completions") == [b"search terms / found"]
-    assert len(server.requests) == 1  # the resume replayed the answer from the key's cache
+    return outputs.values("completions"), server.requests
+
+
+def test_a_resumed_agent_replays_its_llm_answer_instead_of_calling_the_server_again(tmp_path):
+    completions, requests = _ask_then_look_up(tmp_path, "search terms")
+    assert completions == [b"search terms / found"]
+    assert len(requests) == 1  # the resume replayed the answer from the key's cache
 
 
 def _body(reply: Reply) -> bytes:
@@ -371,24 +381,21 @@ def test_a_model_busy_past_its_retries_defers_the_activation_until_it_answers(tm
     assert len(server.requests) == 4
 
 
-def test_a_keys_budget_counts_the_servers_usage_and_refuses_the_call_past_it(tmp_path):
-    """Issue 19 point 3 on a real HTTP server: the usage the server reports is kept for the
-    key; the call that would pass the key's limit is not made."""
-    from beam_agents.runtime import Budget, Price
+def _two_events_under(budget, reply: Reply, tmp_path, tools=()):
+    """(the outputs, the requests the server saw): two events of one key, each asking the
+    model once, then an export of the key; the model always answers `reply`."""
 
     @agent(name="tests.summarise/v1")
     def summarise(ctx, event: bytes) -> bytes:
         messages = [{"role": "user", "content": event.decode()}]
-        return ctx.llm(messages, model="local-model").text.encode()
+        return ctx.llm(messages, model="local-model", tools=tools).text.encode()
 
     t0, key = 1_764_460_800_000, b"k-1"
-    prices = {"local-model": Price(input_per_million=10**6, output_per_million=10**6)}
-    config = RuntimeConfig(budget=Budget(key_tokens=1905, prices=prices))
     export = AgentEnvelope(entity_key=key, event_time_ms=t0 + 3)
     export.export_request.request_id = "usage"
-    with LocalHttpServer(scripted(completion("one", 1500, 400))) as server:
+    with LocalHttpServer(scripted(reply)) as server:
         outputs = run_round(
-            RunAgent(summarise, llm_client=client(server), config=config),
+            RunAgent(summarise, llm_client=client(server), config=RuntimeConfig(budget=budget)),
             [
                 AgentEnvelope(entity_key=key, event_time_ms=t0, external_event=b"first"),
                 Advance(t0 + 1),
@@ -398,10 +405,147 @@ def test_a_keys_budget_counts_the_servers_usage_and_refuses_the_call_past_it(tmp
             ],
             tmp_path,
         )
+    return outputs, server.requests
+
+
+def test_a_keys_budget_counts_the_servers_usage_and_refuses_the_call_past_it(tmp_path):
+    """Issue 19 point 3 on a real HTTP server: the usage the server reports is kept for the
+    key; the call that would pass the key's limit is not made."""
+    from beam_agents.runtime import Budget, Price
+
+    prices = {"local-model": Price(input_per_million=10**6, output_per_million=10**6)}
+    budget = Budget(key_tokens=1905, prices=prices)
+    outputs, requests = _two_events_under(budget, completion("one", 1500, 400), tmp_path)
     assert outputs.values("completions") == [b"one"]
     (refused,) = outputs.values("errors")
     assert refused.reason == "budget_exceeded" and refused.input.external_event == b"second"
-    assert len(server.requests) == 1
+    assert len(requests) == 1
     (snapshot,) = outputs.values("snapshots")
     usage = snapshot.llm_cache
     assert (usage.input_tokens, usage.output_tokens, usage.cost_micros) == (1500, 400, 1900)
+
+
+def _answer(message, usage) -> Reply:
+    body = json.loads(_body(completion()))
+    body["choices"][0]["message"], body["usage"] = message, usage
+    return Reply(200, json.dumps(body).encode(), {"content-type": "application/json"})
+
+
+TEXT = {"role": "assistant", "content": "x"}
+USAGE = {"prompt_tokens": 7, "completion_tokens": 2, "total_tokens": 9}
+
+
+def _call(name, call_id="call_1"):
+    function = {"arguments": "{}"} if name is None else {"name": name, "arguments": "{}"}
+    return {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [{"id": call_id, "type": "function", "function": function}],
+    }
+
+
+@pytest.mark.parametrize(
+    "message, usage",
+    [
+        (TEXT, {"prompt_tokens": -1_000_000, "completion_tokens": 2, "total_tokens": 0}),
+        (TEXT, {"prompt_tokens": 7.5, "completion_tokens": 2, "total_tokens": 9}),
+        (TEXT, {"prompt_tokens": 7, "completion_tokens": 10**30, "total_tokens": 9}),
+        ({"role": "assistant", "content": [{"type": "text", "text": "x"}]}, USAGE),
+        (_call(5), USAGE),
+        (_call(None), USAGE),
+        (_call("kb_search", 5), USAGE),
+    ],
+    ids=[
+        "negative usage",
+        "fractional usage",
+        "usage past int64",
+        "content not a string",
+        "tool name not a string",
+        "no tool name",
+        "call id not a string",
+    ],
+)
+def test_an_answer_whose_fields_have_the_wrong_type_is_a_non_retryable_error(message, usage):
+    """What the server says goes into the budget (a negative count would give the key its
+    budget back) and the replay cache; it must be what an LlmResponse holds, or refused."""
+    answer = scripted(_answer(message, usage))
+    with LocalHttpServer(answer) as server, pytest.raises(LlmCallError) as raised:
+        client(server).complete(REQUEST)
+    assert not raised.value.retryable and len(server.requests) == 1
+
+
+def test_a_call_without_an_id_gets_its_position_as_gemini_calls_do():
+    with LocalHttpServer(scripted(_answer(_call("kb_search", None), USAGE))) as server:
+        response = client(server).complete(REQUEST)
+    assert response.tool_calls == (ToolCall("call_0", "kb_search", {}),)
+
+
+def test_a_negative_usage_does_not_give_the_key_its_budget_back(tmp_path):
+    from beam_agents.runtime import Budget
+
+    @agent(name="tests.summarise/v1")
+    def summarise(ctx, event: bytes) -> bytes:
+        messages = [{"role": "user", "content": event.decode()}]
+        return ctx.llm(messages, model="local-model").text.encode()
+
+    t0, key = 1_764_460_800_000, b"k-1"
+    config = RuntimeConfig(budget=Budget(key_tokens=1000))
+    export = AgentEnvelope(entity_key=key, event_time_ms=t0 + 2)
+    export.export_request.request_id = "usage"
+    refund = _answer(TEXT, {"prompt_tokens": -(10**9), "completion_tokens": 0, "total_tokens": 0})
+    with LocalHttpServer(scripted(refund)) as server:
+        outputs = run_round(
+            RunAgent(summarise, llm_client=client(server), config=config),
+            [
+                AgentEnvelope(entity_key=key, event_time_ms=t0, external_event=b"first"),
+                Advance(t0 + 1),
+                export,
+            ],
+            tmp_path,
+        )
+    (snapshot,) = outputs.values("snapshots")
+    assert snapshot.llm_cache.input_tokens >= 0
+    (failed,) = outputs.values("errors")
+    assert failed.reason == "llm_failed"
+
+
+def test_an_answer_the_client_refuses_still_counts_the_tokens_it_was_billed_for(tmp_path):
+    """The server did the work and reported it: a key whose every answer is refused (here,
+    tool-call arguments that are no object) must not call the model for ever for free."""
+    from beam_agents.runtime import Budget
+
+    body = json.loads(_body(tool_calls_reply(("call_1", "kb_search", "[1, 2]"))))
+    body["usage"] = {"prompt_tokens": 1500, "completion_tokens": 400, "total_tokens": 1900}
+    refused = Reply(200, json.dumps(body).encode(), {"content-type": "application/json"})
+    outputs, requests = _two_events_under(Budget(key_tokens=1905), refused, tmp_path, (SEARCH,))
+    assert [e.reason for e in outputs.values("errors")] == ["llm_failed", "budget_exceeded"]
+    assert len(requests) == 1
+    (snapshot,) = outputs.values("snapshots")
+    assert (snapshot.llm_cache.input_tokens, snapshot.llm_cache.output_tokens) == (1500, 400)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="design decision open: the client accepts answers up to max_response_bytes (1 MiB) "
+    "but the replay cache keeps only a digest of one over cache_max_response_bytes (256 KiB) "
+    "and nothing compares it, so a resume asks the model again, pays again, and a model that "
+    "answers otherwise diverges after the tools ran; the two limits (or a check of the digest) "
+    "need a decision",
+)
+def test_a_resumed_agent_replays_a_large_answer_instead_of_paying_for_it_again(tmp_path):
+    completions, requests = _ask_then_look_up(tmp_path, "x" * (300 * 1024))
+    assert completions == [b"x" * 12 + b" / found"]
+    assert len(requests) == 1
+
+
+def test_a_key_read_with_its_line_end_is_a_non_retryable_error_that_does_not_quote_it():
+    """The header cannot be sent (h11 refuses the newline), so no attempt can pass: it must
+    not look like a connection error to retry for hours; and h11's message quotes the header,
+    the key."""
+    key = "-".join(("sk", "secret", "1234"))  # not in this source, which a traceback quotes
+    with LocalHttpServer(scripted(completion())) as server, pytest.raises(LlmCallError) as raised:
+        client(server, api_key=key + "\n", sleep=Sleeps()).complete(REQUEST)
+    assert not raised.value.retryable and "not valid HTTP" in raised.value.reason
+    assert server.requests == []
+    # Nor does its traceback, as a log would show it, down the chain of causes.
+    assert key not in "".join(traceback.format_exception(raised.value))

@@ -44,6 +44,7 @@ __all__ = [
     "RETRYABLE_STATUS",
     "Failure",
     "ResilientClient",
+    "billed",
     "checked_arguments",
     "connection_failure",
     "retry_after",
@@ -57,6 +58,14 @@ _DEADLINE: contextvars.ContextVar[float] = contextvars.ContextVar("llm_attempt_d
 
 class _Refused(Exception):
     """A response this client will not read (too large, compressed): never retried."""
+
+    what = "response"
+
+
+class _Unsendable(_Refused):
+    """A request that is not valid HTTP: the same request never passes."""
+
+    what = "request"
 
 
 @functools.cache
@@ -180,6 +189,13 @@ def _transport_type(httpx, httpcore) -> type:
             return None
 
         def __exit__(self, kind, error, traceback) -> None:
+            if isinstance(error, httpcore.LocalProtocolError):
+                # Most often a header value with a newline: a key read with its line end. The
+                # message quotes that header, the key, so it is left behind.
+                raise _Unsendable(
+                    "it is not valid HTTP (a header value with a control character? an API key "
+                    "read with its line end?)"
+                ) from None
             if isinstance(error, httpcore.TimeoutException):
                 raise httpx.TimeoutException(str(error), request=self._request) from error
             if isinstance(error, httpcore.NetworkError | httpcore.ProtocolError):
@@ -188,11 +204,11 @@ def _transport_type(httpx, httpcore) -> type:
     return _BoundedTransport
 
 
-def _refusal(error: BaseException) -> str | None:
-    """Why the transport refused the response, if it did (the SDK wraps what it raises)."""
+def _refusal(error: BaseException) -> _Refused | None:
+    """What the transport refused, if it did (the SDK wraps what it raises)."""
     while error is not None:
         if isinstance(error, _Refused):
-            return str(error)
+            return error
         error = error.__cause__ or error.__context__
     return None
 
@@ -206,10 +222,11 @@ class Failure:
     wait_s: float | None = None
 
 
-def status_failure(status: int, message: str, headers) -> Failure:
-    """The failure of an HTTP error status: retryable for 408, 409, 429 and 5xx."""
+def status_failure(status: int, message, headers) -> Failure:
+    """The failure of an HTTP error status: retryable for 408, 409, 429 and 5xx. `message` is
+    whatever the SDK took from the body (a string, if the server kept to its API)."""
     return Failure(
-        f"HTTP {status}: {_short(message)}",
+        f"HTTP {status}: {_short(str(message))}",
         retryable=status in RETRYABLE_STATUS or status >= 500,
         wait_s=retry_after(headers),
     )
@@ -280,8 +297,8 @@ class ResilientClient:
 
     def _failure(self, error: Exception) -> Failure | None:
         """What the SDK's `error` means, or None when it is no failure the SDK reports (then
-        a malformed body is assumed if it is a ValueError, TypeError, KeyError or
-        AttributeError, and anything else propagates)."""
+        a malformed body is assumed if it is a ValueError, TypeError, KeyError,
+        AttributeError or RecursionError, and anything else propagates)."""
         raise NotImplementedError
 
     # -- the loop --------------------------------------------------------------------------
@@ -302,7 +319,7 @@ class ResilientClient:
         for attempt in range(1, self.max_attempts + 1):
             token = _DEADLINE.set(min(time.monotonic() + self.timeout_s, call_ends))
             try:
-                return self._send(self._sdk(), request)
+                return _checked(self._send(self._sdk(), request), request.model)
             except LlmCallError:
                 raise
             except Exception as e:
@@ -334,14 +351,15 @@ class ResilientClient:
     def _judge(self, error: Exception) -> Failure:
         refused = _refusal(error)
         if refused is not None:
-            return Failure(f"response refused: {refused}", retryable=False)
+            return Failure(f"{refused.what} refused: {refused}", retryable=False)
         httpx = importlib.import_module(self._http_family[0])
         if isinstance(error, httpx.TimeoutException | httpx.TransportError):
             return connection_failure(error)
         failure = self._failure(error)
         if failure is not None:
             return failure
-        if isinstance(error, ValueError | TypeError | KeyError | AttributeError):
+        # A RecursionError is JSON nested past the parser's depth: a few KB of brackets.
+        if isinstance(error, ValueError | TypeError | KeyError | AttributeError | RecursionError):
             return Failure(
                 f"the SDK could not make the call or read its answer: {_short(str(error))}",
                 retryable=False,
@@ -349,9 +367,21 @@ class ResilientClient:
         raise error
 
 
-def checked_arguments(arguments, call: str, model: str) -> dict:
-    """A tool call's arguments object, refused (non-retryable) unless a tool intent can carry
-    it: a JSON object under the I-JSON rules of `canonical_args_json`."""
+def billed(input_tokens, output_tokens) -> dict:
+    """The usage an answer reports, as LlmCallError's keywords, for an error refusing it: the
+    provider billed it all the same. Empty when the counts are no counts (`_checked`)."""
+    counts = {"input_tokens": input_tokens, "output_tokens": output_tokens}
+    return counts if all(_is_count(n) for n in counts.values()) else {}
+
+
+def _is_count(value) -> bool:
+    return type(value) is int and 0 <= value <= _MAX_TOKENS
+
+
+def checked_arguments(arguments, call: str, model: str, usage: dict) -> dict:
+    """A tool call's arguments object, refused (non-retryable, with the answer's `billed`
+    usage) unless a tool intent can carry it: a JSON object under the I-JSON rules of
+    `canonical_args_json`."""
     try:
         if not isinstance(arguments, dict):
             raise CanonicalJsonError(
@@ -363,8 +393,50 @@ def checked_arguments(arguments, call: str, model: str) -> dict:
             f"the arguments of tool call {call} are no JSON object a tool intent can carry: {e}",
             model=model,
             retryable=False,
+            **usage,
         ) from e
     return arguments
+
+
+# Token counts past I-JSON's exact integers are no count a server meant (and would overflow
+# the int64 usage of the key's LlmCacheBlob once priced and summed).
+_MAX_TOKENS = 2**53
+
+
+def _checked(response: LlmResponse, model: str) -> LlmResponse:
+    """`response`, refused (non-retryable) unless every field has its type: the SDKs build
+    their objects without validating the server's JSON, and what the server says goes into
+    the key's budget (a negative count would give it back) and its replay cache."""
+    problems = [
+        f"{name} is {value!r}"
+        for name, value in (
+            ("text", response.text),
+            ("model", response.model),
+            ("finish_reason", response.finish_reason),
+        )
+        if not isinstance(value, str)
+    ]
+    problems += [
+        f"{name} is {value!r}, not a count of tokens"
+        for name, value in (
+            ("input_tokens", response.input_tokens),
+            ("output_tokens", response.output_tokens),
+        )
+        if not _is_count(value)
+    ]
+    problems += [
+        f"tool call {call.id!r} names {call.name!r}"
+        for call in response.tool_calls
+        if not (isinstance(call.id, str) and call.id and isinstance(call.name, str) and call.name)
+    ]
+    if problems:
+        raise LlmCallError(
+            f"the answer is malformed: {_short('; '.join(problems))}",
+            model=model,
+            retryable=False,
+            **billed(response.input_tokens, response.output_tokens),
+        )
+    return response
 
 
 def retry_after(headers) -> float | None:

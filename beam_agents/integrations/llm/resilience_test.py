@@ -5,6 +5,7 @@ malformed and oversized bodies refused."""
 
 from __future__ import annotations
 
+import json
 import time
 
 import pytest
@@ -50,7 +51,12 @@ def test_a_timeout_is_a_retryable_error_within_the_attempts_deadline(provider):
     assert time.monotonic() - started < 2  # before the server's reply, 2 s late
 
 
-@pytest.mark.parametrize("body", [b"this is not json", None], ids=["not json", "no answer"])
+DEEP = b'{"a": ' + b"[" * 5000 + b"]" * 5000 + b"}"  # 10 KB past the parser's recursion
+
+
+@pytest.mark.parametrize(
+    "body", [b"this is not json", None, DEEP], ids=["not json", "no answer", "nested too deep"]
+)
 def test_a_malformed_body_is_a_non_retryable_error(provider, body):
     malformed = scripted(Reply(200, provider.empty if body is None else body, JSON))
     with LocalHttpServer(malformed) as server, pytest.raises(LlmCallError) as raised:
@@ -62,3 +68,21 @@ def test_a_huge_body_is_refused(provider):
     with LocalHttpServer(scripted(provider.ok())) as server, pytest.raises(LlmCallError) as raised:
         provider.client(server, max_response_bytes=64).complete(provider.request)
     assert not raised.value.retryable and "refused" in raised.value.reason
+
+
+# Where each provider's answer says how many input tokens it read.
+_INPUT_TOKENS = {
+    "anthropic": ("usage", "input_tokens"),
+    "gemini": ("usageMetadata", "promptTokenCount"),
+}
+
+
+def test_a_negative_token_count_is_a_non_retryable_error(provider):
+    """It would give the key its budget back."""
+    body = json.loads(provider.ok().body)
+    usage, field = _INPUT_TOKENS[provider.name]
+    body[usage][field] = -1_000_000
+    answer = scripted(Reply(200, json.dumps(body).encode(), JSON))
+    with LocalHttpServer(answer) as server, pytest.raises(LlmCallError) as raised:
+        provider.client(server).complete(provider.request)
+    assert not raised.value.retryable and "input_tokens" in raised.value.reason
