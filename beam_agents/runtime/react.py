@@ -12,8 +12,10 @@ answer without tool calls ends the activation with its text as the completion. T
 of one answer become signed TOOL intents of one step (`call_tools`: parallel calls in one turn
 are one suspension); their results, or their errors, go back to the model as tool messages in
 the next turn. A call naming a tool the agent was not given emits no intent: the model is told
-so in that call's tool message. A model still calling tools after `max_turns` turns is a
-`TurnLimitError` (the `agent_raised` dead letter).
+so in that call's tool message. So is each call past the first `max_tool_calls` of one answer
+(default 16): one answer, which may list thousands, never fans out into more tool runs than
+that, and the model may ask for the rest in its next turn. A model still calling tools after
+`max_turns` turns is a `TurnLimitError` (the `agent_raised` dead letter).
 
 It is a function agent (`beam_agents.runtime.function_agent`), so it is replay-safe as they are:
 a resume runs the loop again from the top, every model turn answered from the key's replay
@@ -41,16 +43,24 @@ def react_agent(
     system: str = "",
     name: str = "beam_agents.react/v1",
     max_turns: int = 10,
+    max_tool_calls: int = 16,
     **params: object,
 ) -> FunctionAgent:
     """A FunctionAgent running the ReAct loop of the module docstring. `params` (temperature,
-    max_tokens, ...) go with every model call; `name` names the agent in its Continuation."""
+    max_tokens, ...) go with every model call; `name` names the agent in its Continuation;
+    `max_tool_calls` bounds the tools one model answer runs."""
     definitions = tuple(tools)
     known = {t.name for t in definitions}
     if len(known) != len(definitions):
         raise ValueError(f"two tools share a name in {[t.name for t in definitions]}")
     if max_turns < 1:
         raise ValueError(f"max_turns must be at least 1, not {max_turns}")
+    if max_tool_calls < 1:
+        raise ValueError(f"max_tool_calls must be at least 1, not {max_tool_calls}")
+    over = (
+        f"error: not run: one turn runs at most {max_tool_calls} tool calls; call it again in "
+        "a later turn"
+    )
 
     def run(ctx, event: bytes) -> bytes:
         messages: list[dict] = [{"role": "system", "content": system}] if system else []
@@ -60,11 +70,15 @@ def react_agent(
             if not response.tool_calls:
                 return response.text.encode("utf-8")
             messages.append(assistant_message(response.text, response.tool_calls))
-            asked = [c for c in response.tool_calls if c.name in known]
-            answers = iter(ctx.call_tools([(c.name, c.arguments) for c in asked]) if asked else ())
-            for call in response.tool_calls:
-                if call.name in known:
+            runs = [i for i, c in enumerate(response.tool_calls) if c.name in known]
+            runs = set(runs[:max_tool_calls])
+            asked = [(c.name, c.arguments) for i, c in enumerate(response.tool_calls) if i in runs]
+            answers = iter(ctx.call_tools(asked) if asked else ())
+            for position, call in enumerate(response.tool_calls):
+                if position in runs:
                     content = _content(next(answers))
+                elif call.name in known:
+                    content = over
                 else:
                     content = (
                         f"error: there is no tool {call.name!r}; the tools are {sorted(known)}"
