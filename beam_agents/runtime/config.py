@@ -41,7 +41,10 @@ class RuntimeConfig:
     #: an agent with a resume of its own keeps earlier ones up to these limits.
     cache_max_entries: int = 256
     cache_max_bytes: int = 4 * 1024 * 1024
-    cache_max_response_bytes: int = 256 * 1024
+    #: A response over it is kept as a digest only and reads as a miss: a resume that asks
+    #: again pays again, and may get another answer. So it is the model clients' own limit
+    #: (`max_response_bytes`, 1 MiB): every answer a client accepts is one the cache replays.
+    cache_max_response_bytes: int = 1024 * 1024
     #: expires_at_ms of an intent = its activation's event time + this.
     intent_ttl_ms: int = 60 * 60 * 1000
     #: A suspension's deadline unless the agent names one.

@@ -28,8 +28,10 @@ over a 1 MiB memory paid about ten encodings of the blob for it on every activat
 
 `ReplayCache` is what makes a resumed or replayed activation cheap and deterministic: an LLM
 call whose key was answered before returns the recorded response without calling the model.
-A response larger than `max_response_bytes` is kept as a digest only, so the cache can tell a
-replay that diverged, but it reads as a miss. A call's cache key holds its activation's seq, so
+A response larger than `max_response_bytes` is kept as a digest only (`digest`, which says
+what it was) and reads as a miss, so an activation that makes the call again pays again:
+RuntimeConfig's default is the model clients' own limit, so every answer they accept replays. A
+call's cache key holds its activation's seq, so
 only the activation that recorded a call (its start and resumes, and a retry of its seq) can
 replay it: a start, and the resume of an agent that runs again from the top, read the cache
 `only_touched`, and write back the calls they made again and their new ones, with every other
@@ -453,7 +455,7 @@ class ReplayCache(_LruOverlay):
         *,
         max_entries: int = 256,
         max_bytes: int = 4 * 1024 * 1024,
-        max_response_bytes: int = 256 * 1024,
+        max_response_bytes: int = 1024 * 1024,
         now_ms: int = 0,
     ) -> None:
         super().__init__(LlmCacheBlob(), now_ms)

@@ -524,14 +524,6 @@ def test_an_answer_the_client_refuses_still_counts_the_tokens_it_was_billed_for(
     assert (snapshot.llm_cache.input_tokens, snapshot.llm_cache.output_tokens) == (1500, 400)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="design decision open: the client accepts answers up to max_response_bytes (1 MiB) "
-    "but the replay cache keeps only a digest of one over cache_max_response_bytes (256 KiB) "
-    "and nothing compares it, so a resume asks the model again, pays again, and a model that "
-    "answers otherwise diverges after the tools ran; the two limits (or a check of the digest) "
-    "need a decision",
-)
 def test_a_resumed_agent_replays_a_large_answer_instead_of_paying_for_it_again(tmp_path):
     completions, requests = _ask_then_look_up(tmp_path, "x" * (300 * 1024))
     assert completions == [b"x" * 12 + b" / found"]
