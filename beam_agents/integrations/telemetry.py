@@ -90,13 +90,17 @@ def _name(event: TraceEvent) -> str:
         return f"{operation} {a.get(gen_ai.GEN_AI_REQUEST_MODEL, '')}"
     if event.event_type == TraceEvent.INTENT_EMITTED:
         return f"intent {a.get(gen_ai.GEN_AI_TOOL_NAME, '')}"
-    if event.event_type == TraceEvent.ACTIVATION_START:
+    if event.event_type in (TraceEvent.ACTIVATION_START, TraceEvent.ACTIVATION_END):
+        # An end carries no agent name: alone, it names the operation only.
         return f"invoke_agent {a.get(gen_ai.GEN_AI_AGENT_NAME, '')}".rstrip()
+    if event.event_type not in TraceEvent.EventType.values():
+        return f"event_{event.event_type}"  # a newer runtime's: its number, never an error
     return TraceEvent.EventType.Name(event.event_type).lower()
 
 
 def to_spans(events: Iterable[TraceEvent], resource: Resource | None = None) -> list[ReadableSpan]:
-    """Spans of the events, in the order their spans first appear."""
+    """Spans of the events, in the order their spans first appear; an ACTIVATION_END merges
+    into its ACTIVATION_START's span, or without it among `events` is a span of its own, last."""
     resource = resource or Resource.create({"service.name": SERVICE_NAME})
     starts: dict[bytes, TraceEvent] = {}
     ends: dict[bytes, TraceEvent] = {}
@@ -109,6 +113,8 @@ def to_spans(events: Iterable[TraceEvent], resource: Resource | None = None) -> 
             ends[event.span_id] = event
         else:
             order.append(event)
+    # An end whose start is not among `events` (another bundle's) is a span of its own.
+    order += [end for span_id, end in ends.items() if span_id not in starts]
     spans = []
     for event in order:
         end = ends.get(event.span_id) if event.event_type == TraceEvent.ACTIVATION_START else event
@@ -155,7 +161,8 @@ class _Export(beam.DoFn):
 
     def finish_bundle(self) -> None:
         # An activation's start and end may fall in different bundles: each then becomes a
-        # span of its own bundle, the end's time closing a span without attributes. Telemetry
+        # span of its own bundle under the same span id, the end's with its time and outcome
+        # but not the start's attributes (`to_spans`). Telemetry
         # is best effort; a failed export is counted, never a failed bundle.
         if (
             self._events

@@ -84,6 +84,27 @@ def test_spans_keep_the_trace_and_span_ids_and_the_parent_links(traces):
     assert first.start_time == T0 * 1_000_000 and first.end_time >= first.start_time
 
 
+def test_an_activations_start_and_end_in_two_batches_are_two_spans_none_dropped(traces):
+    # The pipeline sink exports each bundle's events: an activation may straddle two.
+    (end_at,) = [i for i, e in enumerate(traces) if e.event_type == TraceEvent.ACTIVATION_END][:1]
+    before, after = traces[:end_at], traces[end_at:]
+    whole = {s.context.span_id: s for s in to_spans(traces)}
+    first, second = to_spans(before), to_spans(after)
+    assert {s.context.span_id for s in first + second} == set(whole)
+    (closing,) = [s for s in second if s.context.span_id == first[0].context.span_id]
+    assert closing.name == "invoke_agent"  # the agent's name is the start's
+    assert closing.end_time == whole[closing.context.span_id].end_time
+    assert first[0].end_time == first[0].start_time  # its end is the other batch's
+
+
+def test_an_event_type_this_binary_does_not_know_is_a_span_named_by_its_number(traces):
+    newer = TraceEvent()
+    newer.CopyFrom(traces[1])
+    newer.event_type = 42
+    (span,) = to_spans([newer])
+    assert span.name == "event_42"
+
+
 def test_the_runtime_writes_the_semantic_conventions_names(traces):
     names = {name for event in traces for name in event.attributes if name.startswith("gen_ai.")}
     conventions = {
