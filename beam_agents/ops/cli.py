@@ -72,14 +72,13 @@ named); 2 usage error (DIR is not a folder or holds nothing).
 from __future__ import annotations
 
 import argparse
-import sqlite3
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 from google.protobuf import text_format
 
-from beam_agents.errors import BeamAgentsError
+from beam_agents.errors import BeamAgentsError, ExecutionStoreError
 from beam_agents.ops.preflight import (
     DEFAULT_MAX_BYTES,
     BlobReport,
@@ -166,12 +165,12 @@ def _effector_service(args: argparse.Namespace) -> int:
             result_keyring=_keyring(args.result_keyring),
             approval_keyring=_keyring(args.approval_keyring),
         )
+    except ExecutionStoreError as e:  # it names the store's path
+        print(f"beam-agents effector-service: {e}", file=sys.stderr)
+        return EXIT_REJECTED
     except (KeyError, ValueError, BeamAgentsError) as e:
         print(f"beam-agents effector-service: {e}", file=sys.stderr)
         return EXIT_USAGE
-    except (sqlite3.Error, OSError) as e:
-        print(f"beam-agents effector-service: store {args.store}: {e}", file=sys.stderr)
-        return EXIT_REJECTED
     service = EffectorService(
         effector,
         bootstrap_servers=args.bootstrap_servers,

@@ -279,4 +279,4 @@ def test_effector_service_names_a_store_it_cannot_open_before_touching_a_broker(
     store = str(tmp_path / "no_such_folder" / "store.db")
     args = ["effector-service", "--bootstrap-servers", "127.0.0.1:1", "--store", store]
     assert main([*args, *_TRIAGE_TOOLS, "--mode", "off"]) == EXIT_REJECTED
-    assert f"store {store}: " in capsys.readouterr().err
+    assert f"effector-service: {store}: OperationalError" in capsys.readouterr().err
