@@ -4,11 +4,12 @@ Usage is counted from each model response's token counts (an answer from the rep
 nothing), priced by the budget's table per model, and kept in the key's LlmCacheBlob, an
 activation that fails afterwards included (`Activations._keep_paid`), so it survives restarts,
 travels in the StateSnapshot and shows in `beam-agents inspect`. Before a call the meter
-estimates it (the request's canonical JSON length / 4 input tokens, plus its `max_tokens` output
-tokens) and refuses one that would take the key or the activation past a limit: the call is not
-made, and BudgetExceededError ends the activation as a `budget_exceeded` dead letter or, under
-`OnBudget.ASK`, puts an APPROVAL intent before a person asking to raise the key's limits by
-`raise_tokens` and `raise_cost_micros` (what they grant is kept in the blob).
+estimates it (the request's canonical JSON length / 4 input tokens, plus its `max_tokens`,
+`max_completion_tokens` or `max_output_tokens` output tokens) and refuses one that would take
+the key or the activation past a limit: the call is not made, and BudgetExceededError ends the
+activation as a `budget_exceeded` dead letter or, under `OnBudget.ASK`, puts an APPROVAL intent
+before a person asking to raise the key's limits by `raise_tokens` and `raise_cost_micros`
+(what they grant is kept in the blob).
 """
 
 from __future__ import annotations

@@ -248,6 +248,11 @@ def llm_cache_key(entity_key: bytes, seq: int, position: int | str, canonical: s
     ).hexdigest()
 
 
+#: The request params that bound an answer's tokens, by provider: OpenAI's (and Anthropic's),
+#: OpenAI's reasoning models', Gemini's. A budget's estimate of a call counts the one given.
+_OUTPUT_LIMITS = ("max_tokens", "max_completion_tokens", "max_output_tokens")
+
+
 def _saturating_add(ms: int, delta_ms: int) -> int:
     # Event times are any int64; a time past the end of int64 is the end of int64.
     return min(ms + delta_ms, 2**63 - 1)
@@ -395,7 +400,8 @@ class ActivationContext:
             if self._llm_client is None:
                 raise LlmCallError("no LLM client is configured", model=model, retryable=False)
             if self.meter is not None:
-                self.meter.check(model, canonical, params.get("max_tokens"))
+                limit = next((params[n] for n in _OUTPUT_LIMITS if n in params), None)
+                self.meter.check(model, canonical, limit)
             try:
                 with model_slot(model, self._llm_concurrency):
                     response = self._llm_client.complete(request)

@@ -81,6 +81,20 @@ def test_usage_is_kept_per_key_and_a_call_past_the_key_budget_is_not_made():
     assert after.memory is before.memory and after.continuation is before.continuation
 
 
+@pytest.mark.parametrize("limit", ["max_tokens", "max_completion_tokens", "max_output_tokens"])
+def test_a_calls_output_limit_counts_in_its_estimate_whatever_the_provider_names_it(limit):
+    @agent(name="tests.long_answer/v1")
+    def long_answer(ctx, event):
+        asked = [{"role": "user", "content": "hi"}]
+        return ctx.llm(asked, model="m", **{limit: 5000}).text.encode()
+
+    model = _Counting()
+    h = Harness(long_answer, llm=model, config=_budgeted(key_tokens=4000))
+    h.send(event(T0, b"x"))
+    (refused,) = h.values(ERRORS)
+    assert refused.reason == "budget_exceeded" and model.calls == 0
+
+
 def test_an_activation_budget_and_a_model_without_a_price_under_a_cost_limit():
     h = Harness(summarise_event, llm=_Counting(), config=_budgeted(activation_tokens=5))
     h.send(event(T0, b"a long enough question to pass five tokens"))
