@@ -405,8 +405,13 @@ def _approval_of(record: ExecutionRecord, intent: ToolIntent) -> ToolIntent:
 def _inquiry(intent: ToolIntent, now: int) -> ToolIntent:
     """The APPROVAL intent asking whether `intent`'s call took effect; deterministic but for
     its creation time."""
+    # The args are quoted in part: escaped again inside the question's JSON string, all of
+    # them could double an intent that fit the bus into an inquiry the approvals topic refuses.
+    args = intent.args_json
+    if len(args) > _MAX_ERROR_CHARS:
+        args = args[:_MAX_ERROR_CHARS] + f"... ({len(intent.args_json)} characters)"
     question = (
-        f"The effector stopped while running {intent.tool_name} {intent.args_json} "
+        f"The effector stopped while running {intent.tool_name} {args} "
         f"(intent {intent.intent_id}). Did it take effect? Approve if it did; deny if it did "
         "not: it is not run again, the agent is told it was not done."
     )
