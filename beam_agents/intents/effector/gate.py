@@ -270,8 +270,10 @@ class Gate:
                 written = store.replace(updated, known, self.keep_until(updated, now))
             else:
                 written = store.take_over(updated, known.claimed_by, self.keep_until(updated, now))
-            if not written:
-                return self._again(store.get(intent.intent_id), intent, record, clock, store, owner)
+            current = None if written else store.get(intent.intent_id)
+            if current is not None:
+                return self._again(current, intent, record, clock, store, owner)
+            # Written, or pruned since the read (past its retention): the decision read stands.
         if known.outcome == ExecutionRecord.OUTCOME_RESULT:
             return EffectorOutput(Route.DUPLICATE, result=self._envelope(known.result))
         if known.outcome == ExecutionRecord.OUTCOME_APPROVAL:

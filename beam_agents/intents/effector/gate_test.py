@@ -12,6 +12,7 @@ from beam_agents.intents.effector import (
     Effector,
     ExecuteIntents,
     Route,
+    SqliteExecutionStore,
     ToolSpec,
     VerifyMode,
     content_digest,
@@ -488,3 +489,34 @@ def test_a_tool_spec_is_one_policy_for_an_unknown_outcome():
         ToolSpec(Recording(), idempotent=True, reconcile=lambda _: None)
     with pytest.raises(TypeError):
         ToolSpec("not callable")
+
+
+class _PrunedBeforeTheWrite(SqliteExecutionStore):
+    """A real SQLite store on which another effector, its clock past the record's retention,
+    prunes the store between a copy's read of the record and its write of a later expiry."""
+
+    def __init__(self, path, prune_at_ms: int) -> None:
+        super().__init__(path)
+        self._other = SqliteExecutionStore(path)
+        self._prune_at_ms = prune_at_ms
+
+    def replace(self, record, expected, keep_until_ms):
+        self._other.prune(self._prune_at_ms)
+        return super().replace(record, expected, keep_until_ms)
+
+
+def test_a_copy_whose_record_is_pruned_before_its_write_gets_the_result_it_read(tmp_path):
+    tool = Recording()
+    store = _PrunedBeforeTheWrite(tmp_path / "shared.sqlite", intent().expires_at_ms + 1)
+    gate = Effector(
+        {"crm.lookup": tool},
+        mode=VerifyMode.REQUIRE,
+        store=store,
+        keyring=RING,
+        clock=ManualClock(NOW),
+        retention_ms=0,
+    )
+    first = gate(signed())
+    copy = gate(signed(attempt=3, expires_at_ms=intent().expires_at_ms + 60_000))
+    assert copy.route is Route.DUPLICATE and copy.result == first.result
+    assert tool.calls == [intent().intent_id]
