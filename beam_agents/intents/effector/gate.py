@@ -158,6 +158,11 @@ class Gate:
         record.result.CopyFrom(self._run(intent, record.content_digest, now))
         record.outcome = ExecutionRecord.OUTCOME_RESULT
         record.ClearField("claimed_by")
+        # A copy may have extended the claim's expiry while the tool ran: the result keeps the
+        # latest, or it is pruned before that copy expires and a redelivery runs the tool again.
+        held = store.get(intent.intent_id)
+        if held is not None and held.latest_expires_at_ms > record.latest_expires_at_ms:
+            record.latest_expires_at_ms = held.latest_expires_at_ms
         store.put(record, self.keep_until(record, now()))
         return dataclasses.replace(self._first_output(record, intent), ran_tool=True)
 

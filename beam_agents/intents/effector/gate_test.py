@@ -3,6 +3,8 @@ and their arguments, one run per intent_id, conflicting copies, signed results a
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 
 from beam_agents._protos import ToolIntent, ToolResult
@@ -520,3 +522,34 @@ def test_a_copy_whose_record_is_pruned_before_its_write_gets_the_result_it_read(
     copy = gate(signed(attempt=3, expires_at_ms=intent().expires_at_ms + 60_000))
     assert copy.route is Route.DUPLICATE and copy.result == first.result
     assert tool.calls == [intent().intent_id]
+
+
+def test_a_later_expiry_that_arrives_while_the_tool_runs_keeps_the_record_for_it(tmp_path):
+    # The copy extends the claim's expiry; the call's result must keep it, or the record is
+    # pruned before the copy's expiry and a redelivery of that copy runs the tool again.
+    clock, copies, calls = ManualClock(NOW), [], []
+    later_expiry = intent().expires_at_ms + 60 * MINUTE
+
+    def slow(args, tool_intent):
+        calls.append(tool_intent.intent_id)
+        copy = threading.Thread(
+            target=lambda: copies.append(gate(signed(attempt=2, expires_at_ms=later_expiry)))
+        )
+        copy.start()
+        copy.join()
+        return "done"
+
+    gate = Effector(
+        {"crm.lookup": slow},
+        mode=VerifyMode.REQUIRE,
+        keyring=RING,
+        clock=clock,
+        store=tmp_path / "s.sqlite",
+        retention_ms=2 * MINUTE,
+    )
+    first = gate(signed())
+    assert [copy.route for copy in copies] == [Route.IN_FLIGHT]
+    clock.now_ms = intent().expires_at_ms + 3 * MINUTE  # past the first expiry's retention
+    again = gate(signed(attempt=3, expires_at_ms=later_expiry))  # prunes on the way
+    assert again.route is Route.DUPLICATE and again.result == first.result
+    assert calls == [intent().intent_id]

@@ -254,8 +254,8 @@ def test_a_call_in_flight_in_another_pid_namespace_on_the_store_is_not_run_again
 
 
 class _Interleaved(SqliteExecutionStore):
-    """A real SQLite store that holds a copy's read of the first call's claim until that call
-    has stored its result, and then holds that call until the copy is decided: the
+    """A real SQLite store that holds a copy's read (another thread's) of the first call's claim
+    until that call has stored its result, and then holds that call until the copy is decided: the
     interleaving of a retry that arrives while the tool runs."""
 
     def __init__(self, path) -> None:
@@ -264,7 +264,8 @@ class _Interleaved(SqliteExecutionStore):
 
     def get(self, intent_id):
         held = super().get(intent_id)
-        if held is not None and held.outcome == ExecutionRecord.OUTCOME_RUNNING:
+        copying = threading.current_thread() is not threading.main_thread()
+        if copying and held is not None and held.outcome == ExecutionRecord.OUTCOME_RUNNING:
             self.copy_read.set()
             self.result_put.wait(10)
         return held
