@@ -394,7 +394,7 @@ class Memory(_LruOverlay):
         # index: one without (a migration step's output) may carry a total its step did not
         # keep. The check itself is exact.
         if budget_bytes is not None and (
-            blob.total_value_bytes > budget_bytes or not blob.entry_stamps
+            blob.total_value_bytes > budget_bytes or (blob.entries and not blob.entry_stamps)
         ):
             while memory._total() > budget_bytes:
                 memory._evict_least_recent()
