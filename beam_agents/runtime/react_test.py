@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from beam_agents._protos import AgentEnvelope, TraceEvent
+from beam_agents._protos import AgentEnvelope, ToolResult, TraceEvent
 from beam_agents.errors import ToolCallError
 from beam_agents.intents.effector import Effector, Route, VerifyMode
 from beam_agents.intents.identity import intent_id
@@ -203,3 +203,29 @@ def test_one_model_answer_cannot_fan_out_into_hundreds_of_tool_runs(tmp_path):
         ).before(T0 + 1)
     first_turn = [i for i in outputs.values("intents") if i.step_index == 0]
     assert len(first_turn) == 16
+
+
+def test_a_result_whose_payload_the_effector_dropped_tells_the_model_so(tmp_path):
+    # Over the effector's max_result_bytes a result is OK without its payload, its
+    # error_message saying why: the model read an empty answer, as if the tool had found
+    # nothing, and may call it again for an effect it already had.
+    agent = react_agent(model="m-1", tools=TOOLS, system=SYSTEM, max_tool_calls=1)
+    event = AgentEnvelope(entity_key=KEY, event_time_ms=T0, external_event=b"refund?")
+    first = run_round(run_agent(agent), [event, export(T0 + 100, "r1")], tmp_path).before(T0 + 101)
+    (emitted,) = first.values("intents")
+    (snapshot,) = first.values("snapshots")
+    effector = Effector(
+        {"kb_search": kb_search},
+        mode=VerifyMode.REQUIRE,
+        store=tmp_path / "effector.sqlite",
+        keyring=RING,
+        clock=ManualClock(T0 + 150),
+        max_result_bytes=4,
+    )
+    answer = effector(emitted.SerializeToString()).result
+    assert answer.tool_result.status == ToolResult.OK and not answer.tool_result.payload
+    answer.event_time_ms = T0 + 200
+    second = run_round(run_agent(agent), [snapshot, answer, Advance(T0 + 300)], tmp_path)
+    (completion,) = second.before(T0 + 300).values("completions")
+    told = completion.decode().split(" | ")[0]
+    assert told.startswith("answer: call_a=") and "was not kept" in told
