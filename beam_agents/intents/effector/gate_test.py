@@ -363,16 +363,21 @@ def test_whatever_a_tool_does_it_ends_as_a_result(tool):
 MINUTE = 60_000
 
 
-def test_records_are_kept_for_the_retention_after_the_latest_expiry_then_pruned(tmp_path):
-    tool, clock = Recording(), ManualClock(NOW)
-    gate = Effector(
+def _retaining(tool, clock, store, retention_ms=2 * MINUTE) -> Effector:
+    """An effector of `tool` as crm.lookup over `store`, keeping records `retention_ms`."""
+    return Effector(
         {"crm.lookup": tool},
         mode=VerifyMode.REQUIRE,
         keyring=RING,
         clock=clock,
-        store=tmp_path / "s.sqlite",
-        retention_ms=2 * MINUTE,
+        store=store,
+        retention_ms=retention_ms,
     )
+
+
+def test_records_are_kept_for_the_retention_after_the_latest_expiry_then_pruned(tmp_path):
+    tool, clock = Recording(), ManualClock(NOW)
+    gate = _retaining(tool, clock, tmp_path / "s.sqlite")
     first_expiry = intent().expires_at_ms
     gate(signed())  # kept until first_expiry + 2 min
     later_expiry = first_expiry + 4 * MINUTE
@@ -510,14 +515,7 @@ class _PrunedBeforeTheWrite(SqliteExecutionStore):
 def test_a_copy_whose_record_is_pruned_before_its_write_gets_the_result_it_read(tmp_path):
     tool = Recording()
     store = _PrunedBeforeTheWrite(tmp_path / "shared.sqlite", intent().expires_at_ms + 1)
-    gate = Effector(
-        {"crm.lookup": tool},
-        mode=VerifyMode.REQUIRE,
-        store=store,
-        keyring=RING,
-        clock=ManualClock(NOW),
-        retention_ms=0,
-    )
+    gate = _retaining(tool, ManualClock(NOW), store, retention_ms=0)
     first = gate(signed())
     copy = gate(signed(attempt=3, expires_at_ms=intent().expires_at_ms + 60_000))
     assert copy.route is Route.DUPLICATE and copy.result == first.result
@@ -539,14 +537,7 @@ def test_a_later_expiry_that_arrives_while_the_tool_runs_keeps_the_record_for_it
         copy.join()
         return "done"
 
-    gate = Effector(
-        {"crm.lookup": slow},
-        mode=VerifyMode.REQUIRE,
-        keyring=RING,
-        clock=clock,
-        store=tmp_path / "s.sqlite",
-        retention_ms=2 * MINUTE,
-    )
+    gate = _retaining(slow, clock, tmp_path / "s.sqlite")
     first = gate(signed())
     assert [copy.route for copy in copies] == [Route.IN_FLIGHT]
     clock.now_ms = intent().expires_at_ms + 3 * MINUTE  # past the first expiry's retention
