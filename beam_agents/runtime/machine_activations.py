@@ -121,6 +121,14 @@ class Activations:
             # until it completes): commit what the context holds at the end.
             # What nothing changed is the blob read (to_blob), or no cache at all.
             cache = ctx.cache.to_blob() if ctx.cache.changed else state.cache
+            if ctx.model_calls and cache is state.cache:
+                # Only refused answers (ctx.llm), which the agent got over: billed all the
+                # same, their usage commits in a blob of its own.
+                cache = (
+                    self._copy(state.cache)
+                    if state.cache is not None
+                    else new_state_blob(LlmCacheBlob)
+                )
             return Run(ctx, result, memory=ctx.memory.to_blob(), cache=cache)
         except Exception as e:  # the agent's failure is a dead letter, never the bundle's
             return Run(ctx, error=e)

@@ -93,6 +93,10 @@ def _content(answer: Answer) -> str:
     """What the model reads of a tool's answer: its payload, or its error."""
     result = answer.result
     if result is not None and result.status == ToolResult.OK:
+        if not result.payload and result.error_message:
+            # It took effect, but the effector kept no payload (over its max_result_bytes):
+            # an empty answer would read as one that found nothing.
+            return f"done, without its result: {result.error_message}"
         return result.payload.decode("utf-8", "replace")
     if result is None:
         return "error: no result"

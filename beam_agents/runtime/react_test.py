@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from beam_agents._protos import AgentEnvelope, TraceEvent
+from beam_agents._protos import AgentEnvelope, ToolResult, TraceEvent
 from beam_agents.errors import ToolCallError
 from beam_agents.intents.effector import Effector, Route, VerifyMode
 from beam_agents.intents.identity import intent_id
@@ -120,7 +120,10 @@ def test_parallel_tool_calls_are_one_suspension_and_a_restored_key_feeds_the_res
     assert llm_replays(second) == ["true", "false"]
 
 
-def test_calls_past_max_tool_calls_are_told_to_the_model_not_run(tmp_path):
+def _one_call_answered(tmp_path, **effector_options) -> tuple[bytes, ToolResult]:
+    """(the completion, the result the agent got): a react_agent running one tool call a turn
+    asks for kb_search, a real Effector (with `effector_options`) runs it, and the restored
+    key is resumed with its result."""
     agent = react_agent(model="m-1", tools=TOOLS, system=SYSTEM, max_tool_calls=1)
     event = AgentEnvelope(entity_key=KEY, event_time_ms=T0, external_event=b"refund?")
     first = run_round(run_agent(agent), [event, export(T0 + 100, "r1")], tmp_path).before(T0 + 101)
@@ -133,11 +136,17 @@ def test_calls_past_max_tool_calls_are_told_to_the_model_not_run(tmp_path):
         store=tmp_path / "effector.sqlite",
         keyring=RING,
         clock=ManualClock(T0 + 150),
+        **effector_options,
     )
     answer = effector(emitted.SerializeToString()).result
     answer.event_time_ms = T0 + 200
     second = run_round(run_agent(agent), [snapshot, answer, Advance(T0 + 300)], tmp_path)
     (completion,) = second.before(T0 + 300).values("completions")
+    return completion, answer.tool_result
+
+
+def test_calls_past_max_tool_calls_are_told_to_the_model_not_run(tmp_path):
+    completion, _ = _one_call_answered(tmp_path)
     assert completion.decode() == (
         "answer: call_a=kb says 'refund?' | "
         "call_b=error: not run: one turn runs at most 1 tool calls; call it again in a later "
@@ -203,3 +212,13 @@ def test_one_model_answer_cannot_fan_out_into_hundreds_of_tool_runs(tmp_path):
         ).before(T0 + 1)
     first_turn = [i for i in outputs.values("intents") if i.step_index == 0]
     assert len(first_turn) == 16
+
+
+def test_a_result_whose_payload_the_effector_dropped_tells_the_model_so(tmp_path):
+    # Over the effector's max_result_bytes a result is OK without its payload, its
+    # error_message saying why: the model read an empty answer, as if the tool had found
+    # nothing, and may call it again for an effect it already had.
+    completion, result = _one_call_answered(tmp_path, max_result_bytes=4)
+    assert result.status == ToolResult.OK and not result.payload
+    told = completion.decode().split(" | ")[0]
+    assert told.startswith("answer: call_a=") and "was not kept" in told

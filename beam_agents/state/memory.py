@@ -390,8 +390,12 @@ class Memory(_LruOverlay):
         not change while the Memory is in use."""
         memory = cls(budget_bytes=budget_bytes, now_ms=now_ms)
         memory._base = blob
-        # The stored total decides only whether to look closer; the check itself is exact.
-        if budget_bytes is not None and blob.total_value_bytes > budget_bytes:
+        # The stored total decides only whether to look closer, and only in a blob with its
+        # index: one without (a migration step's output) may carry a total its step did not
+        # keep. The check itself is exact.
+        if budget_bytes is not None and (
+            blob.total_value_bytes > budget_bytes or (blob.entries and not blob.entry_stamps)
+        ):
             while memory._total() > budget_bytes:
                 memory._evict_least_recent()
         return memory

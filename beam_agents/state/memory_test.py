@@ -177,10 +177,12 @@ def test_memory_read_from_a_blob_behaves_as_a_plain_lru(initial, ops, budget):
     assert len(memory) == len(reference.entries)
     if not memory.changed:
         # Nothing to write but, where a key was looked up in this blob without an index (or
-        # its stored total, over the budget, had it looked at), the index that built; else the
-        # blob read is the blob written, untouched.
+        # its budget was checked: against an index-less blob's entries, or a stored total over
+        # it), the index that built; else the blob read is the blob written, untouched.
         if written is not blob:
-            over = budget is not None and blob.total_value_bytes > budget
+            over = budget is not None and (
+                blob.total_value_bytes > budget or (blob.entries and not blob.entry_stamps)
+            )
             assert not blob.entry_stamps and initial and (ops or over)
             assert [(e.key, e.value, e.last_access_ms) for e in written.entries] == [
                 (k, v, at) for k, (v, at) in reference.entries.items()
@@ -638,3 +640,14 @@ def test_an_untouched_new_memory_or_cache_is_written_stamped():
     for written in (Memory().to_blob(), ReplayCache().to_blob()):
         assert written.state_schema_version == CURRENT_STATE_SCHEMA_VERSION
         assert not written.entries
+
+
+def test_a_blob_without_its_index_is_evicted_at_read_whatever_total_it_carries():
+    # A migration step's output has no index (the reader builds it from the entries), and a
+    # step that changed the entries need not have kept the total: the read must not trust
+    # that total to say the blob is within the budget.
+    blob = MemoryBlob(state_schema_version=CURRENT_STATE_SCHEMA_VERSION, total_value_bytes=8)
+    blob.entries.add(key="old", value=b"x" * 100, last_access_ms=1)
+    blob.entries.add(key="new", value=b"y" * 100, last_access_ms=2)
+    memory = Memory.from_blob(blob, budget_bytes=150)
+    assert list(memory.keys()) == ["new"] and memory.total_value_bytes == 100

@@ -381,14 +381,20 @@ def test_a_model_busy_past_its_retries_defers_the_activation_until_it_answers(tm
     assert len(server.requests) == 4
 
 
-def _two_events_under(budget, reply: Reply, tmp_path, tools=()):
+def _two_events_under(budget, reply: Reply, tmp_path, tools=(), fallback: bytes | None = None):
     """(the outputs, the requests the server saw): two events of one key, each asking the
-    model once, then an export of the key; the model always answers `reply`."""
+    model once, then an export of the key; the model always answers `reply`. With a
+    `fallback`, the agent completes with it when the call raises LlmCallError."""
 
     @agent(name="tests.summarise/v1")
     def summarise(ctx, event: bytes) -> bytes:
         messages = [{"role": "user", "content": event.decode()}]
-        return ctx.llm(messages, model="local-model", tools=tools).text.encode()
+        try:
+            return ctx.llm(messages, model="local-model", tools=tools).text.encode()
+        except LlmCallError:
+            if fallback is None:
+                raise
+            return fallback
 
     t0, key = 1_764_460_800_000, b"k-1"
     export = AgentEnvelope(entity_key=key, event_time_ms=t0 + 3)
@@ -522,6 +528,26 @@ def test_an_answer_the_client_refuses_still_counts_the_tokens_it_was_billed_for(
     assert len(requests) == 1
     (snapshot,) = outputs.values("snapshots")
     assert (snapshot.llm_cache.input_tokens, snapshot.llm_cache.output_tokens) == (1500, 400)
+
+
+def test_a_refused_answer_the_agent_gets_over_still_counts_the_tokens_it_was_billed_for(
+    tmp_path,
+):
+    """An agent may catch the error and complete (a fallback text): the tokens were billed
+    all the same, and a key answered only so must not call the model for ever for free."""
+    from beam_agents.runtime import Budget
+
+    body = json.loads(_body(tool_calls_reply(("call_1", "kb_search", "[1, 2]"))))
+    body["usage"] = {"prompt_tokens": 1500, "completion_tokens": 400, "total_tokens": 1900}
+    refused = Reply(200, json.dumps(body).encode(), {"content-type": "application/json"})
+    outputs, requests = _two_events_under(
+        Budget(key_tokens=1905), refused, tmp_path, (SEARCH,), fallback=b"no answer"
+    )
+    assert outputs.values("completions")[:1] == [b"no answer"]
+    (snapshot,) = outputs.values("snapshots")
+    assert (snapshot.llm_cache.input_tokens, snapshot.llm_cache.output_tokens) == (1500, 400)
+    assert [e.reason for e in outputs.values("errors")] == ["budget_exceeded"]
+    assert len(requests) == 1
 
 
 def test_a_resumed_agent_replays_a_large_answer_instead_of_paying_for_it_again(tmp_path):

@@ -158,6 +158,11 @@ class Gate:
         record.result.CopyFrom(self._run(intent, record.content_digest, now))
         record.outcome = ExecutionRecord.OUTCOME_RESULT
         record.ClearField("claimed_by")
+        # A copy may have extended the claim's expiry while the tool ran: the result keeps the
+        # latest, or it is pruned before that copy expires and a redelivery runs the tool again.
+        held = store.get(intent.intent_id)
+        if held is not None and held.latest_expires_at_ms > record.latest_expires_at_ms:
+            record.latest_expires_at_ms = held.latest_expires_at_ms
         store.put(record, self.keep_until(record, now()))
         return dataclasses.replace(self._first_output(record, intent), ran_tool=True)
 
@@ -270,8 +275,10 @@ class Gate:
                 written = store.replace(updated, known, self.keep_until(updated, now))
             else:
                 written = store.take_over(updated, known.claimed_by, self.keep_until(updated, now))
-            if not written:
-                return self._again(store.get(intent.intent_id), intent, record, clock, store, owner)
+            current = None if written else store.get(intent.intent_id)
+            if current is not None:
+                return self._again(current, intent, record, clock, store, owner)
+            # Written, or pruned since the read (past its retention): the decision read stands.
         if known.outcome == ExecutionRecord.OUTCOME_RESULT:
             return EffectorOutput(Route.DUPLICATE, result=self._envelope(known.result))
         if known.outcome == ExecutionRecord.OUTCOME_APPROVAL:
@@ -405,8 +412,13 @@ def _approval_of(record: ExecutionRecord, intent: ToolIntent) -> ToolIntent:
 def _inquiry(intent: ToolIntent, now: int) -> ToolIntent:
     """The APPROVAL intent asking whether `intent`'s call took effect; deterministic but for
     its creation time."""
+    # The args are quoted in part: escaped again inside the question's JSON string, all of
+    # them could double an intent that fit the bus into an inquiry the approvals topic refuses.
+    args = intent.args_json
+    if len(args) > _MAX_ERROR_CHARS:
+        args = args[:_MAX_ERROR_CHARS] + f"... ({len(intent.args_json)} characters)"
     question = (
-        f"The effector stopped while running {intent.tool_name} {intent.args_json} "
+        f"The effector stopped while running {intent.tool_name} {args} "
         f"(intent {intent.intent_id}). Did it take effect? Approve if it did; deny if it did "
         "not: it is not run again, the agent is told it was not done."
     )

@@ -3,6 +3,8 @@ and their arguments, one run per intent_id, conflicting copies, signed results a
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 
 from beam_agents._protos import ToolIntent, ToolResult
@@ -12,6 +14,7 @@ from beam_agents.intents.effector import (
     Effector,
     ExecuteIntents,
     Route,
+    SqliteExecutionStore,
     ToolSpec,
     VerifyMode,
     content_digest,
@@ -360,16 +363,21 @@ def test_whatever_a_tool_does_it_ends_as_a_result(tool):
 MINUTE = 60_000
 
 
-def test_records_are_kept_for_the_retention_after_the_latest_expiry_then_pruned(tmp_path):
-    tool, clock = Recording(), ManualClock(NOW)
-    gate = Effector(
+def _retaining(tool, clock, store, retention_ms=2 * MINUTE) -> Effector:
+    """An effector of `tool` as crm.lookup over `store`, keeping records `retention_ms`."""
+    return Effector(
         {"crm.lookup": tool},
         mode=VerifyMode.REQUIRE,
         keyring=RING,
         clock=clock,
-        store=tmp_path / "s.sqlite",
-        retention_ms=2 * MINUTE,
+        store=store,
+        retention_ms=retention_ms,
     )
+
+
+def test_records_are_kept_for_the_retention_after_the_latest_expiry_then_pruned(tmp_path):
+    tool, clock = Recording(), ManualClock(NOW)
+    gate = _retaining(tool, clock, tmp_path / "s.sqlite")
     first_expiry = intent().expires_at_ms
     gate(signed())  # kept until first_expiry + 2 min
     later_expiry = first_expiry + 4 * MINUTE
@@ -488,3 +496,51 @@ def test_a_tool_spec_is_one_policy_for_an_unknown_outcome():
         ToolSpec(Recording(), idempotent=True, reconcile=lambda _: None)
     with pytest.raises(TypeError):
         ToolSpec("not callable")
+
+
+class _PrunedBeforeTheWrite(SqliteExecutionStore):
+    """A real SQLite store on which another effector, its clock past the record's retention,
+    prunes the store between a copy's read of the record and its write of a later expiry."""
+
+    def __init__(self, path, prune_at_ms: int) -> None:
+        super().__init__(path)
+        self._other = SqliteExecutionStore(path)
+        self._prune_at_ms = prune_at_ms
+
+    def replace(self, record, expected, keep_until_ms):
+        self._other.prune(self._prune_at_ms)
+        return super().replace(record, expected, keep_until_ms)
+
+
+def test_a_copy_whose_record_is_pruned_before_its_write_gets_the_result_it_read(tmp_path):
+    tool = Recording()
+    store = _PrunedBeforeTheWrite(tmp_path / "shared.sqlite", intent().expires_at_ms + 1)
+    gate = _retaining(tool, ManualClock(NOW), store, retention_ms=0)
+    first = gate(signed())
+    copy = gate(signed(attempt=3, expires_at_ms=intent().expires_at_ms + 60_000))
+    assert copy.route is Route.DUPLICATE and copy.result == first.result
+    assert tool.calls == [intent().intent_id]
+
+
+def test_a_later_expiry_that_arrives_while_the_tool_runs_keeps_the_record_for_it(tmp_path):
+    # The copy extends the claim's expiry; the call's result must keep it, or the record is
+    # pruned before the copy's expiry and a redelivery of that copy runs the tool again.
+    clock, copies, calls = ManualClock(NOW), [], []
+    later_expiry = intent().expires_at_ms + 60 * MINUTE
+
+    def slow(args, tool_intent):
+        calls.append(tool_intent.intent_id)
+        copy = threading.Thread(
+            target=lambda: copies.append(gate(signed(attempt=2, expires_at_ms=later_expiry)))
+        )
+        copy.start()
+        copy.join()
+        return "done"
+
+    gate = _retaining(slow, clock, tmp_path / "s.sqlite")
+    first = gate(signed())
+    assert [copy.route for copy in copies] == [Route.IN_FLIGHT]
+    clock.now_ms = intent().expires_at_ms + 3 * MINUTE  # past the first expiry's retention
+    again = gate(signed(attempt=3, expires_at_ms=later_expiry))  # prunes on the way
+    assert again.route is Route.DUPLICATE and again.result == first.result
+    assert calls == [intent().intent_id]

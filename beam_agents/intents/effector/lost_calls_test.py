@@ -27,6 +27,7 @@ from beam_agents.intents.effector import (
     VerifyMode,
     content_digest,
 )
+from beam_agents.intents.identity import canonical_args_json
 from beam_agents.intents.signing import KEYS_ENV, Keyring, Verification, sign, verify
 from beam_agents.ops.rounds import ManualClock
 from beam_agents.testing.effectors import (
@@ -253,8 +254,8 @@ def test_a_call_in_flight_in_another_pid_namespace_on_the_store_is_not_run_again
 
 
 class _Interleaved(SqliteExecutionStore):
-    """A real SQLite store that holds a copy's read of the first call's claim until that call
-    has stored its result, and then holds that call until the copy is decided: the
+    """A real SQLite store that holds a copy's read (another thread's) of the first call's claim
+    until that call has stored its result, and then holds that call until the copy is decided: the
     interleaving of a retry that arrives while the tool runs."""
 
     def __init__(self, path) -> None:
@@ -263,7 +264,8 @@ class _Interleaved(SqliteExecutionStore):
 
     def get(self, intent_id):
         held = super().get(intent_id)
-        if held is not None and held.outcome == ExecutionRecord.OUTCOME_RUNNING:
+        copying = threading.current_thread() is not threading.main_thread()
+        if copying and held is not None and held.outcome == ExecutionRecord.OUTCOME_RUNNING:
             self.copy_read.set()
             self.result_put.wait(10)
         return held
@@ -578,3 +580,21 @@ def test_a_dead_claim_is_taken_over_by_one_caller_only(tmp_path):
     assert gate.store.take_over(mine, dead, INT64_MAX)
     assert not gate.store.take_over(_running_claim("another"), dead, INT64_MAX)
     assert gate.store.get(intent().intent_id).claimed_by == gate.instance_id
+
+
+def test_an_inquiry_about_a_call_whose_intent_fit_the_bus_fits_it_too(tmp_path):
+    # The question quotes the call's args_json inside a JSON string, which escapes every quote
+    # and backslash again: a 700 KB intent (within Kafka's 1 MB record limit, as it was read
+    # from the bus) made a 1.4 MB inquiry that the approvals topic can never take, and every
+    # copy of the intent re-sends it (the effector service stops on MSG_SIZE_TOO_LARGE).
+    args_json = canonical_args_json({"note": '"' * 350_000})
+    data = signed(args_json=args_json).SerializeToString()
+    assert len(data) < 1_000_000
+    gate = _lost_call(tmp_path, Recording())
+    claim = gate.store.get(intent().intent_id)
+    claim.content_digest = content_digest(data)
+    gate.store.put(claim, INT64_MAX)
+    asked = gate(data)
+    assert asked.route is Route.APPROVAL
+    assert len(asked.approval.SerializeToString()) < 1_000_000
+    assert intent().intent_id in json.loads(asked.approval.args_json)["question"]

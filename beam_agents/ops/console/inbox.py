@@ -162,11 +162,17 @@ class Inbox:
         for a key the console lacked becomes approvable once its keyring has the key (its
         record was read and committed, so it is never read again), one admitted under a key
         since removed is refused."""
-        rows = self._db.read(
-            "SELECT intent_id, intent, verification, approvable FROM approvals a WHERE NOT EXISTS "
+        # The ids first, then one copy at a time: refused copies, anyone's, are kept for ever,
+        # and all of them at once could be more than the process can hold.
+        ids = self._db.read(
+            "SELECT intent_id FROM approvals a WHERE NOT EXISTS "
             "(SELECT 1 FROM decisions d WHERE d.intent_id = a.intent_id)"
         )
-        for intent_id, data, verification, approvable in rows:
+        for (intent_id,) in ids:
+            ((data, verification, approvable),) = self._db.read(
+                "SELECT intent, verification, approvable FROM approvals WHERE intent_id = ?",
+                (intent_id,),
+            )
             outcome, admitted = self._judge(ToolIntent.FromString(data), data)
             if (outcome, admitted) != (verification, bool(approvable)):
                 with self._db.transaction() as db:

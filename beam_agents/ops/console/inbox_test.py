@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import threading
 import time
+import tracemalloc
 
 import pytest
 
@@ -291,3 +292,23 @@ def test_a_copy_refused_for_a_key_the_console_lacked_is_judged_again_when_it_has
         _decide(revoked, "a-2")
     assert refused.value.reason == "unverified"
     assert revoked.inbox.decision("a-1").approver == "alice"  # a decision is never judged again
+
+
+def test_judging_the_kept_copies_again_at_start_holds_one_copy_at_a_time(tmp_path, clock):
+    # Anyone may write to the approvals topic and every refused copy is kept, undecided for
+    # ever: a start that read them all at once (fetchall) held every forged intent in memory,
+    # so a topic filled with large forgeries kept the console from starting at all.
+    path = tmp_path / "c.sqlite"
+    bus, _ = make_bus(path, Recorder(), clock)
+    for n in range(80):
+        forged = approval_intent(f"f-{n}", question="x" * 256 * 1024, ring=None)
+        _received(bus, forged)
+    assert not bus.inbox.get("f-0").approvable
+    tracemalloc.start()
+    try:
+        restarted, _ = make_bus(path, Recorder(), clock)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert not restarted.inbox.get("f-79").approvable
+    assert peak < 4 * 1024 * 1024, f"{peak} bytes held to judge 20 MB of copies again"
