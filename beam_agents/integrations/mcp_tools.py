@@ -19,9 +19,9 @@ What comes back:
   `{"content": [...content blocks...], "structuredContent": ...}` (the latter only when the
   server gave one), keys sorted, no whitespace, UTF-8: stable bytes whatever the transport;
 * a result flagged `isError`, or a JSON-RPC error (an unknown tool, arguments the server
-  refuses), is a `ToolCallError` that is not retryable, and so is a result whose payload would
-  pass `max_result_bytes` (1 MiB) or is no JSON (a NaN): the tool ran, but its answer would
-  sit in the key's state and travel on the bus;
+  refuses), is a `ToolCallError` that is not retryable, and so is a result whose payload is no
+  JSON (a NaN). A payload too large for the key's state and the bus is the effector's to
+  bound (`max_result_bytes`): the call took effect, so it stays OK, without the payload;
 * a server that cannot be started or reached, or that fails before the call is sent, is a
   retryable `ToolCallError`: the tool did not run;
 * a connection lost (or the call's deadline passed) after the call was sent is a
@@ -114,14 +114,12 @@ Server = StdioServer | HttpServer
 @dataclasses.dataclass(frozen=True)
 class McpTool:
     """The effector Tool that calls tool `name` of `server`. `connect_timeout_s` bounds the
-    connection (a subprocess started, the protocol negotiated), `timeout_s` the call,
-    `max_result_bytes` the payload of its result."""
+    connection (a subprocess started, the protocol negotiated), `timeout_s` the call."""
 
     server: Server
     name: str
     timeout_s: float = 60.0
     connect_timeout_s: float = 30.0
-    max_result_bytes: int = 1 << 20
 
     def __call__(self, args: dict, intent: ToolIntent) -> bytes:
         import anyio
@@ -180,13 +178,6 @@ class McpTool:
             raise ToolCallError(
                 f"the tool ran, but its result is no JSON: {e}", tool=self.name, retryable=False
             ) from e
-        if len(payload) > self.max_result_bytes:
-            raise ToolCallError(
-                f"the tool ran, but its result of {len(payload)} bytes is over the limit of "
-                f"{self.max_result_bytes}",
-                tool=self.name,
-                retryable=False,
-            )
         return payload
 
 

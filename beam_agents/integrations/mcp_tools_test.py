@@ -224,14 +224,21 @@ def test_tool_definitions_come_from_the_servers_lists_under_the_configs_names(tr
         tool_definitions({"x": McpTool(server, "nope")})
 
 
-def test_a_result_over_the_size_limit_is_an_error_not_a_payload(transport, log, tmp_path):
+def test_a_result_over_the_effectors_limit_is_ok_without_its_payload(transport, log, tmp_path):
     """A result lands in the key's state and on the bus: one the size of the server's whim
-    must not; the tool ran, so the error is not retryable."""
+    must not, and the effector bounds it; the tool ran, so the result stays OK (an ERROR could
+    have the agent run it again)."""
     server, _ = transport
-    run = effector(tmp_path, echo=McpTool(server, "echo", max_result_bytes=4096))
+    run = Effector(
+        {"echo": McpTool(server, "echo")},
+        mode=VerifyMode.OFF,
+        store=tmp_path / "effector.sqlite",
+        clock=ManualClock(NOW),
+        max_result_bytes=4096,
+    )
     result = run(call("echo", {"text": "x" * 5000})).result.tool_result
-    assert result.status == ToolResult.ERROR and len(result.error_message) < 1000
-    assert "(not retryable)" in result.error_message and "4096" in result.error_message
+    assert (result.status, result.payload) == (ToolResult.OK, b"")
+    assert "max_result_bytes (4096)" in result.error_message
     assert [tool for tool, _ in log.calls()] == ["echo"]
 
 
