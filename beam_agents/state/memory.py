@@ -477,8 +477,13 @@ class ReplayCache(_LruOverlay):
         cache = cls(**limits)
         cache._base = blob
         cache._only_touched = only_touched
-        # The stored total decides only whether to look closer; the check itself is exact.
-        if len(blob.entries) > cache.max_entries or blob.total_response_bytes > cache.max_bytes:
+        # The stored total decides only whether to look closer, and only in a blob with its
+        # index, as in Memory.from_blob. The check itself is exact.
+        if (
+            len(blob.entries) > cache.max_entries
+            or blob.total_response_bytes > cache.max_bytes
+            or (blob.entries and not blob.entry_stamps)
+        ):
             cache._evict()
         return cache
 

@@ -651,3 +651,12 @@ def test_a_blob_without_its_index_is_evicted_at_read_whatever_total_it_carries()
     blob.entries.add(key="new", value=b"y" * 100, last_access_ms=2)
     memory = Memory.from_blob(blob, budget_bytes=150)
     assert list(memory.keys()) == ["new"] and memory.total_value_bytes == 100
+
+
+def test_a_cache_without_its_index_is_evicted_at_read_whatever_total_it_carries():
+    # As for Memory: a migration step's output may carry a total its step did not keep.
+    blob = LlmCacheBlob(state_schema_version=CURRENT_STATE_SCHEMA_VERSION, total_response_bytes=8)
+    blob.entries.add(cache_key="old", response=b"x" * 100, last_access_ms=1)
+    blob.entries.add(cache_key="new", response=b"y" * 100, last_access_ms=2)
+    cache = ReplayCache.from_blob(blob, max_bytes=150)
+    assert "old" not in cache and cache.get("new") == b"y" * 100
