@@ -158,12 +158,18 @@ class Gate:
         record.result.CopyFrom(self._run(intent, record.content_digest, now))
         record.outcome = ExecutionRecord.OUTCOME_RESULT
         record.ClearField("claimed_by")
-        # A copy may have extended the claim's expiry while the tool ran: the result keeps the
-        # latest, or it is pruned before that copy expires and a redelivery runs the tool again.
-        held = store.get(intent.intent_id)
-        if held is not None and held.latest_expires_at_ms > record.latest_expires_at_ms:
-            record.latest_expires_at_ms = held.latest_expires_at_ms
-        store.put(record, self.keep_until(record, now()))
+        # A copy may extend the claim's expiry while the tool runs, up to this write: the result
+        # keeps the latest, written only over the record it read, or it is pruned before that
+        # copy expires and a redelivery runs the tool again.
+        while True:
+            held = store.get(intent.intent_id)
+            if held is None:  # a claim is kept until its result replaces it: a store emptied
+                store.put(record, self.keep_until(record, now()))
+                break
+            if held.latest_expires_at_ms > record.latest_expires_at_ms:
+                record.latest_expires_at_ms = held.latest_expires_at_ms
+            if store.replace(record, held, self.keep_until(record, now())):
+                break
         return dataclasses.replace(self._first_output(record, intent), ran_tool=True)
 
     def _first_output(self, record: ExecutionRecord, intent: ToolIntent) -> EffectorOutput:

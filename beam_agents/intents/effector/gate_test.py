@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from beam_agents._protos import ToolIntent, ToolResult
+from beam_agents._protos import ExecutionRecord, ToolIntent, ToolResult
 from beam_agents.intents.effector import (
     REASON_CONFLICT,
     REASON_UNDECODABLE,
@@ -544,3 +544,39 @@ def test_a_later_expiry_that_arrives_while_the_tool_runs_keeps_the_record_for_it
     again = gate(signed(attempt=3, expires_at_ms=later_expiry))  # prunes on the way
     assert again.route is Route.DUPLICATE and again.result == first.result
     assert calls == [intent().intent_id]
+
+
+class _CopyAtTheResultWrite(SqliteExecutionStore):
+    """A real SQLite store on which another effector's copy, with a later expiry, extends the
+    claim between the result write's read of it and its write, once `armed`."""
+
+    def __init__(self, path, later_expiry: int) -> None:
+        super().__init__(path)
+        self._other = SqliteExecutionStore(path)
+        self._later = later_expiry
+        self.armed = False
+
+    def get(self, intent_id):
+        held = super().get(intent_id)
+        if self.armed and held is not None and held.outcome == ExecutionRecord.OUTCOME_RUNNING:
+            self.armed = False
+            extended = ExecutionRecord()
+            extended.CopyFrom(held)
+            extended.latest_expires_at_ms = self._later
+            assert self._other.take_over(extended, held.claimed_by, INT64_MAX)
+        return held
+
+
+def test_a_later_expiry_landing_at_the_result_write_is_kept(tmp_path):
+    later_expiry = intent().expires_at_ms + 60 * MINUTE
+    store = _CopyAtTheResultWrite(tmp_path / "s.sqlite", later_expiry)
+
+    def arming(args, tool_intent):
+        store.armed = True  # the copy lands once the tool has run
+        return "done"
+
+    first = _retaining(arming, ManualClock(NOW), store)(signed())
+    assert first.route is Route.RESULT and not store.armed
+    recorded = store.get(intent().intent_id)
+    assert recorded.outcome == ExecutionRecord.OUTCOME_RESULT
+    assert recorded.latest_expires_at_ms == later_expiry

@@ -270,11 +270,12 @@ class _Interleaved(SqliteExecutionStore):
             self.result_put.wait(10)
         return held
 
-    def put(self, record, keep_until_ms):
-        super().put(record, keep_until_ms)
+    def replace(self, record, expected, keep_until_ms):
+        written = super().replace(record, expected, keep_until_ms)
         if record.outcome == ExecutionRecord.OUTCOME_RESULT and not self.result_put.is_set():
             self.result_put.set()
             self.copy_done.wait(10)
+        return written
 
 
 def test_a_retry_with_a_later_expiry_during_the_call_never_loses_its_result(tmp_path):
@@ -305,11 +306,11 @@ class _DiskFullOnce(SqliteExecutionStore):
 
     failed = False
 
-    def put(self, record, keep_until_ms):
-        if not self.failed:
+    def replace(self, record, expected, keep_until_ms):
+        if not self.failed and record.outcome == ExecutionRecord.OUTCOME_RESULT:
             self.failed = True
             raise ExecutionStoreError("database or disk is full", path=self.path)
-        super().put(record, keep_until_ms)
+        return super().replace(record, expected, keep_until_ms)
 
 
 def _cancelled(args, tool_intent):
