@@ -275,12 +275,10 @@ class Gate:
             return self._unknown_outcome(known, intent, clock, store, owner)
         if intent.expires_at_ms > known.latest_expires_at_ms:
             updated.latest_expires_at_ms = intent.expires_at_ms
-            # Only over the record as read: since, its call may have stored its result, or a
-            # person answered its inquiry, which a write of the record read would undo.
-            if known.outcome != ExecutionRecord.OUTCOME_RUNNING:
-                written = store.replace(updated, known, self.keep_until(updated, now))
-            else:
-                written = store.take_over(updated, known.claimed_by, self.keep_until(updated, now))
+            # Only over the record as read: since, its call may have stored its result, a
+            # person answered its inquiry, or another copy moved the expiry further, which a
+            # write of the record read would undo.
+            written = store.replace(updated, known, self.keep_until(updated, now))
             current = None if written else store.get(intent.intent_id)
             if current is not None:
                 return self._again(current, intent, record, clock, store, owner)

@@ -548,7 +548,8 @@ def test_a_later_expiry_that_arrives_while_the_tool_runs_keeps_the_record_for_it
 
 class _CopyAtTheResultWrite(SqliteExecutionStore):
     """A real SQLite store on which another effector's copy, with a later expiry, extends the
-    claim between the result write's read of it and its write, once `armed`."""
+    claim between the next read of it (the result write's, or a copy's) and its write, once
+    `armed`."""
 
     def __init__(self, path, later_expiry: int) -> None:
         super().__init__(path)
@@ -580,3 +581,20 @@ def test_a_later_expiry_landing_at_the_result_write_is_kept(tmp_path):
     recorded = store.get(intent().intent_id)
     assert recorded.outcome == ExecutionRecord.OUTCOME_RESULT
     assert recorded.latest_expires_at_ms == later_expiry
+
+
+def test_a_copy_never_moves_the_expiry_back_that_another_copy_moved_forward(tmp_path):
+    latest = intent().expires_at_ms + 60 * MINUTE
+    store = _CopyAtTheResultWrite(tmp_path / "s.sqlite", latest)
+    copies = []
+
+    def slow(args, tool_intent):
+        store.armed = True
+        # A copy with an expiry between the first's and the other copy's, while the tool runs.
+        copies.append(gate(signed(attempt=2, expires_at_ms=intent().expires_at_ms + MINUTE)))
+        return "done"
+
+    gate = _retaining(slow, ManualClock(NOW), store)
+    assert gate(signed()).route is Route.RESULT
+    assert [copy.route for copy in copies] == [Route.IN_FLIGHT]
+    assert store.get(intent().intent_id).latest_expires_at_ms == latest
