@@ -52,7 +52,7 @@ def _unknown_key() -> ToolIntent:
 
 def _unknown_scheme() -> ToolIntent:
     future = signed()
-    future.signature_scheme = 2
+    future.signature_scheme = 3  # a scheme this binary does not implement
     return future
 
 
@@ -178,9 +178,13 @@ def test_the_signature_is_checked_over_the_bytes_as_received():
         + intent(trace_id=b"").SerializeToString()
     )
     envelope = ToolIntent(
-        signature_scheme=ToolIntent.HMAC_SHA256,
+        signature_scheme=ToolIntent.HMAC_SHA256_TYPED,
         signing_key_id="k1",
-        signature=RING.mac("k1", trace_id_first),
+        signature=RING.mac(
+            "k1",
+            trace_id_first,
+            domain=b"\0beam_agents signature HMAC_SHA256_TYPED\0beam_agents.v1.ToolIntent\0",
+        ),
     )
     output = effector()(trace_id_first + envelope.SerializeToString())
     assert output.route is Route.RESULT and output.result.tool_result.status == ToolResult.OK
