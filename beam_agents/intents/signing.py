@@ -1,4 +1,4 @@
-"""The signature envelope of ToolIntents, ToolResults and Approvals: HMAC-SHA256 under
+r"""The signature envelope of ToolIntents, ToolResults and Approvals: HMAC-SHA256 under
 rotatable keys.
 
 Three messages are signed, each by the party that produces it: a ToolIntent by the runtime that
@@ -44,21 +44,26 @@ Signers sign with the ring's `sign_scheme`: HMAC_SHA256_TYPED unless the ring sa
 only the typed one after it: the window ends at the ring's "legacy_until" (an RFC 3339 instant
 with its offset), by default LEGACY_UNTIL (2027-03-01T00:00:00Z), and a legacy signature
 verified at or after it is LEGACY_EXPIRED, never VALID. The window is measured on the
-verifier's clock, not a time the message carries: a replayed message carries its original,
-signed times. While it is open a legacy signature still crosses types; closing it (or setting
-it to now once every signer is upgraded) ends that. A ring that signs the legacy scheme after
-its own window has ended is refused when it is loaded, since every verifier would refuse what it
-signs.
+verifier's clock (the effector's clock; RunAgent's and the console's wall clock), never on a
+time the message carries: a replayed message carries its original, signed times, and an
+answer's event time is its producer's. While the window is open a legacy signature still
+crosses types; closing it ends that. A ring that signs the legacy scheme after its own window
+has ended is refused when it is loaded, since every verifier would refuse what it signs.
 
-Rolling upgrade:
-1. Deploy the new binary everywhere. An old verifier does not know scheme 2 and refuses a typed
-   signature as UNKNOWN_SCHEME (a dead letter named signature_unknown_scheme, nothing runs):
-   so while old verifiers remain, give the new signers' rings "sign_scheme": "HMAC_SHA256" (or
-   upgrade verifiers, i.e. the effector, the console and RunAgent's answer check, before
-   signers: the order key rotation already asks for). A new verifier accepts both.
-2. Once no old verifier runs, drop "sign_scheme" (sign typed); deploy.
-3. Once no legacy-signed message can still arrive (the longest intent lifetime after step 2),
-   close the window: "legacy_until" at or before now, or let the default pass.
+Rolling upgrade. RunAgent and the effector each sign one kind and verify another, so signers and
+verifiers are upgraded together, not one side first:
+1. Deploy the new binary with "sign_scheme": "HMAC_SHA256" in every signing ring. New
+   verifiers accept both schemes; old ones still running see only legacy signatures. (Without
+   the option a new signer's typed signature reaches an old verifier, which does not know
+   scheme 2: UNKNOWN_SCHEME, a signature_unknown_scheme dead letter at an old effector (the
+   call is not run) or a bad_answer_signature one at an old RunAgent (the effector's result is
+   refused, and its call stays unanswered until its deadline although it ran). Nothing runs
+   twice, but calls fail: hence the option.)
+2. Once no old binary runs, drop "sign_scheme" (signers sign typed); deploy.
+3. Once no legacy-signed message can still arrive (the longest intent lifetime, and any backlog
+   on the topics, after step 2), close the window: "legacy_until" at or before now, or let the
+   default pass. After it, a legacy signature is LEGACY_EXPIRED (signature_legacy_expired at the
+   effector) wherever it is presented.
 The Go and Java readers (polyglot/) implement the same schemes and window.
 
 Keys. A `Keyring` maps key ids to secrets (at least 32 bytes each) and names the active key
