@@ -52,8 +52,10 @@ class ToolIntent(_message.Message):
         __slots__ = ()
         SIGNATURE_SCHEME_UNSPECIFIED: _ClassVar[ToolIntent.SignatureScheme]
         HMAC_SHA256: _ClassVar[ToolIntent.SignatureScheme]
+        HMAC_SHA256_TYPED: _ClassVar[ToolIntent.SignatureScheme]
     SIGNATURE_SCHEME_UNSPECIFIED: ToolIntent.SignatureScheme
     HMAC_SHA256: ToolIntent.SignatureScheme
+    HMAC_SHA256_TYPED: ToolIntent.SignatureScheme
     INTENT_ID_FIELD_NUMBER: _ClassVar[int]
     ENTITY_KEY_FIELD_NUMBER: _ClassVar[int]
     SEQ_FIELD_NUMBER: _ClassVar[int]

@@ -1,8 +1,12 @@
-"""HMAC-SHA256 signing of ToolIntents: outcomes, key rings, rotation, and schema skew."""
+"""HMAC-SHA256 signing of ToolIntents, ToolResults and Approvals: outcomes, key rings,
+rotation, schema skew, and the typed scheme that binds the message type (with the legacy
+scheme's window)."""
 
 from __future__ import annotations
 
 import base64
+import hashlib
+import hmac
 import importlib.util
 import json
 import os
@@ -14,11 +18,12 @@ from google.protobuf.unknown_fields import UnknownFieldSet
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from beam_agents._protos import ToolIntent, ToolResult
+from beam_agents._protos import AgentEnvelope, ToolIntent, ToolResult
 from beam_agents.errors import KeyringError
 from beam_agents.intents.signing import (
     KEYS_ENV,
     KEYS_FILE_ENV,
+    LEGACY_UNTIL_MS,
     Keyring,
     Verification,
     is_unsigned,
@@ -41,7 +46,7 @@ def test_signing_sets_the_envelope_on_a_copy_and_verifies():
     before = original.SerializeToString()
     signed = sign(original, RING)
     assert original.SerializeToString() == before
-    assert signed.signature_scheme == ToolIntent.HMAC_SHA256
+    assert signed.signature_scheme == ToolIntent.HMAC_SHA256_TYPED
     assert signed.signing_key_id == "k1"
     assert len(signed.signature) == 32
     assert signing_input(signed) == signing_input(original)
@@ -67,7 +72,7 @@ def test_each_failure_has_its_own_outcome():
 
     future_scheme = ToolIntent()
     future_scheme.CopyFrom(signed)
-    future_scheme.signature_scheme = 2  # a scheme this binary does not implement
+    future_scheme.signature_scheme = 3  # a scheme this binary does not implement
     assert verify(future_scheme, RING) is Verification.UNKNOWN_SCHEME
 
     no_scheme = ToolIntent()
@@ -88,14 +93,22 @@ def test_each_failure_has_its_own_outcome():
 
 
 def test_the_golden_signed_intent_verifies_under_the_published_test_key():
+    """The golden intent is signed with the legacy scheme: valid inside its window only."""
     spec = importlib.util.spec_from_file_location("v1_builders", REPO / "golden/v1/builders.py")
     builders = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(builders)
     key_id = builders.GOLDEN_SIGNING_KEY_ID
-    ring = Keyring({key_id: builders.GOLDEN_SIGNING_SECRET}, active=key_id)
+    ring = Keyring(
+        {key_id: builders.GOLDEN_SIGNING_SECRET},
+        active=key_id,
+        sign_scheme=ToolIntent.HMAC_SHA256,
+        legacy_until_ms=2**62,
+    )
     data = (REPO / "golden/v1/tool_intent_signed.binpb").read_bytes()
     assert verify(ToolIntent.FromString(data), ring) is Verification.VALID
     assert sign(builders.tool_intent_traced(), ring) == ToolIntent.FromString(data)
+    closed = Keyring({key_id: builders.GOLDEN_SIGNING_SECRET}, legacy_until_ms=0)
+    assert verify(ToolIntent.FromString(data), closed) is Verification.LEGACY_EXPIRED
 
 
 def test_rotation_keeps_every_in_flight_intent_verifiable():
@@ -235,9 +248,6 @@ def test_changing_any_field_fails_verification(field):
 @settings(max_examples=200, deadline=None)
 @given(st.binary(min_size=32, max_size=200), st.binary(max_size=300))
 def test_the_keyring_mac_is_standard_hmac_sha256(secret, data):
-    import hashlib
-    import hmac
-
     ring = Keyring({"k": secret})
     assert ring.mac("k", data) == hmac.new(secret, data, hashlib.sha256).digest()
 
@@ -367,19 +377,145 @@ def test_a_key_file_with_a_non_utf8_name_is_named_printably(tmp_path):
     assert raised.value.source.encode("utf-8")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the signing input does not name the message type, and a ToolIntent's fields 1-8 "
-    "are a ToolResult's too: the effector's result key signs inquiries (ToolIntents), and one "
-    "re-enveloped as a ToolResult verifies (status OK from step_index 1). RunAgent refuses it "
-    "today only because its intent_id ends in #outcome and it carries no intent_digest; "
-    "binding the type into the input changes every signature, a design decision",
+# The typed scheme and the legacy scheme's window ------------------------------------------
+
+BEFORE_WINDOW_END = LEGACY_UNTIL_MS - 1
+LEGACY_RING = Keyring(
+    {"k1": SECRET_1}, active="k1", sign_scheme=ToolIntent.HMAC_SHA256, legacy_until_ms=2**62
 )
-def test_a_signature_made_for_one_message_type_does_not_verify_for_another():
+
+
+def _inquiry():
     # Shaped as the effector's inquiries are (no attempt), of an intent without a trace_id.
-    inquiry = sign(intent(step_index=1, attempt=0, kind=ToolIntent.APPROVAL, trace_id=b""), RING)
-    unsigned = strip_signature(inquiry.SerializeToString(deterministic=True))
-    envelope = RING.envelope("k1", inquiry.signature, ToolResult.DESCRIPTOR)
-    result = ToolResult.FromString(unsigned + envelope)
-    assert result.status == ToolResult.OK
-    assert verify(result, RING) is not Verification.VALID
+    return intent(step_index=1, attempt=0, kind=ToolIntent.APPROVAL, trace_id=b"")
+
+
+def _as(message_class, signed, ring=RING):
+    """`signed`'s fields and signature presented as a message of `message_class`."""
+    unsigned = strip_signature(signed.SerializeToString(deterministic=True), signed.DESCRIPTOR)
+    envelope = ring.envelope(
+        signed.signing_key_id, signed.signature, message_class.DESCRIPTOR, signed.signature_scheme
+    )
+    return message_class.FromString(unsigned + envelope)
+
+
+def test_a_signature_made_for_one_message_type_does_not_verify_for_another():
+    inquiry = sign(_inquiry(), RING)
+    result = _as(ToolResult, inquiry)
+    assert result.status == ToolResult.OK  # the inquiry's step_index 1, read as a ToolResult
+    assert verify(inquiry, RING) is Verification.VALID
+    assert verify(result, RING) is Verification.BAD_SIGNATURE
+    assert verify(result, RING, wire=result.SerializeToString()) is Verification.BAD_SIGNATURE
+
+
+@pytest.mark.parametrize(
+    ("signed_as", "presented_as"),
+    [
+        (ToolResult, ToolIntent),
+        (ToolResult, AgentEnvelope.Approval),
+        (AgentEnvelope.Approval, ToolResult),
+        (AgentEnvelope.Approval, ToolIntent),
+        (ToolIntent, AgentEnvelope.Approval),
+    ],
+)
+def test_no_signed_type_verifies_as_another(signed_as, presented_as):
+    signed = sign(signed_as.FromString(signing_input(_inquiry())), RING)
+    assert verify(signed, RING) is Verification.VALID
+    assert verify(_as(presented_as, signed), RING) is Verification.BAD_SIGNATURE
+
+
+def test_the_typed_input_is_the_domain_prefix_the_type_name_and_the_signing_input():
+    # Stated byte for byte, as the Go and Java readers (polyglot/) compute it.
+    result = ToolResult.FromString(signing_input(_inquiry()))
+    signed = sign(result, RING)
+    expected = hmac.new(
+        SECRET_1,
+        b"\0beam_agents signature HMAC_SHA256_TYPED\0beam_agents.v1.ToolResult\0"
+        + signing_input(result),
+        hashlib.sha256,
+    ).digest()
+    assert signed.signature == expected
+    legacy = sign(result, LEGACY_RING)
+    assert legacy.signature_scheme == ToolIntent.HMAC_SHA256
+    assert legacy.signature == hmac.new(SECRET_1, signing_input(result), hashlib.sha256).digest()
+
+
+def test_a_signature_relabelled_with_the_other_scheme_does_not_verify():
+    typed, legacy = sign(intent(), RING), sign(intent(), LEGACY_RING)
+    typed.signature_scheme, legacy.signature_scheme = (
+        ToolIntent.HMAC_SHA256,
+        ToolIntent.HMAC_SHA256_TYPED,
+    )
+    for relabelled in (typed, legacy):
+        assert verify(relabelled, RING, now_ms=0) is Verification.BAD_SIGNATURE
+
+
+def test_a_legacy_signature_verifies_inside_its_window_and_never_after():
+    signed = sign(intent(), LEGACY_RING)
+    ring = Keyring({"k1": SECRET_1}, legacy_until_ms=1_000)
+    assert verify(signed, ring, now_ms=999) is Verification.VALID
+    assert verify(signed, ring, now_ms=1_000) is Verification.LEGACY_EXPIRED
+    assert verify(signed, Keyring({"k1": SECRET_1})) is Verification.VALID  # the default window
+    assert verify(signed, Keyring({"k1": SECRET_1}), now_ms=LEGACY_UNTIL_MS) is (
+        Verification.LEGACY_EXPIRED
+    )
+    # A typed signature knows no window.
+    assert verify(sign(intent(), RING), ring, now_ms=2**62) is Verification.VALID
+
+
+def test_inside_the_window_a_legacy_signature_still_crosses_types_and_after_it_is_refused():
+    """What the window costs: a legacy-signed inquiry re-enveloped as a ToolResult verifies
+    until the window ends, which is why signers move to the typed scheme first."""
+    result = _as(ToolResult, sign(_inquiry(), LEGACY_RING), LEGACY_RING)
+    ring = Keyring({"k1": SECRET_1}, legacy_until_ms=1_000)
+    assert verify(result, ring, now_ms=999) is Verification.VALID
+    assert verify(result, ring, now_ms=1_000) is Verification.LEGACY_EXPIRED
+
+
+def test_a_ring_reads_its_scheme_and_window_from_json():
+    secret = base64.b64encode(SECRET_1).decode()
+    default = Keyring.from_json(json.dumps({"active": "k1", "keys": {"k1": secret}}), source="s")
+    assert (default.sign_scheme, default.legacy_until_ms) == (
+        ToolIntent.HMAC_SHA256_TYPED,
+        LEGACY_UNTIL_MS,
+    )
+    text = json.dumps(
+        {
+            "active": "k1",
+            "keys": {"k1": secret},
+            "sign_scheme": "HMAC_SHA256",
+            "legacy_until": "2999-01-01T01:00:00+01:00",
+        }
+    )
+    ring = Keyring.from_json(text, source="s")
+    assert ring.sign_scheme == ToolIntent.HMAC_SHA256
+    assert ring.legacy_until_ms == 32_472_144_000_000
+    assert sign(intent(), ring).signature_scheme == ToolIntent.HMAC_SHA256
+
+
+@pytest.mark.parametrize(
+    ("extra", "reason"),
+    [
+        ({"sign_scheme": "HMAC_SHA512"}, "sign_scheme 'HMAC_SHA512' is none of"),
+        ({"sign_scheme": 1}, "sign_scheme 1 is none of"),
+        ({"legacy_until": 1803859200000}, "is a JSON int, not an RFC 3339 instant"),
+        ({"legacy_until": "March 2027"}, "is not an RFC 3339 instant"),
+        ({"legacy_until": "2027-03-01T00:00:00"}, "states no UTC offset"),
+        (
+            {"sign_scheme": "HMAC_SHA256", "legacy_until": "2026-01-01T00:00:00Z"},
+            "signs the legacy scheme HMAC_SHA256 after its window ended",
+        ),
+    ],
+)
+def test_a_malformed_scheme_or_window_is_a_keyring_error(extra, reason):
+    text = json.dumps(
+        {"active": "k1", "keys": {"k1": base64.b64encode(SECRET_1).decode()}, **extra}
+    )
+    with pytest.raises(KeyringError, match=reason):
+        Keyring.from_json(text, source="keys.json")
+
+
+def test_a_verify_only_ring_may_hold_a_closed_legacy_window():
+    # Not a signer: nothing it signs would be refused.
+    ring = Keyring({"k1": SECRET_1}, sign_scheme=ToolIntent.HMAC_SHA256, legacy_until_ms=0)
+    assert verify(sign(intent(), LEGACY_RING), ring) is Verification.LEGACY_EXPIRED

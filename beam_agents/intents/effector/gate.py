@@ -118,7 +118,8 @@ class Gate:
     def _decide(self, data, intent, now, store, owner) -> EffectorOutput:
         at = now()
         if self.mode is not VerifyMode.OFF:
-            outcome = verify(intent, self.keyring, wire=data)
+            # The legacy scheme's window is measured on the effector's clock, as expiry is.
+            outcome = verify(intent, self.keyring, wire=data, now_ms=at)
             if not self.mode.admits(outcome):
                 detail = (
                     f"intent {intent.intent_id} ({intent.tool_name}) refused in "

@@ -19,10 +19,11 @@ from beam_agents.intents.effector import (
     VerifyMode,
     content_digest,
 )
-from beam_agents.intents.signing import Keyring, Verification, sign, verify
+from beam_agents.intents.signing import LEGACY_UNTIL_MS, Keyring, Verification, sign, verify
 from beam_agents.ops.rounds import ManualClock
 from beam_agents.testing.effectors import (
     INT64_MAX,
+    KEYS,
     NOW,
     RING,
     Recording,
@@ -52,7 +53,7 @@ def _unknown_key() -> ToolIntent:
 
 def _unknown_scheme() -> ToolIntent:
     future = signed()
-    future.signature_scheme = 2
+    future.signature_scheme = 3  # a scheme this binary does not implement
     return future
 
 
@@ -178,12 +179,34 @@ def test_the_signature_is_checked_over_the_bytes_as_received():
         + intent(trace_id=b"").SerializeToString()
     )
     envelope = ToolIntent(
-        signature_scheme=ToolIntent.HMAC_SHA256,
+        signature_scheme=ToolIntent.HMAC_SHA256_TYPED,
         signing_key_id="k1",
-        signature=RING.mac("k1", trace_id_first),
+        signature=RING.mac(
+            "k1",
+            trace_id_first,
+            domain=b"\0beam_agents signature HMAC_SHA256_TYPED\0beam_agents.v1.ToolIntent\0",
+        ),
     )
     output = effector()(trace_id_first + envelope.SerializeToString())
     assert output.route is Route.RESULT and output.result.tool_result.status == ToolResult.OK
+
+
+@pytest.mark.parametrize(
+    ("at", "route"),
+    [(LEGACY_UNTIL_MS - 1, Route.RESULT), (LEGACY_UNTIL_MS, Route.DEAD_LETTER)],
+    ids=["inside the window", "at its end"],
+)
+def test_a_legacy_signed_intent_runs_inside_the_window_and_is_refused_after_it(at, route):
+    # A signer not yet upgraded, or held on the legacy scheme during a rolling upgrade.
+    legacy = Keyring(KEYS, active="k1", sign_scheme=ToolIntent.HMAC_SHA256, legacy_until_ms=2**62)
+    tool = Recording()
+    data = sign(intent(expires_at_ms=INT64_MAX), legacy).SerializeToString()
+    output = effector(clock=ManualClock(at), **{"crm.lookup": tool})(data)
+    assert output.route is route
+    if route is Route.DEAD_LETTER:
+        assert output.dead_letter.reason == "signature_legacy_expired" and tool.calls == []
+    else:
+        assert tool.calls == [intent().intent_id]
 
 
 def test_the_signature_is_checked_before_the_duplicate_check():
