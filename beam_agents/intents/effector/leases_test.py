@@ -4,12 +4,9 @@ renewal racing a takeover, and a claimant whose lease lapsed while it ran."""
 
 from __future__ import annotations
 
-import base64
 import json
-import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 
@@ -27,38 +24,17 @@ from beam_agents.intents.effector import (
     content_digest,
     wall_clock_ms,
 )
-from beam_agents.intents.signing import KEYS_ENV
 from beam_agents.ops.rounds import ManualClock
-from beam_agents.testing.effectors import INT64_MAX, KEYS, NOW, RING, Recording, signed
+from beam_agents.testing.effectors import (
+    INT64_MAX,
+    NOW,
+    RING,
+    Recording,
+    deliver,
+    effector_process,
+    signed,
+)
 from beam_agents.testing.samples import intent
-
-# An effector process reading intents (hex, a line each) and printing each output as JSON.
-# Its tool logs "<pid> <intent_id>" and then, given "block", blocks until the process is
-# killed: a call in flight.
-EFFECTOR = """
-import json, os, sys, time
-from beam_agents.intents.effector import Effector, VerifyMode
-from beam_agents.intents.signing import Keyring
-
-store, log, lease_ms, blocks = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4] == "block"
-
-def tool(args, intent):
-    with open(log, "a") as f:
-        f.write("%d %s\\n" % (os.getpid(), intent.intent_id))
-    if blocks:
-        print(json.dumps({"running": os.getpid()}), flush=True)
-        time.sleep(3600)
-    return "ran"
-
-effector = Effector({"crm.lookup": tool}, mode=VerifyMode.REQUIRE, store=store,
-                    keyring=Keyring.from_environment(), lease_ms=lease_ms)
-for line in sys.stdin:
-    out = effector(bytes.fromhex(line))
-    asked = out.approval
-    print(json.dumps({"pid": os.getpid(), "route": out.route.value,
-                      "asks": asked.intent_id if asked else None,
-                      "asked_at_ms": asked.created_at_ms if asked else None}), flush=True)
-"""
 
 UNSHARE = ("unshare", "--pid", "--fork", "--kill-child", "--mount-proc")
 
@@ -79,32 +55,33 @@ needs_pid_namespaces = pytest.mark.skipif(
 )
 
 
-def _in_own_pid_namespace(tmp_path, lease_ms: int, tool: str) -> subprocess.Popen:
-    """The EFFECTOR process as pid 1 of a PID namespace of its own (killed with its unshare),
+def _in_own_pid_namespace(tmp_path, lease_ms: int, then: str) -> subprocess.Popen:
+    """An effector process as pid 1 of a PID namespace of its own (killed with its unshare),
     on tmp_path's store, its clock the wall clock."""
-    env = {
-        **os.environ,
-        KEYS_ENV: json.dumps({"keys": {"k1": base64.b64encode(KEYS["k1"]).decode()}}),
-    }
-    store, log = tmp_path / "shared.sqlite", tmp_path / "tool.log"
-    return subprocess.Popen(
-        [*UNSHARE, sys.executable, "-c", EFFECTOR, str(store), str(log), str(lease_ms), tool],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-        env=env,
+    return effector_process(
+        tmp_path / "shared.sqlite",
+        tmp_path / "tool.log",
+        lease_ms=lease_ms,
+        then=then,
+        prefix=UNSHARE,
     )
-
-
-def _deliver(effector: subprocess.Popen, data: bytes) -> dict:
-    effector.stdin.write(data.hex() + "\n")
-    effector.stdin.flush()
-    return json.loads(effector.stdout.readline())
 
 
 def _stop(effector: subprocess.Popen) -> None:
     effector.kill()
     effector.wait()
+
+
+def _on_the_shared_store(tmp_path, tool, **options) -> Effector:
+    """An effector of `tool` as crm.lookup in this process on tmp_path's shared store;
+    `options` go to Effector."""
+    return Effector(
+        {"crm.lookup": tool},
+        mode=VerifyMode.REQUIRE,
+        store=tmp_path / "shared.sqlite",
+        keyring=RING,
+        **options,
+    )
 
 
 def _live_intent() -> bytes:
@@ -121,8 +98,9 @@ def test_two_effectors_in_separate_pid_namespaces_share_a_call_by_its_lease(tmp_
     data = _live_intent()
     store = SqliteExecutionStore(tmp_path / "shared.sqlite")
     first = _in_own_pid_namespace(tmp_path, lease_ms, "block")
-    second = _in_own_pid_namespace(tmp_path, lease_ms, "run")
+    second = _in_own_pid_namespace(tmp_path, lease_ms, "return")
     try:
+        assert (first.pid_inside, second.pid_inside) == (1, 1)
         first.stdin.write(data.hex() + "\n")
         first.stdin.flush()
         assert json.loads(first.stdout.readline()) == {"running": 1}
@@ -130,29 +108,29 @@ def test_two_effectors_in_separate_pid_namespaces_share_a_call_by_its_lease(tmp_
         copies = []
         ends = time.monotonic() + 2.5 * lease_ms / 1000
         while time.monotonic() < ends:
-            copies.append(_deliver(second, data))
+            copies.append(deliver(second, data))
             time.sleep(lease_ms / 10_000)
-        assert {(c["pid"], c["route"]) for c in copies} == {(1, "in flight")}
+        assert {copy["route"] for copy in copies} == {"in flight"}
         # The first's heartbeat renewed the lease meanwhile, from its own thread.
         assert store.get(intent().intent_id).lease_expires_at_ms > granted
         first.send_signal(signal.SIGKILL)  # its unshare, and with it the effector (--kill-child)
         assert first.wait() == -signal.SIGKILL
         assert first.stdout.read() == ""  # the effector itself is gone: its pipe is closed
         lapses = store.get(intent().intent_id).lease_expires_at_ms
-        assert _deliver(second, data)["route"] == "in flight"  # the lease is not yet expired
+        assert deliver(second, data)["route"] == "in flight"  # the lease is not yet expired
         deadline = time.monotonic() + lease_ms / 1000 + 30
-        while (asked := _deliver(second, data))["route"] == "in flight":
+        while (asked := deliver(second, data))["route"] == "in flight":
             assert time.monotonic() < deadline, "the lease of a dead effector never expired"
             time.sleep(lease_ms / 10_000)
-        again = _deliver(second, data)
+        again = deliver(second, data)
     finally:
         _stop(first)
         _stop(second)
     assert asked["route"] == "approval" and asked["asks"] == intent().intent_id + INQUIRY_SUFFIX
     assert asked["asked_at_ms"] >= lapses  # never before the lease expired
     assert again == {**asked, "route": "duplicate"}
-    (ran,) = (tmp_path / "tool.log").read_text().splitlines()
-    assert ran == f"1 {intent().intent_id}"  # the first's call; the second never ran it
+    # The first's call; the second never ran the tool.
+    assert (tmp_path / "tool.log").read_text().splitlines() == [intent().intent_id]
     recorded = store.get(intent().intent_id)
     assert recorded.outcome == ExecutionRecord.OUTCOME_APPROVAL and not recorded.claimed_by
 
@@ -167,12 +145,7 @@ def test_a_call_in_flight_in_another_pid_namespace_on_the_store_is_not_run_again
         container.stdin.flush()
         assert json.loads(container.stdout.readline()) == {"running": 1}
         tool = Recording()
-        here = Effector(
-            {"crm.lookup": ToolSpec(tool, reconcile=lambda _: None)},
-            mode=VerifyMode.REQUIRE,
-            store=tmp_path / "shared.sqlite",
-            keyring=RING,
-        )
+        here = _on_the_shared_store(tmp_path, ToolSpec(tool, reconcile=lambda _: None))
         copy = here(_live_intent())
     finally:
         _stop(container)
@@ -187,16 +160,9 @@ def test_a_call_longer_than_its_lease_stays_in_flight_while_its_heartbeat_renews
         release.wait(10)
         return "done"
 
-    def gate(tool):
-        return Effector(
-            {"crm.lookup": tool},
-            mode=VerifyMode.REQUIRE,
-            store=tmp_path / "shared.sqlite",
-            keyring=RING,
-            lease_ms=lease_ms,
-        )
-
-    busy, other, tool, first = gate(slow), gate(Recording()), Recording(), []
+    tool, first = Recording(), []
+    busy = _on_the_shared_store(tmp_path, slow, lease_ms=lease_ms)
+    other = _on_the_shared_store(tmp_path, tool, lease_ms=lease_ms)
     worker = threading.Thread(target=lambda: first.append(busy(_live_intent())))
     worker.start()
     try:
@@ -290,15 +256,6 @@ def test_a_claimant_whose_lease_lapsed_while_it_ran_keeps_the_call_to_one_result
     (it is what happened); a person's answer recorded first stays the call's one result."""
     clock, asked, answers = ManualClock(NOW), [], []
 
-    def gate(tool):
-        return Effector(
-            {"crm.lookup": tool},
-            mode=VerifyMode.REQUIRE,
-            store=tmp_path / "shared.sqlite",
-            keyring=RING,
-            clock=clock,
-        )
-
     def frozen(args, tool_intent):
         clock.now_ms = NOW + DEFAULT_LEASE_MS  # no renewal landed: the lease lapsed
         asked.append(other(signed(attempt=2)))
@@ -306,8 +263,8 @@ def test_a_claimant_whose_lease_lapsed_while_it_ran_keeps_the_call_to_one_result
             answers.append(other.resolve(_answer(asked[0].approval, approved=False)))
         return "done"
 
-    other = gate(Recording())
-    first = gate(frozen)(signed())
+    other = _on_the_shared_store(tmp_path, Recording(), clock=clock)
+    first = _on_the_shared_store(tmp_path, frozen, clock=clock)(signed())
     assert asked[0].route is Route.APPROVAL and first.ran_tool
     copy = other(signed(attempt=3))
     if answered:

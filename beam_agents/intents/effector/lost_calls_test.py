@@ -6,12 +6,9 @@ leases, and the outcome of a lost call settled by its ToolSpec or by a person's 
 from __future__ import annotations
 
 import asyncio
-import base64
 import json
 import os
 import signal
-import subprocess
-import sys
 import threading
 
 import pytest
@@ -30,70 +27,31 @@ from beam_agents.intents.effector import (
     content_digest,
 )
 from beam_agents.intents.identity import canonical_args_json
-from beam_agents.intents.signing import KEYS_ENV, Keyring, Verification, sign, verify
+from beam_agents.intents.signing import Keyring, Verification, sign, verify
 from beam_agents.ops.rounds import ManualClock
 from beam_agents.testing.effectors import (
     INT64_MAX,
-    KEYS,
     NOW,
     RING,
     Recording,
+    deliver,
     effector,
+    effector_process,
     signed,
 )
 from beam_agents.testing.samples import intent
-
-SERVICE = """
-import json, os, signal, sys
-from beam_agents.intents.signing import Keyring
-from beam_agents.intents.effector import Effector, VerifyMode
-
-store, log, now, die_in_tool = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4] == "1"
-lease_ms = int(sys.argv[5])
-
-def tool(args, intent):
-    with open(log, "a") as f:
-        f.write(intent.intent_id + "\\n")
-    if die_in_tool:
-        os.kill(os.getpid(), signal.SIGKILL)
-    return "looked up %d" % args["id"]
-
-effector = Effector({"crm.lookup": tool}, mode=VerifyMode.REQUIRE, store=store,
-                    keyring=Keyring.from_environment(), clock=lambda: now, lease_ms=lease_ms)
-for line in sys.stdin:
-    out = effector(bytes.fromhex(line))
-    result = out.result.tool_result if out.result else None
-    print(json.dumps({"route": out.route.value,
-                      "asks": out.approval.intent_id if out.approval else None,
-                      "status": result.status if result else None,
-                      "payload": result.payload.decode() if result else None,
-                      "error": result.error_message if result else None}), flush=True)
-"""
-
 
 LEASE_MS = 1_000
 
 
 def _service(tmp_path, *, die_in_tool=False, now=NOW):
-    env = {
-        **os.environ,
-        KEYS_ENV: json.dumps({"keys": {"k1": base64.b64encode(KEYS["k1"]).decode()}}),
-    }
-    args = [str(tmp_path / "executions.sqlite"), str(tmp_path / "tool.log"), str(now)]
-    return subprocess.Popen(
-        [sys.executable, "-c", SERVICE, *args, "1" if die_in_tool else "0", str(LEASE_MS)],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-        env=env,
+    return effector_process(
+        tmp_path / "executions.sqlite",
+        tmp_path / "tool.log",
+        now=now,
+        lease_ms=LEASE_MS,
+        then="die" if die_in_tool else "return",
     )
-
-
-def _deliver(service, data: bytes) -> dict | None:
-    service.stdin.write(data.hex() + "\n")
-    service.stdin.flush()
-    line = service.stdout.readline()
-    return json.loads(line) if line else None
 
 
 def _tool_log(tmp_path) -> list[str]:
@@ -103,12 +61,12 @@ def _tool_log(tmp_path) -> list[str]:
 def test_an_effector_killed_between_two_deliveries_does_not_run_the_tool_again(tmp_path):
     data = signed().SerializeToString()
     first_process = _service(tmp_path)
-    first = _deliver(first_process, data)
+    first = deliver(first_process, data)
     first_process.kill()
     first_process.wait()
     restarted = _service(tmp_path)
     try:
-        again = _deliver(restarted, data)
+        again = deliver(restarted, data)
     finally:
         restarted.stdin.close()
         restarted.wait()
@@ -120,18 +78,18 @@ def test_an_effector_killed_between_two_deliveries_does_not_run_the_tool_again(t
 def test_an_effector_killed_inside_a_plain_tool_asks_a_person_and_never_reruns(tmp_path):
     data = signed().SerializeToString()
     dying = _service(tmp_path, die_in_tool=True)
-    assert _deliver(dying, data) is None  # killed mid-call: no answer
+    assert deliver(dying, data) is None  # killed mid-call: no answer
     assert dying.wait() == -signal.SIGKILL
     # Restarted before the dead call's lease expired, it is in flight; after, a lost call.
     early = _service(tmp_path, now=NOW + LEASE_MS - 1)
     try:
-        assert _deliver(early, data)["route"] == "in flight"
+        assert deliver(early, data)["route"] == "in flight"
     finally:
         early.stdin.close()
         early.wait()
     restarted = _service(tmp_path, now=NOW + LEASE_MS)
     try:
-        after, again = _deliver(restarted, data), _deliver(restarted, data)
+        after, again = deliver(restarted, data), deliver(restarted, data)
     finally:
         restarted.stdin.close()
         restarted.wait()
