@@ -24,6 +24,7 @@ from beam_agents.intents.effector import (
     content_digest,
     wall_clock_ms,
 )
+from beam_agents.intents.effector.leases import Leases
 from beam_agents.ops.rounds import ManualClock
 from beam_agents.testing.effectors import (
     INT64_MAX,
@@ -35,6 +36,7 @@ from beam_agents.testing.effectors import (
     signed,
 )
 from beam_agents.testing.samples import intent
+from tools.workspace import data_root
 
 UNSHARE = ("unshare", "--pid", "--fork", "--kill-child", "--mount-proc")
 
@@ -282,3 +284,20 @@ def test_a_claimant_whose_lease_lapsed_while_it_ran_keeps_the_call_to_one_result
 def test_a_lease_must_be_an_int_of_at_least_300_ms(lease_ms):
     with pytest.raises(ValueError, match="lease_ms"):
         Effector({}, mode=VerifyMode.OFF, store=":memory:", lease_ms=lease_ms)
+
+
+@pytest.mark.parametrize("version", ["v1", "v2"])
+def test_a_claim_the_binary_before_leases_wrote_is_stamped_for_its_claimant_on_read(version):
+    # The golden corpus's claim, as written: no lease. Migrated on read, it keeps every field
+    # and gains a lease of its claimant's for one lease from the read.
+    data = (data_root() / "golden" / version / "execution_record_running.binpb").read_bytes()
+    claim = ExecutionRecord.FromString(data)
+    leases = Leases(DEFAULT_LEASE_MS, ManualClock(NOW))
+    assert Leases.legacy(claim) and not leases.expired(claim, NOW)
+    stamped = leases.stamped(claim, NOW)
+    assert not Leases.legacy(stamped) and stamped.lease_owner == claim.claimed_by
+    assert not leases.expired(stamped, NOW + DEFAULT_LEASE_MS - 1)
+    assert leases.expired(stamped, NOW + DEFAULT_LEASE_MS)
+    stamped.ClearField("lease_owner")
+    stamped.ClearField("lease_expires_at_ms")
+    assert stamped.SerializeToString(deterministic=True) == data
