@@ -325,7 +325,7 @@ class StateSnapshot(_message.Message):
     def __init__(self, state_schema_version: _Optional[int] = ..., entity_key: _Optional[bytes] = ..., seq: _Optional[int] = ..., snapshot_at_ms: _Optional[int] = ..., memory: _Optional[_Union[MemoryBlob, _Mapping]] = ..., llm_cache: _Optional[_Union[LlmCacheBlob, _Mapping]] = ..., continuation: _Optional[_Union[Continuation, _Mapping]] = ..., pending: _Optional[_Iterable[_Union[ToolIntent, _Mapping]]] = ..., request_id: _Optional[str] = ...) -> None: ...
 
 class ExecutionRecord(_message.Message):
-    __slots__ = ("intent_id", "entity_key", "content_digest", "outcome", "result", "latest_expires_at_ms", "claimed_by")
+    __slots__ = ("intent_id", "entity_key", "content_digest", "outcome", "result", "latest_expires_at_ms", "claimed_by", "lease_expires_at_ms", "lease_owner")
     class Outcome(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
         __slots__ = ()
         OUTCOME_UNSPECIFIED: _ClassVar[ExecutionRecord.Outcome]
@@ -343,6 +343,8 @@ class ExecutionRecord(_message.Message):
     RESULT_FIELD_NUMBER: _ClassVar[int]
     LATEST_EXPIRES_AT_MS_FIELD_NUMBER: _ClassVar[int]
     CLAIMED_BY_FIELD_NUMBER: _ClassVar[int]
+    LEASE_EXPIRES_AT_MS_FIELD_NUMBER: _ClassVar[int]
+    LEASE_OWNER_FIELD_NUMBER: _ClassVar[int]
     intent_id: str
     entity_key: bytes
     content_digest: bytes
@@ -350,4 +352,6 @@ class ExecutionRecord(_message.Message):
     result: ToolResult
     latest_expires_at_ms: int
     claimed_by: str
-    def __init__(self, intent_id: _Optional[str] = ..., entity_key: _Optional[bytes] = ..., content_digest: _Optional[bytes] = ..., outcome: _Optional[_Union[ExecutionRecord.Outcome, str]] = ..., result: _Optional[_Union[ToolResult, _Mapping]] = ..., latest_expires_at_ms: _Optional[int] = ..., claimed_by: _Optional[str] = ...) -> None: ...
+    lease_expires_at_ms: int
+    lease_owner: str
+    def __init__(self, intent_id: _Optional[str] = ..., entity_key: _Optional[bytes] = ..., content_digest: _Optional[bytes] = ..., outcome: _Optional[_Union[ExecutionRecord.Outcome, str]] = ..., result: _Optional[_Union[ToolResult, _Mapping]] = ..., latest_expires_at_ms: _Optional[int] = ..., claimed_by: _Optional[str] = ..., lease_expires_at_ms: _Optional[int] = ..., lease_owner: _Optional[str] = ...) -> None: ...

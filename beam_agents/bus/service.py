@@ -30,7 +30,8 @@ class EffectorService:
     Each intent's records (a result to the events topic, an approval intent to the approvals
     topic, a dead letter) are produced and acknowledged before the intent's offset is
     committed. A copy of a decided intent sends its recorded result or approval request
-    again; an intent another live effector is running is left uncommitted and read again.
+    again; an intent another effector is running (its claim's lease unexpired) is left
+    uncommitted and read again, until its result is recorded or its lease expires.
     Every record carries its id (`RECORD_ID_HEADER`, `record_id`), the same for every copy.
 
     Faults: an error the broker or client calls retriable (a coordinator loading, a broker
@@ -136,8 +137,9 @@ class EffectorService:
                 else:
                     output = self.effector(message.value() or b"")
                 if output is not None and output.route is Route.IN_FLIGHT:
-                    # Another live effector runs it now: read it again later, so that if that
-                    # process dies this one answers it instead of leaving it unanswered.
+                    # Another effector runs it now, its lease renewed: read it again later, so
+                    # that if that effector dies this one answers it once its lease expired,
+                    # instead of leaving it unanswered.
                     served.hold(message)
                     continue
                 served.add(message, output)

@@ -7,8 +7,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
 
 import pytest
@@ -26,9 +24,9 @@ from beam_agents.intents.effector import (
     INQUIRY_TOOL,
     Effector,
     Route,
+    SqliteExecutionStore,
     VerifyMode,
 )
-from beam_agents.intents.effector.gate import _process_start
 from beam_agents.intents.identity import content_digest
 from beam_agents.intents.signing import Keyring, sign
 from beam_agents.ops.processes import Launched
@@ -258,45 +256,54 @@ def test_refused_intents_become_dead_letters_on_the_topic_and_are_committed(boot
     assert calls.intent_ids == []
 
 
-def _plant_claim(store, held: ToolIntent, pid: int) -> None:
-    """Records `held` as running in the effector process `pid` (alive while the test needs)."""
-    Effector({}, mode=VerifyMode.OFF, store=store).store.claim(
+def _plant_claim(store, held: ToolIntent) -> None:
+    """Records `held` as running in another effector, its lease renewed as long as the test
+    needs (until `_lapse`)."""
+    SqliteExecutionStore(store).claim(
         ExecutionRecord(
             intent_id=held.intent_id,
             entity_key=held.entity_key,
             content_digest=content_digest(held.SerializeToString(deterministic=True)),
             outcome=ExecutionRecord.OUTCOME_RUNNING,
             latest_expires_at_ms=held.expires_at_ms,
-            claimed_by=f"{pid}:{_process_start(pid)}:planted",
+            claimed_by="planted",
+            lease_owner="planted",
+            lease_expires_at_ms=FAR,
         ),
         FAR,
     )
+
+
+def _lapse(store, held: ToolIntent) -> None:
+    """The effector of a planted claim dies: the lease it last renewed expires."""
+    shared = SqliteExecutionStore(store)
+    claim = shared.get(held.intent_id)
+    lapsed = ExecutionRecord()
+    lapsed.CopyFrom(claim)
+    lapsed.lease_expires_at_ms = now_ms() - 1
+    assert shared.replace(lapsed, claim, FAR)
 
 
 @pytest.mark.engines
 def test_an_intent_another_live_effector_holds_is_answered_once_that_effector_dies(
     bootstrap, tmp_path
 ):
-    """The in-flight copy is never committed as done: while the claimant lives the service
-    reads it again; once it is gone, the service asks a person what happened (the tool is a
-    plain one) without running the tool, and tells the agent nothing yet."""
+    """The in-flight copy is never committed as done: while the claimant's lease holds the
+    service reads it again; once it expired (its effector died), the service asks a person
+    what happened (the tool is a plain one) without running the tool, and tells the agent
+    nothing yet."""
     topics = fresh_topics(bootstrap)
     store, calls = tmp_path / "effector.sqlite", Calls()
     held = _intent("i-9", b"c-9")
-    claimant = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    _plant_claim(store, held)
+    produce(bootstrap, [(topics.intents, b"c-9", held, now_ms())])
+    service = _service(bootstrap, topics, store, calls)
     try:
-        _plant_claim(store, held, claimant.pid)
-        produce(bootstrap, [(topics.intents, b"c-9", held, now_ms())])
-        service = _service(bootstrap, topics, store, calls)
-        try:
-            assert _serve_until(service, 2) == [Route.IN_FLIGHT, Route.IN_FLIGHT]
-            claimant.kill()
-            claimant.wait()
-            assert _serve_until(service, 1) == [Route.APPROVAL]
-        finally:
-            service.close()
+        assert _serve_until(service, 2) == [Route.IN_FLIGHT, Route.IN_FLIGHT]
+        _lapse(store, held)
+        assert _serve_until(service, 1) == [Route.APPROVAL]
     finally:
-        claimant.kill()
+        service.close()
     assert calls.intent_ids == []
     reader = TopicReader(bootstrap, [topics.events, topics.approvals])
     try:
@@ -319,32 +326,25 @@ def test_a_held_intent_holds_back_the_intents_after_it_and_a_batch_commits_what_
     topics = fresh_topics(bootstrap)
     store, calls = tmp_path / "effector.sqlite", Calls()
     before, held, after = (_intent(f"i-{n}", b"c-%d" % n) for n in (1, 2, 3))
-    claimant = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    _plant_claim(store, held)
+    produce(bootstrap, [(topics.intents, i.entity_key, i, now_ms()) for i in (before, held, after)])
+    service = _service(bootstrap, topics, store, calls)
     try:
-        _plant_claim(store, held, claimant.pid)
-        produce(
-            bootstrap, [(topics.intents, i.entity_key, i, now_ms()) for i in (before, held, after)]
-        )
-        service = _service(bootstrap, topics, store, calls)
-        try:
-            routes = _serve_until(service, 4)
-            assert routes[0] == Route.RESULT and set(routes[1:]) == {Route.IN_FLIGHT}
-            assert calls.intent_ids == ["i-1"]  # i-3 waits behind i-2
-        finally:
-            service.close()
-        # What the batches finished is committed, the held intent and the one after it not.
-        assert _uncommitted(bootstrap, topics, f"{topics.prefix}.fx") == 2
-        service = _service(bootstrap, topics, store, calls)
-        try:
-            assert _serve_until(service, 1)[0] == Route.IN_FLIGHT  # i-1 is not read again
-            claimant.kill()
-            claimant.wait()
-            routes = _serve_until(service, 2)
-            assert routes[-2:] == [Route.APPROVAL, Route.RESULT], routes
-        finally:
-            service.close()
+        routes = _serve_until(service, 4)
+        assert routes[0] == Route.RESULT and set(routes[1:]) == {Route.IN_FLIGHT}
+        assert calls.intent_ids == ["i-1"]  # i-3 waits behind i-2
     finally:
-        claimant.kill()
+        service.close()
+    # What the batches finished is committed, the held intent and the one after it not.
+    assert _uncommitted(bootstrap, topics, f"{topics.prefix}.fx") == 2
+    service = _service(bootstrap, topics, store, calls)
+    try:
+        assert _serve_until(service, 1)[0] == Route.IN_FLIGHT  # i-1 is not read again
+        _lapse(store, held)
+        routes = _serve_until(service, 2)
+        assert routes[-2:] == [Route.APPROVAL, Route.RESULT], routes
+    finally:
+        service.close()
     assert calls.intent_ids == ["i-1", "i-3"]
     # Many intents at once: served in a few polls, each answered once, all committed.
     many = [_intent(f"m-{n}", b"c-%d" % n) for n in range(200)]

@@ -11,7 +11,7 @@
     beam-agents effector-service --bootstrap-servers HOST:PORT --topic-prefix PREFIX
         --store FILE --tools MODULE:NAME [--keyring MODULE:NAME] [--result-keyring MODULE:NAME]
         [--approval-keyring MODULE:NAME] [--mode MODE] [--instance-id ID]
-        [--session-timeout-ms MS]
+        [--session-timeout-ms MS] [--lease-ms MS]
     beam-agents console --bus=kafka --config FILE
     beam-agents console hash-password
 
@@ -49,7 +49,11 @@ the Keyring that verifies intents (required unless --mode off), --result-keyring
 key signs every result and inquiry, --approval-keyring one that verifies people's answers to
 inquiries about calls whose outcome was unknown (a tool is a callable or a ToolSpec). --instance-id
 makes it a static member of its consumer group, so a restart under the same id serves at once;
---session-timeout-ms (default 10000) bounds how long a crashed member holds the intents. It
+--session-timeout-ms (default 10000) bounds how long a crashed member holds the intents.
+--lease-ms (default 30000) is how long a claim on a call stays the service's unless renewed (it
+is renewed while the tool runs): a call whose service died is a lost call, answered by its
+ToolSpec or a person, this long after its last renewal; services sharing a store, in whatever
+containers, judge each other's calls by it. It
 prints one line to stderr when it serves, and one per retried broker error (backoff up to 10 s).
 On SIGTERM it leaves the group at once. Exit codes: 0 stopped by a signal; 1 stopped by a fatal
 or permanent failure (the broker error named, or the store), with the intent it was serving
@@ -164,6 +168,7 @@ def _effector_service(args: argparse.Namespace) -> int:
             keyring=_keyring(args.keyring),
             result_keyring=_keyring(args.result_keyring),
             approval_keyring=_keyring(args.approval_keyring),
+            **({} if args.lease_ms is None else {"lease_ms": args.lease_ms}),
         )
     except ExecutionStoreError as e:  # it names the store's path
         print(f"beam-agents effector-service: {e}", file=sys.stderr)
@@ -416,6 +421,11 @@ def _parser() -> argparse.ArgumentParser:
         type=int,
         default=10_000,
         help="how long the group waits for a member that stopped heartbeating",
+    )
+    service.add_argument(
+        "--lease-ms",
+        type=int,
+        help="how long a claim on a call stays this service's unless renewed (default 30000)",
     )
     service.set_defaults(run=_effector_service)
     console = commands.add_parser(

@@ -241,6 +241,11 @@ _SERVICE = ["effector-service", "--bootstrap-servers", "127.0.0.1:1", "--store",
              "--mode", "off"],
             "no topic prefix",
         ),
+        (
+            ["--topic-prefix", "p", "--tools", "beam_agents.examples.support_triage:TOOLS",
+             "--mode", "off", "--lease-ms", "10"],
+            "lease_ms must be an int of at least 300",
+        ),
     ],
 )  # fmt: skip
 def test_effector_service_refuses_what_it_cannot_serve_before_touching_a_broker(

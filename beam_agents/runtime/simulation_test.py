@@ -12,7 +12,7 @@ import os
 
 import pytest
 
-from beam_agents.intents.effector import gate
+from beam_agents.intents.effector import leases
 from beam_agents.runtime import machine, machine_answers
 from beam_agents.state.memory import ReplayCache
 from beam_agents.testing.simulation import Simulation, SimulationFailure
@@ -92,7 +92,7 @@ def test_it_goes_red_when_a_replay_drops_the_calls_of_its_own_seq(monkeypatch):
 
 
 def test_it_goes_red_when_the_effector_waits_for_a_claimant_that_died(monkeypatch):
-    monkeypatch.setattr(gate, "_running", lambda claimed_by, intent_id, owner: True)
+    monkeypatch.setattr(leases.Leases, "expired", lambda self, claim, now: False)
     failure = _red()
     assert "never answered" in failure
 

@@ -17,7 +17,9 @@ APPROVAL, before the intent's offset is committed (the redelivered intent sends 
 The two approval files fire on two different approvals, die-after-approval first. Each such
 file is removed as it fires, so a restarted service goes on. The service
 prints `served ROUTE` to stdout for every message it handles. `FX_INSTANCE_ID` makes it a
-static group member; `FX_SESSION_TIMEOUT_MS` sets its session timeout.
+static group member; `FX_SESSION_TIMEOUT_MS` sets its session timeout; `FX_LEASE_MS` its
+effector's lease (default 2 s, so a restart finds a killed call's claim lost within 2 s rather
+than the production default's 30 s; its tools return at once).
 
 `python -m beam_agents.testing.chaos BOOTSTRAP PREFIX DIR triage` serves the support-triage
 loop's own tools instead (beam_agents.examples.support_triage.TOOLS, the demo's keyrings, as
@@ -175,6 +177,7 @@ def main(argv: list[str]) -> int:
 
     bootstrap, prefix, directory = argv[0], argv[1], Path(argv[2])
     store = _DyingStore(directory)
+    lease_ms = int(os.environ.get("FX_LEASE_MS", "2000"))
     if argv[3:] == ["triage"]:
         from beam_agents.ops.demo import demo_approver_keyring, demo_effector_keyring, demo_keyring
 
@@ -185,6 +188,7 @@ def main(argv: list[str]) -> int:
             store=store,
             result_keyring=demo_effector_keyring(),
             approval_keyring=demo_approver_keyring(),
+            lease_ms=lease_ms,
         )
     else:
         effector = Effector(
@@ -193,6 +197,7 @@ def main(argv: list[str]) -> int:
             store=store,
             result_keyring=RESULTS_RING,
             approval_keyring=APPROVER_RING,
+            lease_ms=lease_ms,
         )
     topics = Topics(prefix)
     service = EffectorService(

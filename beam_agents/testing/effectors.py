@@ -2,14 +2,22 @@
 (beam_agents/intents/effector/).
 
 `signed()` is samples.intent() signed with RING; `effector()` is an Effector over an in-memory
-store on a manual clock at NOW, between the sample intent's created_at and expires_at.
+store on a manual clock at NOW, between the sample intent's created_at and expires_at;
+`effector_process()` is an Effector in a child process of its own, `deliver()` hands it an
+intent.
 """
 
 from __future__ import annotations
 
+import base64
+import json
+import os
+import subprocess
+import sys
+
 from beam_agents._protos import ToolIntent
-from beam_agents.intents.effector import Effector, VerifyMode
-from beam_agents.intents.signing import Keyring, sign
+from beam_agents.intents.effector import DEFAULT_LEASE_MS, Effector, VerifyMode
+from beam_agents.intents.signing import KEYS_ENV, Keyring, sign
 from beam_agents.ops.rounds import ManualClock
 from beam_agents.testing.samples import intent
 
@@ -19,7 +27,9 @@ __all__ = [
     "NOW",
     "RING",
     "Recording",
+    "deliver",
     "effector",
+    "effector_process",
     "flaky",
     "lookup",
     "signed",
@@ -68,3 +78,68 @@ def tampered() -> ToolIntent:
     bad = signed()
     bad.args_json = '{"id":666}'
     return bad
+
+
+# The child of `effector_process`: argv is STORE LOG NOW LEASE_MS THEN.
+_EFFECTOR_PROCESS = """
+import json, os, signal, sys, time
+from beam_agents.intents.effector import Effector, VerifyMode, wall_clock_ms
+from beam_agents.intents.signing import Keyring
+
+store, log, now, lease_ms, then = sys.argv[1:6]
+
+def tool(args, intent):
+    with open(log, "a") as f:
+        f.write(intent.intent_id + "\\n")
+    if then == "die":
+        os.kill(os.getpid(), signal.SIGKILL)
+    if then == "block":
+        print(json.dumps({"running": os.getpid()}), flush=True)
+        time.sleep(3600)
+    return "looked up %d" % args["id"]
+
+effector = Effector({"crm.lookup": tool}, mode=VerifyMode.REQUIRE, store=store,
+                    keyring=Keyring.from_environment(), lease_ms=int(lease_ms),
+                    clock=wall_clock_ms if now == "wall" else lambda: int(now))
+print(json.dumps({"ready": os.getpid()}), flush=True)
+for line in sys.stdin:
+    out = effector(bytes.fromhex(line))
+    result, asked = out.result.tool_result if out.result else None, out.approval
+    print(json.dumps({"route": out.route.value,
+                      "asks": asked.intent_id if asked else None,
+                      "asked_at_ms": asked.created_at_ms if asked else None,
+                      "status": result.status if result else None,
+                      "payload": result.payload.decode() if result else None,
+                      "error": result.error_message if result else None}), flush=True)
+"""
+
+
+def effector_process(
+    store, log, *, now: int | str = "wall", lease_ms=DEFAULT_LEASE_MS, then="return", prefix=()
+) -> subprocess.Popen:
+    """An Effector of crm.lookup in a child process, started with `prefix` (say, unshare), on the
+    SQLite file `store`, verifying with RING's keys, its clock fixed at `now` or the wall
+    clock. Its tool writes each call's intent_id to the file `log`, then returns ("return"),
+    kills its process ("die") or prints {"running": PID} and blocks until it is killed
+    ("block"). Once it is ready, its pid as it sees it (in its own PID namespace) is its
+    `pid_inside`."""
+    keys = {name: base64.b64encode(key).decode() for name, key in KEYS.items()}
+    process = subprocess.Popen(
+        [*prefix, sys.executable, "-c", _EFFECTOR_PROCESS]
+        + [str(arg) for arg in (store, log, now, lease_ms, then)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, KEYS_ENV: json.dumps({"keys": keys})},
+    )
+    process.pid_inside = json.loads(process.stdout.readline())["ready"]
+    return process
+
+
+def deliver(process: subprocess.Popen, data: bytes) -> dict | None:
+    """Hands an `effector_process` an intent: what it printed of the output, or None when it
+    died first."""
+    process.stdin.write(data.hex() + "\n")
+    process.stdin.flush()
+    line = process.stdout.readline()
+    return json.loads(line) if line else None

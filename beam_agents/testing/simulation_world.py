@@ -33,8 +33,8 @@ INTENT_RING = Keyring({"rt": b"r" * 32}, active="rt")
 RESULT_RING = Keyring({"fx": b"f" * 32}, active="fx")
 APPROVAL_RING = Keyring({"ap": b"a" * 32}, active="ap")
 FORGER_RING = Keyring({"fx": b"x" * 32}, active="fx")
-#: A claimant that cannot be running: beyond any pid_max.
-DEAD_CLAIMANT = f"{2**22 + 7}:0:crashed"
+#: The claimant of the claims of effectors that died mid-call, their leases expired.
+DEAD_CLAIMANT = "crashed"
 
 
 class _Crash(BaseException):
@@ -62,9 +62,7 @@ class World:
             approval_keyring=APPROVAL_RING,
             clock=lambda: self.now,
         )
-        # Its claims name a process that is gone by the time anyone reads them: effectors here
-        # run one call at a time, and one that crashed must be seen as dead.
-        effector.instance_id = DEAD_CLAIMANT
+        # A call that crashes inside its tool releases its lease: the next copy finds it lost.
         return effector
 
     def _tool(self, name: str):
@@ -107,6 +105,8 @@ class World:
                 outcome=ExecutionRecord.OUTCOME_RUNNING,
                 latest_expires_at_ms=intent.expires_at_ms,
                 claimed_by=DEAD_CLAIMANT,
+                lease_owner=DEAD_CLAIMANT,
+                lease_expires_at_ms=self.now,
             )
             self.store.claim(record, self.now + 10**9)
             self.executions[intent.intent_id] += 1

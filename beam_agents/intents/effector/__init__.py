@@ -39,11 +39,12 @@ Two faces share the gate:
 
 * `Effector`, a plain callable for a service reading intents from a topic, keeps its records in
   an `ExecutionStore`: `SqliteExecutionStore` (standard library sqlite3, WAL, fsync on commit)
-  by default. A claim naming the effector's process is committed before the tool runs. A copy
-  that finds the claim of a call still running is in flight (`Route.IN_FLIGHT`, no result
-  yet: deliver it again later); one that finds the claim of a process that is gone (an
-  effector killed mid-call), or of a call that raised in a live one (its result could not be
-  recorded), has an unknown outcome, settled by the tool's `ToolSpec`: run again if
+  by default. A claim naming the effector instance, with its lease (`lease_ms`, default 30 s),
+  is committed before the tool runs, and the lease is renewed while the tool runs (`leases`).
+  A copy that finds the claim's lease unexpired is in flight (`Route.IN_FLIGHT`, no result
+  yet: deliver it again later), whatever process or PID namespace holds it; one that finds it
+  expired (an effector killed or frozen mid-call, or a call that raised, whose result could
+  not be recorded) has an unknown outcome, settled by the tool's `ToolSpec`: run again if
   idempotent, its reconciler, or a person asked through an APPROVAL intent (`resolve` records
   their answer). The agent is never told a call failed that may have acted.
 * `ExecuteIntents`, a Beam transform, re-windows intents into the global window (the same
@@ -61,8 +62,9 @@ where the effector runs (`keyring_loader`), never carried in a pipeline's serial
 
 The package, in the order an intent meets it: `spec` (what a caller gives the effector and gets
 back: tools and their `ToolSpec`, `VerifyMode`, `Route`, `EffectorOutput`, the output tags and
-dead-letter reasons), `stores` (`ExecutionStore` and `SqliteExecutionStore`), `gate` (steps 1 to
-6 over any store, and `Effector`) and `transform` (`ExecuteIntents`, the gate over Beam keyed
+dead-letter reasons), `stores` (`ExecutionStore` and `SqliteExecutionStore`), `leases` (a claim's
+lease, its renewal and the reading of claims written before leases), `gate` (steps 1 to 6 over
+any store, and `Effector`) and `transform` (`ExecuteIntents`, the gate over Beam keyed
 state). It may import the intents' `identity` and `signing` and the layers below the intents
 (it uses `beam_agents.wire`, among it `beam_support`, `beam_agents.errors` and the bindings);
 nothing of the runtime (`beam_agents/layout_test.py` enforces it). The names below are the
@@ -75,6 +77,7 @@ from beam_agents.intents.effector.gate import Effector
 from beam_agents.intents.effector.spec import (
     APPROVALS,
     DEAD_LETTERS,
+    DEFAULT_LEASE_MS,
     DEFAULT_MAX_RESULT_BYTES,
     DEFAULT_RETENTION_MS,
     INQUIRY_SUFFIX,
@@ -96,6 +99,7 @@ from beam_agents.intents.identity import DELIVERY_FIELDS, content_digest
 __all__ = [
     "APPROVALS",
     "DEAD_LETTERS",
+    "DEFAULT_LEASE_MS",
     "DEFAULT_MAX_RESULT_BYTES",
     "DEFAULT_RETENTION_MS",
     "DELIVERY_FIELDS",

@@ -1,19 +1,17 @@
 """The gate: steps 1 to 6 of the package docstring over any ExecutionStore (`Gate`), and
 `Effector`, the gate as a plain callable over a store of its own.
 
-A claim in a store names the effector process that wrote it (`_instance_id`), so a copy can
-tell a call still in flight from one whose effector died mid-call (`_running`); the latter's
-outcome is settled by the tool's ToolSpec, or by a person answering an inquiry (`resolve`).
+A claim in a store holds its claimant's lease (`leases`), renewed while the tool runs, so a
+copy can tell a call still in flight from one whose effector stopped mid-call (its lease
+expired); the latter's outcome is settled by the tool's ToolSpec, or by a person answering an
+inquiry (`resolve`).
 """
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import dataclasses
 import os
-import threading
-import uuid
 from collections.abc import Callable, Mapping
 
 from google.protobuf.message import DecodeError
@@ -26,7 +24,9 @@ from beam_agents._protos import (
     ToolResult,
 )
 from beam_agents.errors import CanonicalJsonError
+from beam_agents.intents.effector.leases import Leases, settle
 from beam_agents.intents.effector.spec import (
+    DEFAULT_LEASE_MS,
     DEFAULT_MAX_RESULT_BYTES,
     DEFAULT_RETENTION_MS,
     INQUIRY_SUFFIX,
@@ -64,7 +64,10 @@ _MAX_ERROR_CHARS = 4096
 
 
 class Gate:
-    """Steps 1 to 6 of the package docstring over any ExecutionStore."""
+    """Steps 1 to 6 of the package docstring over any ExecutionStore. `leases` are those of
+    the effector instance deciding; None where no other process shares the store (Beam keyed
+    state, which commits a claim only with its bundle's result): a claim read back there is a
+    lost call."""
 
     def __init__(
         self,
@@ -75,6 +78,7 @@ class Gate:
         result_keyring: Keyring | None = None,
         approval_keyring: Keyring | None = None,
         max_result_bytes: int = DEFAULT_MAX_RESULT_BYTES,
+        leases: Leases | None = None,
     ) -> None:
         if mode is not VerifyMode.OFF and keyring is None:
             raise ValueError(f"verify mode {mode.value} needs a keyring")
@@ -88,6 +92,7 @@ class Gate:
         self.result_keyring = result_keyring
         self.approval_keyring = approval_keyring
         self.max_result_bytes = check_max_result_bytes(max_result_bytes)
+        self.leases = leases
 
     def keep_until(self, record: ExecutionRecord, now: int) -> int:
         if record.outcome == ExecutionRecord.OUTCOME_RUNNING or _awaits_answer(record):
@@ -103,7 +108,6 @@ class Gate:
         *,
         now: Callable[[], int],
         store: ExecutionStore,
-        owner: str,
     ) -> EffectorOutput:
         """The gate's output for one serialized intent; runs its tool at most once."""
         try:
@@ -111,11 +115,9 @@ class Gate:
         except DecodeError as e:
             detail = f"{len(data)} bytes are not a ToolIntent: {e}"
             return dead_letter(b"", REASON_UNDECODABLE, detail, now())
-        # Any claim `owner` holds on this intent is live while this call lasts, and only then.
-        with _deciding(owner, intent.intent_id):
-            return self._decide(data, intent, now, store, owner)
+        return self._decide(data, intent, now, store)
 
-    def _decide(self, data, intent, now, store, owner) -> EffectorOutput:
+    def _decide(self, data, intent, now, store) -> EffectorOutput:
         at = now()
         if self.mode is not VerifyMode.OFF:
             # The legacy scheme's window is measured on the effector's clock, as expiry is.
@@ -135,43 +137,61 @@ class Gate:
         )
         known = store.get(intent.intent_id)
         if known is not None:
-            return self._again(known, intent, record, now, store, owner)
+            return self._again(known, intent, record, now, store)
         decided = self._refusal(intent, record.content_digest, at)
         if decided is None:
             record.outcome = ExecutionRecord.OUTCOME_RUNNING
-            record.claimed_by = owner
+            self._claim(record, at)
         else:
             record.outcome, result = decided
             if result is not None:
                 record.result.CopyFrom(result)
         known = store.claim(record, self.keep_until(record, at))
         if known is not None:  # another caller decided this intent first
-            return self._again(known, intent, record, now, store, owner)
+            return self._again(known, intent, record, now, store)
         if record.outcome != ExecutionRecord.OUTCOME_RUNNING:
             return self._first_output(record, intent)
         return self._run_claimed(record, intent, now, store)
 
     def _run_claimed(
-        self, record: ExecutionRecord, intent: ToolIntent, now: Callable[[], int], store
+        self, claim: ExecutionRecord, intent: ToolIntent, now: Callable[[], int], store
     ) -> EffectorOutput:
-        """Runs the tool of `record`, a RUNNING claim this caller holds, and records its
-        result."""
-        record.result.CopyFrom(self._run(intent, record.content_digest, now))
-        record.outcome = ExecutionRecord.OUTCOME_RESULT
-        record.ClearField("claimed_by")
-        # A copy may extend the claim's expiry while the tool runs, up to this write: the result
-        # keeps the latest, written only over the record it read, or it is pruned before that
-        # copy expires and a redelivery runs the tool again.
-        while True:
-            held = store.get(intent.intent_id)
-            if held is None:  # a claim is kept until its result replaces it: a store emptied
-                store.put(record, self.keep_until(record, now()))
-                break
-            if held.latest_expires_at_ms > record.latest_expires_at_ms:
-                record.latest_expires_at_ms = held.latest_expires_at_ms
-            if store.replace(record, held, self.keep_until(record, now())):
-                break
+        """Runs the tool of `claim`, a RUNNING claim this caller holds (as written: never
+        changed, since a Beam state may keep that very object), and records its result,
+        renewing the claim's lease until then."""
+        record = ExecutionRecord()
+        record.CopyFrom(claim)
+        holding = contextlib.nullcontext()
+        if self.leases is not None:
+            holding = self.leases.holding(
+                intent.intent_id, store, lambda renewed: self.keep_until(renewed, now())
+            )
+        with holding:
+            record.result.CopyFrom(self._run(intent, record.content_digest, now))
+            record.outcome = ExecutionRecord.OUTCOME_RESULT
+            settle(record)
+            # A copy may extend the claim's expiry while the tool runs, up to this write: the
+            # result keeps the latest, written only over the record it read, or it is pruned
+            # before that copy expires and a redelivery runs the tool again.
+            while True:
+                held = store.get(intent.intent_id)
+                if held is None:  # a claim is kept until its result replaces it: a store emptied
+                    store.put(record, self.keep_until(record, now()))
+                    break
+                if held.outcome != ExecutionRecord.OUTCOME_RUNNING and not _awaits_answer(held):
+                    # The lease lapsed while the tool ran (a frozen process) and another
+                    # effector settled the call meanwhile (`leases`): its one result stands.
+                    return dataclasses.replace(self._recorded(held, intent), ran_tool=True)
+                if held.latest_expires_at_ms > record.latest_expires_at_ms:
+                    record.latest_expires_at_ms = held.latest_expires_at_ms
+                if store.replace(record, held, self.keep_until(record, now())):
+                    break
         return dataclasses.replace(self._first_output(record, intent), ran_tool=True)
+
+    def _claim(self, record: ExecutionRecord, now: int) -> None:
+        """Makes `record`, a RUNNING claim about to be written, this effector instance's."""
+        if self.leases is not None:
+            self.leases.grant(record, now)
 
     def _first_output(self, record: ExecutionRecord, intent: ToolIntent) -> EffectorOutput:
         if record.outcome == ExecutionRecord.OUTCOME_APPROVAL:
@@ -245,7 +265,6 @@ class Gate:
         record: ExecutionRecord,
         clock: Callable[[], int],
         store: ExecutionStore,
-        owner: str,
     ) -> EffectorOutput:
         """The output for an intent_id decided before. `known` came from the store and is
         never changed in place (a Beam state read may be the stored object itself)."""
@@ -270,20 +289,27 @@ class Gate:
             return EffectorOutput(Route.RESULT, result=self._envelope(rejected))
         updated = ExecutionRecord()
         updated.CopyFrom(known)
-        if known.outcome == ExecutionRecord.OUTCOME_RUNNING and not _running(
-            known.claimed_by, known.intent_id, owner
-        ):
-            return self._unknown_outcome(known, intent, clock, store, owner)
+        if known.outcome == ExecutionRecord.OUTCOME_RUNNING:
+            if self.leases is None or self.leases.expired(known, now):
+                return self._unknown_outcome(known, intent, clock, store)
+            if self.leases.legacy(known):  # written before leases: migrated on read (`leases`)
+                updated = self.leases.stamped(known, now)
         if intent.expires_at_ms > known.latest_expires_at_ms:
             updated.latest_expires_at_ms = intent.expires_at_ms
+        if updated != known:
             # Only over the record as read: since, its call may have stored its result, a
-            # person answered its inquiry, or another copy moved the expiry further, which a
-            # write of the record read would undo.
+            # person answered its inquiry, another copy moved the expiry further, or the
+            # claimant renewed its lease, which a write of the record read would undo.
             written = store.replace(updated, known, self.keep_until(updated, now))
             current = None if written else store.get(intent.intent_id)
             if current is not None:
-                return self._again(current, intent, record, clock, store, owner)
+                return self._again(current, intent, record, clock, store)
             # Written, or pruned since the read (past its retention): the decision read stands.
+        return self._recorded(known, intent)
+
+    def _recorded(self, known: ExecutionRecord, intent: ToolIntent) -> EffectorOutput:
+        """What a copy of a decided intent gets: the recorded result or approval request
+        again, or nothing yet for a claim in flight."""
         if known.outcome == ExecutionRecord.OUTCOME_RESULT:
             return EffectorOutput(Route.DUPLICATE, result=self._envelope(known.result))
         if known.outcome == ExecutionRecord.OUTCOME_APPROVAL:
@@ -296,11 +322,12 @@ class Gate:
         intent: ToolIntent,
         clock: Callable[[], int],
         store: ExecutionStore,
-        owner: str,
     ) -> EffectorOutput:
-        """The claimant of `known` stopped mid-call: the tool may or may not have acted. What
-        the tool's ToolSpec allows decides: run it again (idempotent), ask its reconciler, or
-        ask a person. Every path takes the dead claim over first, so one caller acts."""
+        """The claimant of `known` stopped mid-call (its lease expired): the tool may or may not
+        have acted. What the tool's ToolSpec allows decides: run it again (idempotent), ask its
+        reconciler, or ask a person. Every path takes the expired claim over first, written
+        only over the claim as read (a renewal since, or another taker, makes the write fail),
+        so one caller acts, and never while the claimant renews its lease."""
         now = clock()
         spec = self.tools.get(intent.tool_name)
         updated = ExecutionRecord()
@@ -318,19 +345,17 @@ class Gate:
                 pass
             else:
                 if payload is not None:
-                    updated.ClearField("claimed_by")
+                    settle(updated)
                     updated.outcome = ExecutionRecord.OUTCOME_RESULT
                     updated.result.CopyFrom(self._acted(intent, known.content_digest, now, payload))
-                    return self._take_over(known, updated, intent, clock, store, owner)
+                    return self._take_over(known, updated, intent, clock, store)
                 run_again = True  # it did not act: running it is the first effect
         if run_again:
-            updated.claimed_by = owner
-            if not store.take_over(updated, known.claimed_by, self.keep_until(updated, now)):
-                return self._again(
-                    store.get(intent.intent_id), intent, updated, clock, store, owner
-                )
+            self._claim(updated, now)
+            if not store.replace(updated, known, self.keep_until(updated, now)):
+                return self._again(store.get(intent.intent_id), intent, updated, clock, store)
             return self._run_claimed(updated, intent, clock, store)
-        updated.ClearField("claimed_by")
+        settle(updated)
         updated.outcome = ExecutionRecord.OUTCOME_APPROVAL
         inquiry = _inquiry(intent, now)
         if self.result_keyring is not None:
@@ -341,7 +366,7 @@ class Gate:
                 intent_id=inquiry.intent_id, payload=inquiry.SerializeToString(deterministic=True)
             )
         )
-        return self._take_over(known, updated, intent, clock, store, owner)
+        return self._take_over(known, updated, intent, clock, store)
 
     def resolve(
         self, answer: AgentEnvelope, *, now: int, store: ExecutionStore
@@ -395,9 +420,9 @@ class Gate:
             return self.resolve(answer, now=now, store=store)
         return EffectorOutput(Route.RESULT, result=self._envelope(result))
 
-    def _take_over(self, known, updated, intent, clock, store, owner) -> EffectorOutput:
-        if not store.take_over(updated, known.claimed_by, self.keep_until(updated, clock())):
-            return self._again(store.get(intent.intent_id), intent, updated, clock, store, owner)
+    def _take_over(self, known, updated, intent, clock, store) -> EffectorOutput:
+        if not store.replace(updated, known, self.keep_until(updated, clock())):
+            return self._again(store.get(intent.intent_id), intent, updated, clock, store)
         return self._first_output(updated, intent)
 
 
@@ -440,64 +465,6 @@ def _inquiry(intent: ToolIntent, now: int) -> ToolIntent:
         kind=ToolIntent.APPROVAL,
         trace_id=intent.trace_id,
     )
-
-
-def _instance_id() -> str:
-    """ "<pid>:<process start time>:<random>": a claim names a process that can be checked for
-    life (a SQLite store is local to one machine), and an instance within it."""
-    pid = os.getpid()
-    return f"{pid}:{_process_start(pid)}:{uuid.uuid4().hex}"
-
-
-def _process_start(pid: int) -> str:
-    # The start time (in clock ticks since boot) tells a live claimant from a new process that
-    # reused its pid; "" where /proc does not say, and then the pid alone decides.
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as stat:
-            return stat.read().rsplit(b")", 1)[1].split()[19].decode()
-    except (OSError, IndexError):
-        return ""
-
-
-#: (owner, intent_id) of the decisions under way in this process, each with how many calls.
-_DECIDING: collections.Counter = collections.Counter()
-_DECIDING_LOCK = threading.Lock()
-
-
-@contextlib.contextmanager
-def _deciding(owner: str, intent_id: str):
-    key = (owner, intent_id)
-    with _DECIDING_LOCK:
-        _DECIDING[key] += 1
-    try:
-        yield
-    finally:
-        with _DECIDING_LOCK:
-            _DECIDING[key] -= 1
-            if not _DECIDING[key]:
-                del _DECIDING[key]
-
-
-def _running(claimed_by: str, intent_id: str, owner: str) -> bool:
-    """Whether the effector that wrote a claim is still running the call (so it is in flight,
-    not lost), as `owner`, deciding a copy of it, sees it. A claim of this process is live only
-    while a decision on it other than the asking one is under way: one left by a call that
-    raised (a store that failed to record the result, a tool's BaseException) is as lost as a
-    dead process's."""
-    pid, _, rest = claimed_by.partition(":")
-    started, _, _ = rest.partition(":")
-    if not pid.isdigit():
-        return False
-    if int(pid) == os.getpid() and started == _process_start(int(pid)):
-        with _DECIDING_LOCK:
-            return _DECIDING[claimed_by, intent_id] > (claimed_by == owner)
-    try:
-        os.kill(int(pid), 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass  # alive, owned by another user
-    return _process_start(int(pid)) == started
 
 
 def _decided(intent: ToolIntent, digest: bytes, status, now: int, *, error: str):
@@ -549,7 +516,10 @@ class Effector:
     verifies intents; `result_keyring`, with an active key, signs every ToolResult (RunAgent
     verifies them with its answer keyring) and every inquiry; `approval_keyring` verifies the
     answers to inquiries (`resolve`). A tool's payload over `max_result_bytes` is not kept: its
-    result is OK with an error_message saying so (`Gate._acted`).
+    result is OK with an error_message saying so (`Gate._acted`). Each claim it writes holds a
+    lease of `lease_ms` on `clock`, renewed while the tool runs (`leases`): a call whose effector
+    died is a lost call this long after its last renewal. Give every effector sharing a store
+    the same clock (the wall clock) and a lease longer than any stall of their processes.
     """
 
     def __init__(
@@ -564,6 +534,7 @@ class Effector:
         clock: Callable[[], int] = wall_clock_ms,
         retention_ms: int = DEFAULT_RETENTION_MS,
         max_result_bytes: int = DEFAULT_MAX_RESULT_BYTES,
+        lease_ms: int = DEFAULT_LEASE_MS,
     ) -> None:
         self._gate = Gate(
             tools,
@@ -573,13 +544,17 @@ class Effector:
             result_keyring,
             approval_keyring,
             max_result_bytes=max_result_bytes,
+            leases=Leases(lease_ms, clock),
         )
         if isinstance(store, str | os.PathLike):
             store = SqliteExecutionStore(store)
         self.store = store
         self._clock = clock
-        #: Names this instance, and the process it runs in, in the claims it writes.
-        self.instance_id = _instance_id()
+
+    @property
+    def instance_id(self) -> str:
+        """Names this instance in the claims it writes, as their claimant and lease owner."""
+        return self._gate.leases.owner
 
     def __call__(self, intent: ToolIntent | bytes) -> EffectorOutput:
         if isinstance(intent, ToolIntent):
@@ -587,7 +562,7 @@ class Effector:
         prune = getattr(self.store, "prune", None)
         if prune is not None:
             prune(self._clock())
-        return self._gate.decide(intent, now=self._clock, store=self.store, owner=self.instance_id)
+        return self._gate.decide(intent, now=self._clock, store=self.store)
 
     def resolve(self, answer: AgentEnvelope) -> EffectorOutput | None:
         """A person's answer (an AgentEnvelope with an approval) to an inquiry this effector

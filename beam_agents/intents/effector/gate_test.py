@@ -417,7 +417,8 @@ def test_records_are_kept_for_the_retention_after_the_latest_expiry_then_pruned(
 
 def test_a_claim_is_not_pruned_while_its_tool_runs_past_the_retention(tmp_path):
     # A copy arriving meanwhile at another effector on the store must not find the claim gone
-    # and record EXPIRED: the agent would be told the call failed, then that it ran.
+    # and record EXPIRED: the agent would be told the call failed, then that it ran. (The clock
+    # jumps past the retention within the claim's lease, which a heartbeat would keep renewed.)
     clock, copies = ManualClock(NOW), []
 
     def gate(**tools):
@@ -428,6 +429,7 @@ def test_a_claim_is_not_pruned_while_its_tool_runs_past_the_retention(tmp_path):
             clock=clock,
             store=tmp_path / "s.sqlite",
             retention_ms=2 * MINUTE,
+            lease_ms=10 * MINUTE,
         )
 
     def slow(args, tool_intent):
@@ -587,7 +589,7 @@ class _CopyAtTheResultWrite(SqliteExecutionStore):
             extended = ExecutionRecord()
             extended.CopyFrom(held)
             extended.latest_expires_at_ms = self._later
-            assert self._other.take_over(extended, held.claimed_by, INT64_MAX)
+            assert self._other.replace(extended, held, INT64_MAX)
         return held
 
 

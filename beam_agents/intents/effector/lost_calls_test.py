@@ -1,16 +1,14 @@
 """Calls an effector may have lost: an effector killed between deliveries or inside a tool (real
-processes on one SQLite store), claims of live and dead processes, and the outcome of a lost
-call settled by its ToolSpec or by a person's signed answer."""
+processes on one SQLite store), claims whose lease is live or expired, claims written before
+leases, and the outcome of a lost call settled by its ToolSpec or by a person's signed answer.
+(leases_test: leases across PID namespaces, their renewal and its races.)"""
 
 from __future__ import annotations
 
 import asyncio
-import base64
 import json
 import os
 import signal
-import subprocess
-import sys
 import threading
 
 import pytest
@@ -18,6 +16,7 @@ import pytest
 from beam_agents._protos import AgentEnvelope, ExecutionRecord, ToolIntent, ToolResult
 from beam_agents.errors import ExecutionStoreError
 from beam_agents.intents.effector import (
+    DEFAULT_LEASE_MS,
     INQUIRY_SUFFIX,
     INQUIRY_TOOL,
     Effector,
@@ -28,66 +27,31 @@ from beam_agents.intents.effector import (
     content_digest,
 )
 from beam_agents.intents.identity import canonical_args_json
-from beam_agents.intents.signing import KEYS_ENV, Keyring, Verification, sign, verify
+from beam_agents.intents.signing import Keyring, Verification, sign, verify
 from beam_agents.ops.rounds import ManualClock
 from beam_agents.testing.effectors import (
     INT64_MAX,
-    KEYS,
     NOW,
     RING,
     Recording,
+    deliver,
     effector,
+    effector_process,
     signed,
 )
 from beam_agents.testing.samples import intent
 
-SERVICE = """
-import json, os, signal, sys
-from beam_agents.intents.signing import Keyring
-from beam_agents.intents.effector import Effector, VerifyMode
-
-store, log, now, die_in_tool = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4] == "1"
-
-def tool(args, intent):
-    with open(log, "a") as f:
-        f.write(intent.intent_id + "\\n")
-    if die_in_tool:
-        os.kill(os.getpid(), signal.SIGKILL)
-    return "looked up %d" % args["id"]
-
-effector = Effector({"crm.lookup": tool}, mode=VerifyMode.REQUIRE, store=store,
-                    keyring=Keyring.from_environment(), clock=lambda: now)
-for line in sys.stdin:
-    out = effector(bytes.fromhex(line))
-    result = out.result.tool_result if out.result else None
-    print(json.dumps({"route": out.route.value,
-                      "asks": out.approval.intent_id if out.approval else None,
-                      "status": result.status if result else None,
-                      "payload": result.payload.decode() if result else None,
-                      "error": result.error_message if result else None}), flush=True)
-"""
+LEASE_MS = 1_000
 
 
-def _service(tmp_path, *, die_in_tool=False):
-    env = {
-        **os.environ,
-        KEYS_ENV: json.dumps({"keys": {"k1": base64.b64encode(KEYS["k1"]).decode()}}),
-    }
-    args = [str(tmp_path / "executions.sqlite"), str(tmp_path / "tool.log"), str(NOW)]
-    return subprocess.Popen(
-        [sys.executable, "-c", SERVICE, *args, "1" if die_in_tool else "0"],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-        env=env,
+def _service(tmp_path, *, die_in_tool=False, now=NOW):
+    return effector_process(
+        tmp_path / "executions.sqlite",
+        tmp_path / "tool.log",
+        now=now,
+        lease_ms=LEASE_MS,
+        then="die" if die_in_tool else "return",
     )
-
-
-def _deliver(service, data: bytes) -> dict | None:
-    service.stdin.write(data.hex() + "\n")
-    service.stdin.flush()
-    line = service.stdout.readline()
-    return json.loads(line) if line else None
 
 
 def _tool_log(tmp_path) -> list[str]:
@@ -97,12 +61,12 @@ def _tool_log(tmp_path) -> list[str]:
 def test_an_effector_killed_between_two_deliveries_does_not_run_the_tool_again(tmp_path):
     data = signed().SerializeToString()
     first_process = _service(tmp_path)
-    first = _deliver(first_process, data)
+    first = deliver(first_process, data)
     first_process.kill()
     first_process.wait()
     restarted = _service(tmp_path)
     try:
-        again = _deliver(restarted, data)
+        again = deliver(restarted, data)
     finally:
         restarted.stdin.close()
         restarted.wait()
@@ -114,11 +78,18 @@ def test_an_effector_killed_between_two_deliveries_does_not_run_the_tool_again(t
 def test_an_effector_killed_inside_a_plain_tool_asks_a_person_and_never_reruns(tmp_path):
     data = signed().SerializeToString()
     dying = _service(tmp_path, die_in_tool=True)
-    assert _deliver(dying, data) is None  # killed mid-call: no answer
+    assert deliver(dying, data) is None  # killed mid-call: no answer
     assert dying.wait() == -signal.SIGKILL
-    restarted = _service(tmp_path)
+    # Restarted before the dead call's lease expired, it is in flight; after, a lost call.
+    early = _service(tmp_path, now=NOW + LEASE_MS - 1)
     try:
-        after, again = _deliver(restarted, data), _deliver(restarted, data)
+        assert deliver(early, data)["route"] == "in flight"
+    finally:
+        early.stdin.close()
+        early.wait()
+    restarted = _service(tmp_path, now=NOW + LEASE_MS)
+    try:
+        after, again = deliver(restarted, data), deliver(restarted, data)
     finally:
         restarted.stdin.close()
         restarted.wait()
@@ -130,9 +101,11 @@ def test_an_effector_killed_inside_a_plain_tool_asks_a_person_and_never_reruns(t
     assert _tool_log(tmp_path) == [intent().intent_id]
 
 
-def _running_claim(claimed_by):
-    """A RUNNING ledger row for the test intent, as if `claimed_by` had claimed it."""
-    return ExecutionRecord(
+def _running_claim(claimed_by, lease_expires_at_ms=None):
+    """A RUNNING ledger row for the test intent, as if `claimed_by` had claimed it: with a lease
+    of its own expiring at `lease_expires_at_ms`, or none, as claims were written before
+    leases."""
+    claim = ExecutionRecord(
         intent_id=intent().intent_id,
         entity_key=intent().entity_key,
         content_digest=content_digest(signed().SerializeToString()),
@@ -140,34 +113,58 @@ def _running_claim(claimed_by):
         latest_expires_at_ms=intent().expires_at_ms,
         claimed_by=claimed_by,
     )
+    if lease_expires_at_ms is not None:
+        claim.lease_owner = claimed_by
+        claim.lease_expires_at_ms = lease_expires_at_ms
+    return claim
 
 
-def test_an_intent_in_flight_in_another_live_effector_is_in_flight_not_a_lost_call(tmp_path):
-    store = tmp_path / "shared.sqlite"
-    tool = Recording()
-    busy = subprocess.Popen(
-        [sys.executable, "-c", LIVE_EFFECTOR], stdin=subprocess.PIPE, stdout=subprocess.PIPE
-    )
-    try:
-        busy_id = busy.stdout.readline().decode().strip()
-        other = effector(store=store, **{"crm.lookup": tool})
-        assert other.store.claim(_running_claim(busy_id), INT64_MAX) is None
-        output = other(signed())
-    finally:
-        busy.stdin.close()
-        busy.wait()
-    assert output.route is Route.IN_FLIGHT and output.result is None
+def test_a_claim_is_in_flight_until_its_lease_expires_and_a_lost_call_from_then(tmp_path):
+    tool, clock = Recording(), ManualClock(NOW)
+    gate = effector(store=tmp_path / "shared.sqlite", clock=clock, **{"crm.lookup": tool})
+    gate.store.claim(_running_claim("another effector", lease_expires_at_ms=NOW + 1), INT64_MAX)
+    assert gate(signed()).route is Route.IN_FLIGHT
+    clock.now_ms = NOW + 1
+    lost = gate(signed())
+    assert lost.route is Route.APPROVAL and lost.approval.tool_name == INQUIRY_TOOL
     assert tool.calls == []
-    assert other.store.get(intent().intent_id).outcome == ExecutionRecord.OUTCOME_RUNNING
 
 
-# An effector process that lives until its stdin closes, and prints its instance id.
-LIVE_EFFECTOR = """
-import sys
-from beam_agents.intents.effector import Effector, VerifyMode
-print(Effector({}, mode=VerifyMode.OFF, store=":memory:").instance_id, flush=True)
-sys.stdin.read()
-"""
+# Claims as the binary before leases wrote them: "<pid>:<start time>:<random>", no lease. The
+# pid is never read: a live claimant in another PID namespace looks like a dead one here.
+LEGACY_CLAIMS = ["4242:1234567:0123abcd", f"{os.getpid()}:1:0123abcd", "not-a-pid"]
+
+
+@pytest.mark.parametrize("claimed_by", LEGACY_CLAIMS)
+def test_a_claim_written_before_leases_is_in_flight_for_one_lease_then_a_lost_call(
+    tmp_path, claimed_by
+):
+    tool, clock = Recording(), ManualClock(NOW)
+    gate = effector(store=tmp_path / "shared.sqlite", clock=clock, **{"crm.lookup": tool})
+    gate.store.claim(_running_claim(claimed_by), INT64_MAX)
+    assert gate(signed()).route is Route.IN_FLIGHT
+    # Migrated on that read: a lease for its claimant, one lease from then, which every
+    # effector sharing the store now reads alike, and no renewal moves.
+    stamped = gate.store.get(intent().intent_id)
+    assert (stamped.claimed_by, stamped.lease_owner) == (claimed_by, claimed_by)
+    assert stamped.lease_expires_at_ms == NOW + DEFAULT_LEASE_MS
+    clock.now_ms = NOW + DEFAULT_LEASE_MS - 1
+    assert gate(signed()).route is Route.IN_FLIGHT
+    assert gate.store.get(intent().intent_id) == stamped
+    clock.now_ms = NOW + DEFAULT_LEASE_MS
+    assert gate(signed()).route is Route.APPROVAL and tool.calls == []
+
+
+def test_a_lease_that_is_not_its_claimants_is_read_as_a_legacy_claim(tmp_path):
+    # A binary before leases that took a claim over copied the record, the former claimant's
+    # lease (a field it does not know) with it: that lease says nothing of the new claimant.
+    clock = ManualClock(NOW)
+    gate = effector(store=tmp_path / "shared.sqlite", clock=clock)
+    claim = _running_claim("1:2:older binary", lease_expires_at_ms=NOW - 1)
+    claim.lease_owner = "a dead effector"
+    gate.store.claim(claim, INT64_MAX)
+    assert gate(signed()).route is Route.IN_FLIGHT
+    assert gate.store.get(intent().intent_id).lease_owner == "1:2:older binary"
 
 
 def test_a_call_in_flight_in_another_thread_of_this_process_is_in_flight(tmp_path):
@@ -192,65 +189,6 @@ def test_a_call_in_flight_in_another_thread_of_this_process_is_in_flight(tmp_pat
         release.set()
         worker.join()
     assert first[0].route is Route.RESULT and calls == [intent().intent_id]
-
-
-# An effector whose tool logs its call, says so, and then waits for stdin to close.
-BLOCKED_EFFECTOR = """
-import sys
-from beam_agents.intents.effector import Effector, VerifyMode
-from beam_agents.intents.signing import Keyring
-
-store, log, now = sys.argv[1], sys.argv[2], int(sys.argv[3])
-
-def tool(args, intent):
-    with open(log, "a") as f:
-        f.write(intent.intent_id + "\\n")
-    print("running", flush=True)
-    sys.stdin.read()
-    return "done"
-
-effector = Effector({"crm.lookup": tool}, mode=VerifyMode.REQUIRE, store=store,
-                    keyring=Keyring.from_environment(), clock=lambda: now)
-effector(bytes.fromhex(sys.stdin.readline()))
-"""
-
-
-@pytest.mark.xfail(
-    strict=True,
-    reason="a claim names a pid, which another PID namespace (a container sharing the store's "
-    "volume) reads as another process: a live call looks lost and its reconciler, finding no "
-    "effect yet, lets the tool run a second time; claims need an identity valid across "
-    "namespaces (or a lease), a design decision",
-)
-def test_a_call_in_flight_in_another_pid_namespace_on_the_store_is_not_run_again(tmp_path):
-    if subprocess.run(["unshare", "--pid", "--fork", "true"], capture_output=True).returncode:
-        pytest.skip("cannot create a PID namespace here")
-    env = {
-        **os.environ,
-        KEYS_ENV: json.dumps({"keys": {"k1": base64.b64encode(KEYS["k1"]).decode()}}),
-    }
-    store, log = tmp_path / "shared.sqlite", tmp_path / "tool.log"
-    container = subprocess.Popen(
-        [
-            *("unshare", "--pid", "--fork", "--mount-proc"),
-            *(sys.executable, "-c", BLOCKED_EFFECTOR, str(store), str(log), str(NOW)),
-        ],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-        env=env,
-    )
-    try:
-        container.stdin.write(signed().SerializeToString().hex() + "\n")
-        container.stdin.flush()
-        assert container.stdout.readline() == "running\n"
-        tool = Recording()
-        here = effector(store=store, **{"crm.lookup": ToolSpec(tool, reconcile=lambda _: None)})
-        copy = here(signed(attempt=2))
-    finally:
-        container.stdin.close()
-        container.wait()
-    assert tool.calls == [] and copy.route is Route.IN_FLIGHT
 
 
 class _Interleaved(SqliteExecutionStore):
@@ -344,23 +282,9 @@ def test_a_claim_left_by_a_call_that_raised_is_a_lost_call_not_in_flight_for_eve
     assert calls == [intent().intent_id]
 
 
-def _dead_claim(gate: Effector) -> str:
-    """A claim naming this process's pid with an earlier start: a process that is gone."""
-    pid, started, _ = gate.instance_id.split(":")
-    return f"{pid}:{int(started) - 1}:0123"
-
-
-def test_a_claim_by_a_reused_pid_reads_as_a_lost_call(tmp_path):
-    gate = effector(store=tmp_path / "shared.sqlite")
-    gate.store.claim(_running_claim(_dead_claim(gate)), INT64_MAX)
-    output = gate(signed())
-    assert output.route is Route.APPROVAL and output.result is None
-    assert output.approval.tool_name == INQUIRY_TOOL
-
-
 def _lost_call(tmp_path, tool, clock=None, **options) -> Effector:
-    """An effector whose store holds the dead claim of an effector killed inside `tool`;
-    `options` go to Effector."""
+    """An effector whose store holds the claim of an effector killed inside `tool`, its lease
+    expired; `options` go to Effector."""
     gate = Effector(
         {"crm.lookup": tool},
         mode=VerifyMode.REQUIRE,
@@ -371,7 +295,7 @@ def _lost_call(tmp_path, tool, clock=None, **options) -> Effector:
         clock=clock or ManualClock(NOW),
         **options,
     )
-    gate.store.claim(_running_claim(_dead_claim(gate)), INT64_MAX)
+    gate.store.claim(_running_claim("a dead effector", lease_expires_at_ms=NOW), INT64_MAX)
     return gate
 
 
@@ -571,16 +495,6 @@ def test_an_answer_to_anything_but_an_inquiry_is_not_the_effectors():
     gate = effector()
     assert gate.resolve(_answer(intent(intent_id="x" + INQUIRY_SUFFIX), True)) is None
     assert gate.resolve(AgentEnvelope(entity_key=b"k", external_event=b"hi")) is None
-
-
-def test_a_dead_claim_is_taken_over_by_one_caller_only(tmp_path):
-    gate = effector(store=tmp_path / "shared.sqlite")
-    dead = _dead_claim(gate)
-    gate.store.claim(_running_claim(dead), INT64_MAX)
-    mine = _running_claim(gate.instance_id)
-    assert gate.store.take_over(mine, dead, INT64_MAX)
-    assert not gate.store.take_over(_running_claim("another"), dead, INT64_MAX)
-    assert gate.store.get(intent().intent_id).claimed_by == gate.instance_id
 
 
 def test_an_inquiry_about_a_call_whose_intent_fit_the_bus_fits_it_too(tmp_path):

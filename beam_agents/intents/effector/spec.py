@@ -19,6 +19,7 @@ from beam_agents.intents.signing import Verification
 __all__ = [
     "APPROVALS",
     "DEAD_LETTERS",
+    "DEFAULT_LEASE_MS",
     "DEFAULT_MAX_RESULT_BYTES",
     "DEFAULT_RETENTION_MS",
     "INQUIRY_SUFFIX",
@@ -31,6 +32,7 @@ __all__ = [
     "Tool",
     "ToolSpec",
     "VerifyMode",
+    "check_lease_ms",
     "check_max_result_bytes",
     "check_retention",
     "wall_clock_ms",
@@ -83,6 +85,11 @@ REASON_UNDECODABLE = "undecodable_intent"
 REASON_CONFLICT = "intent_id_conflict"
 
 DEFAULT_RETENTION_MS = 24 * 60 * 60 * 1000
+#: How long an effector's claim on a call stays its own unless renewed (`leases`): a call whose
+#: effector died is answered (its ToolSpec, or a person) this long after it last renewed.
+DEFAULT_LEASE_MS = 30_000
+#: The shortest lease: one is renewed every third of it, each renewal a durable write.
+MIN_LEASE_MS = 300
 #: The largest tool payload a result keeps: half of Kafka's default record limit (1 MB), which
 #: leaves room for the envelope and signature, and a size a key's Continuation can hold.
 DEFAULT_MAX_RESULT_BYTES = 512 * 1024
@@ -111,8 +118,8 @@ class Route(enum.Enum):
     #: put before a human: what was sent for the first copy, to be sent again (a receiver
     #: dedupes by intent_id), since the first sending may never have been acknowledged.
     DUPLICATE = "duplicate"
-    #: Another effector process that is still running holds the claim: nothing ran and there
-    #: is no result yet. Deliver this copy again later; never acknowledge it as done.
+    #: Another effector holds the claim, its lease unexpired: nothing ran and there is no
+    #: result yet. Deliver this copy again later; never acknowledge it as done.
     IN_FLIGHT = "in flight"
 
 
@@ -142,3 +149,9 @@ def check_max_result_bytes(max_result_bytes: int) -> int:
     ):
         raise ValueError(f"max_result_bytes must be a non-negative int, not {max_result_bytes!r}")
     return max_result_bytes
+
+
+def check_lease_ms(lease_ms: int) -> int:
+    if isinstance(lease_ms, bool) or not isinstance(lease_ms, int) or lease_ms < MIN_LEASE_MS:
+        raise ValueError(f"lease_ms must be an int of at least {MIN_LEASE_MS}, not {lease_ms!r}")
+    return lease_ms

@@ -20,9 +20,8 @@ __all__ = ["ExecutionStore", "SqliteExecutionStore"]
 
 
 class ExecutionStore(abc.ABC):
-    """Where the gate remembers decisions, by intent_id. Each method is atomic; `claim`,
-    `take_over` and `replace` are the ones that must be atomic across processes sharing the
-    store."""
+    """Where the gate remembers decisions, by intent_id. Each method is atomic; `claim` and
+    `replace` are the ones that must be atomic across processes sharing the store."""
 
     @abc.abstractmethod
     def get(self, intent_id: str) -> ExecutionRecord | None:
@@ -38,19 +37,14 @@ class ExecutionStore(abc.ABC):
         """Stores `record`, replacing intent_id's record. Durable on return."""
 
     @abc.abstractmethod
-    def take_over(self, record: ExecutionRecord, claimed_by: str, keep_until_ms: int) -> bool:
-        """Stores `record` if intent_id's record is still the RUNNING claim of `claimed_by`
-        (a claimant that died); False when another caller took it over first. Durable on
-        return."""
-
-    @abc.abstractmethod
     def replace(
         self, record: ExecutionRecord, expected: ExecutionRecord, keep_until_ms: int
     ) -> bool:
         """Stores `record` if intent_id's record is still `expected` (equal as a message);
         False when another caller changed it first. Durable on return. A change to a record
-        others may change at once (a person's answer to an inquiry, a copy's later expiry)
-        goes through this, so neither undoes the other."""
+        others may change at once (a person's answer to an inquiry, a copy's later expiry, a
+        claim's lease renewed, or taken over once it expired) goes through this, so none undoes
+        another."""
 
 
 class SqliteExecutionStore(ExecutionStore):
@@ -108,18 +102,6 @@ class SqliteExecutionStore(ExecutionStore):
                 "INSERT OR REPLACE INTO executions VALUES (?, ?, ?)",
                 (record.intent_id, keep_until_ms, _serialize(record)),
             )
-
-    def take_over(self, record: ExecutionRecord, claimed_by: str, keep_until_ms: int) -> bool:
-        _, taken = self._swap(
-            record,
-            keep_until_ms,
-            lambda held: (
-                held is not None
-                and held.outcome == ExecutionRecord.OUTCOME_RUNNING
-                and held.claimed_by == claimed_by
-            ),
-        )
-        return taken
 
     def replace(
         self, record: ExecutionRecord, expected: ExecutionRecord, keep_until_ms: int

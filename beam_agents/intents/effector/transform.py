@@ -84,17 +84,10 @@ class _StateStore(ExecutionStore):
         self._state.write(record)
         self._timer.set(timer_timestamp(keep_until_ms))
 
-    def take_over(self, record: ExecutionRecord, claimed_by: str, keep_until_ms: int) -> bool:
-        # One key's state is read and written by one bundle at a time.
-        held = self._state.read()
-        if held is None or held.claimed_by != claimed_by:
-            return False
-        self.put(record, keep_until_ms)
-        return True
-
     def replace(
         self, record: ExecutionRecord, expected: ExecutionRecord, keep_until_ms: int
     ) -> bool:
+        # One key's state is read and written by one bundle at a time.
         if self._state.read() != expected:
             return False
         self.put(record, keep_until_ms)
@@ -142,7 +135,7 @@ class _ExecuteOnce(beam.DoFn):
     ) -> Iterable:
         _, data = element
         store = _StateStore(record, retention)
-        output = self._gate.decide(data, now=self._clock, store=store, owner="")
+        output = self._gate.decide(data, now=self._clock, store=store)
         # Beam retries a bundle with its state, so a copy here follows a committed decision
         # whose outputs were committed with it: nothing to send again.
         if output.route in (Route.DUPLICATE, Route.IN_FLIGHT):
