@@ -26,6 +26,7 @@ from beam_agents.wire.beam_support import timer_timestamp
 
 __all__ = [
     "COMPLETIONS",
+    "COUNTERS",
     "ERRORS",
     "INT64_MAX",
     "INTENTS",
@@ -47,6 +48,21 @@ ERRORS = "errors"
 SNAPSHOTS = "snapshots"
 
 INT64_MAX = 2**63 - 1
+
+#: Every counter the machine counts (`Work.count`), under RunAgent's metrics namespace: the one
+#: list the DoFn declares its metrics from, so no count can name a metric it lacks (a test reads
+#: every `count(...)` in the runtime's source against it).
+COUNTERS = (
+    "activations",
+    "failed_activations",
+    "duplicate_answers",
+    "duplicate_events",
+    "queued_events",
+    "deferred_activations",
+    "stale_ttl_timers",
+    "deadline_timers_after_resolution",
+    "budget_asks",
+)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -117,6 +133,7 @@ class Work:
         self.emit(ERRORS, dl.error_record(self.key, reason, detail, now, **fields))
 
     def count(self, name: str) -> None:
+        """Counts one occurrence of `name`, one of COUNTERS."""
         self.effects.counters.append(name)
 
 

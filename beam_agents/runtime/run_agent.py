@@ -49,6 +49,7 @@ from beam_agents.runtime.machine import (
     KeyMachine,
     KeyState,
 )
+from beam_agents.runtime.machine_state import COUNTERS
 from beam_agents.state.migration import CURRENT_STATE_SCHEMA_VERSION, MigrationRegistry
 from beam_agents.wire.beam_support import keep_each_key_in_one_bundle, timer_timestamp, typed
 from beam_agents.wire.fields import encode_varint, read_varint
@@ -65,16 +66,6 @@ __all__ = [
 # The tag of each element between _KeyAndTag and the DoFn: an envelope, an envelope with a
 # transport's idempotency key (varint length, key, envelope), or a snapshot.
 _ENVELOPE, _IDEMPOTENT, _SNAPSHOT = b"E", b"I", b"S"
-_COUNTERS = (
-    "activations",
-    "failed_activations",
-    "duplicate_answers",
-    "duplicate_events",
-    "queued_events",
-    "deferred_activations",
-    "stale_ttl_timers",
-    "deadline_timers_after_resolution",
-)
 
 
 class _KeyAndTag(beam.DoFn):
@@ -138,7 +129,7 @@ class _AgentDoFn(beam.DoFn):
         self._registry = registry
         self._machine: KeyMachine | None = None
         self._counters = {
-            name: beam.metrics.Metrics.counter("beam_agents.runtime", name) for name in _COUNTERS
+            name: beam.metrics.Metrics.counter("beam_agents.runtime", name) for name in COUNTERS
         }
 
     def setup(self) -> None:
