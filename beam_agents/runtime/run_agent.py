@@ -82,7 +82,10 @@ class _KeyAndTag(beam.DoFn):
         if self._kind == _ENVELOPE and isinstance(element, tuple) and len(element) == 2:
             element, idempotency_key = element
             if isinstance(idempotency_key, str):
-                idempotency_key = idempotency_key.encode("utf-8")
+                # A str from bytes that were not UTF-8 holds lone surrogates, which strict UTF-8
+                # refuses: "surrogatepass" gives every str bytes of its own, and a valid one
+                # the UTF-8 it always had (so its marks stay what they were).
+                idempotency_key = idempotency_key.encode("utf-8", "surrogatepass")
             if not isinstance(idempotency_key, bytes):
                 idempotency_key = b""
             if idempotency_key:
