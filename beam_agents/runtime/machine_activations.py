@@ -25,6 +25,7 @@ from beam_agents.errors import (
     CheckpointRejectedError,
     LlmCallError,
     MemoryBudgetError,
+    error_text,
 )
 from beam_agents.runtime import dead_letters as dl
 from beam_agents.runtime.budget import Budget, BudgetMeter
@@ -238,7 +239,7 @@ class Activations:
             "error",
             {"error.type": type(error).__name__, "beam_agents.reason": reason},
         )
-        detail = f"seq {ctx.seq}: {type(error).__name__}: {error}{note}"
+        detail = f"seq {ctx.seq}: {type(error).__name__}: {error_text(error)}{note}"
         work.dead(reason, detail, now, answers=answers, input=event)
         for trace in ctx.traces:
             work.emit(TRACES, trace)
