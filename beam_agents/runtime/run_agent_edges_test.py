@@ -199,8 +199,11 @@ def test_an_agent_exception_whose_text_raises_is_an_agent_raised_dead_letter(tmp
 # Item 7: a model's reported usage --------------------------------------------------------------
 
 
-def _reporting(*usage: tuple[int, int]) -> ScriptedLlmClient:
-    return ScriptedLlmClient([LlmResponse("ok", "probe-model", *tokens) for tokens in usage])
+def _reporting(usage: dict[str, tuple[int, int]]) -> ScriptedLlmClient:
+    """A model that reports, for each prompt, the usage `usage` names."""
+    return ScriptedLlmClient(
+        lambda request: LlmResponse("ok", request.model, *usage[request.messages[-1]["content"]])
+    )
 
 
 def test_a_models_huge_or_negative_token_counts_saturate_the_keys_usage_and_never_shrink_it(
@@ -208,7 +211,9 @@ def test_a_models_huge_or_negative_token_counts_saturate_the_keys_usage_and_neve
 ):
     huge = 2**62
     outputs = run_round(
-        RunAgent(Probe(), llm_client=_reporting((huge, huge), (huge, huge), (-5, -5))),
+        RunAgent(
+            Probe(), llm_client=_reporting({"a": (huge, huge), "b": (huge, huge), "c": (-5, -5)})
+        ),
         [
             command(T0, llm="a"),
             command(T0 + 1, llm="b"),
@@ -232,7 +237,7 @@ def test_a_keys_usage_at_the_end_of_int64_saturates_there(tmp_path):
         llm_cache=LlmCacheBlob(state_schema_version=1, input_tokens=INT64_MAX - 5),
     )
     outputs = run_round(
-        RunAgent(Probe(), llm_client=_reporting((100, 7))),
+        RunAgent(Probe(), llm_client=_reporting({"a": (100, 7)})),
         [restored, command(T0 + 1, llm="a"), export(T0 + 10, "end")],
         tmp_path,
     )
