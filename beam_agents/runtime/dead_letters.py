@@ -25,6 +25,7 @@ __all__ = [
     "DEADLINE_EXCEEDED",
     "EMPTY_ENVELOPE",
     "INVALID_SNAPSHOT",
+    "INVALID_STATE",
     "LLM_FAILED",
     "MAILBOX_FULL",
     "MEMORY_BUDGET",
@@ -63,6 +64,7 @@ BAD_ANSWER_SIGNATURE = "bad_answer_signature"
 ANSWER_FOR_OTHER_CONTENT = "answer_for_other_content"
 SNAPSHOT_FROM_FUTURE = "snapshot_from_future"
 INVALID_SNAPSHOT = "invalid_snapshot"
+INVALID_STATE = "invalid_state"
 CHECKPOINT_REJECTED = "checkpoint_rejected"
 BUDGET_EXCEEDED = "budget_exceeded"
 
@@ -101,7 +103,12 @@ REASONS = {
     SNAPSHOT_FROM_FUTURE: "a StateSnapshot holding state of a newer schema than this binary "
     "reads; nothing restored",
     INVALID_SNAPSHOT: "a StateSnapshot whose seq this runtime never issues (negative, or so "
-    "large its next seqs overflow int64); nothing restored",
+    "large its next seqs overflow int64), or whose Continuation or usage it never writes (a "
+    "negative seq or usage, a retry of a start with no event); nothing restored",
+    INVALID_STATE: "the key's stored Continuation is one the runtime cannot act on (a negative "
+    "seq, a retry of a start with no event): the suspension was ended before the input, its "
+    "answers and each queued event are in records; or its stored usage was out of range "
+    "(negative, too many budget grants) and was set to the nearest value in range",
     CHECKPOINT_REJECTED: "the key's stored checkpoint (a LangGraph graph's) names a type its "
     "allowlist does not hold, or is in another encoding; nothing was imported or run",
     BUDGET_EXCEEDED: "a model call would have taken the key or the activation past its budget "

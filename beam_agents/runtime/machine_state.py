@@ -132,6 +132,15 @@ class Work:
     def dead(self, reason: str, detail: str, now: int, **fields) -> None:
         self.emit(ERRORS, dl.error_record(self.key, reason, detail, now, **fields))
 
+    def dead_suspension(
+        self, reason: str, suspended, now: int, *, detail: str, queued: str
+    ) -> None:
+        """Dead-letters an ended suspension: its answers in one record (`detail`), each event
+        its mailbox held in one of its own (`queued`)."""
+        self.dead(reason, detail, now, answers=suspended.answers)
+        for envelope in suspended.mailbox:
+            self.dead(reason, queued, now, input=envelope)
+
     def count(self, name: str) -> None:
         """Counts one occurrence of `name`, one of COUNTERS."""
         self.effects.counters.append(name)
