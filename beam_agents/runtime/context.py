@@ -258,9 +258,16 @@ def _saturating_add(ms: int, delta_ms: int) -> int:
     return min(ms + delta_ms, 2**63 - 1)
 
 
-def _as_reported(response: LlmResponse) -> LlmResponse:
+def _as_reported(response: object, model: str) -> LlmResponse:
     """`response` with its token counts as usage takes them (`reported_tokens`): what the agent,
-    the replay cache and the budget all see."""
+    the replay cache and the budget all see. A client's answer of another type is its
+    failure."""
+    if not isinstance(response, LlmResponse):
+        raise LlmCallError(
+            f"the client answered a {type(response).__name__}, not an LlmResponse",
+            model=model,
+            retryable=False,
+        )
     usage = reported_tokens(response.input_tokens), reported_tokens(response.output_tokens)
     if usage == (response.input_tokens, response.output_tokens):
         return response
@@ -423,7 +430,7 @@ class ActivationContext:
                     if self.meter is not None:
                         self.meter.record(model, *billed)
                 raise
-            response = _as_reported(response)
+            response = _as_reported(response, model)
             replayed = False
             self.model_calls += 1
             self.cache.put(key, response.to_bytes())

@@ -71,7 +71,8 @@ BUDGET_EXCEEDED = "budget_exceeded"
 #: Every reason with its meaning (the README's table is this one).
 REASONS = {
     UNDECODABLE: "the input bytes are no AgentEnvelope (or no StateSnapshot, on the snapshots "
-    "input)",
+    "input), or an envelope's idempotency key is neither bytes nor str (the envelope is in the "
+    "record)",
     NO_ENTITY_KEY: "an envelope or snapshot with an empty entity_key: no agent to run",
     EMPTY_ENVELOPE: "the envelope carries no payload",
     AGENT_RAISED: "the agent raised; the activation changed nothing but the count of the model "

@@ -246,6 +246,19 @@ def test_a_keys_usage_at_the_end_of_int64_saturates_there(tmp_path):
     assert (snapshot.llm_cache.input_tokens, snapshot.llm_cache.output_tokens) == (INT64_MAX, 7)
 
 
+class _AnswersNothing:
+    def complete(self, request):
+        return None
+
+
+def test_a_model_client_answering_no_llm_response_is_an_llm_failed_dead_letter(tmp_path):
+    outputs = run_round(
+        RunAgent(Probe(), llm_client=_AnswersNothing()), [command(T0, llm="a")], tmp_path
+    )
+    (record,) = outputs.values("errors")
+    assert record.reason == "llm_failed" and "answered a NoneType" in record.detail
+
+
 # Item 8: a transport's idempotency key -----------------------------------------------------
 
 
@@ -271,3 +284,22 @@ def test_a_string_idempotency_key_with_a_lone_surrogate_marks_its_event_like_any
         )
         assert_that(outputs[COMPLETIONS] | beam.Values(), equal_to([b"done", b"done"]))
         assert_that(outputs[ERRORS], equal_to([]), label="no errors")
+
+
+def test_idempotency_keys_of_any_bytes_type_mark_their_event_and_another_type_is_a_dead_letter():
+    keys = [bytearray(b"k"), b"k", b"k", None, 7]
+    with beam.Pipeline(options=env_options()) as pipeline:
+        outputs = (
+            pipeline
+            | beam.Create(list(enumerate(keys)), reshuffle=False)
+            | beam.MapTuple(lambda at, key: (command(T0 + at).SerializeToString(), key))
+            | RunAgent(Probe())
+        )
+        # The three copies keyed b"k" (a bytearray among them) run once; the one with no key
+        # runs; the one keyed by an int is refused with its envelope.
+        assert_that(outputs[COMPLETIONS] | beam.Values(), equal_to([b"done", b"done"]))
+        assert_that(
+            outputs[ERRORS] | beam.Map(lambda kv: (kv[1].reason, kv[1].input.event_time_ms)),
+            equal_to([("undecodable_envelope", T0 + 4)]),
+            label="errors",
+        )
