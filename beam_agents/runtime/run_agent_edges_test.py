@@ -11,6 +11,7 @@ import json
 from pathlib import Path
 
 import apache_beam as beam
+import pytest
 from apache_beam.testing.util import assert_that, equal_to
 
 from beam_agents._protos import Continuation, LlmCacheBlob, StateSnapshot, ToolIntent
@@ -77,17 +78,26 @@ def test_every_counter_the_machine_counts_is_declared_by_the_dofn_from_one_list(
     assert _counted_names() == set(COUNTERS) == set(dofn._counters)
 
 
+def _asking() -> RuntimeConfig:
+    return RuntimeConfig(
+        budget=Budget(key_tokens=1, on_exceed=OnBudget.ASK, raise_tokens=10_000),
+        suspend_deadline_ms=1000,
+    )
+
+
+_QUESTION = ToolIntent(intent_id=intent_id(KEY, SEQ, 2**31), entity_key=KEY)
+_COSTLY = "a question that costs more than one token"
+
+
 def test_on_budget_ask_puts_the_budget_before_a_person_whose_approval_lets_the_key_go_on(
     tmp_path,
 ):
-    config = RuntimeConfig(budget=Budget(key_tokens=1, on_exceed=OnBudget.ASK, raise_tokens=10_000))
-    question = ToolIntent(intent_id=intent_id(KEY, SEQ, 2**31), entity_key=KEY)
     outputs = run_round(
-        probe(config),
+        probe(_asking()),
         [
-            command(T0, llm="a question that costs more than one token"),
+            command(T0, llm=_COSTLY),
             Advance(T0 + 10),
-            approval(T0 + 20, question),
+            approval(T0 + 20, _QUESTION),
             Advance(T0 + 30),
             export(T0 + 40, "end"),
         ],
@@ -95,10 +105,27 @@ def test_on_budget_ask_puts_the_budget_before_a_person_whose_approval_lets_the_k
     )
     assert _reasons(outputs) == []
     (asked,) = outputs.values("intents")
-    assert (asked.intent_id, asked.tool_name) == (question.intent_id, BUDGET_TOOL)
+    assert (asked.intent_id, asked.tool_name) == (_QUESTION.intent_id, BUDGET_TOOL)
     assert outputs.values("completions") == [b"done"]
     (snapshot,) = outputs.values("snapshots")
     assert (snapshot.llm_cache.budget_grants, snapshot.llm_cache.token_allowance) == (1, 10_000)
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [[approval(T0 + 20, _QUESTION, approved=False)], []],
+    ids=["declined", "unanswered by its deadline"],
+)
+def test_on_budget_ask_a_budget_no_one_raises_ends_with_its_event_in_the_record(tmp_path, answer):
+    outputs = run_round(
+        probe(_asking()),
+        [command(T0, llm=_COSTLY), Advance(T0 + 10), *answer, Advance(T0 + 5000)],
+        tmp_path,
+    )
+    (record,) = outputs.values("errors")
+    assert record.reason == "budget_exceeded"
+    assert json.loads(record.input.external_event) == {"llm": _COSTLY}
+    assert outputs.values("completions") == []
 
 
 # Item 5: Continuations restored or built by an agent are checked where they come in ---------
