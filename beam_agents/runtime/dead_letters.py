@@ -34,6 +34,7 @@ __all__ = [
     "REASONS",
     "RESTORE_CONFLICT",
     "RESUME_FAILED",
+    "SEQ_EXHAUSTED",
     "SNAPSHOT_FROM_FUTURE",
     "STALE_TIMER",
     "TTL_WIPED_SUSPENDED",
@@ -67,6 +68,7 @@ INVALID_SNAPSHOT = "invalid_snapshot"
 INVALID_STATE = "invalid_state"
 CHECKPOINT_REJECTED = "checkpoint_rejected"
 BUDGET_EXCEEDED = "budget_exceeded"
+SEQ_EXHAUSTED = "seq_exhausted"
 
 #: Every reason with its meaning (the README's table is this one).
 REASONS = {
@@ -112,6 +114,8 @@ REASONS = {
     "(negative, too many budget grants) and was set to the nearest value in range",
     CHECKPOINT_REJECTED: "the key's stored checkpoint (a LangGraph graph's) names a type its "
     "allowlist does not hold, or is in another encoding; nothing was imported or run",
+    SEQ_EXHAUSTED: "an event for a key whose seq is the last int64 (one that began near the "
+    "end of time and ran on): no activation can start; the event is in the record",
     BUDGET_EXCEEDED: "a model call would have taken the key or the activation past its budget "
     "(or no one raised it when asked); the call was not made, the event or answers are in the "
     "record",

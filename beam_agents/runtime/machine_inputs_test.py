@@ -16,6 +16,7 @@ from beam_agents.runtime.context import Suspension
 from beam_agents.runtime.dead_letters import REASONS
 from beam_agents.runtime.machine import ERRORS
 from beam_agents.runtime.machine_inputs import MAX_GRANTS, MAX_STEP
+from beam_agents.runtime.machine_state import INT64_MAX
 from beam_agents.state.migration import CURRENT_STATE_SCHEMA_VERSION
 from beam_agents.testing.machine_harness import (
     KEY,
@@ -113,6 +114,16 @@ def test_a_snapshot_with_usage_out_of_range_is_not_restored(cache, why):
     (refused,) = h.values(ERRORS)
     assert refused.reason == "invalid_snapshot" and why in refused.detail
     assert h.states[2].value is None
+
+
+def test_a_key_at_the_last_seq_refuses_its_next_start_with_the_event_in_the_record():
+    h = Harness(echo)
+    h.states[0].value = INT64_MAX - 1
+    h.send(event(T0, b"last"))
+    h.send(event(T0 + 1, b"one too many"))
+    assert h.values("completions") == [b"echo last"] and h.states[0].value == INT64_MAX
+    (refused,) = h.values(ERRORS)
+    assert (refused.reason, refused.input.external_event) == ("seq_exhausted", b"one too many")
 
 
 class _Builds:
