@@ -142,6 +142,10 @@ class _Builds:
             "pending_intent_ids": [emitted.intent_id],
             **self.fields,
         }
+        # "mine" names the intent it emitted.
+        fields["pending_intent_ids"] = [
+            emitted.intent_id if i == "mine" else i for i in fields["pending_intent_ids"]
+        ]
         return Suspension(Continuation(adapter=self.adapter, deadline_ms=T0 + 5, **fields))
 
     def resume(self, ctx, answers):
@@ -238,4 +242,30 @@ def test_no_hostile_continuation_or_usage_stored_or_restored_fails_an_input(
     h.send(event(T0 + 5, b"2"))
     if h.timers[1].at_ms is not None:
         h.fire_ttl()
+    assert {record.reason for record in h.values(ERRORS)} <= set(REASONS)
+
+
+@settings(max_examples=40, derandomize=True, deadline=None, suppress_health_check=list(HealthCheck))
+@given(
+    seq=_INT64,
+    step=_UINT32,
+    ids=st.lists(st.sampled_from(["mine", "someone-elses"]), max_size=2),
+    retry=_INT64,
+    escalations=_UINT32,
+    mailbox=st.integers(0, 1),
+    policy=st.sampled_from(list(AtDeadline)),
+)
+def test_no_continuation_an_agent_builds_fails_an_input(
+    seq, step, ids, retry, escalations, mailbox, policy
+):
+    fields = {"seq": seq, "step_index": step, "retry_at_ms": retry, "escalations": escalations}
+    if ids:
+        fields["pending_intent_ids"] = ids
+    if mailbox:
+        fields["mailbox"] = [event(T0, b"x")]
+    h = Harness(_Builds(**fields), config=RuntimeConfig(deadline_policy=DeadlinePolicy(policy)))
+    h.send(event(T0, b"go"))
+    for _ in range(2):
+        if h.timers[0].at_ms is not None:
+            h.fire_deadline()
     assert {record.reason for record in h.values(ERRORS)} <= set(REASONS)
