@@ -2,6 +2,7 @@
 
 Catch `BeamAgentsError` to handle any of them. Each error carries the facts of the failure as
 keyword-only attributes, so handlers and dead-letter records never parse message strings.
+`error_text` is how a record quotes any exception, one of a tool's or an agent's included.
 """
 
 from __future__ import annotations
@@ -28,7 +29,17 @@ __all__ = [
     "ToolCallError",
     "TurnLimitError",
     "UnversionedMessageError",
+    "error_text",
 ]
+
+
+def error_text(error: BaseException) -> str:
+    """`str(error)`, or what its failure was: an exception type of a tool's or an agent's may
+    fail to print itself, and quoting it must not fail what records it."""
+    try:
+        return str(error)
+    except Exception as e:
+        return f"(its text raised {type(e).__name__})"
 
 
 class BeamAgentsError(Exception):

@@ -10,23 +10,45 @@ the key or the activation past a limit: the call is not made, and BudgetExceeded
 activation as a `budget_exceeded` dead letter or, under `OnBudget.ASK`, puts an APPROVAL intent
 before a person asking to raise the key's limits by `raise_tokens` and `raise_cost_micros`
 (what they grant is kept in the blob).
+
+A model's reported usage is taken as it comes in (`reported_tokens`): a count from 0 (a
+negative one is none, so usage only grows) to 2**53 - 1 (what the replay cache's canonical JSON
+carries exactly), and the key's totals saturate at the end of int64, so a server that reports
+huge counts fills the key's budget instead of failing its bundle.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import enum
+import math
+import numbers
 from collections.abc import Mapping
 
 from beam_agents._protos import LlmCacheBlob
 from beam_agents.errors import BudgetExceededError
 from beam_agents.intents.identity import MAX_SAFE_INTEGER
+from beam_agents.runtime.machine_state import INT64_MAX, saturating_add
 
-__all__ = ["BUDGET_TOOL", "Budget", "BudgetMeter", "OnBudget", "Price"]
+__all__ = ["BUDGET_TOOL", "Budget", "BudgetMeter", "OnBudget", "Price", "reported_tokens"]
 
 #: The tool_name of the runtime's APPROVAL intents asking a person to raise a key's budget.
 BUDGET_TOOL = "beam_agents.budget"
 _CHARS_PER_TOKEN = 4
+
+
+_UINT32_MAX = 2**32 - 1
+
+
+def reported_tokens(count: object) -> int:
+    """A token count a model client reported, as usage counts it: an int from 0 to
+    MAX_SAFE_INTEGER. Anything that is no finite number (None, a string) is no count, and
+    counts as none rather than failing an answer that was paid for."""
+    if isinstance(count, bool) or not isinstance(count, numbers.Real):
+        return 0
+    if not math.isfinite(count):
+        return MAX_SAFE_INTEGER if count > 0 else 0
+    return max(0, min(int(count), MAX_SAFE_INTEGER))
 
 
 class OnBudget(enum.Enum):
@@ -150,7 +172,8 @@ class BudgetMeter:
                 )
 
     def record(self, model: str, input_tokens: int, output_tokens: int) -> int:
-        """Counts a model's answer; returns its cost."""
+        """Counts a model's answer (its counts as `reported_tokens` took them); returns its
+        cost."""
         price = self.budget.prices.get(model)
         cost = price.of(input_tokens, output_tokens) if price is not None else 0
         self.input_tokens += input_tokens
@@ -168,9 +191,10 @@ class BudgetMeter:
         """Sets the key's usage and allowances, this activation's included, on `blob` (a new
         blob of the caller's)."""
         key_input, key_output, key_cost, _, _ = self._stored
-        blob.input_tokens = key_input + self.input_tokens
-        blob.output_tokens = key_output + self.output_tokens
-        blob.cost_micros = key_cost + self.cost
-        blob.token_allowance = self.token_allowance
-        blob.cost_allowance_micros = self.cost_allowance
-        blob.budget_grants = self.grants
+        # int64 fields (uint32 for the grants): a total past their end stays at the end.
+        blob.input_tokens = saturating_add(key_input, self.input_tokens)
+        blob.output_tokens = saturating_add(key_output, self.output_tokens)
+        blob.cost_micros = saturating_add(key_cost, self.cost)
+        blob.token_allowance = min(self.token_allowance, INT64_MAX)
+        blob.cost_allowance_micros = min(self.cost_allowance, INT64_MAX)
+        blob.budget_grants = min(self.grants, _UINT32_MAX)

@@ -39,7 +39,7 @@ from beam_agents._protos import AgentEnvelope, Continuation, ToolIntent, ToolRes
 from beam_agents.errors import AgentContractError, LlmCallError
 from beam_agents.intents.identity import canonical_args_json, intent_id
 from beam_agents.intents.signing import Keyring, sign
-from beam_agents.runtime.budget import BudgetMeter
+from beam_agents.runtime.budget import BudgetMeter, reported_tokens
 from beam_agents.runtime.tool_calling import ToolCall, ToolDefinition
 from beam_agents.runtime.trace_ids import span_id, trace_id
 from beam_agents.state.memory import Memory, ReplayCache
@@ -258,6 +258,22 @@ def _saturating_add(ms: int, delta_ms: int) -> int:
     return min(ms + delta_ms, 2**63 - 1)
 
 
+def _as_reported(response: object, model: str) -> LlmResponse:
+    """`response` with its token counts as usage takes them (`reported_tokens`): what the agent,
+    the replay cache and the budget all see. A client's answer of another type is its
+    failure."""
+    if not isinstance(response, LlmResponse):
+        raise LlmCallError(
+            f"the client answered a {type(response).__name__}, not an LlmResponse",
+            model=model,
+            retryable=False,
+        )
+    usage = reported_tokens(response.input_tokens), reported_tokens(response.output_tokens)
+    if usage == (response.input_tokens, response.output_tokens):
+        return response
+    return dataclasses.replace(response, input_tokens=usage[0], output_tokens=usage[1])
+
+
 class ActivationContext:
     """One activation's door to the world; see the module docstring."""
 
@@ -408,11 +424,13 @@ class ActivationContext:
             except LlmCallError as e:
                 # An answer the client refused was billed all the same: it counts, and the
                 # failure commits its count (a key answered only so must not call for free).
-                if e.input_tokens or e.output_tokens:
+                billed = reported_tokens(e.input_tokens), reported_tokens(e.output_tokens)
+                if any(billed):
                     self.model_calls += 1
                     if self.meter is not None:
-                        self.meter.record(model, e.input_tokens, e.output_tokens)
+                        self.meter.record(model, *billed)
                 raise
+            response = _as_reported(response, model)
             replayed = False
             self.model_calls += 1
             self.cache.put(key, response.to_bytes())

@@ -25,6 +25,7 @@ __all__ = [
     "DEADLINE_EXCEEDED",
     "EMPTY_ENVELOPE",
     "INVALID_SNAPSHOT",
+    "INVALID_STATE",
     "LLM_FAILED",
     "MAILBOX_FULL",
     "MEMORY_BUDGET",
@@ -33,6 +34,7 @@ __all__ = [
     "REASONS",
     "RESTORE_CONFLICT",
     "RESUME_FAILED",
+    "SEQ_EXHAUSTED",
     "SNAPSHOT_FROM_FUTURE",
     "STALE_TIMER",
     "TTL_WIPED_SUSPENDED",
@@ -63,13 +65,16 @@ BAD_ANSWER_SIGNATURE = "bad_answer_signature"
 ANSWER_FOR_OTHER_CONTENT = "answer_for_other_content"
 SNAPSHOT_FROM_FUTURE = "snapshot_from_future"
 INVALID_SNAPSHOT = "invalid_snapshot"
+INVALID_STATE = "invalid_state"
 CHECKPOINT_REJECTED = "checkpoint_rejected"
 BUDGET_EXCEEDED = "budget_exceeded"
+SEQ_EXHAUSTED = "seq_exhausted"
 
 #: Every reason with its meaning (the README's table is this one).
 REASONS = {
     UNDECODABLE: "the input bytes are no AgentEnvelope (or no StateSnapshot, on the snapshots "
-    "input)",
+    "input), or an envelope's idempotency key is neither bytes nor str (the envelope is in the "
+    "record)",
     NO_ENTITY_KEY: "an envelope or snapshot with an empty entity_key: no agent to run",
     EMPTY_ENVELOPE: "the envelope carries no payload",
     AGENT_RAISED: "the agent raised; the activation changed nothing but the count of the model "
@@ -101,9 +106,16 @@ REASONS = {
     SNAPSHOT_FROM_FUTURE: "a StateSnapshot holding state of a newer schema than this binary "
     "reads; nothing restored",
     INVALID_SNAPSHOT: "a StateSnapshot whose seq this runtime never issues (negative, or so "
-    "large its next seqs overflow int64); nothing restored",
+    "large its next seqs overflow int64), or whose Continuation or usage it never writes (a "
+    "negative seq or usage, a retry of a start with no event); nothing restored",
+    INVALID_STATE: "the key's stored Continuation is one the runtime cannot act on (a negative "
+    "seq, a retry of a start with no event): the suspension was ended before the input, its "
+    "answers and each queued event are in records; or its stored usage was out of range "
+    "(negative, too many budget grants) and was set to the nearest value in range",
     CHECKPOINT_REJECTED: "the key's stored checkpoint (a LangGraph graph's) names a type its "
     "allowlist does not hold, or is in another encoding; nothing was imported or run",
+    SEQ_EXHAUSTED: "an event for a key whose seq is the last int64 (one that began near the "
+    "end of time and ran on): no activation can start; the event is in the record",
     BUDGET_EXCEEDED: "a model call would have taken the key or the activation past its budget "
     "(or no one raised it when asked); the call was not made, the event or answers are in the "
     "record",

@@ -41,7 +41,8 @@ methods through `self`, so no activation pays for the split:
 * `machine_answers`: answers checked and recorded (`AnswerChecks`);
 * `machine_activations`: the agent's calls, failures and resumes (`Activations`);
 * `machine_deadlines`: retries, deadlines and escalations (`DueTimes`);
-* `machine_budgets`: a key's budget put before a person (`BudgetQuestions`).
+* `machine_budgets`: a key's budget put before a person (`BudgetQuestions`);
+* `machine_inputs`: Continuations and restored usage checked where they come in (`Checks`).
 
 This module holds the entry points (an envelope, a snapshot, a timer firing) and export.
 """
@@ -58,6 +59,7 @@ from beam_agents.runtime.machine_answers import AnswerChecks
 from beam_agents.runtime.machine_budgets import BudgetQuestions
 from beam_agents.runtime.machine_deadlines import DueTimes
 from beam_agents.runtime.machine_events import MAX_FIRST_SEQ, Intake, event_digests
+from beam_agents.runtime.machine_inputs import Checks, snapshot_problem
 from beam_agents.runtime.machine_state import (
     COMPLETIONS,
     ERRORS,
@@ -87,7 +89,7 @@ __all__ = [
 ]
 
 
-class KeyMachine(Commits, Intake, AnswerChecks, Activations, DueTimes, BudgetQuestions):
+class KeyMachine(Commits, Checks, Intake, AnswerChecks, Activations, DueTimes, BudgetQuestions):
     """RunAgent's decisions for one key at a time; see the module docstring."""
 
     def __init__(
@@ -133,7 +135,9 @@ class KeyMachine(Commits, Intake, AnswerChecks, Activations, DueTimes, BudgetQue
         work.anchor = max(now, arrival_ms)
         if payload == "export_request":
             work.emit(SNAPSHOTS, self._snapshot(key, stored, envelope))
-        elif payload == "external_event":
+            return self._finish(work)
+        self._checked(work, now)
+        if payload == "external_event":
             self._external(work, envelope, idempotency_key)
         else:
             self._answer(work, envelope, payload)
@@ -184,6 +188,10 @@ class KeyMachine(Commits, Intake, AnswerChecks, Activations, DueTimes, BudgetQue
         continuation = (
             self._migrate(snapshot.continuation) if snapshot.HasField("continuation") else None
         )
+        problem = snapshot_problem(snapshot, continuation)
+        if problem:
+            work.dead(dl.INVALID_SNAPSHOT, f"request {snapshot.request_id!r}: {problem}", now)
+            return work.effects
         work.anchor = max(now, arrival_ms)
         # The blobs are written as exported (an entry index that no longer fits entries people
         # edited is dropped, as it would hide keys) and migrate on their first read, like state
@@ -206,12 +214,14 @@ class KeyMachine(Commits, Intake, AnswerChecks, Activations, DueTimes, BudgetQue
 
     def on_deadline_timer(self, key: bytes, stored: KeyState, fired_ms: int) -> Effects:
         work = Work(key, self._current(stored), stored)
+        self._checked(work, fired_ms)
         self._due(work, fired_ms)
         return self._finish(work)
 
     def on_ttl_timer(self, key: bytes, stored: KeyState, fired_ms: int) -> Effects:
-        state = self._current(stored)
-        work = Work(key, state, stored)
+        work = Work(key, self._current(stored), stored)
+        self._checked(work, fired_ms)
+        state = work.state
         suspended = state.continuation
         if suspended is not None and timer_ms(due_at(suspended)) <= fired_ms:
             # The watermark passed the suspension's due time too (a bounded run's end, a
@@ -221,22 +231,16 @@ class KeyMachine(Commits, Intake, AnswerChecks, Activations, DueTimes, BudgetQue
             return self._finish(work)
         if self._ttl_at(state.memory, state.continuation, 0) > fired_ms:
             work.count("stale_ttl_timers")  # the TTL moved forward since it was set
-            return work.effects
+            return self._finish(work)  # what the state's checks changed, if anything
         if suspended is not None:
-            work.dead(
+            work.dead_suspension(
                 dl.TTL_WIPED_SUSPENDED,
-                "idle past its TTL while suspended on "
-                f"{list(suspended.pending_intent_ids)}; state cleared",
+                suspended,
                 fired_ms,
-                answers=suspended.answers,
+                detail="idle past its TTL while suspended on "
+                f"{list(suspended.pending_intent_ids)}; state cleared",
+                queued="queued while the key was suspended; the key was wiped first",
             )
-            for queued in suspended.mailbox:
-                work.dead(
-                    dl.TTL_WIPED_SUSPENDED,
-                    "queued while the key was suspended; the key was wiped first",
-                    fired_ms,
-                    input=queued,
-                )
         work.commit(KeyState(seq=state.seq))
         return self._finish(work)
 

@@ -25,11 +25,13 @@ from beam_agents.errors import (
     CheckpointRejectedError,
     LlmCallError,
     MemoryBudgetError,
+    error_text,
 )
 from beam_agents.runtime import dead_letters as dl
 from beam_agents.runtime.budget import Budget, BudgetMeter
 from beam_agents.runtime.context import ActivationContext, Completion, Suspension
 from beam_agents.runtime.machine_answers import ordered_answers
+from beam_agents.runtime.machine_inputs import built_problem
 from beam_agents.runtime.machine_state import (
     COMPLETIONS,
     INTENTS,
@@ -117,6 +119,15 @@ class Activations:
                     f"suspended with a {type(result.continuation).__name__}, not a Continuation",
                     agent=self._agent.adapter,
                 )
+            if isinstance(result, Suspension):
+                problem = built_problem(
+                    result.continuation, seq=seq, next_step=ctx.next_step, emitted=ctx.intents
+                )
+                if problem:
+                    raise AgentContractError(
+                        f"suspended on a Continuation the runtime cannot take: {problem}",
+                        agent=self._agent.adapter,
+                    )
             # An adapter may replace ctx.memory (a function agent keeps its writes apart
             # until it completes): commit what the context holds at the end.
             # What nothing changed is the blob read (to_blob), or no cache at all.
@@ -238,7 +249,7 @@ class Activations:
             "error",
             {"error.type": type(error).__name__, "beam_agents.reason": reason},
         )
-        detail = f"seq {ctx.seq}: {type(error).__name__}: {error}{note}"
+        detail = f"seq {ctx.seq}: {type(error).__name__}: {error_text(error)}{note}"
         work.dead(reason, detail, now, answers=answers, input=event)
         for trace in ctx.traces:
             work.emit(TRACES, trace)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 
 from beam_agents._protos import Continuation, LlmCacheBlob
-from beam_agents.errors import BudgetExceededError
+from beam_agents.errors import BudgetExceededError, error_text
 from beam_agents.runtime import dead_letters as dl
 from beam_agents.runtime.budget import BUDGET_TOOL, Budget, BudgetMeter, OnBudget
 from beam_agents.runtime.context import ActivationContext
@@ -39,6 +39,7 @@ class BudgetQuestions:
         # Only a key's limits can be raised; an activation's or a missing price cannot.
         return (
             isinstance(error, BudgetExceededError)
+            and isinstance(error.scope, str)
             and error.scope.startswith("key")
             and budget is not None
             and budget.on_exceed is OnBudget.ASK
@@ -82,7 +83,7 @@ class BudgetQuestions:
             "The agent's next model call would pass its budget; approve to raise the key's "
             "limits and let it go on, decline to end it.",
             tool=BUDGET_TOOL,
-            reason=str(run.error),
+            reason=error_text(run.error),
             raise_tokens=config.budget.raise_tokens,
             raise_cost_micros=config.budget.raise_cost_micros,
         )

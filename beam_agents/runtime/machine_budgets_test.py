@@ -360,3 +360,12 @@ def test_a_budget_its_question_could_not_carry_is_refused_when_the_pipeline_is_b
     with pytest.raises(ValueError, match="activation_cost_micros"):
         Budget(activation_cost_micros=1.5)
     assert Budget(raise_tokens=2**53 - 1, key_tokens=2**62).raise_tokens == 2**53 - 1
+
+
+def test_a_reported_token_count_is_taken_as_a_count_from_zero_to_max_safe_integer():
+    from beam_agents.intents.identity import MAX_SAFE_INTEGER
+    from beam_agents.runtime.budget import reported_tokens
+
+    taken = [reported_tokens(c) for c in (7, -3, 2**70, 12.9, float("inf"), float("nan"))]
+    assert taken == [7, 0, MAX_SAFE_INTEGER, 12, MAX_SAFE_INTEGER, 0]
+    assert [reported_tokens(c) for c in (None, "100", True)] == [0, 0, 0]

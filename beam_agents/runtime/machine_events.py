@@ -164,6 +164,16 @@ class Intake:
     ) -> None:
         now = envelope.event_time_ms
         state = work.state
+        if state.seq is not None and state.seq >= INT64_MAX:
+            # Every seq is issued (a key that began near the end of time, then ran on): another
+            # would overflow int64 or issue an intent id again.
+            work.dead(
+                dl.SEQ_EXHAUSTED,
+                f"the key's seq is {state.seq}, the last there is: it starts no activation",
+                now,
+                input=envelope,
+            )
+            return
         seq = _next_seq(state.seq, now)
         run = self._run(work, now, seq, lambda ctx: self._agent.start(ctx, envelope.external_event))
         if run.error is None:

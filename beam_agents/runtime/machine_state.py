@@ -26,6 +26,7 @@ from beam_agents.wire.beam_support import timer_timestamp
 
 __all__ = [
     "COMPLETIONS",
+    "COUNTERS",
     "ERRORS",
     "INT64_MAX",
     "INTENTS",
@@ -47,6 +48,21 @@ ERRORS = "errors"
 SNAPSHOTS = "snapshots"
 
 INT64_MAX = 2**63 - 1
+
+#: Every counter the machine counts (`Work.count`), under RunAgent's metrics namespace: the one
+#: list the DoFn declares its metrics from, so no count can name a metric it lacks (a test reads
+#: every `count(...)` in the runtime's source against it).
+COUNTERS = (
+    "activations",
+    "failed_activations",
+    "duplicate_answers",
+    "duplicate_events",
+    "queued_events",
+    "deferred_activations",
+    "stale_ttl_timers",
+    "deadline_timers_after_resolution",
+    "budget_asks",
+)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -116,7 +132,17 @@ class Work:
     def dead(self, reason: str, detail: str, now: int, **fields) -> None:
         self.emit(ERRORS, dl.error_record(self.key, reason, detail, now, **fields))
 
+    def dead_suspension(
+        self, reason: str, suspended, now: int, *, detail: str, queued: str
+    ) -> None:
+        """Dead-letters an ended suspension: its answers in one record (`detail`), each event
+        its mailbox held in one of its own (`queued`)."""
+        self.dead(reason, detail, now, answers=suspended.answers)
+        for envelope in suspended.mailbox:
+            self.dead(reason, queued, now, input=envelope)
+
     def count(self, name: str) -> None:
+        """Counts one occurrence of `name`, one of COUNTERS."""
         self.effects.counters.append(name)
 
 

@@ -49,6 +49,7 @@ from beam_agents.runtime.machine import (
     KeyMachine,
     KeyState,
 )
+from beam_agents.runtime.machine_state import COUNTERS
 from beam_agents.state.migration import CURRENT_STATE_SCHEMA_VERSION, MigrationRegistry
 from beam_agents.wire.beam_support import keep_each_key_in_one_bundle, timer_timestamp, typed
 from beam_agents.wire.fields import encode_varint, read_varint
@@ -65,16 +66,6 @@ __all__ = [
 # The tag of each element between _KeyAndTag and the DoFn: an envelope, an envelope with a
 # transport's idempotency key (varint length, key, envelope), or a snapshot.
 _ENVELOPE, _IDEMPOTENT, _SNAPSHOT = b"E", b"I", b"S"
-_COUNTERS = (
-    "activations",
-    "failed_activations",
-    "duplicate_answers",
-    "duplicate_events",
-    "queued_events",
-    "deferred_activations",
-    "stale_ttl_timers",
-    "deadline_timers_after_resolution",
-)
 
 
 class _KeyAndTag(beam.DoFn):
@@ -87,13 +78,10 @@ class _KeyAndTag(beam.DoFn):
         self._type = AgentEnvelope if kind == _ENVELOPE else StateSnapshot
 
     def process(self, element, timestamp=beam.DoFn.TimestampParam) -> Iterator:
-        tag, idempotency_key = self._kind, b""
+        tag, given, idempotency_key = self._kind, None, b""
         if self._kind == _ENVELOPE and isinstance(element, tuple) and len(element) == 2:
-            element, idempotency_key = element
-            if isinstance(idempotency_key, str):
-                idempotency_key = idempotency_key.encode("utf-8")
-            if not isinstance(idempotency_key, bytes):
-                idempotency_key = b""
+            element, given = element
+            idempotency_key = _key_bytes(given)
             if idempotency_key:
                 tag = _IDEMPOTENT + encode_varint(len(idempotency_key)) + idempotency_key
         if isinstance(element, self._type):
@@ -113,7 +101,28 @@ class _KeyAndTag(beam.DoFn):
             record = error_record(b"", NO_ENTITY_KEY, detail, timestamp.micros // 1000)
             yield beam.pvalue.TaggedOutput(ERRORS, (b"", record))
             return
+        if idempotency_key is None:
+            # Run without it, the event would lose the transport's dedupe without a word.
+            key = message.entity_key
+            detail = f"an idempotency key of type {type(given).__name__}, not bytes or str"
+            record = error_record(key, UNDECODABLE, detail, timestamp.micros // 1000, input=message)
+            yield beam.pvalue.TaggedOutput(ERRORS, (key, record))
+            return
         yield (message.entity_key, tag + bytes(element))
+
+
+def _key_bytes(given: object) -> bytes | None:
+    """A transport's idempotency key as bytes (b"": none), or None when it is no key."""
+    if given is None:
+        return b""
+    if isinstance(given, str):
+        # A str from bytes that were not UTF-8 holds lone surrogates, which strict UTF-8
+        # refuses: "surrogatepass" gives every str bytes of its own, and a valid one the UTF-8
+        # it always had (so its marks stay what they were).
+        return given.encode("utf-8", "surrogatepass")
+    if isinstance(given, bytes | bytearray):
+        return bytes(given)
+    return None
 
 
 class _AgentDoFn(beam.DoFn):
@@ -138,7 +147,7 @@ class _AgentDoFn(beam.DoFn):
         self._registry = registry
         self._machine: KeyMachine | None = None
         self._counters = {
-            name: beam.metrics.Metrics.counter("beam_agents.runtime", name) for name in _COUNTERS
+            name: beam.metrics.Metrics.counter("beam_agents.runtime", name) for name in COUNTERS
         }
 
     def setup(self) -> None:
@@ -304,15 +313,15 @@ class RunAgent(beam.PTransform):
     """Runs `agent` for every entity key.
 
     Input: a PCollection of AgentEnvelopes (messages or serialized bytes), each alone or as a
-    pair (envelope, idempotency key: bytes or str) where the transport has one (a Kafka header,
-    Pub/Sub's message id), or a dict {"envelopes": ..., "snapshots": ...} whose snapshots
-    (StateSnapshot messages or bytes) restore empty keys; any windowing. Nothing orders the
-    two inputs: an envelope that reaches a key before its snapshot runs on the empty key, and
-    the snapshot is then a `restore_conflict` dead letter, so restore a key before its events
-    flow. Output: a dict of keyed
-    PCollections in the global window: COMPLETIONS (entity_key, bytes), INTENTS (entity_key,
-    ToolIntent), TRACES (entity_key, TraceEvent), ERRORS (entity_key, ActivationErrorRecord),
-    SNAPSHOTS (entity_key, StateSnapshot).
+    pair (envelope, idempotency key: bytes, str, or None for none) where the transport has one
+    (a Kafka header, Pub/Sub's message id; a key of another type is an `undecodable_envelope`
+    dead letter, the envelope inside), or a dict {"envelopes": ..., "snapshots": ...} whose
+    snapshots (StateSnapshot messages or bytes) restore empty keys; any windowing. Nothing
+    orders the two inputs: an envelope that reaches a key before its snapshot runs on the empty
+    key, and the snapshot is then a `restore_conflict` dead letter, so restore a key before its
+    events flow. Output: a dict of keyed PCollections in the global window: COMPLETIONS
+    (entity_key, bytes), INTENTS (entity_key, ToolIntent), TRACES (entity_key, TraceEvent),
+    ERRORS (entity_key, ActivationErrorRecord), SNAPSHOTS (entity_key, StateSnapshot).
 
     `keyring_loader` is called on the worker (DoFn.setup) to sign intents;
     `result_keyring_loader` and `approval_keyring_loader`, likewise, for the rings that verify

@@ -23,7 +23,7 @@ from beam_agents._protos import (
     ToolIntent,
     ToolResult,
 )
-from beam_agents.errors import CanonicalJsonError
+from beam_agents.errors import CanonicalJsonError, error_text
 from beam_agents.intents.effector.leases import Leases, settle
 from beam_agents.intents.effector.spec import (
     DEFAULT_LEASE_MS,
@@ -241,7 +241,11 @@ class Gate:
                 raise TypeError(f"tool returned {type(payload).__name__}, not bytes or str")
         except Exception as e:  # a tool's failure is its result, never the effector's
             return _result(
-                intent, digest, ToolResult.ERROR, now(), error=f"{type(e).__name__}: {_text(e)}"
+                intent,
+                digest,
+                ToolResult.ERROR,
+                now(),
+                error=f"{type(e).__name__}: {error_text(e)}",
             )
         return self._acted(intent, digest, now(), payload)
 
@@ -485,13 +489,6 @@ def _result(
         completed_at_ms=now,
         intent_digest=digest,
     )
-
-
-def _text(error: Exception) -> str:
-    try:
-        return str(error)
-    except Exception as e:  # a tool's exception type may fail to print itself
-        return f"(its text raised {type(e).__name__})"
 
 
 def _printable(text: str) -> str:
