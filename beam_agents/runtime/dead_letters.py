@@ -31,6 +31,7 @@ __all__ = [
     "NO_ENTITY_KEY",
     "NO_SUSPENSION",
     "REASONS",
+    "RECORD_TOO_LARGE",
     "RESTORE_CONFLICT",
     "RESUME_FAILED",
     "SNAPSHOT_FROM_FUTURE",
@@ -65,6 +66,7 @@ SNAPSHOT_FROM_FUTURE = "snapshot_from_future"
 INVALID_SNAPSHOT = "invalid_snapshot"
 CHECKPOINT_REJECTED = "checkpoint_rejected"
 BUDGET_EXCEEDED = "budget_exceeded"
+RECORD_TOO_LARGE = "record_too_large"
 
 #: Every reason with its meaning (the README's table is this one).
 REASONS = {
@@ -107,6 +109,8 @@ REASONS = {
     BUDGET_EXCEEDED: "a model call would have taken the key or the activation past its budget "
     "(or no one raised it when asked); the call was not made, the event or answers are in the "
     "record",
+    RECORD_TOO_LARGE: "an output record (a StateSnapshot of a key near its caps, most likely) "
+    "over the bus loop's max_record_bytes; it was not written, the key's state is unchanged",
 }
 
 
