@@ -260,7 +260,8 @@ class Activations:
             now,
             suspended.seq,
             lambda ctx: self._agent.resume(ctx, answers),
-            resume_of=suspended,
+            # The agent's own copy: an edit of it must not reach the retry's.
+            resume_of=self._copy(suspended),
         )
         if run.error is None:
             self._commit_run(

@@ -166,3 +166,37 @@ def test_an_agent_that_edits_its_answers_changes_neither_the_state_read_nor_its_
     assert h.continuation.answers[0].tool_result.payload == b"paid 42"
     h.fire_deadline()
     assert h.values("completions") == [b"paid 42"]
+
+
+class _EditsItsContinuation:
+    """On resume, edits the Continuation it resumes; the first resume then raises, the next
+    completes with the snapshot it was handed."""
+
+    adapter = "tests.edits_continuation/v1"
+
+    def __init__(self) -> None:
+        self.resumes = 0
+
+    def start(self, ctx, event: bytes):
+        ctx.call_tool("a.tool", {"n": 1})
+        return ctx.suspend(snapshot=b"where I was")
+
+    def resume(self, ctx, answers):
+        self.resumes += 1
+        snapshot = ctx.resume_of.snapshot
+        ctx.resume_of.snapshot = b"edited"
+        del ctx.resume_of.answers[:]
+        if self.resumes == 1:
+            raise RuntimeError("after editing its continuation")
+        return ctx.complete(snapshot + b", %d answer(s)" % len(answers))
+
+
+def test_an_agent_that_edits_the_continuation_it_resumes_does_not_change_its_retry():
+    h = Harness(_EditsItsContinuation())
+    h.send(event(T0, b"x"))
+    (called,) = pending(h)
+    h.send(answer(T0 + 1, called))
+    assert [e.reason for e in h.values(ERRORS)] == ["agent_raised"]
+    assert h.continuation.snapshot == b"where I was" and len(h.continuation.answers) == 1
+    h.fire_deadline()
+    assert h.values("completions") == [b"where I was, 1 answer(s)"]
