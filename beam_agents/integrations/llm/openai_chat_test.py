@@ -590,3 +590,11 @@ def test_an_answer_with_no_choices_is_a_refusal_that_carries_the_tokens_it_was_b
 def test_an_answer_with_no_choices_counts_in_the_keys_usage():
     with LocalHttpServer(scripted(_no_choices())) as server:
         assert usage_after_one_call(client(server)) == (["llm_failed"], (7, 0))
+
+
+def test_a_choice_with_no_message_is_a_refusal_that_carries_the_tokens_it_was_billed_for():
+    no_message = scripted(_answer(None, USAGE))
+    with LocalHttpServer(no_message) as server, pytest.raises(LlmCallError) as raised:
+        client(server).complete(REQUEST)
+    assert not raised.value.retryable and "cannot be read" in raised.value.reason
+    assert (raised.value.input_tokens, raised.value.output_tokens) == (7, 2)
