@@ -46,6 +46,8 @@ MAX_RECORD_BYTES = 1_000_000
 _PRODUCER_REQUEST_BYTES = 1_048_576
 _BATCH_OVERHEAD_BYTES = 64 * 1024
 _TOO_LARGE = "too_large"
+#: The smallest max_record_bytes AgentLoop takes: room for a `record_too_large` dead letter.
+_MIN_RECORD_BYTES = 64 * 1024
 
 
 class FlinkCheckpointOptions(PipelineOptions):
@@ -165,9 +167,14 @@ class AgentLoop(beam.PTransform):
     ) -> None:
         super().__init__()
         if isinstance(max_record_bytes, bool) or not (
-            isinstance(max_record_bytes, int) and max_record_bytes > 0
+            isinstance(max_record_bytes, int) and max_record_bytes >= _MIN_RECORD_BYTES
         ):
-            raise ValueError(f"max_record_bytes must be a positive int, not {max_record_bytes!r}")
+            # Checked when the pipeline is built: the dead letter that stands in for a record
+            # over the limit must fit under it, or its own write would fail the bundle.
+            raise ValueError(
+                f"max_record_bytes must be an int of at least {_MIN_RECORD_BYTES}, "
+                f"not {max_record_bytes!r}"
+            )
         self._max_record_bytes = max_record_bytes
         self._idempotency_header = idempotency_header
         self._agent = agent

@@ -13,7 +13,7 @@ import pytest
 from apache_beam.testing.util import assert_that, equal_to
 
 from beam_agents._protos import AgentEnvelope, StateSnapshot
-from beam_agents.bus import KafkaBusError, TopicReader, Topics, decode_dead_letter
+from beam_agents.bus import AgentLoop, KafkaBusError, TopicReader, Topics, decode_dead_letter
 from beam_agents.bus.loop import MAX_RECORD_BYTES, topic_records
 from beam_agents.bus.records import record_value, send
 from beam_agents.ops.rounds import env_options, run_round
@@ -97,6 +97,19 @@ def test_a_record_at_the_limit_is_written_and_one_byte_over_is_refused(tmp_path,
             records["too_large"] | beam.Map(lambda r: decode_dead_letter(r[1]).reason),
             equal_to(["record_too_large"] if over else []),
             "Refused",
+        )
+
+
+@pytest.mark.parametrize("limit", [0, 1000, True, 2.5e6])
+def test_a_limit_no_dead_letter_fits_under_is_refused_when_the_loop_is_built(limit):
+    with pytest.raises(ValueError, match="max_record_bytes"):
+        AgentLoop(
+            None,
+            bootstrap_servers="127.0.0.1:9",
+            topics=Topics("fx"),
+            expansion_service="127.0.0.1:9",
+            consumer_group="g",
+            max_record_bytes=limit,
         )
 
 
