@@ -19,7 +19,9 @@ uses one set of topics, named by a prefix (`Topics`), every record keyed by its 
 WriteToKafka, expanded by a Java expansion service) around RunAgent. Record timestamps are the
 records' create times, which producers set to the envelope's event time. On a runner that
 checkpoints (Flink), the read positions live in the pipeline's checkpoints and savepoints with
-the agents' state, so a job restored from a savepoint reads on from where its state was taken.
+the agents' state, so a job restored from a savepoint reads on from where its state was taken. No
+record over `max_record_bytes` (1,000,000 by default, under Kafka's default limits) is written:
+a `record_too_large` dead letter takes its place, and the key goes on (`loop`'s docstring).
 
 `EffectorService` is the other half: an `Effector` with its durable store reading the intents
 topic, a poll's batch at a time. It commits an intent's offset only after every record it

@@ -1,13 +1,29 @@
 """`AgentLoop`, the pipeline half of the loop: the events topic read with Beam's cross-language
 ReadFromKafka, RunAgent, and each output written to its topic with WriteToKafka.
 
+Records over Kafka's size limit. A broker takes records up to its `message.max.bytes` (by
+default 1,048,588 bytes, a record batch's overhead included) and a Java producer sends up to its
+`max.request.size` (1,048,576): a larger record fails WriteToKafka's bundle, which the runner
+retries for ever, every output of the job stuck behind it. A key near its memory and cache
+caps (by default 1 MiB of memory and 4 MiB of recorded model answers) exports a StateSnapshot
+over that, and a completion, an intent or a dead letter carrying a mailbox can be as large. So
+the loop writes no record whose key and value are over `max_record_bytes` (default 1,000,000,
+under both limits with room for the overhead): in its place it writes a `record_too_large`
+dead letter to the dead_letters topic naming the topic, the size, the limit and the SHA-256 of
+the value it refused. Nothing else changes: the key's state is as it was (export changes no
+state), the key goes on, and an export refused so can be asked again once the key is smaller
+(its memory and cache caps lowered, entries deleted) or the limit raised. `max_record_bytes`
+above the default needs the topics' and the broker's `max.message.bytes` raised to match; the
+loop raises its producers' `max.request.size` itself.
+
 Its transform names (ReadEvents, Envelopes, RunAgent, DeadLetters, <Output>Records,
-Write<Output>) and the DoFn class names in them are part of a running job's graph: a savepoint
-restore or `--update` matches them.
+Write<Output>, TooLarge, WriteTooLarge) and the DoFn class names in them are part of a running
+job's graph: a savepoint restore or `--update` matches them.
 """
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any
 
 import apache_beam as beam
@@ -19,10 +35,19 @@ from beam_agents._protos import ActivationErrorRecord
 from beam_agents.bus.records import record_value
 from beam_agents.bus.topics import Topics
 from beam_agents.runtime import ERRORS, RunAgent
-from beam_agents.runtime.dead_letters import UNDECODABLE, error_record
+from beam_agents.runtime.dead_letters import RECORD_TOO_LARGE, UNDECODABLE, error_record
 from beam_agents.wire.beam_support import typed
 
-__all__ = ["AgentLoop", "FlinkCheckpointOptions"]
+__all__ = ["MAX_RECORD_BYTES", "AgentLoop", "FlinkCheckpointOptions", "topic_records"]
+
+#: The largest record (key and value) the loop writes by default; see the module docstring.
+MAX_RECORD_BYTES = 1_000_000
+# A Java producer's default max.request.size, and what a record batch adds to its records.
+_PRODUCER_REQUEST_BYTES = 1_048_576
+_BATCH_OVERHEAD_BYTES = 64 * 1024
+_TOO_LARGE = "too_large"
+#: The smallest max_record_bytes AgentLoop takes: room for a `record_too_large` dead letter.
+_MIN_RECORD_BYTES = 64 * 1024
 
 
 class FlinkCheckpointOptions(PipelineOptions):
@@ -84,11 +109,33 @@ class _RecordValues(beam.DoFn):
 
 
 class _ToRecord(beam.DoFn):
-    """(entity_key, RunAgent output value) as a Kafka record's (key, value)."""
+    """(entity_key, RunAgent output value) as a Kafka record's (key, value) for the topic
+    `topic`; one over `max_record_bytes` leaves as a `record_too_large` dead letter's record
+    instead, on the `too_large` output."""
 
-    def process(self, element):
+    def __init__(self, topic: str, max_record_bytes: int) -> None:
+        self._topic = topic
+        self._max = max_record_bytes
+
+    def process(self, element, timestamp=beam.DoFn.TimestampParam):
         key, value = element
-        yield (key, record_value(value))
+        record = record_value(value)
+        size = len(key) + len(record)
+        if size <= self._max:
+            yield (key, record)
+            return
+        what = type(value).__name__
+        if isinstance(value, ActivationErrorRecord):
+            what = f"dead letter ({value.reason})"
+        detail = (
+            f"a {what} record of {size} bytes for {self._topic} is over the loop's "
+            f"max_record_bytes of {self._max}; it was not written (SHA-256 "
+            f"{hashlib.sha256(record).hexdigest()}) and the key's state is unchanged. Make the "
+            "key smaller (its memory and cache caps, entries deleted) and ask again, or raise "
+            "max_record_bytes with the topic's and the broker's max.message.bytes"
+        )
+        letter = error_record(key, RECORD_TOO_LARGE, detail, timestamp.micros // 1000)
+        yield beam.pvalue.TaggedOutput(_TOO_LARGE, (key, record_value(letter)))
 
 
 class AgentLoop(beam.PTransform):
@@ -99,7 +146,12 @@ class AgentLoop(beam.PTransform):
     an event; RunAgent then drops a second copy of the event carrying the same key even if its
     bytes differ (copies with the same time and bytes are dropped without it). Setting it reads
     the topic with its metadata, which changes the read's output type: choose it before the
-    first launch, since `--update` or a savepoint restore needs the same graph."""
+    first launch, since `--update` or a savepoint restore needs the same graph.
+
+    `max_record_bytes` is the largest record (key and value) written to any topic: a larger
+    one, a StateSnapshot of a key near its caps most likely, is a `record_too_large` dead
+    letter instead (see the module docstring). Above the default of 1,000,000, the topics'
+    and the broker's `max.message.bytes` must allow it."""
 
     def __init__(
         self,
@@ -110,9 +162,20 @@ class AgentLoop(beam.PTransform):
         expansion_service: str,
         consumer_group: str,
         idempotency_header: str | None = None,
+        max_record_bytes: int = MAX_RECORD_BYTES,
         **run_agent: Any,
     ) -> None:
         super().__init__()
+        if isinstance(max_record_bytes, bool) or not (
+            isinstance(max_record_bytes, int) and max_record_bytes >= _MIN_RECORD_BYTES
+        ):
+            # Checked when the pipeline is built: the dead letter that stands in for a record
+            # over the limit must fit under it, or its own write would fail the bundle.
+            raise ValueError(
+                f"max_record_bytes must be an int of at least {_MIN_RECORD_BYTES}, "
+                f"not {max_record_bytes!r}"
+            )
+        self._max_record_bytes = max_record_bytes
         self._idempotency_header = idempotency_header
         self._agent = agent
         self._bootstrap_servers = bootstrap_servers
@@ -146,14 +209,33 @@ class AgentLoop(beam.PTransform):
             ERRORS: (outputs[ERRORS], typed(values[ERRORS], Tuple[bytes, ActivationErrorRecord]))
             | "DeadLetters" >> beam.Flatten(),
         }
-        for output, topic in self._topics.for_outputs().items():
-            name = output.capitalize()
-            records = typed(
-                outputs[output] | f"{name}Records" >> beam.ParDo(_ToRecord()), Tuple[bytes, bytes]
-            )
-            _ = records | f"Write{name}" >> WriteToKafka(
-                producer_config={"bootstrap.servers": self._bootstrap_servers},
-                topic=topic,
+        producer = {"bootstrap.servers": self._bootstrap_servers}
+        request_bytes = self._max_record_bytes + _BATCH_OVERHEAD_BYTES
+        if request_bytes > _PRODUCER_REQUEST_BYTES:
+            producer["max.request.size"] = str(request_bytes)
+        records = topic_records(outputs, self._topics, self._max_record_bytes)
+        for output, topic in [*self._topics.for_outputs().items(), (_TOO_LARGE, None)]:
+            name = "TooLarge" if output == _TOO_LARGE else output.capitalize()
+            _ = records[output] | f"Write{name}" >> WriteToKafka(
+                producer_config=producer,
+                topic=topic or self._topics.dead_letters,
                 expansion_service=self._expansion_service,
             )
         return outputs
+
+
+def topic_records(outputs, topics: Topics, max_record_bytes: int) -> dict:
+    """{RunAgent output tag: its records (key, value) for its topic}, none over
+    `max_record_bytes`, and under "too_large" the `record_too_large` dead letters' records of
+    those that were, for the dead_letters topic. Applied inside the caller's transform."""
+    records, too_large = {}, []
+    for output, topic in topics.for_outputs().items():
+        split = outputs[output] | f"{output.capitalize()}Records" >> beam.ParDo(
+            _ToRecord(topic, max_record_bytes)
+        ).with_outputs(_TOO_LARGE, main="records")
+        records[output] = typed(split.records, Tuple[bytes, bytes])
+        too_large.append(typed(split[_TOO_LARGE], Tuple[bytes, bytes]))
+    records[_TOO_LARGE] = typed(
+        tuple(too_large) | "TooLarge" >> beam.Flatten(), Tuple[bytes, bytes]
+    )
+    return records

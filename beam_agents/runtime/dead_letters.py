@@ -32,6 +32,7 @@ __all__ = [
     "NO_ENTITY_KEY",
     "NO_SUSPENSION",
     "REASONS",
+    "RECORD_TOO_LARGE",
     "RESTORE_CONFLICT",
     "RESUME_FAILED",
     "SEQ_EXHAUSTED",
@@ -69,6 +70,7 @@ INVALID_STATE = "invalid_state"
 CHECKPOINT_REJECTED = "checkpoint_rejected"
 BUDGET_EXCEEDED = "budget_exceeded"
 SEQ_EXHAUSTED = "seq_exhausted"
+RECORD_TOO_LARGE = "record_too_large"
 
 #: Every reason with its meaning (the README's table is this one).
 REASONS = {
@@ -119,6 +121,8 @@ REASONS = {
     BUDGET_EXCEEDED: "a model call would have taken the key or the activation past its budget "
     "(or no one raised it when asked); the call was not made, the event or answers are in the "
     "record",
+    RECORD_TOO_LARGE: "an output record (a StateSnapshot of a key near its caps, most likely) "
+    "over the bus loop's max_record_bytes; it was not written, the key's state is unchanged",
 }
 
 

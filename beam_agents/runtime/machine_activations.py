@@ -209,8 +209,16 @@ class Activations:
         anyway (a deferral, a budget question, a retry), all written at this version."""
         ctx, state = run.ctx, work.state
         if ctx.model_calls and not self._readable_by_older(work):
-            if isinstance(run.error, LlmCallError | BudgetExceededError):
-                cache = ctx.cache.to_blob()
+            # A cache the failed run did not change is the blob read (`to_blob`): stamped
+            # and counted in place, it would change state on a portable runner only, and,
+            # being the blob read, never be written (a refused answer's usage lost).
+            paid = (
+                ctx.cache.to_blob()
+                if isinstance(run.error, LlmCallError | BudgetExceededError)
+                else None
+            )
+            if paid is not None and paid is not state.cache:
+                cache = paid
             elif state.cache is not None:
                 cache = self._copy(state.cache)
             else:
@@ -263,7 +271,8 @@ class Activations:
             now,
             suspended.seq,
             lambda ctx: self._agent.resume(ctx, answers),
-            resume_of=suspended,
+            # The agent's own copy: an edit of it must not reach the retry's.
+            resume_of=self._copy(suspended),
         )
         if run.error is None:
             self._commit_run(

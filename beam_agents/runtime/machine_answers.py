@@ -185,11 +185,21 @@ def unanswered_intents(suspended: Continuation, pending: Iterable[ToolIntent]) -
 
 def ordered_answers(suspended: Continuation, pending: Iterable[ToolIntent]) -> list[Answer]:
     """The answers to the agent's own intents (escalations are the runtime's), in the
-    Continuation's intent order: never the order a bag, an export or a restore returns."""
+    Continuation's intent order: never the order a bag, an export or a restore returns. Each
+    holds copies, the agent's to change."""
     by_id = {answered_intent_id(a): a for a in suspended.answers}
     intents = {i.intent_id: i for i in pending}
     return [
-        Answer.from_envelope(intents[i], by_id[i])
+        Answer.from_envelope(_copied(intents[i]), _copied(by_id[i]))
         for i in suspended.pending_intent_ids
         if i in by_id and i in intents and intents[i].tool_name not in RUNTIME_TOOLS
     ]
+
+
+def _copied(message):
+    """A copy for the agent, whose edits must reach neither the key's state (the pending
+    intents read, which a portable runner hands back as the objects stored) nor the answers
+    the Continuation keeps for a retry."""
+    copied = type(message)()
+    copied.CopyFrom(message)
+    return copied

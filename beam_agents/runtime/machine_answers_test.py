@@ -127,3 +127,76 @@ def test_an_approval_signed_with_the_effectors_key_is_refused():
     h.send(approve(T0 + 1, question, ring=EFFECTOR))
     assert [e.reason for e in h.values(ERRORS)] == ["bad_answer_signature"]
     assert h.values("completions") == [] and h.continuation is not None
+
+
+class _EditsItsAnswers:
+    """On resume, edits each answer's intent and result in place; the first resume then
+    raises, the next completes with the payload it was handed."""
+
+    adapter = "tests.edits_answers/v1"
+
+    def __init__(self) -> None:
+        self.resumes = 0
+
+    def start(self, ctx, event: bytes):
+        ctx.call_tool("a.tool", {"n": 1})
+        return ctx.suspend()
+
+    def resume(self, ctx, answers):
+        self.resumes += 1
+        (given,) = answers
+        payload = given.payload
+        given.intent.args_json = "{}"
+        given.result.payload = b"edited"
+        if self.resumes == 1:
+            raise RuntimeError("after editing its answer")
+        return ctx.complete(payload)
+
+
+def test_an_agent_that_edits_its_answers_changes_neither_the_state_read_nor_its_retry():
+    # The pending intents come from the key's bag state, which a portable runner hands back
+    # as the very objects stored: an agent's edit of an answer's intent must not reach them
+    # (the harness checks nothing read changed in place). Nor may an edit of the result
+    # reach the answers the resume's retry is handed: an accepted answer is kept as it came.
+    h = Harness(_EditsItsAnswers())
+    h.send(event(T0, b"x"))
+    (called,) = pending(h)
+    h.send(answer(T0 + 1, called, b"paid 42"))
+    assert [e.reason for e in h.values(ERRORS)] == ["agent_raised"]
+    assert h.continuation.answers[0].tool_result.payload == b"paid 42"
+    h.fire_deadline()
+    assert h.values("completions") == [b"paid 42"]
+
+
+class _EditsItsContinuation:
+    """On resume, edits the Continuation it resumes; the first resume then raises, the next
+    completes with the snapshot it was handed."""
+
+    adapter = "tests.edits_continuation/v1"
+
+    def __init__(self) -> None:
+        self.resumes = 0
+
+    def start(self, ctx, event: bytes):
+        ctx.call_tool("a.tool", {"n": 1})
+        return ctx.suspend(snapshot=b"where I was")
+
+    def resume(self, ctx, answers):
+        self.resumes += 1
+        snapshot = ctx.resume_of.snapshot
+        ctx.resume_of.snapshot = b"edited"
+        del ctx.resume_of.answers[:]
+        if self.resumes == 1:
+            raise RuntimeError("after editing its continuation")
+        return ctx.complete(snapshot + b", %d answer(s)" % len(answers))
+
+
+def test_an_agent_that_edits_the_continuation_it_resumes_does_not_change_its_retry():
+    h = Harness(_EditsItsContinuation())
+    h.send(event(T0, b"x"))
+    (called,) = pending(h)
+    h.send(answer(T0 + 1, called))
+    assert [e.reason for e in h.values(ERRORS)] == ["agent_raised"]
+    assert h.continuation.snapshot == b"where I was" and len(h.continuation.answers) == 1
+    h.fire_deadline()
+    assert h.values("completions") == [b"where I was, 1 answer(s)"]

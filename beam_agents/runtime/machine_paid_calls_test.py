@@ -380,3 +380,41 @@ def test_a_resume_held_by_its_budget_replays_what_it_paid_for_once_raised():
     h.send(approve(T0 + 2, question))
     assert h.values("completions") == [b"answer 2"] and model.calls == 2
     assert h.states[2].value.input_tokens == 200
+
+
+class _RefusesAfterATool:
+    """A model that answers "first" (10 + 10 tokens) and refuses "after the tool", billing
+    10,000 input tokens for the refused answer (a safety block, say)."""
+
+    def complete(self, request):
+        if request.messages[-1]["content"] == "after the tool":
+            raise LlmCallError("refused", model=request.model, retryable=False, input_tokens=10_000)
+        return LlmResponse("ok", request.model, 10, 10)
+
+
+@agent(name="tests.refused_on_resume/v1")
+def _refused_on_resume(ctx, event: bytes) -> bytes:
+    if event == b"first":
+        return ctx.llm([{"role": "user", "content": "first"}], model="m").text.encode()
+    ctx.call_tool("a.tool", {})
+    return ctx.llm([{"role": "user", "content": "after the tool"}], model="m").text.encode()
+
+
+def test_a_refused_answer_that_fails_a_resume_is_counted_on_a_blob_of_its_own():
+    # The resume touches no call the key's cache holds, so the cache it read is unchanged
+    # and its `to_blob` is the stored blob itself. The refused answer's usage must land on a
+    # new blob, which the DoFn then writes: counted in place on the blob read, it changed
+    # state on a portable runner only (the harness's cells hand back the stored object and
+    # check it is never changed), and was lost on the DirectRunner.
+    h = Harness(_refused_on_resume, llm=_RefusesAfterATool())
+    h.send(event(T0, b"first"))
+    read = h.states[2].value
+    writes = h.states[2].writes
+    h.send(event(T0 + 1, b"x"))
+    (called,) = pending(h)
+    h.send(answer(T0 + 2, called))
+    assert [e.reason for e in h.values(ERRORS)] == ["llm_failed"]
+    cache = h.states[2].value
+    assert cache is not read and h.states[2].writes > writes
+    assert (cache.input_tokens, cache.output_tokens) == (10_010, 10)
+    assert (read.input_tokens, read.output_tokens) == (10, 10)

@@ -6,8 +6,12 @@ start that failed for good and the count of the model calls it paid for."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
+import apache_beam as beam
 import pytest
+from apache_beam.runners.portability.fn_api_runner import FnApiRunner
+from apache_beam.transforms import window
 
 from beam_agents._protos import (
     StateSnapshot,
@@ -16,7 +20,8 @@ from beam_agents._protos import (
 )
 from beam_agents.errors import LlmCallError
 from beam_agents.intents.identity import intent_id
-from beam_agents.ops.rounds import Advance, run_round
+from beam_agents.ops.rounds import Advance, _AppendLines, run_round
+from beam_agents.ops.rounds import _read as read_rows
 from beam_agents.runtime import (
     LlmResponse,
     RunAgent,
@@ -32,6 +37,7 @@ from beam_agents.testing.probe import (
     command,
     export,
     memory_blob,
+    message_bytes,
     probe,
     result,
 )
@@ -271,3 +277,46 @@ def test_a_failing_agent_changes_no_state_but_the_seq_and_its_models_usage(tmp_p
     assert [i.created_at_ms for i in outputs.values("intents")] == (
         [T0] if point == "resume" else []
     )
+
+
+class _RefusesOnResume:
+    """Answers every request (10 + 10 tokens) but "refuse", which it refuses, billing 10,000
+    input tokens (a safety block, say). Module-level: Beam pickles it."""
+
+    def complete(self, request):
+        if request.messages[-1]["content"] == "refuse":
+            raise LlmCallError("refused", model=request.model, retryable=False, input_tokens=10_000)
+        return LlmResponse("ok", request.model, 10, 10)
+
+
+def _on_the_fn_api_runner(transform, inputs, folder: Path) -> dict[str, list]:
+    """Runs `transform` over `inputs` (envelopes, one bundle per key, in order) on Beam's
+    portable FnApiRunner, whose state reads hand back the very object stored, as Prism's,
+    Flink's and Dataflow's do; returns each output tag's values."""
+    folder.mkdir()
+    with beam.Pipeline(runner=FnApiRunner()) as pipeline:
+        stamped = [window.TimestampedValue(e, e.event_time_ms / 1000) for e in inputs]
+        outputs = pipeline | beam.Create(stamped) | transform
+        for tag, pcollection in outputs.items():
+            pcollection | f"Write{tag}" >> beam.ParDo(_AppendLines(str(folder / tag)))
+    return {tag: [value for _, _, value in read_rows(folder / tag)] for tag in outputs}
+
+
+def test_a_refused_answer_that_fails_a_resume_is_counted_alike_on_every_runner(tmp_path):
+    # The resume's only model call is refused, billed; the cache it read is unchanged. Its
+    # usage was counted in place on the stored blob and never written: 20 tokens on the
+    # DirectRunner (which decodes a fresh copy per read), 10,020 on a portable runner.
+    def transform():
+        return RunAgent(Probe(), llm_client=_RefusesOnResume(), config=RuntimeConfig())
+
+    inputs = [
+        command(T0, llm="first", calls=["a.tool"], llm_on_resume="refuse"),
+        result(T0 + 1, intent_id(KEY, SEQ, 0)),
+        export(T0 + 2, "after the refusal"),
+    ]
+    direct = run_round(transform(), inputs, tmp_path)
+    fn_api = _on_the_fn_api_runner(transform(), inputs, tmp_path / "fn_api")
+    (snapshot,) = direct.values("snapshots")
+    assert (snapshot.llm_cache.input_tokens, snapshot.llm_cache.output_tokens) == (10_010, 10)
+    assert direct.values("errors")[0].reason == "llm_failed"
+    assert message_bytes(fn_api["snapshots"]) == message_bytes([snapshot])

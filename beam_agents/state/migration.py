@@ -194,6 +194,11 @@ class MigrationRegistry:
                 found_version=message.state_schema_version,
                 current_version=self.current_version,
             )
+        if version < self.current_version:
+            # Steps are pure by contract; one that is not gets a copy to change, never the
+            # blob read, which a portable runner hands back as the key's state.
+            message = message_type()
+            message.CopyFrom(original)
         while version < self.current_version:
             step = self._steps.get((message_type, version))
             if step is None:

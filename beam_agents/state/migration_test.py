@@ -146,6 +146,19 @@ def test_steps_compose_one_version_at_a_time_without_touching_the_input():
     assert registry.migrate(memory(2)).state_schema_version == 3
 
 
+def test_a_step_that_changes_its_input_in_place_leaves_the_blob_read_as_it_was():
+    # Steps are pure by contract. One that is not must still not change the blob read: a
+    # portable runner hands that very object back as the key's state, changed or not.
+    registry = MigrationRegistry.from_modules(
+        [memory_step(1, 'old.entries[0].value = b"changed in place"')], current_version=2
+    )
+    original = memory(1)
+    before = original.SerializeToString()
+    migrated = registry.migrate(original)
+    assert original.SerializeToString() == before
+    assert [e.value for e in migrated.entries] == [b"Ada", b"gold"]
+
+
 def test_a_gap_raises_missing_migration_naming_type_and_version():
     registry = MigrationRegistry.from_modules([memory_step(1)], current_version=3)
     with pytest.raises(MissingMigrationError) as raised:

@@ -12,6 +12,7 @@ from beam_agents.integrations.llm.anthropic_messages import AnthropicClient
 from beam_agents.integrations.llm.gemini import GeminiClient
 from beam_agents.runtime import LlmRequest
 from beam_agents.testing.local_http import JSON, Reply
+from beam_agents.testing.machine_harness import T0, Harness, event, summarise_event
 
 __all__ = [
     "PROVIDERS",
@@ -20,6 +21,7 @@ __all__ = [
     "anthropic_message",
     "gemini_answer",
     "gemini_error",
+    "usage_after_one_call",
 ]
 
 
@@ -60,6 +62,16 @@ def gemini_answer(*parts, finish="STOP") -> Reply:
 def gemini_error(status: int, **headers) -> Reply:
     body = {"error": {"code": status, "message": f"status {status}", "status": "X"}}
     return Reply(status, json.dumps(body).encode(), {**JSON, **headers})
+
+
+def usage_after_one_call(client) -> tuple[list[str], tuple[int, int]]:
+    """(the dead letters' reasons, the key's input and output tokens) after one event whose
+    agent asks `client` once: what the key's meter counted of the answer."""
+    h = Harness(summarise_event, llm=client)
+    h.send(event(T0, b"hi"))
+    cache = h.states[2].value
+    usage = (0, 0) if cache is None else (cache.input_tokens, cache.output_tokens)
+    return [e.reason for e in h.values("errors")], usage
 
 
 @dataclasses.dataclass(frozen=True)

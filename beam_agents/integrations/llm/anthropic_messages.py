@@ -21,12 +21,14 @@ from __future__ import annotations
 import json
 import os
 
+from beam_agents.errors import LlmCallError
 from beam_agents.integrations.llm.resilience import (
     Failure,
     ResilientClient,
     billed,
     checked_arguments,
     connection_failure,
+    reading_billed,
     status_failure,
 )
 from beam_agents.runtime.context import LlmRequest, LlmResponse
@@ -126,8 +128,21 @@ def _messages(conversation) -> tuple[str, list[dict]]:
 
 
 def _response(message, model: str) -> LlmResponse:
-    usage = message.usage
+    usage = getattr(message, "usage", None)
     paid = billed(getattr(usage, "input_tokens", 0) or 0, getattr(usage, "output_tokens", 0) or 0)
+    with reading_billed(model, paid):
+        return _read(message, model, usage, paid)
+
+
+def _read(message, model: str, usage, paid: dict) -> LlmResponse:
+    if not isinstance(message.content, list):
+        # An empty list is an answer (no text, no call); none at all is not.
+        raise LlmCallError(
+            f"the message has no content list (content is {message.content!r})",
+            model=model,
+            retryable=False,
+            **paid,
+        )
     texts, calls = [], []
     for block in message.content:
         if block.type == "text":

@@ -14,8 +14,8 @@ from beam_agents.runtime.tool_calling import (
     assistant_message,
     tool_message,
 )
-from beam_agents.testing.llm_servers import PROVIDERS, anthropic_message
-from beam_agents.testing.local_http import LocalHttpServer, scripted
+from beam_agents.testing.llm_servers import PROVIDERS, anthropic_message, usage_after_one_call
+from beam_agents.testing.local_http import JSON, LocalHttpServer, Reply, scripted
 
 REQUEST = PROVIDERS[0].request
 SEARCH = ToolDefinition(
@@ -99,3 +99,30 @@ def test_a_tool_input_a_tool_intent_cannot_carry_is_an_error_naming_the_call():
     assert not raised.value.retryable and "kb_search(toolu_9)" in raised.value.reason
     # The answer was billed all the same: the error says for how much.
     assert (raised.value.input_tokens, raised.value.output_tokens) == (7, 2)
+
+
+def _with_content(content) -> Reply:
+    """A message whose content is `content`, its tokens billed."""
+    body = json.loads(message().body)
+    body["content"] = content
+    return Reply(200, json.dumps(body).encode(), JSON)
+
+
+def test_a_message_with_no_content_is_a_refusal_that_carries_the_tokens_it_was_billed_for():
+    none = scripted(_with_content(None))
+    with LocalHttpServer(none) as server, pytest.raises(LlmCallError) as raised:
+        client(server).complete(REQUEST)
+    assert not raised.value.retryable and len(server.requests) == 1
+    assert "no content" in raised.value.reason
+    assert (raised.value.input_tokens, raised.value.output_tokens) == (7, 2)
+
+
+def test_a_message_with_no_content_counts_in_the_keys_usage():
+    with LocalHttpServer(scripted(_with_content(None))) as server:
+        assert usage_after_one_call(client(server)) == (["llm_failed"], (7, 2))
+
+
+def test_a_message_with_an_empty_content_list_is_an_empty_answer():
+    with LocalHttpServer(scripted(_with_content([]))) as server:
+        response = client(server).complete(REQUEST)
+    assert (response.text, response.tool_calls, response.input_tokens) == ("", (), 7)

@@ -21,11 +21,13 @@ from __future__ import annotations
 import json
 import os
 
+from beam_agents.errors import LlmCallError
 from beam_agents.integrations.llm.resilience import (
     Failure,
     ResilientClient,
     billed,
     checked_arguments,
+    reading_billed,
     status_failure,
 )
 from beam_agents.runtime.context import LlmRequest, LlmResponse
@@ -134,14 +136,25 @@ def _contents(conversation) -> tuple[str, list[dict]]:
 
 
 def _response(answer, model: str) -> LlmResponse:
-    if not answer.candidates:
-        raise ValueError("no candidates in the answer")
-    candidate = answer.candidates[0]
-    usage = answer.usage_metadata
+    usage = getattr(answer, "usage_metadata", None)
     paid = billed(
         getattr(usage, "prompt_token_count", 0) or 0,
         getattr(usage, "candidates_token_count", 0) or 0,
     )
+    with reading_billed(model, paid):
+        return _read(answer, model, usage, paid)
+
+
+def _read(answer, model: str, usage, paid: dict) -> LlmResponse:
+    if not answer.candidates:
+        # A prompt the safety filters blocked: no candidate, its input tokens billed.
+        raise LlmCallError(
+            f"the answer has no candidates{_blocked(answer.prompt_feedback)}",
+            model=model,
+            retryable=False,
+            **paid,
+        )
+    candidate = answer.candidates[0]
     texts, calls = [], []
     parts = candidate.content.parts if candidate.content is not None else None
     for index, part in enumerate(parts or ()):
@@ -161,3 +174,15 @@ def _response(answer, model: str) -> LlmResponse:
         finish_reason=getattr(reason, "value", reason) or "",
         tool_calls=tuple(calls),
     )
+
+
+def _blocked(feedback) -> str:
+    """Why the prompt was blocked, as the answer's promptFeedback says, or nothing."""
+    reason = getattr(feedback, "block_reason", None)
+    if not reason:
+        return ""
+    said = getattr(reason, "value", reason)
+    message = getattr(feedback, "block_reason_message", None)
+    if message:
+        said = f"{said}: {message}"
+    return f": the prompt was blocked ({said})"

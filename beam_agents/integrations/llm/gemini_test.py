@@ -14,7 +14,7 @@ from beam_agents.runtime.tool_calling import (
     assistant_message,
     tool_message,
 )
-from beam_agents.testing.llm_servers import PROVIDERS, gemini_answer
+from beam_agents.testing.llm_servers import PROVIDERS, gemini_answer, usage_after_one_call
 from beam_agents.testing.local_http import JSON, LocalHttpServer, Reply, Sleeps, scripted
 
 REQUEST = PROVIDERS[1].request
@@ -109,3 +109,30 @@ def test_an_error_whose_message_is_no_string_is_still_a_typed_error(message):
         client(server, max_attempts=2, sleep=Sleeps()).complete(REQUEST)
     assert raised.value.retryable and "HTTP 429" in raised.value.reason
     assert len(server.requests) == 2
+
+
+def _blocked() -> Reply:
+    """generateContent's answer to a prompt its safety filters blocked: no candidates, the
+    prompt's tokens billed."""
+    body = {
+        "promptFeedback": {
+            "blockReason": "SAFETY",
+            "safetyRatings": [{"category": "HARM_CATEGORY_HARASSMENT", "probability": "HIGH"}],
+        },
+        "usageMetadata": {"promptTokenCount": 7, "totalTokenCount": 7},
+        "modelVersion": "gemini-served",
+    }
+    return Reply(200, json.dumps(body).encode(), JSON)
+
+
+def test_a_blocked_prompt_is_a_refusal_that_carries_the_tokens_it_was_billed_for():
+    with LocalHttpServer(scripted(_blocked())) as server, pytest.raises(LlmCallError) as raised:
+        client(server).complete(REQUEST)
+    assert not raised.value.retryable and len(server.requests) == 1
+    assert "no candidates" in raised.value.reason and "SAFETY" in raised.value.reason
+    assert (raised.value.input_tokens, raised.value.output_tokens) == (7, 0)
+
+
+def test_a_blocked_prompt_counts_in_the_keys_usage():
+    with LocalHttpServer(scripted(_blocked())) as server:
+        assert usage_after_one_call(client(server)) == (["llm_failed"], (7, 0))

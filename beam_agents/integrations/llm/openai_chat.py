@@ -27,6 +27,7 @@ from beam_agents.integrations.llm.resilience import (
     ResilientClient,
     billed,
     connection_failure,
+    reading_billed,
     status_failure,
 )
 from beam_agents.intents.identity import parse_args_json
@@ -76,13 +77,24 @@ class OpenAIChatClient(ResilientClient):
 
 
 def _response(completion, model: str) -> LlmResponse:
-    if not getattr(completion, "choices", None):
-        raise ValueError(f"no choices in {type(completion).__name__}")
-    choice = completion.choices[0]
     usage = getattr(completion, "usage", None)
     paid = billed(
         getattr(usage, "prompt_tokens", 0) or 0, getattr(usage, "completion_tokens", 0) or 0
     )
+    with reading_billed(model, paid):
+        return _read(completion, model, usage, paid)
+
+
+def _read(completion, model: str, usage, paid: dict) -> LlmResponse:
+    if not getattr(completion, "choices", None):
+        # A content filter's answer (Azure's prompt filter), or a server's empty one.
+        raise LlmCallError(
+            f"the answer has no choices ({type(completion).__name__})",
+            model=model,
+            retryable=False,
+            **paid,
+        )
+    choice = completion.choices[0]
     function_call = getattr(choice.message, "function_call", None)
     if function_call is not None:
         raise LlmCallError(

@@ -21,6 +21,7 @@ from beam_agents.runtime.tool_calling import (
     assistant_message,
     tool_message,
 )
+from beam_agents.testing.llm_servers import usage_after_one_call
 from beam_agents.testing.local_http import LocalHttpServer, Reply, Sleeps, scripted
 
 REQUEST = LlmRequest("local-model", ({"role": "user", "content": "hi"},), {"temperature": 0})
@@ -567,3 +568,33 @@ def test_a_key_read_with_its_line_end_is_a_non_retryable_error_that_does_not_quo
     assert server.requests == []
     # Nor does its traceback, as a log would show it, down the chain of causes.
     assert key not in "".join(traceback.format_exception(raised.value))
+
+
+def _no_choices() -> Reply:
+    """A completion with no choices (a content filter's, or a server's empty answer), its
+    prompt's tokens billed."""
+    body = json.loads(_body(completion()))
+    body["choices"] = []
+    body["usage"] = {"prompt_tokens": 7, "completion_tokens": 0, "total_tokens": 7}
+    return Reply(200, json.dumps(body).encode(), {"content-type": "application/json"})
+
+
+def test_an_answer_with_no_choices_is_a_refusal_that_carries_the_tokens_it_was_billed_for():
+    with LocalHttpServer(scripted(_no_choices())) as server, pytest.raises(LlmCallError) as raised:
+        client(server).complete(REQUEST)
+    assert not raised.value.retryable and len(server.requests) == 1
+    assert "no choices" in raised.value.reason
+    assert (raised.value.input_tokens, raised.value.output_tokens) == (7, 0)
+
+
+def test_an_answer_with_no_choices_counts_in_the_keys_usage():
+    with LocalHttpServer(scripted(_no_choices())) as server:
+        assert usage_after_one_call(client(server)) == (["llm_failed"], (7, 0))
+
+
+def test_a_choice_with_no_message_is_a_refusal_that_carries_the_tokens_it_was_billed_for():
+    no_message = scripted(_answer(None, USAGE))
+    with LocalHttpServer(no_message) as server, pytest.raises(LlmCallError) as raised:
+        client(server).complete(REQUEST)
+    assert not raised.value.retryable and "cannot be read" in raised.value.reason
+    assert (raised.value.input_tokens, raised.value.output_tokens) == (7, 2)

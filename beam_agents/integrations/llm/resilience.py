@@ -27,6 +27,7 @@ are made on the worker, at first use, and its API key never shows in its repr.
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import dataclasses
 import email.utils
@@ -47,6 +48,7 @@ __all__ = [
     "billed",
     "checked_arguments",
     "connection_failure",
+    "reading_billed",
     "retry_after",
     "status_failure",
 ]
@@ -372,6 +374,23 @@ def billed(input_tokens, output_tokens) -> dict:
     provider billed it all the same. Empty when the counts are no counts (`_checked`)."""
     counts = {"input_tokens": input_tokens, "output_tokens": output_tokens}
     return counts if all(_is_count(n) for n in counts.values()) else {}
+
+
+@contextlib.contextmanager
+def reading_billed(model: str, usage: dict) -> Iterator[None]:
+    """Reads an answer the provider billed for (`usage`, its `billed` keywords, taken from the
+    answer first): an answer with no choice or candidate in it (a prompt a safety filter
+    blocked, say), or a part of it no client could read, is a refusal, a non-retryable
+    LlmCallError carrying that usage, which the key's meter counts. Raised anywhere else, a
+    malformed answer would reach the retry loop as the SDK's error and lose it."""
+    try:
+        yield
+    except LlmCallError:
+        raise
+    except (ValueError, TypeError, KeyError, AttributeError, IndexError) as e:
+        raise LlmCallError(
+            f"the answer cannot be read: {_short(str(e))}", model=model, retryable=False, **usage
+        ) from e
 
 
 def _is_count(value) -> bool:
