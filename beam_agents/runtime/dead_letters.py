@@ -25,6 +25,7 @@ __all__ = [
     "DEADLINE_EXCEEDED",
     "EMPTY_ENVELOPE",
     "INVALID_SNAPSHOT",
+    "INVALID_STATE",
     "LLM_FAILED",
     "MAILBOX_FULL",
     "MEMORY_BUDGET",
@@ -63,6 +64,7 @@ BAD_ANSWER_SIGNATURE = "bad_answer_signature"
 ANSWER_FOR_OTHER_CONTENT = "answer_for_other_content"
 SNAPSHOT_FROM_FUTURE = "snapshot_from_future"
 INVALID_SNAPSHOT = "invalid_snapshot"
+INVALID_STATE = "invalid_state"
 CHECKPOINT_REJECTED = "checkpoint_rejected"
 BUDGET_EXCEEDED = "budget_exceeded"
 
@@ -101,7 +103,11 @@ REASONS = {
     SNAPSHOT_FROM_FUTURE: "a StateSnapshot holding state of a newer schema than this binary "
     "reads; nothing restored",
     INVALID_SNAPSHOT: "a StateSnapshot whose seq this runtime never issues (negative, or so "
-    "large its next seqs overflow int64); nothing restored",
+    "large its next seqs overflow int64), or whose dedupe marks are not whole marks in time "
+    "order; nothing restored",
+    INVALID_STATE: "a key's stored dedupe marks were not whole marks in time order (restored by "
+    "an older binary): the whole ones were kept in time order and the input went on; the "
+    "detail says what was dropped",
     CHECKPOINT_REJECTED: "the key's stored checkpoint (a LangGraph graph's) names a type its "
     "allowlist does not hold, or is in another encoding; nothing was imported or run",
     BUDGET_EXCEEDED: "a model call would have taken the key or the activation past its budget "
