@@ -317,3 +317,25 @@ def test_a_queued_event_runs_at_the_time_its_mailbox_drains_not_at_its_own():
     assert asked.seq == SEQ + 1
     h.send(event(T0 + 1, b"2"))
     assert h.values("completions") == [b"approved"]
+
+
+@agent(name="tests.looks_then_pays/v1")
+def looks_then_pays(ctx, event: bytes) -> bytes:
+    looked = ctx.llm([{"role": "user", "content": event.decode()}], model="m")
+    paid = ctx.call_tool("payments.refund", {"why": looked.text})
+    return paid.payload
+
+
+def test_a_deferred_start_retried_past_an_intent_ttl_runs_at_its_retry():
+    hours = 60 * 60 * 1000
+    config = RuntimeConfig(
+        intent_ttl_ms=hours, resume_backoff_ms=2 * hours, resume_backoff_max_ms=2 * hours
+    )
+    h = Harness(looks_then_pays, llm=DownOnce(1), config=config)
+    h.send(event(T0, b"refund me"))
+    assert h.timers[0].at_ms == T0 + 2 * hours  # the model was busy: deferred
+    h.fire_deadline()
+    (refund,) = pending(h)
+    assert refund.created_at_ms == T0 + 2 * hours
+    assert refund.expires_at_ms == T0 + 3 * hours
+    assert refund.seq == SEQ  # the retry runs the same seq
