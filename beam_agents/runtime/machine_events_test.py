@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import struct
 
-from beam_agents._protos import MemoryBlob
+from beam_agents._protos import MemoryBlob, TraceEvent
 from beam_agents.runtime import RuntimeConfig, agent
 from beam_agents.runtime.machine import ERRORS
 from beam_agents.testing.machine_harness import (
@@ -313,8 +313,15 @@ def test_a_queued_event_runs_at_the_time_its_mailbox_drains_not_at_its_own():
     assert json.loads(asked.args_json)["amount"] == 2
     assert asked.created_at_ms == drained_at
     assert asked.expires_at_ms == drained_at + config.intent_ttl_ms
-    # Its own time still names it: its seq (a key's first from its first event) and its mark.
+    # Its own time still names it: its seq (a key's first from its first event), its
+    # activation's trace and its mark.
     assert asked.seq == SEQ + 1
+    (started,) = [
+        t
+        for t in h.values("traces")
+        if t.event_type == TraceEvent.ACTIVATION_START and t.seq == SEQ + 1
+    ]
+    assert started.attributes["beam_agents.event_time_ms"] == str(T0 + 1)
     h.send(event(T0 + 1, b"2"))
     assert h.values("completions") == [b"approved"]
 
