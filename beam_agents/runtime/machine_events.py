@@ -4,7 +4,23 @@ An accepted event is marked in the key's MemoryBlob (`event_marks`: 24-byte mark
 and a 16-byte digest of the event's time and bytes, and of a transport's idempotency key,
 `event_digests`), so a copy within `dedupe_window_ms` does nothing; the marks are cut to the
 window and to `dedupe_max_events` as new ones are added (`_marked`, which also moves the
-key's activity high-water mark that the TTL counts from).
+key's activity high-water mark that the TTL counts from). Marks are whole and in time order:
+a snapshot whose marks are not is refused (`marks_problem`), and marks an older binary
+restored so are made whole on an event's read, once, with an `invalid_state` dead letter
+(`_whole_marks`).
+
+Two clocks, each moved by one input only so far, since an event's time is its sender's word.
+The dedupe clock (the latest mark's time, which the window counts back from) moves by at most
+`max_clock_skew_ms` an input: an event stamped ten years ahead is stamped that step ahead, so
+it cuts no mark of the window before it but that step's, and no copy of an earlier event runs
+again under a new seq. The key's activity mark (the TTL's anchor) and an activation's "now"
+move by at most `ttl_ms` (`_on_clock`): a key idle that long is wiped, so only a wrong clock is
+further ahead, and one cannot pin the TTL or its suspension's deadline far ahead. Such an event
+is clamped, not refused: its content is the sender's, only its clock is wrong, and a dead
+letter would drop a real request. A key with no mark takes the time as it is (there is nothing
+to cut). An event taken in earlier (queued, or deferred) runs no earlier than the time it is
+drained or retried, so its intents are not born expired, and no later than the key's mark;
+its own time stays in its mark, its first seq, its dead letter and its activation's trace.
 
 `Intake`, a mixin of KeyMachine, owns what happens to an event: a duplicate is counted and
 dropped; for a suspended key it waits in the Continuation's mailbox (bounded in events and
