@@ -43,7 +43,13 @@ from collections.abc import Iterable
 from beam_agents._protos import AgentEnvelope, Continuation, MemoryBlob
 from beam_agents.runtime import dead_letters as dl
 from beam_agents.runtime.machine_activations import model_busy
-from beam_agents.runtime.machine_state import INT64_MAX, KeyState, Work, saturating_add
+from beam_agents.runtime.machine_state import (
+    INT64_MAX,
+    KeyState,
+    Work,
+    due_at,
+    saturating_add,
+)
 from beam_agents.state.memory import calls_dropped
 from beam_agents.state.migration import new_state_blob
 
@@ -159,16 +165,21 @@ class Intake:
         return blob
 
     def _on_clock(self, state: KeyState, at: int, *, taken_in: bool = False) -> int:
-        """`at` as the key's clock takes it: no more than ttl_ms past the key's activity mark
-        (no later than the mark for an event the key `taken_in` already, when it queued). A
-        key idle that long is wiped, so no genuine input is further ahead of a key that still
-        has state; one stamped further is handled at that bound (clamped, not refused: its
-        sender's clock is wrong, not its content), so it can neither pin the TTL nor its
-        activation's deadlines. A key with no mark yet (a first event) takes `at` as it is."""
+        """`at` as the key's clock takes it: no more than ttl_ms past the key's activity mark,
+        or its suspension's due time when later (no later than the mark for an event the key
+        `taken_in` already, when it queued). A key idle that long is wiped, so no genuine input
+        is further ahead of a key that still has state; one stamped further is handled at that
+        bound (clamped, not refused: its sender's clock is wrong, not its content), so it can
+        neither pin the TTL nor its activation's deadlines. A key with no mark yet (a first
+        event) takes `at` as it is."""
         clock = state.memory.last_activity_ms if state.memory is not None else 0
         if clock <= 0:
             return at
-        return min(at, clock if taken_in else saturating_add(clock, self._config.ttl_ms))
+        if taken_in:
+            return min(at, clock)
+        if state.continuation is not None:
+            clock = max(clock, due_at(state.continuation))
+        return min(at, saturating_add(clock, self._config.ttl_ms))
 
     # -- external events --------------------------------------------------------------------
 

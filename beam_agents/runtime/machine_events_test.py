@@ -346,3 +346,19 @@ def test_a_deferred_start_retried_past_an_intent_ttl_runs_at_its_retry():
     assert refund.created_at_ms == T0 + 2 * hours
     assert refund.expires_at_ms == T0 + 3 * hours
     assert refund.seq == SEQ  # the retry runs the same seq
+
+
+def test_a_suspension_longer_than_the_ttl_drains_its_mailbox_at_the_answer():
+    """A suspended key is not idle until its deadline: an answer on time, after more than a
+    TTL, is no wrong clock, and the events queued behind it run at its time."""
+    day = 24 * 60 * 60 * 1000
+    config = RuntimeConfig(ttl_ms=30 * day, suspend_deadline_ms=60 * day)
+    h = Harness(asks, config=config)
+    h.send(event(T0, b"1"))
+    (question,) = pending(h)
+    h.send(event(T0 + 1, b"2"))
+    answered_at = T0 + 45 * day
+    h.send(approve(answered_at, question, ring=None))
+    (asked,) = pending(h)
+    assert asked.created_at_ms == answered_at
+    assert h.memory.last_activity_ms == answered_at
