@@ -43,10 +43,15 @@ latest activity (after its deadline, when suspended); its seq survives, so it ne
 an intent_id.
 
 Time and determinism. Inside an activation "now" is the envelope's event_time_ms (a timer's
-firing time in a timer), never the wall clock; intent, trace and span ids and replay-cache keys
-are pure functions of the key, seq, step and call content. A key's first seq is its first
-event's time in microsecond steps, so a key that starts over in a new job does not re-issue
-ids either. A resume continues its suspended activation's seq and trace.
+firing time in a timer), never the wall clock, taken on the key's clock: at most `ttl_ms` past
+the key's activity mark (a key idle that long is wiped, so only a wrong clock is further
+ahead), and, for an event that waited in a mailbox, no earlier than the time it is drained.
+The time the key's dedupe marks are stamped at moves by at most `max_clock_skew_ms` an input,
+so one event stamped far ahead cuts no mark of the window before it but that step's (see
+`machine_events`). Intent, trace and span ids and replay-cache keys are pure functions of the
+key, seq, step and call content. A key's first seq is its first event's own time in
+microsecond steps, so a key that starts over in a new job does not re-issue ids either. A
+resume continues its suspended activation's seq and trace.
 
 Read path and commit. Every read of the three blobs, in the element path and in both timers,
 goes through `migrate_to_current` before any field is used; a blob from a newer binary raises

@@ -79,6 +79,15 @@ class RuntimeConfig:
     #: recent): an event leaves one, and a second when it carries a transport's idempotency
     #: key, so this many plain events, or half as many keyed ones, are remembered.
     dedupe_max_events: int = 1024
+    #: How far one input may move the key's dedupe clock (the time its marks are stamped at,
+    #: which the window counts back from) past the latest mark. An event stamped further ahead
+    #: is handled all the same, its marks stamped at this bound: so one event with a wrong
+    #: clock cuts only the marks older than the window less this step, and a mark leaves the
+    #: window only after dedupe_window_ms / max_clock_skew_ms such inputs at the least. Keep
+    #: it well below dedupe_window_ms; 0 stops the clock (marks then go by count alone).
+    #: (The key's activity, which the TTL counts from, and its activations' "now" move by at
+    #: most ttl_ms an input: a key idle that long is wiped.)
+    max_clock_skew_ms: int = 60 * 60 * 1000
     #: The mailbox of a suspended key: events beyond these bounds are dead letters
     #: (`mailbox_full`) carrying the event.
     mailbox_max_events: int = 100
@@ -92,6 +101,7 @@ class RuntimeConfig:
             "resume_backoff_max_ms",
             "dedupe_window_ms",
             "dedupe_max_events",
+            "max_clock_skew_ms",
             "mailbox_max_events",
             "mailbox_max_bytes",
         ):

@@ -108,12 +108,16 @@ REASONS = {
     SNAPSHOT_FROM_FUTURE: "a StateSnapshot holding state of a newer schema than this binary "
     "reads; nothing restored",
     INVALID_SNAPSHOT: "a StateSnapshot whose seq this runtime never issues (negative, or so "
-    "large its next seqs overflow int64), or whose Continuation or usage it never writes (a "
-    "negative seq or usage, a retry of a start with no event); nothing restored",
+    "large its next seqs overflow int64), whose Continuation or usage it never writes (a "
+    "negative seq or usage, a retry of a start with no event), or whose dedupe marks are not "
+    "whole marks in time order; nothing restored",
     INVALID_STATE: "the key's stored Continuation is one the runtime cannot act on (a negative "
     "seq, a retry of a start with no event): the suspension was ended before the input, its "
     "answers and each queued event are in records; or its stored usage was out of range "
-    "(negative, too many budget grants) and was set to the nearest value in range",
+    "(negative, too many budget grants) and was set to the nearest value in range; or its "
+    "stored dedupe marks were not whole marks in time order (restored by an older binary): the "
+    "whole ones were kept in time order and the input went on, the detail saying what was "
+    "dropped",
     CHECKPOINT_REJECTED: "the key's stored checkpoint (a LangGraph graph's) names a type its "
     "allowlist does not hold, or is in another encoding; nothing was imported or run",
     SEQ_EXHAUSTED: "an event for a key whose seq is the last int64 (one that began near the "

@@ -27,10 +27,13 @@ answer in time and of the intent's kind and entity, signed by a key of the answe
 one is configured, and computed for the pending intent's content (`intent_digest`). Each refusal
 is a dead letter carrying the refused envelope, and the key keeps waiting.
 
-Time. "Now" is the input's event time; timers fire at the Continuation's next due time
-(`retry_at_ms`, else `deadline_ms`) and at the TTL, which counts from the key's latest activity
-(the high-water mark of its event times and arrival times, `last_activity_ms`) and so only ever
-moves forward: an event stamped 0 cannot wipe the memory it just wrote.
+Time. "Now" is the input's event time on the key's clock: no more than `ttl_ms` ahead of the
+key's activity mark (a key idle that long is wiped, so only a wrong clock is further ahead),
+and, for an event that waited in a mailbox, no earlier than the time it is drained. Timers fire
+at the Continuation's next due time (`retry_at_ms`, else `deadline_ms`) and at the TTL, which
+counts from the key's latest activity (the high-water mark of its event times and arrival times
+on that clock, `last_activity_ms`) and so only ever moves forward: an event stamped 0 cannot wipe
+the memory it just wrote.
 
 The machine's parts, each a module of its own and, but the first, a mixin of KeyMachine that
 reads its configuration (`_config`, `_agent`, the keyrings, `_version`) and calls the others'
@@ -58,7 +61,12 @@ from beam_agents.runtime.machine_activations import Activations
 from beam_agents.runtime.machine_answers import AnswerChecks
 from beam_agents.runtime.machine_budgets import BudgetQuestions
 from beam_agents.runtime.machine_deadlines import DueTimes
-from beam_agents.runtime.machine_events import MAX_FIRST_SEQ, Intake, event_digests
+from beam_agents.runtime.machine_events import (
+    MAX_FIRST_SEQ,
+    Intake,
+    event_digests,
+    marks_problem,
+)
 from beam_agents.runtime.machine_inputs import Checks, snapshot_problem
 from beam_agents.runtime.machine_state import (
     COMPLETIONS,
@@ -132,7 +140,7 @@ class KeyMachine(Commits, Checks, Intake, AnswerChecks, Activations, DueTimes, B
             work.dead(dl.EMPTY_ENVELOPE, "the envelope carries no payload", now)
             return work.effects
         work = Work(key, self._current(stored), stored)
-        work.anchor = max(now, arrival_ms)
+        work.anchor = self._on_clock(work.state, max(now, arrival_ms))
         if payload == "export_request":
             work.emit(SNAPSHOTS, self._snapshot(key, stored, envelope))
             return self._finish(work)
@@ -182,6 +190,16 @@ class KeyMachine(Commits, Checks, Intake, AnswerChecks, Activations, DueTimes, B
                 dl.INVALID_SNAPSHOT,
                 f"request {snapshot.request_id!r}: seq {snapshot.seq} is no seq this runtime "
                 f"issues (0 to {MAX_FIRST_SEQ})",
+                now,
+            )
+            return work.effects
+        torn = marks_problem(snapshot.memory.event_marks)
+        if torn:
+            # Restored, every mark added after a torn one would sit where no digest is looked
+            # for: the key's dedupe off for good, and nothing would say so.
+            work.dead(
+                dl.INVALID_SNAPSHOT,
+                f"request {snapshot.request_id!r}: the memory's event_marks {torn}",
                 now,
             )
             return work.effects

@@ -60,7 +60,12 @@ class Run:
 class Activations:
     """KeyMachine's calls of the agent and their outcomes; see the module docstring."""
 
-    def _run(self, work: Work, now: int, seq: int, call, resume_of=None) -> Run:
+    def _run(
+        self, work: Work, now: int, seq: int, call, resume_of=None, event_time_ms: int | None = None
+    ) -> Run:
+        """Calls the agent at `now`; a start of an event that ran at another time than its
+        own (`event_time_ms`: one drained from a mailbox, or stamped past the key's clock)
+        says so in its activation's trace."""
         config = self._config
         state = work.state
         memory = Memory.from_blob(
@@ -100,6 +105,11 @@ class Activations:
                 "gen_ai.operation.name": "invoke_agent",
                 "gen_ai.agent.name": self._agent.adapter,
                 "beam_agents.resume": "true" if resume_of is not None else "false",
+                **(
+                    {"beam_agents.event_time_ms": str(event_time_ms)}
+                    if event_time_ms not in (None, now)
+                    else {}
+                ),
             },
         )
         try:

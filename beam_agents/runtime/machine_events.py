@@ -4,7 +4,23 @@ An accepted event is marked in the key's MemoryBlob (`event_marks`: 24-byte mark
 and a 16-byte digest of the event's time and bytes, and of a transport's idempotency key,
 `event_digests`), so a copy within `dedupe_window_ms` does nothing; the marks are cut to the
 window and to `dedupe_max_events` as new ones are added (`_marked`, which also moves the
-key's activity high-water mark that the TTL counts from).
+key's activity high-water mark that the TTL counts from). Marks are whole and in time order:
+a snapshot whose marks are not is refused (`marks_problem`), and marks an older binary
+restored so are made whole on an event's read, once, with an `invalid_state` dead letter
+(`_whole_marks`).
+
+Two clocks, each moved by one input only so far, since an event's time is its sender's word.
+The dedupe clock (the latest mark's time, which the window counts back from) moves by at most
+`max_clock_skew_ms` an input: an event stamped ten years ahead is stamped that step ahead, so
+it cuts no mark of the window before it but that step's, and no copy of an earlier event runs
+again under a new seq. The key's activity mark (the TTL's anchor) and an activation's "now"
+move by at most `ttl_ms` (`_on_clock`): a key idle that long is wiped, so only a wrong clock is
+further ahead, and one cannot pin the TTL or its suspension's deadline far ahead. Such an event
+is clamped, not refused: its content is the sender's, only its clock is wrong, and a dead
+letter would drop a real request. A key with no mark takes the time as it is (there is nothing
+to cut). An event taken in earlier (queued, or deferred) runs no earlier than the time it is
+drained or retried, so its intents are not born expired, and no later than the key's mark;
+its own time stays in its mark, its first seq, its dead letter and its activation's trace.
 
 `Intake`, a mixin of KeyMachine, owns what happens to an event: a duplicate is counted and
 dropped; for a suspended key it waits in the Continuation's mailbox (bounded in events and
@@ -20,17 +36,24 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import itertools
 import struct
 from collections.abc import Iterable
 
 from beam_agents._protos import AgentEnvelope, Continuation, MemoryBlob
 from beam_agents.runtime import dead_letters as dl
 from beam_agents.runtime.machine_activations import model_busy
-from beam_agents.runtime.machine_state import INT64_MAX, Work, saturating_add
+from beam_agents.runtime.machine_state import (
+    INT64_MAX,
+    KeyState,
+    Work,
+    due_at,
+    saturating_add,
+)
 from beam_agents.state.memory import calls_dropped
 from beam_agents.state.migration import new_state_blob
 
-__all__ = ["MAX_FIRST_SEQ", "Intake", "event_digests"]
+__all__ = ["MAX_FIRST_SEQ", "Intake", "event_digests", "marks_problem"]
 
 _SEQ_PER_MS = 1000
 #: The largest first seq of a key (its first event's time, clamped), so the largest seq a key
@@ -63,6 +86,17 @@ def _seen(marks: bytes, digest: bytes) -> bool:
             return True
         at = marks.find(digest, at + 1)
     return False
+
+
+def marks_problem(marks: bytes) -> str:
+    """What is wrong with `marks` as this runtime writes them (whole marks, in time order),
+    or "" when nothing is."""
+    if len(marks) % _MARK:
+        return f"are {len(marks)} bytes, not whole {_MARK}-byte marks"
+    times = [_TIME.unpack_from(marks, at)[0] for at in range(0, len(marks), _MARK)]
+    if any(later < earlier for earlier, later in itertools.pairwise(times)):
+        return "are not in time order"
+    return ""
 
 
 def _first_after(marks: bytes, horizon: int) -> int:
@@ -99,17 +133,27 @@ class Intake:
         else:
             blob = self._copy(memory)
         blob.state_schema_version = self._version
-        latest = max(blob.last_activity_ms, now)
+        before = blob.last_activity_ms
+        latest = max(before, now)
         blob.last_activity_ms = latest
         marks = blob.event_marks
         if digests or marks:
             config = self._config
-            stamp = _TIME.pack(latest)
+            # The dedupe clock (the latest mark's time, else the activity mark) moves by at
+            # most max_clock_skew_ms an input: one event stamped far ahead cuts no mark made in
+            # the window before it (less that step), and none of its copies runs again.
+            last = (len(marks) // _MARK - 1) * _MARK
+            if last >= 0:
+                clock = _TIME.unpack_from(marks, last)[0]
+            else:  # nothing to cut: a first mark takes the activity mark's time, if any
+                clock = before if before > 0 else latest
+            at = max(clock, min(latest, clock + config.max_clock_skew_ms))
+            stamp = _TIME.pack(at)
             added = b"".join([stamp + digest for digest in digests])
             # The new marks are the latest, so the window and the cap cut only old ones (or,
             # with a cap below the new marks, some of those); one copy of what stays.
             start = max(
-                _first_after(marks, latest - config.dedupe_window_ms),
+                _first_after(marks, at - config.dedupe_window_ms),
                 len(marks) + len(added) - config.dedupe_max_events * _MARK,
             )
             if start or added:
@@ -120,6 +164,23 @@ class Intake:
                 )
         return blob
 
+    def _on_clock(self, state: KeyState, at: int, *, taken_in: bool = False) -> int:
+        """`at` as the key's clock takes it: no more than ttl_ms past the key's activity mark,
+        or its suspension's due time when later (no later than the mark for an event the key
+        `taken_in` already, when it queued). A key idle that long is wiped, so no genuine input
+        is further ahead of a key that still has state; one stamped further is handled at that
+        bound (clamped, not refused: its sender's clock is wrong, not its content), so it can
+        neither pin the TTL nor its activation's deadlines. A key with no mark yet (a first
+        event) takes `at` as it is."""
+        clock = state.memory.last_activity_ms if state.memory is not None else 0
+        if clock <= 0:
+            return at
+        if taken_in:
+            return min(at, clock)
+        if state.continuation is not None:
+            clock = max(clock, due_at(state.continuation))
+        return min(at, saturating_add(clock, self._config.ttl_ms))
+
     # -- external events --------------------------------------------------------------------
 
     def _external(self, work: Work, envelope: AgentEnvelope, idempotency_key: bytes) -> None:
@@ -127,12 +188,16 @@ class Intake:
         state = work.state
         digests = event_digests(envelope, idempotency_key)
         marks = state.memory.event_marks if state.memory is not None else b""
+        problem = marks_problem(marks)
+        if problem:
+            state = self._whole_marks(work, problem, now)
+            marks = state.memory.event_marks
         if any(_seen(marks, d) for d in digests):
             work.count("duplicate_events")
             return
         suspended = state.continuation
         if suspended is None:
-            self._start(work, envelope, digests, work.anchor)
+            self._start(work, envelope, digests)
             return
         config = self._config
         queued_bytes = sum(len(e.external_event) for e in suspended.mailbox)
@@ -159,11 +224,53 @@ class Intake:
             )
         )
 
+    def _whole_marks(self, work: Work, problem: str, now: int) -> KeyState:
+        """Stored marks that are not whole marks in time order (a restore by a binary that did
+        not check them): the whole ones, in time order, committed once, with a dead letter
+        saying what was lost. Left as they were, every mark added after a torn one would sit
+        where no digest is looked for: the key's dedupe off for good, silently."""
+        repaired = self._copy(work.state.memory)
+        marks = repaired.event_marks
+        whole = sorted(
+            (marks[at : at + _MARK] for at in range(0, len(marks) - _MARK + 1, _MARK)),
+            key=lambda mark: _TIME.unpack_from(mark)[0],
+        )
+        repaired.event_marks = b"".join(whole)
+        torn = len(marks) % _MARK
+        work.dead(
+            dl.INVALID_STATE,
+            f"the key's stored event_marks {problem}; kept the {len(whole)} whole marks in time "
+            "order"
+            + (
+                f", dropped the {torn} bytes after them: a copy of an event whose mark they "
+                "held runs again"
+                if torn
+                else ""
+            ),
+            now,
+        )
+        state = dataclasses.replace(work.state, memory=repaired)
+        work.commit(state, activity=False)
+        return state
+
     def _start(
-        self, work: Work, envelope: AgentEnvelope, digests, anchor: int, failures: int = 0
+        self,
+        work: Work,
+        envelope: AgentEnvelope,
+        digests,
+        *,
+        since: int | None = None,
+        failures: int = 0,
     ) -> None:
-        now = envelope.event_time_ms
+        """Starts the agent on `envelope` at its own time on the key's clock; an event taken
+        in earlier (queued in a mailbox, `since` the time it is drained or retried) runs no
+        earlier than then, or the intents it emits could be born expired. Its own time still
+        makes its mark and names its seq, and its dead letter carries it."""
         state = work.state
+        own = envelope.event_time_ms
+        now = self._on_clock(state, own, taken_in=since is not None)
+        if since is not None:
+            now = max(since, now)
         if state.seq is not None and state.seq >= INT64_MAX:
             # Every seq is issued (a key that began near the end of time, then ran on): another
             # would overflow int64 or issue an intent id again.
@@ -174,8 +281,15 @@ class Intake:
                 input=envelope,
             )
             return
-        seq = _next_seq(state.seq, now)
-        run = self._run(work, now, seq, lambda ctx: self._agent.start(ctx, envelope.external_event))
+        anchor = max(work.anchor, now)
+        seq = _next_seq(state.seq, own)
+        run = self._run(
+            work,
+            now,
+            seq,
+            lambda ctx: self._agent.start(ctx, envelope.external_event),
+            event_time_ms=own,
+        )
         if run.error is None:
             self._commit_run(work, run, now, marks=digests, anchor=anchor, mailbox=())
         elif model_busy(run.error) and failures < self._config.retryable_resume_retries:
@@ -211,9 +325,7 @@ class Intake:
         the start is tried again with backoff. Nothing else changes, so the retry runs the
         same seq and emits the same ids."""
         work.count("deferred_activations")
-        retry_at = saturating_add(
-            max(anchor, envelope.event_time_ms), self._config.backoff_ms(failures)
-        )
+        retry_at = saturating_add(anchor, self._config.backoff_ms(failures))
         deferred = new_state_blob(
             Continuation,
             adapter=self._agent.adapter,
@@ -237,7 +349,9 @@ class Intake:
         """The deferred start is due: its event runs again, then the events queued after it."""
         first, *rest = deferred.mailbox
         work.commit(dataclasses.replace(work.state, continuation=None, pending=()))
-        self._start(work, first, (), max(work.anchor, fired_ms), deferred.resume_failures)
+        self._start(
+            work, first, (), since=max(work.anchor, fired_ms), failures=deferred.resume_failures
+        )
         suspended = work.state.continuation
         if suspended is None:
             self._drain(work, rest, work.anchor)
@@ -249,11 +363,12 @@ class Intake:
     def _drain(self, work: Work, mailbox, anchor: int) -> None:
         """Runs the events queued during a suspension that just ended, in event-time order,
         until one suspends again; the rest wait in its mailbox. They were marked as seen when
-        they were queued."""
+        they were queued, and each runs no earlier than `anchor`, the time the suspension
+        ended."""
         queued = sorted(mailbox, key=lambda e: e.event_time_ms)
         while queued:
             envelope = queued.pop(0)
-            self._start(work, envelope, (), max(anchor, envelope.event_time_ms))
+            self._start(work, envelope, (), since=anchor)
             suspended = work.state.continuation
             if suspended is not None:
                 rest = self._copy(suspended)

@@ -8,10 +8,13 @@ busy waits on a timer and keeps its place. Each test drives KeyMachine through
 from __future__ import annotations
 
 import json
+import struct
 
+from beam_agents._protos import MemoryBlob, TraceEvent
 from beam_agents.runtime import RuntimeConfig, agent
 from beam_agents.runtime.machine import ERRORS
 from beam_agents.testing.machine_harness import (
+    SEQ,
     T0,
     DownOnce,
     Harness,
@@ -179,3 +182,183 @@ def test_a_model_busy_past_the_retries_is_a_dead_letter_then_the_queue_runs():
     h.fire_deadline()
     assert [e.reason for e in h.values(ERRORS)] == ["llm_failed"]
     assert h.values("completions") == [b"summary of second"] and h.continuation is None
+
+
+# Issue 37 point 1: one event stamped far ahead ---------------------------------------------------
+
+YEAR = 365 * 24 * 60 * 60 * 1000
+
+
+def test_an_event_stamped_far_ahead_keeps_the_marks_of_the_events_inside_the_window():
+    """Its copy would otherwise run again under a new seq: the window was cut at its time."""
+    h = Harness(echo)
+    events = [
+        event(T0, b"a"),
+        event(T0 + 60 * 60 * 1000, b"an hour later"),
+        event(T0 + 10 * YEAR, b"far ahead"),
+        event(0, b"at zero"),
+        event(T0 - YEAR, b"far behind"),
+    ]
+    for sent in events + events:  # each, then a copy of each
+        h.send(sent)
+    assert h.values("completions") == [
+        b"echo a",
+        b"echo an hour later",
+        b"echo far ahead",
+        b"echo at zero",
+        b"echo far behind",
+    ]
+    assert h.values(ERRORS) == []
+
+
+def test_one_event_moves_the_dedupe_clock_by_at_most_max_clock_skew_ms():
+    config = RuntimeConfig(dedupe_window_ms=1000, max_clock_skew_ms=100)
+    h = Harness(echo, config=config)
+    h.send(event(T0, b"a"))
+    h.send(event(T0 + 10**9, b"ahead"))  # stamped T0 + 100: "a" is still inside the window
+    h.send(event(T0, b"a"))
+    assert h.values("completions") == [b"echo a", b"echo ahead"]
+    for n in range(10):  # ten inputs move it ten steps: the window has passed "a"
+        h.send(event(T0 + 10**9 + n + 1, b"%d" % n))
+    h.send(event(T0, b"a"))
+    assert h.values("completions")[-1] == b"echo a"
+
+
+def test_an_event_stamped_far_ahead_does_not_pin_the_ttl():
+    """A key's activity moves by at most ttl_ms per input: a key idle that long is wiped, so
+    no genuine event is further ahead of a key that still has state."""
+    config = RuntimeConfig(ttl_ms=1000)
+    h = Harness(echo, config=config)
+    h.send(event(T0, b"a"))
+    h.send(event(T0 + 10 * YEAR, b"far ahead"))
+    assert h.memory.last_activity_ms == T0 + 1000
+    assert h.timers[1].at_ms == T0 + 2000
+    h.fire_ttl()
+    assert h.memory is None
+
+
+# Issue 37 point 2: dedupe marks restored malformed -----------------------------------------------
+
+
+def _restored_with_marks(marks: bytes) -> Harness:
+    source = Harness(echo)
+    source.send(event(T0, b"a"))
+    snapshot = source.export(T0 + 1)
+    snapshot.memory.event_marks = marks
+    h = Harness(echo)
+    h.restore(snapshot)
+    return h
+
+
+def test_a_snapshot_whose_dedupe_marks_are_not_whole_marks_is_refused():
+    """Marks appended after a torn one sit where no digest is looked for: dedupe off for
+    good, silently. Refused instead, and nothing restored."""
+    for marks in (b"\x00" * 23, b"\x00" * 24 + b"\x01", b"\x00" * 25):
+        h = _restored_with_marks(marks)
+        (refused,) = h.values(ERRORS)
+        assert refused.reason == "invalid_snapshot" and "event_marks" in refused.detail
+        assert h.memory is None and h.states[0].value is None
+
+
+def test_a_snapshot_whose_dedupe_marks_are_out_of_time_order_is_refused():
+    later, earlier = (struct.pack(">q", at) + bytes(16) for at in (T0 + 1, T0))
+    h = _restored_with_marks(later + earlier)
+    (refused,) = h.values(ERRORS)
+    assert refused.reason == "invalid_snapshot" and h.memory is None
+
+
+def test_torn_marks_already_in_state_are_made_whole_once_with_a_dead_letter():
+    """Left in state by a restore of a binary that did not check them: every mark added after
+    the torn one would sit where no digest is looked for, and each copy would run again."""
+    h = Harness(echo)
+    h.send(event(T0, b"a"))
+    torn = MemoryBlob()
+    torn.CopyFrom(h.memory)
+    torn.event_marks += b"\x01"
+    h.states[1].value = torn
+    h.send(event(T0 + 1, b"b"))
+    h.send(event(T0 + 1, b"b"))
+    h.send(event(T0, b"a"))
+    assert h.values("completions") == [b"echo a", b"echo b"]
+    (repaired,) = h.values(ERRORS)
+    assert (
+        repaired.reason == "invalid_state" and "dropped the 1 bytes after them" in repaired.detail
+    )
+    assert len(h.memory.event_marks) == 2 * 24
+
+
+def test_a_snapshot_with_whole_marks_in_time_order_still_dedupes_its_events():
+    source = Harness(echo)
+    source.send(event(T0, b"a"))
+    h = Harness(echo)
+    h.restore(source.export(T0 + 1))
+    h.send(event(T0, b"a"))
+    assert h.values(ERRORS) == [] and h.values("completions") == []
+
+
+# Issue 37 point 9: an event queued behind a suspension -----------------------------------------
+
+
+def test_a_queued_event_runs_at_the_time_its_mailbox_drains_not_at_its_own():
+    """Queued for longer than an intent's TTL, at its own time its intents would be born
+    expired, and never run."""
+    config = RuntimeConfig(intent_ttl_ms=60 * 60 * 1000)
+    h = Harness(asks, config=config)
+    h.send(event(T0, b"1"))
+    (question,) = pending(h)
+    h.send(event(T0 + 1, b"2"))
+    drained_at = T0 + 2 * 60 * 60 * 1000
+    h.send(approve(drained_at, question, ring=None))
+    (asked,) = pending(h)
+    assert json.loads(asked.args_json)["amount"] == 2
+    assert asked.created_at_ms == drained_at
+    assert asked.expires_at_ms == drained_at + config.intent_ttl_ms
+    # Its own time still names it: its seq (a key's first from its first event), its
+    # activation's trace and its mark.
+    assert asked.seq == SEQ + 1
+    (started,) = [
+        t
+        for t in h.values("traces")
+        if t.event_type == TraceEvent.ACTIVATION_START and t.seq == SEQ + 1
+    ]
+    assert started.attributes["beam_agents.event_time_ms"] == str(T0 + 1)
+    h.send(event(T0 + 1, b"2"))
+    assert h.values("completions") == [b"approved"]
+
+
+@agent(name="tests.looks_then_pays/v1")
+def looks_then_pays(ctx, event: bytes) -> bytes:
+    looked = ctx.llm([{"role": "user", "content": event.decode()}], model="m")
+    paid = ctx.call_tool("payments.refund", {"why": looked.text})
+    return paid.payload
+
+
+def test_a_deferred_start_retried_past_an_intent_ttl_runs_at_its_retry():
+    hours = 60 * 60 * 1000
+    config = RuntimeConfig(
+        intent_ttl_ms=hours, resume_backoff_ms=2 * hours, resume_backoff_max_ms=2 * hours
+    )
+    h = Harness(looks_then_pays, llm=DownOnce(1), config=config)
+    h.send(event(T0, b"refund me"))
+    assert h.timers[0].at_ms == T0 + 2 * hours  # the model was busy: deferred
+    h.fire_deadline()
+    (refund,) = pending(h)
+    assert refund.created_at_ms == T0 + 2 * hours
+    assert refund.expires_at_ms == T0 + 3 * hours
+    assert refund.seq == SEQ  # the retry runs the same seq
+
+
+def test_a_suspension_longer_than_the_ttl_drains_its_mailbox_at_the_answer():
+    """A suspended key is not idle until its deadline: an answer on time, after more than a
+    TTL, is no wrong clock, and the events queued behind it run at its time."""
+    day = 24 * 60 * 60 * 1000
+    config = RuntimeConfig(ttl_ms=30 * day, suspend_deadline_ms=60 * day)
+    h = Harness(asks, config=config)
+    h.send(event(T0, b"1"))
+    (question,) = pending(h)
+    h.send(event(T0 + 1, b"2"))
+    answered_at = T0 + 45 * day
+    h.send(approve(answered_at, question, ring=None))
+    (asked,) = pending(h)
+    assert asked.created_at_ms == answered_at
+    assert h.memory.last_activity_ms == answered_at
