@@ -176,7 +176,12 @@ def main(argv: list[str]) -> int:
     bootstrap, prefix, directory = argv[0], argv[1], Path(argv[2])
     store = _DyingStore(directory)
     if argv[3:] == ["triage"]:
-        from beam_agents.ops.demo import demo_approver_keyring, demo_effector_keyring, demo_keyring
+        from beam_agents.ops.demo import (
+            demo_approver_keyring,
+            demo_effector_keyring,
+            demo_inquiry_keyring,
+            demo_keyring,
+        )
 
         effector = Effector(
             triage_tools(directory),
@@ -185,6 +190,7 @@ def main(argv: list[str]) -> int:
             store=store,
             result_keyring=demo_effector_keyring(),
             approval_keyring=demo_approver_keyring(),
+            inquiry_keyring=demo_inquiry_keyring(),
         )
     else:
         effector = Effector(

@@ -7,9 +7,16 @@ store on a manual clock at NOW, between the sample intent's created_at and expir
 
 from __future__ import annotations
 
+import base64
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 from beam_agents._protos import ToolIntent
 from beam_agents.intents.effector import Effector, VerifyMode
-from beam_agents.intents.signing import Keyring, sign
+from beam_agents.intents.signing import KEYS_ENV, Keyring, sign
 from beam_agents.ops.rounds import ManualClock
 from beam_agents.testing.samples import intent
 
@@ -21,6 +28,7 @@ __all__ = [
     "Recording",
     "effector",
     "flaky",
+    "killed_inside",
     "lookup",
     "signed",
     "tampered",
@@ -68,3 +76,45 @@ def tampered() -> ToolIntent:
     bad = signed()
     bad.args_json = '{"id":666}'
     return bad
+
+
+# An effector process whose tool acts, notes what it answered in a ledger and is killed before
+# its result is recorded: the call took effect, and its claim is left to a dead process.
+_KILLED_INSIDE = """
+import os, signal, sys
+from beam_agents.intents.effector import Effector, VerifyMode
+from beam_agents.intents.signing import Keyring
+from beam_agents.ops.loading import load_object
+
+store, tools, name, ledger, now = sys.argv[1:]
+real = load_object(tools)[name]
+
+def dying(args, intent):
+    answer = real(args, intent)
+    with open(ledger, "ab") as f:
+        f.write(answer + b"\\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.kill(os.getpid(), signal.SIGKILL)
+
+Effector({name: dying}, mode=VerifyMode.REQUIRE, store=store, keyring=Keyring.from_environment(),
+         clock=lambda: int(now))(sys.stdin.buffer.read())
+"""
+
+
+def killed_inside(
+    store: Path, data: bytes, *, tools: str, keyring: Keyring, now: int, ledger: Path
+) -> int:
+    """Delivers the serialized intent `data` to an effector process on the SQLite file `store`
+    verifying with `keyring`, whose tool (of the dict MODULE:NAME `tools`) acts, appends its
+    answer to `ledger` and is killed (SIGKILL) before anything is recorded; returns the
+    process's exit status."""
+    ring = {"keys": {k: base64.b64encode(v).decode() for k, v in keyring.keys.items()}}
+    name = ToolIntent.FromString(data).tool_name
+    return subprocess.run(
+        [sys.executable, "-c", _KILLED_INSIDE, str(store), tools, name, str(ledger), str(now)],
+        input=data,
+        env={**os.environ, KEYS_ENV: json.dumps(ring)},
+        check=False,
+        timeout=120,
+    ).returncode

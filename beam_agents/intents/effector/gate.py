@@ -75,11 +75,14 @@ class Gate:
         result_keyring: Keyring | None = None,
         approval_keyring: Keyring | None = None,
         max_result_bytes: int = DEFAULT_MAX_RESULT_BYTES,
+        inquiry_keyring: Keyring | None = None,
     ) -> None:
         if mode is not VerifyMode.OFF and keyring is None:
             raise ValueError(f"verify mode {mode.value} needs a keyring")
         if result_keyring is not None and result_keyring.active is None:
             raise ValueError("result_keyring needs an active key to sign results with")
+        if inquiry_keyring is not None and inquiry_keyring.active is None:
+            raise ValueError("inquiry_keyring needs an active key to sign inquiries with")
         check_retention(retention_ms)
         self.tools = {name: _spec(tool) for name, tool in tools.items()}
         self.mode = mode
@@ -87,6 +90,8 @@ class Gate:
         self.retention_ms = retention_ms
         self.result_keyring = result_keyring
         self.approval_keyring = approval_keyring
+        #: Signs the inquiries about lost calls; the result keyring when not given.
+        self.inquiry_keyring = result_keyring if inquiry_keyring is None else inquiry_keyring
         self.max_result_bytes = check_max_result_bytes(max_result_bytes)
 
     def keep_until(self, record: ExecutionRecord, now: int) -> int:
@@ -332,8 +337,8 @@ class Gate:
         updated.ClearField("claimed_by")
         updated.outcome = ExecutionRecord.OUTCOME_APPROVAL
         inquiry = _inquiry(intent, now)
-        if self.result_keyring is not None:
-            inquiry = sign(inquiry, self.result_keyring)
+        if self.inquiry_keyring is not None:
+            inquiry = sign(inquiry, self.inquiry_keyring)
         # The record keeps the inquiry, so a copy re-sends the very same one.
         updated.result.CopyFrom(
             ToolResult(
@@ -346,8 +351,9 @@ class Gate:
         self, answer: AgentEnvelope, *, now: int, store: ExecutionStore
     ) -> EffectorOutput | None:
         """A person's answer to an inquiry (`_inquiry`) as the result of the call it asked
-        about: approved, it took effect (OK); denied, it did not (ERROR saying so, not run:
-        the agent may ask again). None when `answer` answers no inquiry of this store."""
+        about: approved, it took effect (OK, with no payload and an error_message saying its
+        payload is unknown: `Answer.payload_unknown`); denied, it did not (ERROR saying so, not
+        run: the agent may ask again). None when `answer` answers no inquiry of this store."""
         approval = answer.approval
         if not answer.HasField("approval") or not approval.intent_id.endswith(INQUIRY_SUFFIX):
             return None
@@ -374,10 +380,14 @@ class Gate:
             intent_id=known.intent_id, entity_key=known.entity_key, seq=inquiry.seq
         )
         if approval.approved:
-            payload = canonical_args_json({"took_effect": True, "confirmed_by": approval.approver})
-            result = _result(
-                original, known.content_digest, ToolResult.OK, now, payload=payload.encode()
+            # The person knows that it acted, not what the tool answered: the result says so,
+            # as an OK result whose payload was not kept does (`_acted`), and carries no payload
+            # an agent could mistake for the tool's.
+            error = (
+                f"the tool took effect, as {approval.approver} confirmed after its effector "
+                "stopped mid-call; its result is unknown"
             )
+            result = _result(original, known.content_digest, ToolResult.OK, now, error=error)
         else:
             error = (
                 f"not done: {approval.approver} confirmed that {inquiry.intent_id} did not take "
@@ -435,7 +445,11 @@ def _inquiry(intent: ToolIntent, now: int) -> ToolIntent:
         tool_name=INQUIRY_TOOL,
         args_json=canonical_args_json(args),
         created_at_ms=now,
-        expires_at_ms=intent.expires_at_ms,
+        # Answerable as long as the effector waits for the answer: until it comes (the record
+        # is kept until then, `Gate.keep_until`). The call's own expiry, often past by the time
+        # its copy finds the claim dead, made a console refuse every answer, and the agent was
+        # never told what became of a call that may have acted.
+        expires_at_ms=_INT64_MAX,
         kind=ToolIntent.APPROVAL,
         trace_id=intent.trace_id,
     )
@@ -546,8 +560,10 @@ class Effector:
     `tools` maps names to callables or `ToolSpec`s. `store` is an ExecutionStore, or a path for
     a SqliteExecutionStore (":memory:" keeps nothing across restarts: tests only). `keyring`
     verifies intents; `result_keyring`, with an active key, signs every ToolResult (RunAgent
-    verifies them with its answer keyring) and every inquiry; `approval_keyring` verifies the
-    answers to inquiries (`resolve`). A tool's payload over `max_result_bytes` is not kept: its
+    verifies them with its answer keyring); `inquiry_keyring`, with an active key, signs the
+    inquiries about lost calls (default: the result keyring) for a console to verify, a ring of
+    their own so a console never holds a key that signs results; `approval_keyring` verifies
+    the answers to inquiries (`resolve`). A tool's payload over `max_result_bytes` is not kept: its
     result is OK with an error_message saying so (`Gate._acted`).
     """
 
@@ -563,6 +579,7 @@ class Effector:
         clock: Callable[[], int] = wall_clock_ms,
         retention_ms: int = DEFAULT_RETENTION_MS,
         max_result_bytes: int = DEFAULT_MAX_RESULT_BYTES,
+        inquiry_keyring: Keyring | None = None,
     ) -> None:
         self._gate = Gate(
             tools,
@@ -572,6 +589,7 @@ class Effector:
             result_keyring,
             approval_keyring,
             max_result_bytes=max_result_bytes,
+            inquiry_keyring=inquiry_keyring,
         )
         if isinstance(store, str | os.PathLike):
             store = SqliteExecutionStore(store)

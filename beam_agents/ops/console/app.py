@@ -32,7 +32,7 @@ import secrets
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
-from urllib.parse import urlencode
+from urllib.parse import quote, urlencode
 
 from jinja2 import Environment, FileSystemLoader
 from starlette.applications import Starlette
@@ -98,6 +98,12 @@ def _duration(ms: int) -> str:
     return f"{sign}{seconds // 3600} h"
 
 
+def _path_part(value: str) -> str:
+    """`value` as one segment of a URL path: an inquiry's id ends in "#outcome", and a link
+    that left the "#" as it is went to the page of no approval (a browser cuts a URL there)."""
+    return quote(value, safe="")
+
+
 def _key(value: bytes) -> str:
     return bytes(value).decode("utf-8", "backslashreplace")
 
@@ -144,7 +150,10 @@ def _pretty(text: str) -> str:
 
 def _environment() -> Environment:
     env = Environment(loader=FileSystemLoader(_HERE / "templates"), autoescape=True)
-    env.filters.update(ms=_ms, duration=_duration, key=_key, question=_question, pretty=_pretty)
+    env.filters.update(
+        ms=_ms, duration=_duration, key=_key, question=_question, pretty=_pretty,
+        path_part=_path_part,
+    )  # fmt: skip
     env.filters["hex"] = lambda value: bytes(value).hex()
     env.filters["text"] = lambda value: bytes(value).decode("utf-8", "backslashreplace")
     return env
@@ -324,7 +333,7 @@ def create_app(
         if verdict not in ("approve", "decline"):
             return message(request, session, 400, "Refused", "choose approve or decline")
         address = request.client.host if request.client else ""
-        back = f"/approvals/{intent_id}"
+        back = f"/approvals/{_path_part(intent_id)}"
         try:
             decision, made = await run_in_threadpool(
                 bus.decide,
