@@ -8,7 +8,7 @@ import html
 import http.client
 import re
 import threading
-from urllib.parse import urlencode
+from urllib.parse import urldefrag, urlencode
 
 import pytest
 
@@ -161,6 +161,25 @@ def test_an_approvers_decision_is_produced_once_and_shown(console):
     assert trace.attributes["beam_agents.approval.address"] == "127.0.0.1"
     assert trace.attributes["beam_agents.approval.comment"] == "checked the charge"
     assert "Nothing is waiting" in browser.get("/").text
+
+
+def test_an_approval_whose_id_holds_a_hash_is_reached_by_its_link_and_decided_by_its_form(
+    console,
+):
+    # The effector's inquiries end in "#outcome", and a browser cuts a URL at "#": a link or a
+    # form that left it as it was went to the page of no approval.
+    url, bus, _, _ = console
+    bus.inbox.receive(approval_intent("a-2#b").SerializeToString())
+    browser = _signed_in(url, "alice")
+    (link,) = re.findall(r'href="(/approvals/a-2[^"]*)"', browser.get("/").text)
+    page = browser.get(urldefrag(html.unescape(link)).url)
+    assert page.status == 200, page.text
+    (action,) = re.findall(r'action="([^"]+)" class="decide"', page.text)
+    reply = browser.post(
+        urldefrag(html.unescape(action)).url, {"csrf": page.csrf(), "decision": "approve"}
+    )
+    assert reply.status == 303 and browser.get(reply.headers["Location"]).status == 200
+    assert bus.inbox.decision("a-2#b").approved
 
 
 def test_an_expired_approval_is_refused_with_a_message(console):
