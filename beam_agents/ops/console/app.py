@@ -44,7 +44,7 @@ from starlette.staticfiles import StaticFiles
 
 from beam_agents._protos import ToolIntent
 from beam_agents.bus import KafkaBusError
-from beam_agents.intents.effector import wall_clock_ms
+from beam_agents.intents.effector import INQUIRY_SUFFIX, INQUIRY_TOOL, wall_clock_ms
 from beam_agents.intents.identity import MAX_ARGS_DEPTH
 from beam_agents.ops.console.auth import Auth, RateLimited, Session
 from beam_agents.ops.console.bus import ConsoleBus
@@ -318,7 +318,12 @@ def create_app(
             return message(request, session, 404, "Not found", f"no approval {intent_id}")
         snapshot = observations.snapshot(found.intent.entity_key)
         deadline = 0
-        if snapshot is not None and intent_id in snapshot.continuation.pending_intent_ids:
+        # The effector's inquiry is about a call the agent waits on under the call's own id:
+        # its deadline is when the agent stops waiting for the answer asked for here.
+        waited = intent_id
+        if found.intent.tool_name == INQUIRY_TOOL:
+            waited = intent_id.removesuffix(INQUIRY_SUFFIX)
+        if snapshot is not None and waited in snapshot.continuation.pending_intent_ids:
             deadline = snapshot.continuation.deadline_ms
         trace = observations.activation(found.intent.entity_key, found.intent.trace_id)
         return render(
