@@ -17,7 +17,8 @@ twice), every approval request reached the approvals topic.
   (`engines.sh latest-checkpoint JOB`); the keys suspended before the kill resume on their
   approvals after it, and the others' state is byte for byte what it was;
 * the effector service SIGKILLed and restarted, between intents; and dying inside its tools
-  and in the approval window, restarted by its supervisor;
+  and in the approval window, restarted by its supervisor; and inside a refund its reconciler
+  cannot settle, which a person then answers (an inquiry on the approvals topic);
 * every external event (tickets, approvals) produced twice, back to back, and once more after
   every key completed;
 * the Kafka read stalled (`engines.sh freeze-workers` stops the job's Java SDK harness that
@@ -37,6 +38,7 @@ import pytest
 from beam_agents._protos import AgentEnvelope, ToolIntent
 from beam_agents.bus.flink import KafkaArrivals, ReadWatchdog
 from beam_agents.errors import ReadStalledError
+from beam_agents.intents.effector import INQUIRY_SUFFIX, INQUIRY_TOOL
 from beam_agents.ops.demo import approve
 from beam_agents.testing.engines import Engines
 from beam_agents.testing.flink_loop import Loop
@@ -103,7 +105,8 @@ def _assert_exactly_once(
         {**{(k, "refunded"): 1 for k in REFUNDS}, **{(k, "answered"): 1 for k in QUESTIONS}}
     )
     requests = loop.messages(topics.approvals, ToolIntent)
-    assert sorted(r.entity_key for r in requests) == REFUNDS
+    # The agents' questions; the effector's about calls it lost are a test's own to count.
+    assert sorted(r.entity_key for r in requests if r.tool_name != INQUIRY_TOOL) == REFUNDS
     intents = loop.messages(topics.intents, ToolIntent)
     tools = Counter(i.intent_id for i in intents if i.kind == ToolIntent.TOOL)
     # A lookup per key and a refund per approved key, each intent once.
@@ -214,6 +217,34 @@ def test_an_effector_dying_inside_its_tools_and_in_the_approval_window_loses_and
     (rerun,) = [i for i, n in calls.items() if n == 2]  # the first lookup, and only it
     assert rerun in lookups
     _assert_exactly_once(loop, rerunnable=frozenset({rerun}), restarts=4)
+
+
+def test_a_refund_its_effector_lost_settled_by_a_person_completes_its_key_paid_once(loop):
+    """The effector dies inside the first refund, after paying, while the payments API cannot
+    say whether it paid (its reconciler fails). Restarted, it does not pay again but asks a
+    person, on the approvals topic, who answers that it took effect: the agent is told the
+    refund was done, its receipt unknown, and every key completes, each refund paid once."""
+    die = loop.tmp_path
+    loop.start_job()
+    _tickets(loop)
+    requests = _until_suspended(loop)
+    (die / "die-in-payments.refund").touch()
+    (die / "payments-down").touch()
+    loop.send(*(approve(r) for r in requests))
+    topics = loop.topics
+    loop.read(lambda r: len(r[topics.approvals]) == len(REFUNDS) + 1, timeout_s=300)
+    (inquiry,) = [
+        r for r in loop.messages(topics.approvals, ToolIntent) if r.tool_name == INQUIRY_TOOL
+    ]
+    loop.send(approve(inquiry))
+    _until_complete(loop)
+    lost = inquiry.intent_id.removesuffix(INQUIRY_SUFFIX)
+    summaries = dict(loop.completions())
+    assert summaries[inquiry.entity_key]["receipt"] is None
+    assert "ops@example.com confirmed" in summaries[inquiry.entity_key]["detail"]
+    paid = [e["key"] for e in loop.ledger.effects() if e["tool"] == "payments.refund"]
+    assert lost in paid and len(paid) == len(set(paid)) == len(REFUNDS)
+    _assert_exactly_once(loop, restarts=1)
 
 
 def test_external_events_produced_twice_and_again_after_completion_complete_each_key_once(loop):

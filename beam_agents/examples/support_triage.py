@@ -4,7 +4,9 @@ A ticket arrives as an external event (JSON: ticket_id, customer_id, text). The 
 customer up in the CRM (a tool: the activation suspends until the effector answers), asks the
 model to classify the ticket, and when the model proposes a refund it asks a human to approve
 it first; only an approved refund becomes a `payments.refund` intent. The output is a JSON
-summary of what happened. Every step that touches the world is a ToolIntent executed once by
+summary of what happened. A call can take effect with its answer unknown (`payload_unknown`:
+its effector stopped mid-call and a person confirmed it acted): a refund is then reported done
+without a receipt. Every step that touches the world is a ToolIntent executed once by
 the effector; the agent itself is an ordinary, deterministic Python function.
 
 `TOOLS` are stand-in implementations of the two tools for tests and the demo: a small customer
@@ -33,7 +35,7 @@ def triage(ctx, event: bytes) -> bytes:
     request = json.loads(event)
     summary = {"ticket_id": request["ticket_id"], "customer_id": request["customer_id"]}
     customer = ctx.call_tool("crm.lookup", {"customer_id": request["customer_id"]})
-    if not customer.ok:
+    if not customer.ok or customer.payload_unknown:
         return _done(summary, outcome="lookup_failed", detail=customer.result.error_message)
     profile = json.loads(customer.payload)
     ctx.memory.put(f"customer:{request['customer_id']}", customer.payload)
@@ -65,6 +67,16 @@ def triage(ctx, event: bytes) -> bytes:
     )
     if not refund.ok:
         return _done(summary, outcome="refund_failed", amount_cents=amount)
+    if refund.payload_unknown:
+        # Paid, but the receipt is lost (its effector stopped mid-call and a person confirmed
+        # the refund): say so, never guess one or refund again.
+        return _done(
+            summary,
+            outcome="refunded",
+            amount_cents=amount,
+            receipt=None,
+            detail=refund.result.error_message,
+        )
     receipt = json.loads(refund.payload)["receipt"]
     return _done(summary, outcome="refunded", amount_cents=amount, receipt=receipt)
 

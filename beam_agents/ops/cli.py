@@ -10,8 +10,8 @@
     beam-agents update-check OLD NEW
     beam-agents effector-service --bootstrap-servers HOST:PORT --topic-prefix PREFIX
         --store FILE --tools MODULE:NAME [--keyring MODULE:NAME] [--result-keyring MODULE:NAME]
-        [--approval-keyring MODULE:NAME] [--mode MODE] [--instance-id ID]
-        [--session-timeout-ms MS] [--lease-ms MS]
+        [--approval-keyring MODULE:NAME] [--inquiry-keyring MODULE:NAME] [--mode MODE]
+        [--instance-id ID] [--session-timeout-ms MS] [--lease-ms MS]
     beam-agents console --bus=kafka --config FILE
     beam-agents console hash-password
 
@@ -46,7 +46,8 @@ compatible; 1 not; 2 usage error.
 (beam_agents.bus.EffectorService), with its records in the SQLite store FILE, until
 SIGTERM or SIGINT; --tools names a dict of tool name to callable, --keyring a function returning
 the Keyring that verifies intents (required unless --mode off), --result-keyring one whose active
-key signs every result and inquiry, --approval-keyring one that verifies people's answers to
+key signs every result (and inquiry, unless --inquiry-keyring names a ring of their own: the
+console verifies inquiries with it), --approval-keyring one that verifies people's answers to
 inquiries about calls whose outcome was unknown (a tool is a callable or a ToolSpec). --instance-id
 makes it a static member of its consumer group, so a restart under the same id serves at once;
 --session-timeout-ms (default 10000) bounds how long a crashed member holds the intents.
@@ -169,6 +170,7 @@ def _effector_service(args: argparse.Namespace) -> int:
             result_keyring=_keyring(args.result_keyring),
             approval_keyring=_keyring(args.approval_keyring),
             **({} if args.lease_ms is None else {"lease_ms": args.lease_ms}),
+            inquiry_keyring=_keyring(args.inquiry_keyring),
         )
     except ExecutionStoreError as e:  # it names the store's path
         print(f"beam-agents effector-service: {e}", file=sys.stderr)
@@ -409,6 +411,11 @@ def _parser() -> argparse.ArgumentParser:
     service.add_argument(
         "--approval-keyring",
         help="a function returning the Keyring that verifies answers to inquiries, MODULE:NAME",
+    )
+    service.add_argument(
+        "--inquiry-keyring",
+        help="a function returning the Keyring whose active key signs inquiries about lost "
+        "calls (default: the result keyring), for the console to verify, MODULE:NAME",
     )
     service.add_argument(
         "--group-id", default="beam-agents-effector", help="the Kafka consumer group"

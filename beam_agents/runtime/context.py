@@ -88,7 +88,10 @@ class Suspension:
 @dataclasses.dataclass(frozen=True)
 class Answer:
     """The answer to one pending intent: a ToolResult for a TOOL intent (EXPIRED when the
-    deadline passed first), an Approval for an APPROVAL intent (None when it expired)."""
+    deadline passed first), an Approval for an APPROVAL intent (None when it expired).
+
+    A call can be `ok` (it took effect) and still have no payload: `payload_unknown`. Check it
+    before reading `payload` as the tool's answer."""
 
     intent: ToolIntent
     result: ToolResult | None = None
@@ -101,8 +104,24 @@ class Answer:
         return self.result is not None and self.result.status == ToolResult.OK
 
     @property
+    def payload_unknown(self) -> bool:
+        """The call took effect (`ok`) but what the tool answered is not known: the effector
+        kept no payload (over its max_result_bytes), or its effector stopped mid-call and a
+        person settled it, saying only that it acted. `payload` is then empty, and
+        `result.error_message` says which."""
+        result = self.result
+        if result is None or result.status != ToolResult.OK:
+            return False
+        return (not result.payload and bool(result.error_message)) or _confirmation_only(
+            result.payload
+        )
+
+    @property
     def payload(self) -> bytes:
-        return self.result.payload if self.result is not None else b""
+        """The tool's answer; empty when there is none or it is unknown (`payload_unknown`)."""
+        if self.result is None or self.payload_unknown:
+            return b""
+        return self.result.payload
 
     @classmethod
     def from_envelope(cls, intent: ToolIntent, envelope: AgentEnvelope) -> Answer:
@@ -121,6 +140,19 @@ class Answer:
         elif self.result is not None:
             envelope.tool_result.CopyFrom(self.result)
         return envelope
+
+
+def _confirmation_only(payload: bytes) -> bool:
+    """Whether `payload` is a person's confirmation that a lost call took effect, as effectors
+    before `Answer.payload_unknown` recorded it in place of the tool's payload (a result of one
+    may still be sent again from its store)."""
+    if not payload.startswith(b'{"confirmed_by":'):
+        return False
+    try:
+        answer = json.loads(payload)
+    except ValueError:
+        return False
+    return answer.keys() == {"confirmed_by", "took_effect"} and answer["took_effect"] is True
 
 
 @runtime_checkable

@@ -4,6 +4,7 @@ rounds, in one stream, and byte for byte again on a retried round."""
 from __future__ import annotations
 
 import json
+import signal
 
 from beam_agents._protos import (
     AgentEnvelope,
@@ -12,17 +13,21 @@ from beam_agents._protos import (
     TraceEvent,
 )
 from beam_agents.examples.support_triage import TOOLS
-from beam_agents.intents.effector import Effector, Route, VerifyMode
+from beam_agents.intents.effector import INQUIRY_TOOL, Effector, Route, VerifyMode
 from beam_agents.intents.identity import intent_id
 from beam_agents.intents.signing import Verification, verify
+from beam_agents.ops.demo import approve, demo_approver_keyring, demo_effector_keyring
 from beam_agents.ops.rounds import Advance, ManualClock, run_round
+from beam_agents.testing.effectors import killed_inside
 from beam_agents.testing.probe import (
     CHARGED_TWICE,
+    DAY,
     KEY,
     RING,
     SEQ,
     T0,
     approval,
+    converse,
     event,
     export,
     message_bytes,
@@ -140,3 +145,52 @@ def test_a_retried_round_emits_byte_identical_intents_and_traces(tmp_path):
     for tag in ("intents", "traces", "completions"):
         assert sorted(message_bytes(first.values(tag))) == sorted(message_bytes(second.values(tag)))
         assert first.values(tag)
+
+
+def _verifying_run_agent():
+    return run_agent(
+        result_keyring_loader=demo_effector_keyring, approval_keyring_loader=demo_approver_keyring
+    )
+
+
+def test_a_refund_its_effector_lost_and_a_person_confirmed_completes_the_key(tmp_path):
+    """The effector is killed inside payments.refund after the refund was paid; the intent's
+    copy finds the claim dead, and the person asked answers that it took effect. The agent gets
+    an answer it can use (ok, its payload unknown) and the key completes, refunded once."""
+    store, ledger, clock = tmp_path / "effector.sqlite", tmp_path / "ledger", ManualClock(T0)
+    effector = Effector(
+        TOOLS,
+        mode=VerifyMode.REQUIRE,
+        store=store,
+        keyring=RING,
+        result_keyring=demo_effector_keyring(),
+        approval_keyring=demo_approver_keyring(),
+        clock=clock,
+    )
+
+    def answer(emitted: ToolIntent, at: int) -> list[AgentEnvelope]:
+        data = emitted.SerializeToString(deterministic=True)
+        clock.now_ms = at + 5
+        if emitted.tool_name == "payments.refund":
+            tools = "beam_agents.examples.support_triage:TOOLS"
+            status = killed_inside(store, data, tools=tools, keyring=RING, now=at, ledger=ledger)
+            assert status == -signal.SIGKILL
+            clock.now_ms = emitted.expires_at_ms + DAY
+            asked = effector(data)
+            assert asked.route is Route.APPROVAL and asked.approval.tool_name == INQUIRY_TOOL
+            reply = effector.resolve(approve(asked.approval)).result
+        else:
+            decided = effector(data)
+            reply = approve(decided.approval) if decided.route is Route.APPROVAL else decided.result
+        reply.event_time_ms = at + 10
+        return [reply]
+
+    first = event(T0, CHARGED_TWICE)
+    completions, intents = converse(_verifying_run_agent, first, answer, tmp_path)
+    assert [i.tool_name for i in intents] == ["crm.lookup", "human.approval", "payments.refund"]
+    (summary,) = completions
+    summary = json.loads(summary)
+    assert (summary["outcome"], summary["receipt"]) == ("refunded", None)
+    assert "ops@example.com confirmed" in summary["detail"]
+    (paid,) = ledger.read_bytes().splitlines()  # by the killed process; nobody paid again
+    assert json.loads(paid)["receipt"] == f"r-{intents[-1].intent_id}"

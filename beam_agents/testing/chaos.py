@@ -26,7 +26,9 @@ loop's own tools instead (beam_agents.examples.support_triage.TOOLS, the demo's 
 `beam-agents effector-service` does for beam_agents.testing.triage_loop), each call logged to
 calls.log and its effect to the ledger (`triage_tools`: the lookup idempotent, the refund
 reconciled): the execution logs the Flink fault tests check every effect against. The
-die-in-TOOL and die-after-* files work there too.
+die-in-TOOL and die-after-* files work there too, and a file DIR/payments-down makes the
+refund's reconciler fail (the payments API cannot say), so a refund whose call was lost goes to
+a person as an inquiry.
 """
 
 from __future__ import annotations
@@ -114,13 +116,15 @@ def triage_tools(directory: Path) -> dict:
     """The support-triage tools, each call logged in `directory`, declared as a production
     effector would declare them: the CRM lookup is a read, safe to run again (idempotent; the
     ledger keeps one entry per intent); the refund is reconciled against the ledger, which
-    answers what the refund answered."""
+    answers what the refund answered, unless `directory`/payments-down exists."""
     from beam_agents.examples.support_triage import TOOLS
 
     ledger = Ledger(directory)
     refund = TOOLS["payments.refund"]
 
     def refunded(intent: ToolIntent) -> bytes | None:
+        if (directory / "payments-down").exists():
+            raise ConnectionError("the payments API is down")
         if ledger.find(intent.intent_id) is None:
             return None
         return refund(json.loads(intent.args_json), intent)
@@ -179,7 +183,12 @@ def main(argv: list[str]) -> int:
     store = _DyingStore(directory)
     lease_ms = int(os.environ.get("FX_LEASE_MS", "2000"))
     if argv[3:] == ["triage"]:
-        from beam_agents.ops.demo import demo_approver_keyring, demo_effector_keyring, demo_keyring
+        from beam_agents.ops.demo import (
+            demo_approver_keyring,
+            demo_effector_keyring,
+            demo_inquiry_keyring,
+            demo_keyring,
+        )
 
         effector = Effector(
             triage_tools(directory),
@@ -189,6 +198,7 @@ def main(argv: list[str]) -> int:
             result_keyring=demo_effector_keyring(),
             approval_keyring=demo_approver_keyring(),
             lease_ms=lease_ms,
+            inquiry_keyring=demo_inquiry_keyring(),
         )
     else:
         effector = Effector(

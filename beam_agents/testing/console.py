@@ -103,6 +103,7 @@ def make_bus(
     mode: VerifyMode = VerifyMode.REQUIRE,
     topics: Topics = Topics("loop"),  # noqa: B008 - frozen, never changed
     intent_keyring: Keyring = INTENT_RING,
+    inquiry_keyring: Keyring | None = None,
 ) -> tuple[ConsoleBus, Auth]:
     """A console's bus and auth over the SQLite file `path`, as `service.build` makes them."""
     db = Database(path)
@@ -111,6 +112,7 @@ def make_bus(
         mode=mode,
         intent_keyring=intent_keyring,
         approvals_keyring=APPROVALS_RING,
+        inquiry_keyring=inquiry_keyring,
         clock=clock,
     )
     bus = ConsoleBus(inbox, Observations(db, clock=clock), topics, publish, clock=clock)

@@ -14,6 +14,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 from beam_agents._protos import ToolIntent
 from beam_agents.intents.effector import DEFAULT_LEASE_MS, Effector, VerifyMode
@@ -31,6 +32,7 @@ __all__ = [
     "effector",
     "effector_process",
     "flaky",
+    "killed_inside",
     "lookup",
     "signed",
     "tampered",
@@ -143,3 +145,45 @@ def deliver(process: subprocess.Popen, data: bytes) -> dict | None:
     process.stdin.flush()
     line = process.stdout.readline()
     return json.loads(line) if line else None
+
+
+# An effector process whose tool acts, notes what it answered in a ledger and is killed before
+# its result is recorded: the call took effect, and its claim is left to a dead process.
+_KILLED_INSIDE = """
+import os, signal, sys
+from beam_agents.intents.effector import Effector, VerifyMode
+from beam_agents.intents.signing import Keyring
+from beam_agents.ops.loading import load_object
+
+store, tools, name, ledger, now = sys.argv[1:]
+real = load_object(tools)[name]
+
+def dying(args, intent):
+    answer = real(args, intent)
+    with open(ledger, "ab") as f:
+        f.write(answer + b"\\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.kill(os.getpid(), signal.SIGKILL)
+
+Effector({name: dying}, mode=VerifyMode.REQUIRE, store=store, keyring=Keyring.from_environment(),
+         clock=lambda: int(now))(sys.stdin.buffer.read())
+"""
+
+
+def killed_inside(
+    store: Path, data: bytes, *, tools: str, keyring: Keyring, now: int, ledger: Path
+) -> int:
+    """Delivers the serialized intent `data` to an effector process on the SQLite file `store`
+    verifying with `keyring`, whose tool (of the dict MODULE:NAME `tools`) acts, appends its
+    answer to `ledger` and is killed (SIGKILL) before anything is recorded; returns the
+    process's exit status."""
+    ring = {"keys": {k: base64.b64encode(v).decode() for k, v in keyring.keys.items()}}
+    name = ToolIntent.FromString(data).tool_name
+    return subprocess.run(
+        [sys.executable, "-c", _KILLED_INSIDE, str(store), tools, name, str(ledger), str(now)],
+        input=data,
+        env={**os.environ, KEYS_ENV: json.dumps(ring)},
+        check=False,
+        timeout=120,
+    ).returncode

@@ -1,14 +1,19 @@
 """What RunAgent's tests share (beam_agents/runtime/run_agent*_test.py): the probe agent, which
 drives the low-level contract from JSON commands in its event (`Probe`, `probe`, `command`), the
-example agent with a signing ring (`run_agent`), and envelope builders on a fixed clock (T0)."""
+example agent with a signing ring (`run_agent`), envelope builders on a fixed clock (T0), and
+`converse`: a key's conversation in rounds chained through its snapshots, the way the demo's
+local loop runs it."""
 
 from __future__ import annotations
 
 import json
+import os
+from collections.abc import Callable, Sequence
 
 from beam_agents._protos import AgentEnvelope, Continuation, MemoryBlob, ToolIntent, ToolResult
 from beam_agents.examples.support_triage import scripted_model, ticket, triage
 from beam_agents.intents.signing import Keyring
+from beam_agents.ops.rounds import run_round
 from beam_agents.runtime import RunAgent, RuntimeConfig, ScriptedLlmClient
 
 __all__ = [
@@ -23,6 +28,7 @@ __all__ = [
     "approval",
     "command",
     "continuation",
+    "converse",
     "event",
     "export",
     "load_ring",
@@ -68,6 +74,38 @@ def approval(at: int, approved_intent: ToolIntent, approved: bool = True) -> Age
     envelope.approval.approver = "ops@example.com"
     envelope.approval.decided_at_ms = at
     return envelope
+
+
+def converse(
+    transform: Callable[[], RunAgent],
+    first: AgentEnvelope,
+    answer: Callable[[ToolIntent, int], Sequence[AgentEnvelope]],
+    workdir: str | os.PathLike,
+    *,
+    rounds: int = 6,
+    step_ms: int = 1000,
+) -> tuple[list[bytes], list[ToolIntent]]:
+    """`first`'s key in rounds of `transform()` (a new one each: a transform belongs to one
+    pipeline), round n at `first`'s time + n * `step_ms`, each
+    chained to the next through the snapshot it exports: every intent a round emits is answered
+    by `answer(intent, at)`, whose envelopes (stamped before the next round) go into the next.
+    Returns the completions and every intent emitted, when a round completes or the rounds run
+    out; a round with a dead letter fails."""
+    inputs, intents = [first], []
+    for n in range(1, rounds + 1):
+        at = first.event_time_ms + n * step_ms
+        outputs = run_round(
+            transform(), [*inputs, export(at, f"r{n}", first.entity_key)], workdir
+        ).before(at + 1)
+        assert outputs.errors == [], outputs.errors
+        if completions := outputs.values("completions"):
+            return completions, intents
+        (snapshot,) = outputs.values("snapshots")
+        inputs = [snapshot]
+        for emitted in outputs.values("intents"):
+            intents.append(emitted)
+            inputs += answer(emitted, at)
+    return [], intents
 
 
 def message_bytes(values) -> list[bytes]:

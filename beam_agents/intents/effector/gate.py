@@ -79,11 +79,14 @@ class Gate:
         approval_keyring: Keyring | None = None,
         max_result_bytes: int = DEFAULT_MAX_RESULT_BYTES,
         leases: Leases | None = None,
+        inquiry_keyring: Keyring | None = None,
     ) -> None:
         if mode is not VerifyMode.OFF and keyring is None:
             raise ValueError(f"verify mode {mode.value} needs a keyring")
         if result_keyring is not None and result_keyring.active is None:
             raise ValueError("result_keyring needs an active key to sign results with")
+        if inquiry_keyring is not None and inquiry_keyring.active is None:
+            raise ValueError("inquiry_keyring needs an active key to sign inquiries with")
         check_retention(retention_ms)
         self.tools = {name: _spec(tool) for name, tool in tools.items()}
         self.mode = mode
@@ -91,6 +94,8 @@ class Gate:
         self.retention_ms = retention_ms
         self.result_keyring = result_keyring
         self.approval_keyring = approval_keyring
+        #: Signs the inquiries about lost calls; the result keyring when not given.
+        self.inquiry_keyring = result_keyring if inquiry_keyring is None else inquiry_keyring
         self.max_result_bytes = check_max_result_bytes(max_result_bytes)
         self.leases = leases
 
@@ -362,8 +367,8 @@ class Gate:
         settle(updated)
         updated.outcome = ExecutionRecord.OUTCOME_APPROVAL
         inquiry = _inquiry(intent, now)
-        if self.result_keyring is not None:
-            inquiry = sign(inquiry, self.result_keyring)
+        if self.inquiry_keyring is not None:
+            inquiry = sign(inquiry, self.inquiry_keyring)
         # The record keeps the inquiry, so a copy re-sends the very same one.
         updated.result.CopyFrom(
             ToolResult(
@@ -376,8 +381,9 @@ class Gate:
         self, answer: AgentEnvelope, *, now: int, store: ExecutionStore
     ) -> EffectorOutput | None:
         """A person's answer to an inquiry (`_inquiry`) as the result of the call it asked
-        about: approved, it took effect (OK); denied, it did not (ERROR saying so, not run:
-        the agent may ask again). None when `answer` answers no inquiry of this store."""
+        about: approved, it took effect (OK, with no payload and an error_message saying its
+        payload is unknown: `Answer.payload_unknown`); denied, it did not (ERROR saying so, not
+        run: the agent may ask again). None when `answer` answers no inquiry of this store."""
         approval = answer.approval
         if not answer.HasField("approval") or not approval.intent_id.endswith(INQUIRY_SUFFIX):
             return None
@@ -404,10 +410,14 @@ class Gate:
             intent_id=known.intent_id, entity_key=known.entity_key, seq=inquiry.seq
         )
         if approval.approved:
-            payload = canonical_args_json({"took_effect": True, "confirmed_by": approval.approver})
-            result = _result(
-                original, known.content_digest, ToolResult.OK, now, payload=payload.encode()
+            # The person knows that it acted, not what the tool answered: the result says so,
+            # as an OK result whose payload was not kept does (`_acted`), and carries no payload
+            # an agent could mistake for the tool's.
+            error = (
+                f"the tool took effect, as {approval.approver} confirmed after its effector "
+                "stopped mid-call; its result is unknown"
             )
+            result = _result(original, known.content_digest, ToolResult.OK, now, error=error)
         else:
             error = (
                 f"not done: {approval.approver} confirmed that {inquiry.intent_id} did not take "
@@ -465,7 +475,11 @@ def _inquiry(intent: ToolIntent, now: int) -> ToolIntent:
         tool_name=INQUIRY_TOOL,
         args_json=canonical_args_json(args),
         created_at_ms=now,
-        expires_at_ms=intent.expires_at_ms,
+        # Answerable as long as the effector waits for the answer: until it comes (the record
+        # is kept until then, `Gate.keep_until`). The call's own expiry, often past by the time
+        # its copy finds the claim dead, made a console refuse every answer, and the agent was
+        # never told what became of a call that may have acted.
+        expires_at_ms=_INT64_MAX,
         kind=ToolIntent.APPROVAL,
         trace_id=intent.trace_id,
     )
@@ -511,8 +525,10 @@ class Effector:
     `tools` maps names to callables or `ToolSpec`s. `store` is an ExecutionStore, or a path for
     a SqliteExecutionStore (":memory:" keeps nothing across restarts: tests only). `keyring`
     verifies intents; `result_keyring`, with an active key, signs every ToolResult (RunAgent
-    verifies them with its answer keyring) and every inquiry; `approval_keyring` verifies the
-    answers to inquiries (`resolve`). A tool's payload over `max_result_bytes` is not kept: its
+    verifies them with its answer keyring); `inquiry_keyring`, with an active key, signs the
+    inquiries about lost calls (default: the result keyring) for a console to verify, a ring of
+    their own so a console never holds a key that signs results; `approval_keyring` verifies
+    the answers to inquiries (`resolve`). A tool's payload over `max_result_bytes` is not kept: its
     result is OK with an error_message saying so (`Gate._acted`). Each claim it writes holds a
     lease of `lease_ms` on `clock`, renewed while the tool runs (`leases`): a call whose effector
     died is a lost call this long after its last renewal. Give every effector sharing a store
@@ -532,6 +548,7 @@ class Effector:
         retention_ms: int = DEFAULT_RETENTION_MS,
         max_result_bytes: int = DEFAULT_MAX_RESULT_BYTES,
         lease_ms: int = DEFAULT_LEASE_MS,
+        inquiry_keyring: Keyring | None = None,
     ) -> None:
         self._gate = Gate(
             tools,
@@ -542,6 +559,7 @@ class Effector:
             approval_keyring,
             max_result_bytes=max_result_bytes,
             leases=Leases(lease_ms, clock),
+            inquiry_keyring=inquiry_keyring,
         )
         if isinstance(store, str | os.PathLike):
             store = SqliteExecutionStore(store)

@@ -387,12 +387,34 @@ def test_an_unknown_outcome_without_a_reconciler_is_answered_by_a_person(tmp_pat
     assert answered.route is Route.RESULT and result.status == ToolResult.OK
     assert result.intent_id == intent().intent_id
     assert result.intent_digest == content_digest(signed().SerializeToString())
-    assert json.loads(result.payload) == {"confirmed_by": "ops@example.com", "took_effect": True}
+    # The person knows that it acted, not what it answered: no payload passes for the tool's.
+    assert result.payload == b"" and "ops@example.com confirmed" in result.error_message
     assert verify(result, RESULTS_RING) is Verification.VALID
     # The answer again, or the intent again: the same result, and the tool never ran.
     assert gate.resolve(_answer(inquiry, approved=True)).route is Route.DUPLICATE
     assert gate(signed()).result.tool_result == result
     assert tool.calls == []
+
+
+INQUIRY_RING = Keyring({"iq": bytes(range(3, 35))}, active="iq")
+
+
+def test_an_inquiry_after_the_calls_expiry_is_answerable_and_signed_with_the_inquiry_ring(
+    tmp_path,
+):
+    # The copy that finds the claim dead comes after the call expired: the inquiry inherited
+    # that expiry, and a console refused every answer to it.
+    clock = ManualClock(intent().expires_at_ms + 60_000)
+    gate = _lost_call(tmp_path, Recording(), clock=clock, inquiry_keyring=INQUIRY_RING)
+    inquiry = gate(signed()).approval
+    assert inquiry.created_at_ms == clock.now_ms and inquiry.expires_at_ms > clock.now_ms
+    clock.now_ms += 30 * 24 * 60 * 60 * 1000  # a month on, still answerable
+    assert inquiry.expires_at_ms > clock.now_ms
+    # Signed with a ring of its own, which is all a console verifying it needs to hold.
+    assert verify(inquiry, INQUIRY_RING) is Verification.VALID
+    assert verify(inquiry, RESULTS_RING) is Verification.UNKNOWN_KEY
+    result = gate.resolve(_answer(inquiry, approved=True)).result.tool_result
+    assert verify(result, RESULTS_RING) is Verification.VALID
 
 
 def test_an_inquiry_waits_for_its_answer_past_the_retention(tmp_path):

@@ -32,7 +32,7 @@ import secrets
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
-from urllib.parse import urlencode
+from urllib.parse import quote, urlencode
 
 from jinja2 import Environment, FileSystemLoader
 from starlette.applications import Starlette
@@ -44,7 +44,7 @@ from starlette.staticfiles import StaticFiles
 
 from beam_agents._protos import ToolIntent
 from beam_agents.bus import KafkaBusError
-from beam_agents.intents.effector import wall_clock_ms
+from beam_agents.intents.effector import INQUIRY_SUFFIX, INQUIRY_TOOL, wall_clock_ms
 from beam_agents.intents.identity import MAX_ARGS_DEPTH
 from beam_agents.ops.console.auth import Auth, RateLimited, Session
 from beam_agents.ops.console.bus import ConsoleBus
@@ -98,6 +98,12 @@ def _duration(ms: int) -> str:
     return f"{sign}{seconds // 3600} h"
 
 
+def _path_part(value: str) -> str:
+    """`value` as one segment of a URL path: an inquiry's id ends in "#outcome", and a link
+    that left the "#" as it is went to the page of no approval (a browser cuts a URL there)."""
+    return quote(value, safe="")
+
+
 def _key(value: bytes) -> str:
     return bytes(value).decode("utf-8", "backslashreplace")
 
@@ -144,7 +150,10 @@ def _pretty(text: str) -> str:
 
 def _environment() -> Environment:
     env = Environment(loader=FileSystemLoader(_HERE / "templates"), autoescape=True)
-    env.filters.update(ms=_ms, duration=_duration, key=_key, question=_question, pretty=_pretty)
+    env.filters.update(
+        ms=_ms, duration=_duration, key=_key, question=_question, pretty=_pretty,
+        path_part=_path_part,
+    )  # fmt: skip
     env.filters["hex"] = lambda value: bytes(value).hex()
     env.filters["text"] = lambda value: bytes(value).decode("utf-8", "backslashreplace")
     return env
@@ -309,7 +318,12 @@ def create_app(
             return message(request, session, 404, "Not found", f"no approval {intent_id}")
         snapshot = observations.snapshot(found.intent.entity_key)
         deadline = 0
-        if snapshot is not None and intent_id in snapshot.continuation.pending_intent_ids:
+        # The effector's inquiry is about a call the agent waits on under the call's own id:
+        # its deadline is when the agent stops waiting for the answer asked for here.
+        waited = intent_id
+        if found.intent.tool_name == INQUIRY_TOOL:
+            waited = intent_id.removesuffix(INQUIRY_SUFFIX)
+        if snapshot is not None and waited in snapshot.continuation.pending_intent_ids:
             deadline = snapshot.continuation.deadline_ms
         trace = observations.activation(found.intent.entity_key, found.intent.trace_id)
         return render(
@@ -324,7 +338,7 @@ def create_app(
         if verdict not in ("approve", "decline"):
             return message(request, session, 400, "Refused", "choose approve or decline")
         address = request.client.host if request.client else ""
-        back = f"/approvals/{intent_id}"
+        back = f"/approvals/{_path_part(intent_id)}"
         try:
             decision, made = await run_in_threadpool(
                 bus.decide,

@@ -8,12 +8,14 @@ import html
 import http.client
 import re
 import threading
-from urllib.parse import urlencode
+from urllib.parse import urldefrag, urlencode
 
 import pytest
 
 from beam_agents._protos import AgentEnvelope, StateSnapshot, TraceEvent
 from beam_agents.bus import Topics
+from beam_agents.intents.effector import INQUIRY_SUFFIX, INQUIRY_TOOL
+from beam_agents.intents.signing import Keyring, sign
 from beam_agents.ops.console.app import (
     AUDIT_PER_PAGE,
     MAX_FORM_BYTES,
@@ -161,6 +163,42 @@ def test_an_approvers_decision_is_produced_once_and_shown(console):
     assert trace.attributes["beam_agents.approval.address"] == "127.0.0.1"
     assert trace.attributes["beam_agents.approval.comment"] == "checked the charge"
     assert "Nothing is waiting" in browser.get("/").text
+
+
+def test_an_approval_whose_id_holds_a_hash_is_reached_by_its_link_and_decided_by_its_form(
+    console,
+):
+    # The effector's inquiries end in "#outcome", and a browser cuts a URL at "#": a link or a
+    # form that left it as it was went to the page of no approval.
+    url, bus, _, _ = console
+    bus.inbox.receive(approval_intent("a-2#b").SerializeToString())
+    browser = _signed_in(url, "alice")
+    (link,) = re.findall(r'href="(/approvals/a-2[^"]*)"', browser.get("/").text)
+    page = browser.get(urldefrag(html.unescape(link)).url)
+    assert page.status == 200, page.text
+    (action,) = re.findall(r'action="([^"]+)" class="decide"', page.text)
+    reply = browser.post(
+        urldefrag(html.unescape(action)).url, {"csrf": page.csrf(), "decision": "approve"}
+    )
+    assert reply.status == 303 and browser.get(reply.headers["Location"]).status == 200
+    assert bus.inbox.decision("a-2#b").approved
+
+
+def test_the_effectors_inquiry_shows_when_the_agent_stops_waiting_for_the_call(tmp_path):
+    ring = Keyring({"inquiries": b"i" * 32}, active="inquiries")
+    clock = ManualClock(NOW)
+    bus, auth = make_bus(tmp_path / "c.sqlite", Recorder(), clock, inquiry_keyring=ring)
+    inquiry = approval_intent("call-1" + INQUIRY_SUFFIX, ring=None)
+    inquiry.tool_name = INQUIRY_TOOL
+    bus.inbox.receive(sign(inquiry, ring).SerializeToString())
+    snapshot = StateSnapshot(entity_key=b"c-1", snapshot_at_ms=NOW)
+    snapshot.continuation.pending_intent_ids.append("call-1")  # the call, under its own id
+    snapshot.continuation.deadline_ms = NOW + 3_600_000
+    bus.observations.add_snapshot(snapshot.SerializeToString())
+    with serving(create_app(bus, auth, clock=clock)) as url:
+        page = _signed_in(url, "alice").get("/approvals/call-1%23outcome")
+    assert page.status == 200 and "not known yet" not in page.text
+    assert "1970-01-01 01:16:40.000 UTC" in page.text  # NOW + 1 h
 
 
 def test_an_expired_approval_is_refused_with_a_message(console):

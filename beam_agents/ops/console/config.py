@@ -11,6 +11,7 @@
     verify_mode = "require"              # how APPROVAL intents are verified (as the effector)
     intent_keyring = "intent-keys.json"  # verifies them: a keyring file, or MODULE:NAME
     approvals_keyring = "approval-keys.json"  # its active key signs every decision
+    inquiry_keyring = "inquiry-keys.json"  # verifies the effector's inquiries about lost calls
 
     [users.alice]
     role = "approver"                    # viewer, approver or admin
@@ -18,6 +19,9 @@
 
 Passwords are kept only as argon2id hashes (argon2-cffi). A keyring given as MODULE:NAME is a
 callable returning a Keyring (as `effector-service --keyring`), e.g. the demo's key.
+`inquiry_keyring` is the ring the effector signs its inquiries with (`effector-service
+--inquiry-keyring`, else its `--result-keyring`); without it, under a verify mode, the
+effector's questions about calls it lost are listed refused and nobody can answer them.
 """
 
 from __future__ import annotations
@@ -67,6 +71,7 @@ class ConsoleConfig:
     intent_keyring: Keyring | None
     approvals_keyring: Keyring
     verify_mode: VerifyMode = VerifyMode.REQUIRE
+    inquiry_keyring: Keyring | None = None
     bootstrap_servers: str = ""
     topics: Topics | None = None
     host: str = "127.0.0.1"
@@ -124,6 +129,7 @@ class ConsoleConfig:
         approvals = load_keyring(approvals_ring, base, fail)
         if approvals.active is None:
             raise fail("console.approvals_keyring has no active key to sign decisions with")
+        inquiry_ring = text(console, "console", "inquiry_keyring")
         prefix = text(kafka, "kafka", "topic_prefix")
         try:
             topics = Topics(prefix) if prefix else None
@@ -138,6 +144,7 @@ class ConsoleConfig:
             intent_keyring=load_keyring(intent_ring, base, fail) if intent_ring else None,
             approvals_keyring=approvals,
             verify_mode=mode,
+            inquiry_keyring=load_keyring(inquiry_ring, base, fail) if inquiry_ring else None,
             bootstrap_servers=text(kafka, "kafka", "bootstrap_servers"),
             topics=topics,
             host=text(console, "console", "host", "127.0.0.1"),

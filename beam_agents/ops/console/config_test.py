@@ -29,10 +29,18 @@ def test_a_well_formed_file_loads(tmp_path):
     assert config.database == tmp_path / "console.sqlite"
 
 
+def test_the_effectors_inquiry_ring_is_read_from_the_file(tmp_path):
+    (tmp_path / "keys.json").write_text(_KEYS)
+    document = _document("console", "inquiry_keyring", "beam_agents.ops.demo:demo_inquiry_keyring")
+    config = ConsoleConfig.from_document(document, base=tmp_path, source="console.toml")
+    assert set(config.inquiry_keyring.keys) == {"demo-inquiry"}
+
+
 @pytest.mark.parametrize(
     ("section", "key", "value"),
     [
         ("console", "approvals_keyring", 5),
+        ("console", "inquiry_keyring", 9),
         ("console", "approvals_keyring", ["keys.json"]),
         ("console", "intent_keyring", 7),
         ("console", "database", 3),

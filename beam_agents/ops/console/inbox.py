@@ -1,7 +1,13 @@
 """The approvals inbox: APPROVAL intents in, one signed decision per intent out.
 
 Receiving. Each record of the approvals topic is decoded and verified as the effector verifies
-an intent (`VerifyMode`, from the bytes as received). Every copy is kept, but only one the mode
+an intent (`VerifyMode`, from the bytes as received): an agent's APPROVAL intent with the intent
+keyring, and the effector's inquiry about a lost call (`INQUIRY_TOOL`, an intent_id ending in
+`INQUIRY_SUFFIX`) with the inquiry keyring, the ring the effector signs its inquiries with. Each
+key vouches only for what its holder sends: an inquiry signed with the intent key is refused,
+and so is an agent's question signed with the inquiry key. (An HMAC key that verifies also
+signs: the effector's own inquiry ring, not its result ring, keeps the console from holding a
+key RunAgent takes results from.) Every copy is kept, but only one the mode
 admits, of kind APPROVAL, is approvable; a refused one is listed with its verification outcome
 and can never be decided. A copy the mode admits replaces a refused one under the same
 intent_id (a forger cannot shadow the real intent by sending first); two admissible copies keep
@@ -34,9 +40,9 @@ from google.protobuf.message import DecodeError
 
 from beam_agents._protos import AgentEnvelope, StateSnapshot, ToolIntent, TraceEvent
 from beam_agents.errors import BeamAgentsError
-from beam_agents.intents.effector import VerifyMode, wall_clock_ms
+from beam_agents.intents.effector import INQUIRY_SUFFIX, INQUIRY_TOOL, VerifyMode, wall_clock_ms
 from beam_agents.intents.identity import content_digest, effective_kind
-from beam_agents.intents.signing import Keyring, sign, verify
+from beam_agents.intents.signing import Keyring, Verification, is_unsigned, sign, verify
 from beam_agents.ops.console.db import Database
 
 __all__ = ["Approval", "Decision", "DecisionRefused", "Inbox"]
@@ -108,6 +114,7 @@ class Inbox:
         mode: VerifyMode,
         intent_keyring: Keyring | None,
         approvals_keyring: Keyring,
+        inquiry_keyring: Keyring | None = None,
         clock: Callable[[], int] = wall_clock_ms,
     ) -> None:
         if mode is not VerifyMode.OFF and intent_keyring is None:
@@ -117,6 +124,7 @@ class Inbox:
         self._db = db
         self._mode = mode
         self._intent_keyring = intent_keyring
+        self._inquiry_keyring = inquiry_keyring
         self._approvals_keyring = approvals_keyring
         self._clock = clock
         self._judge_again()
@@ -151,8 +159,17 @@ class Inbox:
         if self._mode is VerifyMode.OFF:
             outcome, admitted = "not verified", True
         else:
-            verification = verify(intent, self._intent_keyring, wire=data)
+            inquiry = intent.tool_name == INQUIRY_TOOL or intent.intent_id.endswith(INQUIRY_SUFFIX)
+            ring = self._inquiry_keyring if inquiry else self._intent_keyring
+            if ring is not None:
+                verification = verify(intent, ring, wire=data)
+            else:  # an inquiry, and no inquiry keyring: only an unsigned one can be admitted
+                verification = (
+                    Verification.UNSIGNED if is_unsigned(intent) else Verification.UNKNOWN_KEY
+                )
             outcome, admitted = verification.value, self._mode.admits(verification)
+            if inquiry and not admitted:
+                outcome = f"{outcome}; an inquiry of the effector, verified by the inquiry keyring"
         if effective_kind(intent) != ToolIntent.APPROVAL:
             outcome, admitted = f"{outcome}; not an APPROVAL intent", False
         return outcome, admitted

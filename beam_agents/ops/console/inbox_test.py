@@ -12,7 +12,7 @@ import pytest
 
 from beam_agents._protos import AgentEnvelope, StateSnapshot, ToolIntent, TraceEvent
 from beam_agents.bus import KafkaBusError
-from beam_agents.intents.effector import VerifyMode
+from beam_agents.intents.effector import INQUIRY_SUFFIX, INQUIRY_TOOL, VerifyMode
 from beam_agents.intents.identity import content_digest
 from beam_agents.intents.signing import Keyring, Verification, sign, verify
 from beam_agents.ops.console.inbox import DecisionRefused
@@ -218,6 +218,48 @@ def test_only_an_intent_the_mode_admits_can_be_decided(tmp_path, clock, mode, in
         _decide(bus)
     assert refused.value.reason == "unverified"
     assert bus.inbox.decision("a-1") is None
+
+
+INQUIRY_RING = Keyring({"effector-inquiries": b"i" * 32}, active="effector-inquiries")
+
+
+def _inquiry(ring: Keyring) -> ToolIntent:
+    """The effector's question about a lost call, shaped as `Gate` makes it."""
+    asked = approval_intent("x-1" + INQUIRY_SUFFIX, ring=None, question="Did it take effect?")
+    asked.tool_name = INQUIRY_TOOL
+    return sign(asked, ring)
+
+
+@pytest.mark.parametrize(
+    ("question", "approvable"),
+    [
+        (_inquiry(INQUIRY_RING), True),
+        # The agents' key cannot pose as the effector, nor the effector's as an agent.
+        (_inquiry(INTENT_RING), False),
+        (approval_intent("x-1", ring=INQUIRY_RING), False),
+    ],
+    ids=["inquiry-by-the-effector", "inquiry-by-an-agent-key", "agent-question-by-the-effector"],
+)
+def test_the_effectors_inquiry_is_verified_with_its_inquiry_ring_and_only_it(
+    tmp_path, clock, question, approvable
+):
+    bus, _ = make_bus(tmp_path / "c.sqlite", Recorder(), clock, inquiry_keyring=INQUIRY_RING)
+    assert _received(bus, question).approvable is approvable
+    if approvable:
+        decision, made = _decide(bus, question.intent_id)
+        assert made and decision.approved
+        return
+    with pytest.raises(DecisionRefused) as refused:
+        _decide(bus, question.intent_id)
+    assert refused.value.reason == "unverified"
+
+
+def test_without_an_inquiry_ring_an_inquiry_is_refused_saying_which_ring_is_missing(
+    tmp_path, clock
+):
+    bus, _ = make_bus(tmp_path / "c.sqlite", Recorder(), clock)
+    refused = _received(bus, _inquiry(INQUIRY_RING))
+    assert not refused.approvable and "inquiry keyring" in refused.verification
 
 
 def test_a_tampered_copy_is_refused_and_cannot_shadow_the_real_intent(tmp_path, clock):

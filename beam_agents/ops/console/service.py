@@ -45,6 +45,7 @@ def build(config: ConsoleConfig, publish) -> tuple[ConsoleBus, Auth]:
         mode=config.verify_mode,
         intent_keyring=config.intent_keyring,
         approvals_keyring=config.approvals_keyring,
+        inquiry_keyring=config.inquiry_keyring,
     )
     bus = ConsoleBus(inbox, Observations(db), config.topics, publish)
     return bus, Auth(db, config.users)

@@ -46,15 +46,18 @@ __all__ = ["add_triage_loop", "launch_console", "launch_effector", "run_bus_demo
 
 def launch_effector(workdir: Path, *, kafka_bootstrap: str, topics: Topics) -> Launched:
     """`beam-agents effector-service` as its own process on the demo's loop: the stand-in tools,
-    intents verified with the demo key, results signed with the demo effector's key; its store
-    and log in `workdir`."""
+    intents verified with the demo key, results signed with the demo effector's key, inquiries
+    about lost calls with its inquiry key (the console's), answers to them verified with the
+    demo approver's key; its store and log in `workdir`."""
     return Launched.python(
         "beam_agents.ops.cli",
         ["effector-service", "--bootstrap-servers", kafka_bootstrap,
          "--topic-prefix", topics.prefix, "--store", str(workdir / "effector.sqlite"),
          "--tools", "beam_agents.examples.support_triage:TOOLS",
          "--keyring", "beam_agents.ops.demo:demo_keyring",
-         "--result-keyring", "beam_agents.ops.demo:demo_effector_keyring"],
+         "--result-keyring", "beam_agents.ops.demo:demo_effector_keyring",
+         "--inquiry-keyring", "beam_agents.ops.demo:demo_inquiry_keyring",
+         "--approval-keyring", "beam_agents.ops.demo:demo_approver_keyring"],
         workdir / "effector.log",
     )  # fmt: skip
 
@@ -80,6 +83,7 @@ port = {port}
 verify_mode = "require"
 intent_keyring = "beam_agents.ops.demo:demo_keyring"
 approvals_keyring = "beam_agents.ops.demo:demo_approver_keyring"
+inquiry_keyring = "beam_agents.ops.demo:demo_inquiry_keyring"
 
 [users.{DEMO_USER}]
 role = "approver"

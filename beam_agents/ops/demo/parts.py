@@ -19,6 +19,7 @@ __all__ = [
     "approve",
     "demo_approver_keyring",
     "demo_effector_keyring",
+    "demo_inquiry_keyring",
     "demo_keyring",
     "demo_ticket",
     "triage_agent",
@@ -43,6 +44,14 @@ def demo_effector_keyring() -> Keyring:
     """The demo effector's key, which signs its results (as fixed and as public as the rest)."""
     return Keyring(
         {"demo-effector": b"beam_agents demo effector key, not a secret"}, active="demo-effector"
+    )
+
+
+def demo_inquiry_keyring() -> Keyring:
+    """The demo effector's key for its inquiries about lost calls, which the console verifies
+    (a ring of its own: the console never holds the key that signs results)."""
+    return Keyring(
+        {"demo-inquiry": b"beam_agents demo inquiry key, not a secret"}, active="demo-inquiry"
     )
 
 
