@@ -34,7 +34,6 @@ __all__ = [
     "RESTORE_CONFLICT",
     "RESUME_FAILED",
     "SNAPSHOT_FROM_FUTURE",
-    "STALE_TIMER",
     "TTL_WIPED_SUSPENDED",
     "UNDECODABLE",
     "UNKNOWN_INTENT",
@@ -54,7 +53,6 @@ UNKNOWN_INTENT = "unknown_intent"
 AFTER_DEADLINE = "after_deadline"
 ANSWER_MISMATCH = "answer_mismatch"
 DEADLINE_EXCEEDED = "deadline_exceeded"
-STALE_TIMER = "stale_timer"
 TTL_WIPED_SUSPENDED = "ttl_wiped_suspended"
 RESTORE_CONFLICT = "restore_conflict"
 RESUME_FAILED = "resume_failed"
@@ -87,8 +85,6 @@ REASONS = {
     "naming another entity",
     DEADLINE_EXCEEDED: "no answer by the deadline under the dead-letter policy; the "
     "suspension was ended",
-    STALE_TIMER: "a deadline timer found a suspension due at another time (one that finds the "
-    "suspension resolved already is only counted)",
     TTL_WIPED_SUSPENDED: "a suspended key idle past its TTL; its state was cleared",
     RESTORE_CONFLICT: "a StateSnapshot for a key that already has state; nothing restored",
     RESUME_FAILED: "a resume failed on every retry; the suspension ended, its answers are in "

@@ -2,7 +2,7 @@
 
 A suspension's timer is due at its `retry_at_ms`, else its `deadline_ms`. `DueTimes`, a mixin
 of KeyMachine, owns what a firing does (`_due`): a timer that finds no suspension or another
-due time changes nothing; a retry runs the deferred start or the failed resume again; a
+due time changes nothing and is only counted; a retry runs the deferred start or the failed resume again; a
 deadline follows the RuntimeConfig's deadline policy for the intents still unanswered:
 dead-letter them, escalate to a person (`_escalate`, an APPROVAL intent of ESCALATION_TOOL that
 extends the deadline, up to `max_escalations` times), or resume the agent with EXPIRED results
@@ -44,14 +44,12 @@ class DueTimes:
             # nothing to do, and nothing for anyone to act on.
             work.count("deadline_timers_after_resolution")
             return
-        due = timer_ms(due_at(suspended))
-        if due != fired_ms:
-            work.dead(
-                dl.STALE_TIMER,
-                f"a deadline timer at {fired_ms} found the suspension due at {due}; nothing "
-                "changed",
-                fired_ms,
-            )
+        if timer_ms(due_at(suspended)) != fired_ms:
+            # A firing of a timer set for an earlier due time (a watermark jump fires the TTL
+            # timer first, which runs the due suspension and sets this one anew): the timer
+            # of the current due time is set, so nothing is refused or lost, nothing for a
+            # person to act on.
+            work.count("stale_deadline_timers")
             return
         work.anchor = max(work.anchor, fired_ms)
         if suspended.retry_at_ms and not suspended.pending_intent_ids:

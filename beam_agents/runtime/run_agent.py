@@ -74,6 +74,7 @@ _COUNTERS = (
     "deferred_activations",
     "stale_ttl_timers",
     "deadline_timers_after_resolution",
+    "stale_deadline_timers",
 )
 
 
