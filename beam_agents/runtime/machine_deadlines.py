@@ -2,11 +2,12 @@
 
 A suspension's timer is due at its `retry_at_ms`, else its `deadline_ms`. `DueTimes`, a mixin
 of KeyMachine, owns what a firing does (`_due`): a timer that finds no suspension or another
-due time changes nothing and is only counted; a retry runs the deferred start or the failed resume again; a
-deadline follows the RuntimeConfig's deadline policy for the intents still unanswered:
-dead-letter them, escalate to a person (`_escalate`, an APPROVAL intent of ESCALATION_TOOL that
-extends the deadline, up to `max_escalations` times), or resume the agent with EXPIRED results
-for them (`_expire_and_resume`). An intent that has an answer is never presented as EXPIRED.
+due time changes nothing and is only counted; a retry runs the deferred start or the failed
+resume again; a deadline follows the RuntimeConfig's deadline policy for the intents still
+unanswered: dead-letter them, escalate to a person (`_escalate`, an APPROVAL intent of
+ESCALATION_TOOL that extends the deadline, up to `max_escalations` times), or resume the agent
+with EXPIRED results for them (`_expire_and_resume`). An intent that has an answer is never
+presented as EXPIRED.
 The TTL timer is `machine.KeyMachine.on_ttl_timer`'s.
 """
 
