@@ -25,7 +25,7 @@ from beam_agents.intents.signing import Verification, verify
 from beam_agents.runtime import dead_letters as dl
 from beam_agents.runtime.budget import BUDGET_TOOL
 from beam_agents.runtime.context import ESCALATION_TOOL, Answer
-from beam_agents.runtime.machine_state import Work
+from beam_agents.runtime.machine_state import Work, past_every_expiry
 
 __all__ = [
     "RUNTIME_TOOLS",
@@ -73,7 +73,9 @@ class AnswerChecks:
                 return
             refuse(dl.UNKNOWN_INTENT, f"{answered_id} has another answer recorded already")
             return
-        if now > suspended.deadline_ms:
+        # A suspension restored from before deadlines were bounded by their intents' expiry
+        # keeps waiting until then (`DueTimes._deadline`): so does an answer.
+        if now > past_every_expiry(suspended.deadline_ms, work.state.pending):
             refuse(
                 dl.AFTER_DEADLINE,
                 f"the answer to {answered_id} at {now} came after the deadline "

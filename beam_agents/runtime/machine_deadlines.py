@@ -7,7 +7,8 @@ resume again; a deadline follows the RuntimeConfig's deadline policy for the int
 unanswered: dead-letter them, escalate to a person (`_escalate`, an APPROVAL intent of
 ESCALATION_TOOL that extends the deadline, up to `max_escalations` times), or resume the agent
 with EXPIRED results for them (`_expire_and_resume`). An intent that has an answer is never
-presented as EXPIRED.
+presented as EXPIRED, nor is one the effector may still run: a deadline never comes before its
+unanswered intents' expires_at_ms (`past_every_expiry`).
 The TTL timer is `machine.KeyMachine.on_ttl_timer`'s.
 """
 
@@ -27,6 +28,7 @@ from beam_agents.runtime.machine_state import (
     TRACES,
     Work,
     due_at,
+    past_every_expiry,
     saturating_add,
     timer_ms,
 )
@@ -68,7 +70,14 @@ class DueTimes:
             return
         policy = self._config.deadline_policy
         unanswered = unanswered_intents(suspended, work.state.pending)
-        if not unanswered:
+        latest = past_every_expiry(now, unanswered)
+        if latest > now:
+            # A suspension restored or written before deadlines were bounded by their intents'
+            # expiry: the effector may still run one, so the key waits until it cannot.
+            waiting = self._copy(suspended)
+            waiting.deadline_ms = latest
+            work.commit(dataclasses.replace(work.state, continuation=waiting))
+        elif not unanswered:
             self._resume(work, self._copy(suspended), now)
         elif policy.action is AtDeadline.DEAD_LETTER:
             work.dead(

@@ -135,7 +135,7 @@ def test_a_result_naming_another_entity_is_refused(tmp_path):
 def test_escalation_asks_a_human_and_extends_the_deadline_up_to_its_maximum(tmp_path):
     policy = DeadlinePolicy(AtDeadline.ESCALATE, max_escalations=1, extension_ms=100)
     outputs = run_round(
-        probe(RuntimeConfig(deadline_policy=policy)),
+        probe(RuntimeConfig(deadline_policy=policy, intent_ttl_ms=1)),
         [
             command(T0, calls=["a.tool"], deadline_ms=T0 + 50),
             Advance(T0 + 60),
@@ -159,7 +159,8 @@ def test_escalation_asks_a_human_and_extends_the_deadline_up_to_its_maximum(tmp_
 
 
 ESCALATE = RuntimeConfig(
-    deadline_policy=DeadlinePolicy(AtDeadline.ESCALATE, max_escalations=3, extension_ms=100)
+    deadline_policy=DeadlinePolicy(AtDeadline.ESCALATE, max_escalations=3, extension_ms=100),
+    intent_ttl_ms=1,  # the probe's (PROBE_CONFIG): the deadlines its commands name fire
 )
 
 
@@ -228,7 +229,7 @@ def test_a_function_agent_resumes_across_an_escalation(tmp_path):
 def test_the_dead_letter_policy_ends_the_suspension_at_the_deadline(tmp_path):
     policy = DeadlinePolicy(AtDeadline.DEAD_LETTER)
     outputs = run_round(
-        probe(RuntimeConfig(deadline_policy=policy)),
+        probe(RuntimeConfig(deadline_policy=policy, intent_ttl_ms=1)),
         [
             command(T0, calls=["a.tool"], deadline_ms=T0 + 50),
             Advance(T0 + 60),
@@ -242,3 +243,4 @@ def test_the_dead_letter_policy_ends_the_suspension_at_the_deadline(tmp_path):
     (snapshot,) = outputs.values("snapshots")
     assert not snapshot.HasField("continuation") and list(snapshot.pending) == []
     assert outputs.completions == []
+
