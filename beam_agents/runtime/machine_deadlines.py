@@ -71,9 +71,10 @@ class DueTimes:
         policy = self._config.deadline_policy
         unanswered = unanswered_intents(suspended, work.state.pending)
         latest = past_every_expiry(now, unanswered)
-        if latest > now:
+        if timer_ms(latest) > now:
             # A suspension restored or written before deadlines were bounded by their intents'
-            # expiry: the effector may still run one, so the key waits until it cannot.
+            # expiry: the effector may still run one, so the key waits until it cannot (as
+            # far as a timer reaches: one past the end of the window's time fires at its end).
             waiting = self._copy(suspended)
             waiting.deadline_ms = latest
             work.commit(dataclasses.replace(work.state, continuation=waiting))

@@ -148,3 +148,12 @@ def test_a_restored_suspension_whose_deadline_precedes_its_intents_expiry_waits_
     assert restored.continuation.deadline_ms == intent.expires_at_ms == restored.timers[0].at_ms
     restored.send(answer(T0 + 500, intent))
     assert restored.values("completions") == [b'[["a.tool", "OK"], ["escalations", 0]]']
+
+
+def test_a_deadline_at_the_end_of_time_fires_once_though_its_intents_expire_after_it():
+    # Saturated at int64's end, the intent's expiry lies past the last time a timer can fire:
+    # waiting for it would set the timer that just fired again, for ever.
+    h = Harness(Probe())
+    h.send(command(2**63 - 1, calls=["a.tool"]))
+    h.fire_deadline()
+    assert h.values("completions") == [b'[["a.tool", "EXPIRED"], ["escalations", 0]]']
