@@ -133,6 +133,10 @@ class KeyMachine(Commits, Intake, AnswerChecks, Activations, DueTimes, BudgetQue
         work.anchor = max(now, arrival_ms)
         if payload == "export_request":
             work.emit(SNAPSHOTS, self._snapshot(key, stored, envelope))
+            if envelope.export_request.release and not stored.empty:
+                # Handed off: the snapshot is the key's state now. Only the seq stays, so an
+                # event here later never re-issues an intent id; no timer is left to fire.
+                work.commit(KeyState(seq=stored.seq))
         elif payload == "external_event":
             self._external(work, envelope, idempotency_key)
         else:
@@ -244,7 +248,8 @@ class KeyMachine(Commits, Intake, AnswerChecks, Activations, DueTimes, BudgetQue
 
     def _snapshot(self, key: bytes, stored: KeyState, envelope: AgentEnvelope) -> StateSnapshot:
         """The committed blobs, verbatim (export never migrates); a key with no seq exports
-        none (0), so a restore keeps the time-based first seq."""
+        none (0), so a restore keeps the time-based first seq. An export with `release` hands
+        the key off (`on_envelope` clears it here)."""
         snapshot = StateSnapshot(
             state_schema_version=self._version,
             entity_key=key,
