@@ -77,7 +77,8 @@ REASONS = {
     "suspended with nothing pending, a replay that diverged)",
     LLM_FAILED: "an LLM call failed or could not be made",
     MEMORY_BUDGET: "the agent stored a memory value larger than the whole memory budget",
-    NO_SUSPENSION: "an answer for a key that is not suspended",
+    NO_SUSPENSION: "an answer for a key that is not suspended (one with no state at all may "
+    "have overtaken the snapshot that restores it: restore first, then send the answer again)",
     UNKNOWN_INTENT: "an answer for an intent that is not pending (or whose pending intent is "
     "missing from the key's state)",
     AFTER_DEADLINE: "an answer whose event time is past the suspension's deadline",

@@ -50,6 +50,18 @@ class AnswerChecks:
         def refuse(reason: str, detail: str) -> None:
             work.dead(reason, detail, now, input=envelope)
 
+        if suspended is None and work.state.empty:
+            # Most often a restore that lost a race: nothing orders a key's snapshot before its
+            # answers (Prism hands a key's inputs over in event-time order, not as sent).
+            refuse(
+                dl.NO_SUSPENSION,
+                f"an answer to {answered_id} at {now}, but the key has no state: if a "
+                "StateSnapshot is to restore it, the answer came first (a runner may take a "
+                "key's inputs in event-time order, so an answer stamped before the snapshot's "
+                "snapshot_at_ms can overtake it). Restore the key, then send this answer (the "
+                "record's input) again, stamped at or after the snapshot",
+            )
+            return
         if suspended is None:
             refuse(dl.NO_SUSPENSION, f"an answer to {answered_id}, but the key is not suspended")
             return
