@@ -25,6 +25,7 @@ __all__ = [
     "MigrationStepError",
     "MissingMigrationError",
     "ReadStalledError",
+    "RuntimeConfigError",
     "StateSchemaFromFutureError",
     "ToolCallError",
     "TurnLimitError",
@@ -282,3 +283,13 @@ class ReadStalledError(BeamAgentsError):
         self.job_id = job_id
         self.topic = topic
         self.stalled_s = stalled_s
+
+
+class RuntimeConfigError(BeamAgentsError, ValueError):
+    """Raised when a RuntimeConfig is built with a value or a combination of values the
+    runtime cannot keep its promises under (a ValueError too, as before it had a type)."""
+
+    def __init__(self, message: str, *, field: str) -> None:
+        super().__init__(message)
+        #: The RuntimeConfig field at fault (the first of the two, for a combination).
+        self.field = field

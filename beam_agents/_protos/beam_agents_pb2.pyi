@@ -195,10 +195,12 @@ class AgentEnvelope(_message.Message):
         signature: bytes
         def __init__(self, intent_id: _Optional[str] = ..., approved: bool = ..., approver: _Optional[str] = ..., decided_at_ms: _Optional[int] = ..., intent_digest: _Optional[bytes] = ..., signature_scheme: _Optional[_Union[ToolIntent.SignatureScheme, str]] = ..., signing_key_id: _Optional[str] = ..., signature: _Optional[bytes] = ...) -> None: ...
     class StateExportRequest(_message.Message):
-        __slots__ = ("request_id",)
+        __slots__ = ("request_id", "release")
         REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+        RELEASE_FIELD_NUMBER: _ClassVar[int]
         request_id: str
-        def __init__(self, request_id: _Optional[str] = ...) -> None: ...
+        release: bool
+        def __init__(self, request_id: _Optional[str] = ..., release: bool = ...) -> None: ...
     ENTITY_KEY_FIELD_NUMBER: _ClassVar[int]
     EVENT_TIME_MS_FIELD_NUMBER: _ClassVar[int]
     EXTERNAL_EVENT_FIELD_NUMBER: _ClassVar[int]

@@ -131,7 +131,7 @@ def replay(
     with tempfile.TemporaryDirectory(prefix="beam-agents-replay-") as workdir:
         agent_run = RunAgent(agent, llm_client=RefusingLlmClient(), registry=registry)
         outputs = run_round(agent_run, inputs, workdir)
-    # A bounded run ends by firing every timer; only the activation itself counts.
+    # Only the activation itself counts, not a timer the last advance fired.
     outputs = outputs.before(at + 1)
     intents, traces = outputs.values(INTENTS), outputs.values(TRACES)
     errors = outputs.values(ERRORS)

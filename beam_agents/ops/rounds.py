@@ -7,11 +7,19 @@ watermark advances) in order, on a TestStream in streaming mode. `run_round` app
 transform (RunAgent, or a composite around it) to {"envelopes", "snapshots"}, runs it on the
 DirectRunner (or what `options` name) and returns every keyed output of the transform with its
 element timestamp, read back from files a sink wrote (DoFns run on copies, so nothing
-in-process could collect them). A bounded run ends by advancing the watermark to infinity,
-which fires every timer still set; `Outputs.before(ms)` keeps what happened before a given
-event time.
+in-process could collect them); `Outputs.before(ms)` keeps what happened before a given event
+time.
+
+A round does not invent time. A bounded run ends by advancing the watermark to infinity, which
+fires every event-time timer still set: a suspension's deadline would expire its calls, resume
+the agent, call the model and run tools at a time the script never reached. So the round ends
+at its clock (its last Advance, or its latest input if later): there every key of the script is
+exported and released (`StateExportRequest.release`), which clears the key in this pipeline,
+timers included, and the snapshots are `Outputs.carried`, the keys' state for the next round to
+restore. Nothing happens after the clock.
 
     outputs = run_round(RunAgent(agent), [snapshot, envelope, Advance(ms), ...], tmp_path)
+    later = run_round(RunAgent(agent), [*outputs.carried.values(), answer, ...], tmp_path)
 
 Without `options`, the pipeline options come from $BEAM_AGENTS_PIPELINE_OPTIONS (shell words,
 e.g. "--runner=PrismRunner --prism_location=PATH"): one variable runs a whole test suite on
@@ -40,6 +48,8 @@ __all__ = ["OPTIONS_ENV", "Advance", "ManualClock", "Outputs", "env_options", "r
 OPTIONS_ENV = "BEAM_AGENTS_PIPELINE_OPTIONS"
 
 _ENVELOPE, _SNAPSHOT = b"E", b"S"
+#: The request id of the exports that end a round (`Outputs.carried`).
+_END_OF_ROUND = "run_round:end"
 _round_numbers = itertools.count()
 
 
@@ -62,6 +72,8 @@ class Outputs:
     emission order per key; values are messages, or bytes for bytes outputs."""
 
     rows: dict[str, list[tuple[int, bytes, object]]]
+    #: Each key's StateSnapshot at the round's end, released there: what the next round restores.
+    carried: dict[bytes, StateSnapshot] = dataclasses.field(default_factory=dict)
 
     def __getattr__(self, tag: str) -> list[tuple[int, bytes, object]]:
         if tag.startswith("_"):
@@ -70,7 +82,9 @@ class Outputs:
 
     def before(self, ms: int) -> Outputs:
         """Only what was emitted for elements or timers earlier than event time `ms`."""
-        return Outputs({tag: [r for r in rows if r[0] < ms] for tag, rows in self.rows.items()})
+        return Outputs(
+            {tag: [r for r in rows if r[0] < ms] for tag, rows in self.rows.items()}, self.carried
+        )
 
     def values(self, tag: str) -> list:
         return [value for _, _, value in self.rows.get(tag, [])]
@@ -111,7 +125,7 @@ def run_round(
     folder = Path(workdir) / f"round-{next(_round_numbers)}"
     folder.mkdir(parents=True)
     stream = TestStream(coder=beam.coders.BytesCoder())
-    for item in inputs:
+    for item in [*inputs, *_end_of_round(inputs)]:
         if isinstance(item, Advance):
             stream = stream.advance_watermark_to(item.to_ms / 1000)
             continue
@@ -131,7 +145,40 @@ def run_round(
         outputs = {"envelopes": split.envelopes, "snapshots": split.snapshots} | transform
         for tag, pcollection in outputs.items():
             pcollection | f"Write{tag}" >> beam.ParDo(_AppendLines(str(folder / tag)))
-    return Outputs({tag: _read(folder / tag) for tag in outputs})
+    rows = {tag: _read(folder / tag) for tag in outputs}
+    carried = {}
+    for tag, tagged in rows.items():
+        ended = [r for r in tagged if getattr(r[2], "request_id", None) == _END_OF_ROUND]
+        if ended:
+            rows[tag] = [r for r in tagged if r not in ended]
+            carried.update((key, snapshot) for _, key, snapshot in ended)
+    return Outputs(rows, carried)
+
+
+def _end_of_round(inputs: Sequence[AgentEnvelope | StateSnapshot | Advance]) -> list:
+    """What ends a round at its clock: a watermark advance to it, when the script's last
+    advance is earlier (so every input is taken before the exports, whatever order a runner
+    takes a key's inputs in), and a releasing export of every key of the script."""
+    times = [
+        item.to_ms
+        if isinstance(item, Advance)
+        else item.snapshot_at_ms
+        if isinstance(item, StateSnapshot)
+        else item.event_time_ms
+        for item in inputs
+    ]
+    if not times:
+        return []
+    clock = max(times)
+    advances = [item.to_ms for item in inputs if isinstance(item, Advance)]
+    ending: list = [] if advances and advances[-1] >= clock else [Advance(clock)]
+    keys = dict.fromkeys(item.entity_key for item in inputs if not isinstance(item, Advance))
+    for key in filter(None, keys):  # a keyless input is a dead letter, with no state to carry
+        export = AgentEnvelope(entity_key=key, event_time_ms=clock)
+        export.export_request.request_id = _END_OF_ROUND
+        export.export_request.release = True
+        ending.append(export)
+    return ending
 
 
 def _read(path: Path) -> list:

@@ -37,8 +37,10 @@ At the deadline the unanswered ones resume as EXPIRED (or the policy escalates t
 dead-letters the suspension). Events that arrive while the key is suspended wait in the
 Continuation's mailbox and run in event-time order when it ends; a copy of an event already
 accepted (same time and bytes, or same transport idempotency key) does nothing. An
-export_request emits a StateSnapshot of the committed blobs, verbatim, and changes nothing; a
-StateSnapshot input restores an empty key. An idle key's state is cleared `ttl_ms` after its
+export_request emits a StateSnapshot of the committed blobs, verbatim, and changes nothing,
+unless it asks to `release` the key: then the snapshot is handed off and the key cleared here
+but for its seq, timers included (a scripted round's end, `ops.rounds`); a StateSnapshot input
+restores an empty key. An idle key's state is cleared `ttl_ms` after its
 latest activity (after its deadline, when suspended); its seq survives, so it never re-issues
 an intent_id.
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 
+from beam_agents.errors import RuntimeConfigError
 from beam_agents.runtime.budget import Budget
 
 __all__ = ["AtDeadline", "DeadlinePolicy", "RuntimeConfig"]
@@ -47,7 +48,10 @@ class RuntimeConfig:
     cache_max_response_bytes: int = 1024 * 1024
     #: expires_at_ms of an intent = its activation's event time + this.
     intent_ttl_ms: int = 60 * 60 * 1000
-    #: A suspension's deadline unless the agent names one.
+    #: A suspension's deadline unless the agent names one; at least intent_ttl_ms. A deadline
+    #: never comes before its pending intents' expires_at_ms (one the agent names earlier is
+    #: moved there): until then the effector may still run them, and an agent told EXPIRED for
+    #: a call that then acts could make it again.
     suspend_deadline_ms: int = 24 * 60 * 60 * 1000
     #: An idle key's state is cleared this long after its latest activity (after its deadline,
     #: when suspended). Its seq is kept, so it never re-issues an intent_id.
@@ -107,10 +111,22 @@ class RuntimeConfig:
         ):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ValueError(f"RuntimeConfig.{name} must be a non-negative int, not {value!r}")
+                raise RuntimeConfigError(
+                    f"RuntimeConfig.{name} must be a non-negative int, not {value!r}", field=name
+                )
         cap = self.llm_concurrency
         if cap is not None and (isinstance(cap, bool) or not isinstance(cap, int) or cap < 1):
-            raise ValueError(f"RuntimeConfig.llm_concurrency must be None or >= 1, not {cap!r}")
+            raise RuntimeConfigError(
+                f"RuntimeConfig.llm_concurrency must be None or >= 1, not {cap!r}",
+                field="llm_concurrency",
+            )
+        if self.suspend_deadline_ms < self.intent_ttl_ms:
+            raise RuntimeConfigError(
+                f"RuntimeConfig.suspend_deadline_ms ({self.suspend_deadline_ms}) is shorter than "
+                f"intent_ttl_ms ({self.intent_ttl_ms}): at the deadline the agent would be told "
+                "EXPIRED for calls the effector may still run",
+                field="suspend_deadline_ms",
+            )
 
     def backoff_ms(self, failures: int) -> int:
         """Event time from the `failures`-th failed resume to its retry."""

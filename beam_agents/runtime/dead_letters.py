@@ -37,7 +37,6 @@ __all__ = [
     "RESUME_FAILED",
     "SEQ_EXHAUSTED",
     "SNAPSHOT_FROM_FUTURE",
-    "STALE_TIMER",
     "TTL_WIPED_SUSPENDED",
     "UNDECODABLE",
     "UNKNOWN_INTENT",
@@ -57,7 +56,6 @@ UNKNOWN_INTENT = "unknown_intent"
 AFTER_DEADLINE = "after_deadline"
 ANSWER_MISMATCH = "answer_mismatch"
 DEADLINE_EXCEEDED = "deadline_exceeded"
-STALE_TIMER = "stale_timer"
 TTL_WIPED_SUSPENDED = "ttl_wiped_suspended"
 RESTORE_CONFLICT = "restore_conflict"
 RESUME_FAILED = "resume_failed"
@@ -86,7 +84,8 @@ REASONS = {
     "suspended with nothing pending, a replay that diverged)",
     LLM_FAILED: "an LLM call failed or could not be made",
     MEMORY_BUDGET: "the agent stored a memory value larger than the whole memory budget",
-    NO_SUSPENSION: "an answer for a key that is not suspended",
+    NO_SUSPENSION: "an answer for a key that is not suspended (one with no state at all may "
+    "have overtaken the snapshot that restores it: restore first, then send the answer again)",
     UNKNOWN_INTENT: "an answer for an intent that is not pending (or whose pending intent is "
     "missing from the key's state)",
     AFTER_DEADLINE: "an answer whose event time is past the suspension's deadline",
@@ -94,8 +93,6 @@ REASONS = {
     "naming another entity",
     DEADLINE_EXCEEDED: "no answer by the deadline under the dead-letter policy; the "
     "suspension was ended",
-    STALE_TIMER: "a deadline timer found a suspension due at another time (one that finds the "
-    "suspension resolved already is only counted)",
     TTL_WIPED_SUSPENDED: "a suspended key idle past its TTL; its state was cleared",
     RESTORE_CONFLICT: "a StateSnapshot for a key that already has state; nothing restored",
     RESUME_FAILED: "a resume failed on every retry; the suspension ended, its answers are in "

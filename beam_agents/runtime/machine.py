@@ -143,6 +143,10 @@ class KeyMachine(Commits, Checks, Intake, AnswerChecks, Activations, DueTimes, B
         work.anchor = self._on_clock(work.state, max(now, arrival_ms))
         if payload == "export_request":
             work.emit(SNAPSHOTS, self._snapshot(key, stored, envelope))
+            if envelope.export_request.release and not stored.empty:
+                # Handed off: the snapshot is the key's state now. Only the seq stays, so an
+                # event here later never re-issues an intent id; no timer is left to fire.
+                work.commit(KeyState(seq=stored.seq))
             return self._finish(work)
         self._checked(work, now)
         if payload == "external_event":
@@ -266,7 +270,8 @@ class KeyMachine(Commits, Checks, Intake, AnswerChecks, Activations, DueTimes, B
 
     def _snapshot(self, key: bytes, stored: KeyState, envelope: AgentEnvelope) -> StateSnapshot:
         """The committed blobs, verbatim (export never migrates); a key with no seq exports
-        none (0), so a restore keeps the time-based first seq."""
+        none (0), so a restore keeps the time-based first seq. An export with `release` hands
+        the key off (`on_envelope` clears it here)."""
         snapshot = StateSnapshot(
             state_schema_version=self._version,
             entity_key=key,

@@ -38,6 +38,7 @@ from beam_agents.runtime.machine_state import (
     TRACES,
     KeyState,
     Work,
+    past_every_expiry,
     saturating_add,
 )
 from beam_agents.state.memory import Memory, ReplayCache
@@ -162,6 +163,9 @@ class Activations:
         if isinstance(result, Suspension):
             suspended = self._copy(result.continuation)
             suspended.mailbox.extend(mailbox)
+            # A deadline the agent named (or built) before its intents expire is moved to
+            # their expiry: EXPIRED must never answer a call the effector may still run.
+            suspended.deadline_ms = past_every_expiry(suspended.deadline_ms, ctx.intents)
             ctx.trace_child(
                 TraceEvent.SUSPENDED,
                 "suspended",

@@ -25,7 +25,7 @@ from beam_agents.intents.signing import Verification, verify
 from beam_agents.runtime import dead_letters as dl
 from beam_agents.runtime.budget import BUDGET_TOOL
 from beam_agents.runtime.context import ESCALATION_TOOL, Answer
-from beam_agents.runtime.machine_state import Work
+from beam_agents.runtime.machine_state import Work, past_every_expiry
 
 __all__ = [
     "RUNTIME_TOOLS",
@@ -50,6 +50,18 @@ class AnswerChecks:
         def refuse(reason: str, detail: str) -> None:
             work.dead(reason, detail, now, input=envelope)
 
+        if suspended is None and work.state.empty:
+            # Most often a restore that lost a race: nothing orders a key's snapshot before its
+            # answers (Prism hands a key's inputs over in event-time order, not as sent).
+            refuse(
+                dl.NO_SUSPENSION,
+                f"an answer to {answered_id} at {now}, but the key has no state: if a "
+                "StateSnapshot is to restore it, the answer came first (a runner may take a "
+                "key's inputs in event-time order, so an answer stamped before the snapshot's "
+                "snapshot_at_ms can overtake it). Restore the key, then send this answer (the "
+                "record's input) again, stamped at or after the snapshot",
+            )
+            return
         if suspended is None:
             refuse(dl.NO_SUSPENSION, f"an answer to {answered_id}, but the key is not suspended")
             return
@@ -73,7 +85,9 @@ class AnswerChecks:
                 return
             refuse(dl.UNKNOWN_INTENT, f"{answered_id} has another answer recorded already")
             return
-        if now > suspended.deadline_ms:
+        # A suspension restored from before deadlines were bounded by their intents' expiry
+        # keeps waiting until then (`DueTimes._deadline`): so does an answer.
+        if now > past_every_expiry(suspended.deadline_ms, work.state.pending):
             refuse(
                 dl.AFTER_DEADLINE,
                 f"the answer to {answered_id} at {now} came after the deadline "

@@ -33,7 +33,9 @@ def test_a_result_on_time_while_an_expired_resume_awaits_its_retry_reaches_the_a
     """The human let the agent go on without the answer, but its resume failed: the refund's
     result arrives before the agent has seen anything and must not be presented as EXPIRED."""
     policy = DeadlinePolicy(AtDeadline.ESCALATE, max_escalations=1, extension_ms=10**6)
-    config = RuntimeConfig(deadline_policy=policy, suspend_deadline_ms=10, resume_backoff_ms=1000)
+    config = RuntimeConfig(
+        deadline_policy=policy, suspend_deadline_ms=10, intent_ttl_ms=10, resume_backoff_ms=1000
+    )
     h = Harness(refund, llm=DownOnce(1), config=config)
     h.send(event(T0, b"4200"))
     (paid,) = pending(h)

@@ -2,11 +2,13 @@
 
 A suspension's timer is due at its `retry_at_ms`, else its `deadline_ms`. `DueTimes`, a mixin
 of KeyMachine, owns what a firing does (`_due`): a timer that finds no suspension or another
-due time changes nothing; a retry runs the deferred start or the failed resume again; a
-deadline follows the RuntimeConfig's deadline policy for the intents still unanswered:
-dead-letter them, escalate to a person (`_escalate`, an APPROVAL intent of ESCALATION_TOOL that
-extends the deadline, up to `max_escalations` times), or resume the agent with EXPIRED results
-for them (`_expire_and_resume`). An intent that has an answer is never presented as EXPIRED.
+due time changes nothing and is only counted; a retry runs the deferred start or the failed
+resume again; a deadline follows the RuntimeConfig's deadline policy for the intents still
+unanswered: dead-letter them, escalate to a person (`_escalate`, an APPROVAL intent of
+ESCALATION_TOOL that extends the deadline, up to `max_escalations` times), or resume the agent
+with EXPIRED results for them (`_expire_and_resume`). An intent that has an answer is never
+presented as EXPIRED, nor is one the effector may still run: a deadline never comes before its
+unanswered intents' expires_at_ms (`past_every_expiry`).
 The TTL timer is `machine.KeyMachine.on_ttl_timer`'s.
 """
 
@@ -26,6 +28,7 @@ from beam_agents.runtime.machine_state import (
     TRACES,
     Work,
     due_at,
+    past_every_expiry,
     saturating_add,
     timer_ms,
 )
@@ -44,14 +47,12 @@ class DueTimes:
             # nothing to do, and nothing for anyone to act on.
             work.count("deadline_timers_after_resolution")
             return
-        due = timer_ms(due_at(suspended))
-        if due != fired_ms:
-            work.dead(
-                dl.STALE_TIMER,
-                f"a deadline timer at {fired_ms} found the suspension due at {due}; nothing "
-                "changed",
-                fired_ms,
-            )
+        if timer_ms(due_at(suspended)) != fired_ms:
+            # A firing of a timer set for an earlier due time (a watermark jump fires the TTL
+            # timer first, which runs the due suspension and sets this one anew): the timer
+            # of the current due time is set, so nothing is refused or lost, nothing for a
+            # person to act on.
+            work.count("stale_deadline_timers")
             return
         work.anchor = max(work.anchor, fired_ms)
         if suspended.retry_at_ms and not suspended.pending_intent_ids:
@@ -69,7 +70,15 @@ class DueTimes:
             return
         policy = self._config.deadline_policy
         unanswered = unanswered_intents(suspended, work.state.pending)
-        if not unanswered:
+        latest = past_every_expiry(now, unanswered)
+        if timer_ms(latest) > now:
+            # A suspension restored or written before deadlines were bounded by their intents'
+            # expiry: the effector may still run one, so the key waits until it cannot (as
+            # far as a timer reaches: one past the end of the window's time fires at its end).
+            waiting = self._copy(suspended)
+            waiting.deadline_ms = latest
+            work.commit(dataclasses.replace(work.state, continuation=waiting))
+        elif not unanswered:
             self._resume(work, self._copy(suspended), now)
         elif policy.action is AtDeadline.DEAD_LETTER:
             work.dead(

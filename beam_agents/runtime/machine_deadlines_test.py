@@ -7,7 +7,14 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
+from beam_agents._protos import ToolResult
+from beam_agents.errors import BeamAgentsError, RuntimeConfigError
+from beam_agents.intents.effector import Effector, VerifyMode
+from beam_agents.ops.rounds import ManualClock
 from beam_agents.runtime import AtDeadline, DeadlinePolicy, RuntimeConfig
+from beam_agents.testing.effectors import Recording
 from beam_agents.testing.machine_harness import (
     T0,
     DownOnce,
@@ -20,11 +27,15 @@ from beam_agents.testing.machine_harness import (
     pending,
     refund,
 )
+from beam_agents.testing.probe import Probe, command
 
 
 def test_a_deadline_past_a_failed_resume_does_not_expire_the_answered_intent():
     config = RuntimeConfig(
-        resume_backoff_ms=10**7, resume_backoff_max_ms=10**7, suspend_deadline_ms=100
+        resume_backoff_ms=10**7,
+        resume_backoff_max_ms=10**7,
+        suspend_deadline_ms=100,
+        intent_ttl_ms=100,
     )
     h = Harness(refund, llm=DownOnce(1), config=config)
     h.send(event(T0, b"10"))
@@ -33,7 +44,7 @@ def test_a_deadline_past_a_failed_resume_does_not_expire_the_answered_intent():
     # The timer is due at the retry, not at the (earlier) deadline: nothing expires.
     assert h.timers[0].at_ms == T0 + 5 + 10**7
     stale = h.fire_deadline(T0 + 100)
-    assert [e.reason for _, (_, e) in stale.outputs] == ["stale_timer"]
+    assert stale.outputs == [] and stale.counters == ["stale_deadline_timers"]
     h.fire_deadline()
     assert h.values("completions") == [b"summary of ok after 1 visit(s)"]
 
@@ -43,7 +54,7 @@ def test_a_deadline_past_a_failed_resume_does_not_expire_the_answered_intent():
 
 def _escalating(max_escalations=1):
     policy = DeadlinePolicy(AtDeadline.ESCALATE, max_escalations=max_escalations, extension_ms=50)
-    return RuntimeConfig(deadline_policy=policy, suspend_deadline_ms=10)
+    return RuntimeConfig(deadline_policy=policy, suspend_deadline_ms=10, intent_ttl_ms=10)
 
 
 def test_the_agents_own_answers_resume_it_while_an_escalation_is_pending():
@@ -82,3 +93,67 @@ def test_a_deadline_past_what_json_holds_escalates_at_the_end_of_json_time():
     assert json.loads(escalation.args_json)["deadline_ms"] == 2**53 - 1
     assert h.continuation.escalations == 1
     assert not h.values("errors")
+
+
+# Issue 37, point 3: EXPIRED never answers a call the effector may still run --------------------
+
+
+def test_a_suspend_deadline_shorter_than_the_intent_ttl_is_a_config_error():
+    with pytest.raises(RuntimeConfigError) as raised:
+        RuntimeConfig(suspend_deadline_ms=10, intent_ttl_ms=11)
+    assert raised.value.field == "suspend_deadline_ms"
+    assert isinstance(raised.value, BeamAgentsError)
+    RuntimeConfig(suspend_deadline_ms=10, intent_ttl_ms=10)  # equal: expired at the effector
+
+
+def _effector_run_at(intent, now_ms: int, path) -> tuple[int, list]:
+    """What a real Effector on a SQLite file does with `intent` at `now_ms`: its result's
+    status and the tool's calls."""
+    calls = Recording()
+    effector = Effector(
+        {intent.tool_name: calls}, mode=VerifyMode.OFF, store=path, clock=ManualClock(now_ms)
+    )
+    return effector(intent).result.tool_result.status, calls.calls
+
+
+def test_a_deadline_the_agent_names_before_its_intents_expire_waits_until_the_effector_refuses(
+    tmp_path,
+):
+    h = Harness(Probe(), config=RuntimeConfig(intent_ttl_ms=1000, suspend_deadline_ms=1000))
+    h.send(command(T0, calls=["a.tool"], deadline_ms=T0 + 10))
+    (intent,) = pending(h)
+    # The effector still runs the call one ms before its expiry: no deadline may come first.
+    status, ran = _effector_run_at(intent, intent.expires_at_ms - 1, tmp_path / "late.db")
+    assert status == ToolResult.OK and ran == [intent.intent_id]
+    assert h.continuation.deadline_ms == intent.expires_at_ms == h.timers[0].at_ms
+    # At the deadline the effector refuses it: EXPIRED is then the truth.
+    status, ran = _effector_run_at(intent, h.timers[0].at_ms, tmp_path / "due.db")
+    assert status == ToolResult.EXPIRED and ran == []
+    h.fire_deadline()
+    assert h.values("completions") == [b'[["a.tool", "EXPIRED"], ["escalations", 0]]']
+
+
+def test_a_restored_suspension_whose_deadline_precedes_its_intents_expiry_waits_for_them():
+    # State written before deadlines were bounded (or built by hand): the timer at the old
+    # deadline extends it to the intents' expiry, and an answer until then is taken.
+    h = Harness(Probe(), config=RuntimeConfig(intent_ttl_ms=1000, suspend_deadline_ms=1000))
+    h.send(command(T0, calls=["a.tool"]))
+    snapshot = h.export(T0 + 1)
+    snapshot.continuation.deadline_ms = T0 + 10
+    restored = Harness(Probe(), config=RuntimeConfig(intent_ttl_ms=1000, suspend_deadline_ms=1000))
+    restored.restore(snapshot)
+    (intent,) = pending(restored)
+    effects = restored.fire_deadline()
+    assert effects.outputs == []
+    assert restored.continuation.deadline_ms == intent.expires_at_ms == restored.timers[0].at_ms
+    restored.send(answer(T0 + 500, intent))
+    assert restored.values("completions") == [b'[["a.tool", "OK"], ["escalations", 0]]']
+
+
+def test_a_deadline_at_the_end_of_time_fires_once_though_its_intents_expire_after_it():
+    # Saturated at int64's end, the intent's expiry lies past the last time a timer can fire:
+    # waiting for it would set the timer that just fired again, for ever.
+    h = Harness(Probe())
+    h.send(command(2**63 - 1, calls=["a.tool"]))
+    h.fire_deadline()
+    assert h.values("completions") == [b'[["a.tool", "EXPIRED"], ["escalations", 0]]']

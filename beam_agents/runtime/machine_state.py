@@ -37,6 +37,7 @@ __all__ = [
     "KeyState",
     "Work",
     "due_at",
+    "past_every_expiry",
     "saturating_add",
     "timer_ms",
 ]
@@ -61,6 +62,7 @@ COUNTERS = (
     "deferred_activations",
     "stale_ttl_timers",
     "deadline_timers_after_resolution",
+    "stale_deadline_timers",
     "budget_asks",
 )
 
@@ -242,6 +244,12 @@ class Commits:
 def due_at(suspended: Continuation) -> int:
     """When a suspension's timer is due: its retry, else its deadline."""
     return suspended.retry_at_ms or suspended.deadline_ms
+
+
+def past_every_expiry(deadline_ms: int, intents) -> int:
+    """`deadline_ms`, or the latest expires_at_ms of `intents` when that is later: until then
+    the effector may still run one, and a deadline must not tell the agent it failed."""
+    return max([deadline_ms, *(intent.expires_at_ms for intent in intents)])
 
 
 def timer_ms(at_ms: int) -> int:

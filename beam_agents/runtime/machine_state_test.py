@@ -32,7 +32,9 @@ def test_refused_and_failing_inputs_leave_the_stored_objects_untouched():
     answer recorded, a deadline expiring, a failing resume, an escalation."""
     policy = DeadlinePolicy(AtDeadline.ESCALATE, max_escalations=1, extension_ms=50)
     h = Harness(
-        parallel, llm=None, config=RuntimeConfig(deadline_policy=policy, suspend_deadline_ms=10)
+        parallel,
+        llm=None,
+        config=RuntimeConfig(deadline_policy=policy, suspend_deadline_ms=10, intent_ttl_ms=10),
     )
     h.send(event(T0, b"go"))
     first = pending(h)[0]

@@ -7,9 +7,24 @@ from __future__ import annotations
 
 import pytest
 
-from beam_agents._protos import Continuation, LlmCacheBlob, MemoryBlob, StateSnapshot
+from beam_agents._protos import (
+    AgentEnvelope,
+    Continuation,
+    LlmCacheBlob,
+    MemoryBlob,
+    StateSnapshot,
+)
 from beam_agents.state.migration import CURRENT_STATE_SCHEMA_VERSION, StateSchemaFromFutureError
-from beam_agents.testing.machine_harness import KEY, T0, Harness, echo, event
+from beam_agents.testing.machine_harness import (
+    KEY,
+    T0,
+    Harness,
+    approve,
+    asks,
+    echo,
+    event,
+    pending,
+)
 
 # Point 10: future state, seq -------------------------------------------------------------------
 
@@ -49,3 +64,26 @@ def test_a_key_with_no_seq_exports_none_and_its_restore_keeps_the_time_based_fir
     assert h.states[0].value is None
     h.send(event(T0 + 1, b"a"))
     assert h.states[0].value == (T0 + 1) * 1000
+
+
+# Issue 37, point 14: an export that releases the key hands it off ------------------------------
+
+
+def test_an_export_that_releases_the_key_hands_its_state_off_and_leaves_no_timer():
+    h = Harness(asks)
+    h.send(event(T0, b"1"))
+    (question,) = pending(h)
+    release = AgentEnvelope(entity_key=KEY, event_time_ms=T0 + 5)
+    release.export_request.request_id = "end"
+    release.export_request.release = True
+    ((_, (_, snapshot)),) = h.send(release).outputs
+    assert list(snapshot.continuation.pending_intent_ids) == [question.intent_id]
+    # Cleared here but for the seq (no intent id is ever issued twice), timers with it.
+    assert [c.value for c in h.states[1:4]] == [None, None, None] and pending(h) == []
+    assert h.states[0].value == snapshot.seq and h.timers[0].at_ms is h.timers[1].at_ms is None
+    # A late firing of a timer finds nothing to do; the snapshot restores the key elsewhere.
+    assert h.fire_deadline(snapshot.continuation.deadline_ms).outputs == []
+    elsewhere = Harness(asks)
+    elsewhere.restore(snapshot)
+    elsewhere.send(approve(T0 + 10, question))
+    assert elsewhere.values("completions") == [b"approved"]

@@ -135,7 +135,7 @@ def test_a_result_naming_another_entity_is_refused(tmp_path):
 def test_escalation_asks_a_human_and_extends_the_deadline_up_to_its_maximum(tmp_path):
     policy = DeadlinePolicy(AtDeadline.ESCALATE, max_escalations=1, extension_ms=100)
     outputs = run_round(
-        probe(RuntimeConfig(deadline_policy=policy)),
+        probe(RuntimeConfig(deadline_policy=policy, intent_ttl_ms=1)),
         [
             command(T0, calls=["a.tool"], deadline_ms=T0 + 50),
             Advance(T0 + 60),
@@ -159,7 +159,8 @@ def test_escalation_asks_a_human_and_extends_the_deadline_up_to_its_maximum(tmp_
 
 
 ESCALATE = RuntimeConfig(
-    deadline_policy=DeadlinePolicy(AtDeadline.ESCALATE, max_escalations=3, extension_ms=100)
+    deadline_policy=DeadlinePolicy(AtDeadline.ESCALATE, max_escalations=3, extension_ms=100),
+    intent_ttl_ms=1,  # the probe's (PROBE_CONFIG): the deadlines its commands name fire
 )
 
 
@@ -228,7 +229,7 @@ def test_a_function_agent_resumes_across_an_escalation(tmp_path):
 def test_the_dead_letter_policy_ends_the_suspension_at_the_deadline(tmp_path):
     policy = DeadlinePolicy(AtDeadline.DEAD_LETTER)
     outputs = run_round(
-        probe(RuntimeConfig(deadline_policy=policy)),
+        probe(RuntimeConfig(deadline_policy=policy, intent_ttl_ms=1)),
         [
             command(T0, calls=["a.tool"], deadline_ms=T0 + 50),
             Advance(T0 + 60),
@@ -242,3 +243,66 @@ def test_the_dead_letter_policy_ends_the_suspension_at_the_deadline(tmp_path):
     (snapshot,) = outputs.values("snapshots")
     assert not snapshot.HasField("continuation") and list(snapshot.pending) == []
     assert outputs.completions == []
+
+
+def _exported_at_t0_plus_100(tmp_path) -> tuple[StateSnapshot, ToolIntent]:
+    """A key suspended on one intent, exported at T0 + 100 (snapshot_at_ms), and the intent."""
+    first = run_round(
+        probe(),
+        [command(T0, calls=["a.tool"], deadline_ms=FAR), Advance(T0 + 1), export(T0 + 100, "r")],
+        tmp_path,
+    )
+    (snapshot,) = first.values("snapshots")
+    (intent,) = first.values("intents")
+    return snapshot, intent
+
+
+def test_an_answer_that_overtakes_the_snapshot_restoring_its_key_says_so_and_can_be_sent_again(
+    tmp_path,
+):
+    # Stamped before the snapshot it resumes from, an answer reaches the key first on a runner
+    # that takes a key's inputs in event-time order (Prism): here it does on every runner. Its
+    # dead letter says what happened and what to do, and doing it resumes the agent.
+    snapshot, intent = _exported_at_t0_plus_100(tmp_path)
+    early = result(T0 + 50, intent.intent_id)
+    outputs = run_round(
+        probe(),
+        [
+            early,
+            Advance(T0 + 60),
+            snapshot,
+            Advance(T0 + 101),
+            result(T0 + 150, intent.intent_id),
+            Advance(T0 + 200),
+        ],
+        tmp_path,
+    ).before(T0 + 200)
+    (refused,) = outputs.values("errors")
+    assert refused.reason == "no_suspension" and refused.input == early
+    assert "the key has no state" in refused.detail
+    assert "Restore the key, then send this answer" in refused.detail
+    assert "stamped at or after the snapshot" in refused.detail
+    assert [json.loads(c) for c in outputs.values("completions")] == [
+        [["a.tool", "OK"], ["escalations", 0]]
+    ]
+
+
+def test_an_answer_stamped_before_its_snapshot_resumes_the_key_or_says_why_it_did_not(tmp_path):
+    # Sent after its snapshot but stamped before it: the DirectRunner takes the two in the
+    # order sent and resumes the key; Prism takes them in event-time order, so the answer
+    # finds no state. Then its dead letter carries it and says what to do, and the restored
+    # key still waits for it (nothing was lost, nothing expired).
+    snapshot, intent = _exported_at_t0_plus_100(tmp_path)
+    early = result(T0 + 50, intent.intent_id)
+    outputs = run_round(probe(), [snapshot, early, Advance(T0 + 200)], tmp_path)
+    if outputs.values("completions"):
+        assert outputs.values("errors") == []
+        assert [json.loads(c) for c in outputs.values("completions")] == [
+            [["a.tool", "OK"], ["escalations", 0]]
+        ]
+    else:
+        (refused,) = outputs.values("errors")
+        assert refused.reason == "no_suspension" and refused.input == early
+        assert "Restore the key, then send this answer" in refused.detail
+        waiting = outputs.carried[KEY].continuation
+        assert list(waiting.pending_intent_ids) == [intent.intent_id] and not waiting.answers

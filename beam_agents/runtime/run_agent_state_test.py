@@ -44,7 +44,7 @@ from beam_agents.testing.probe import (
 
 
 def test_an_idle_key_is_wiped_after_its_ttl_and_never_reissues_an_intent_id(tmp_path):
-    config = RuntimeConfig(ttl_ms=DAY)
+    config = RuntimeConfig(ttl_ms=DAY, intent_ttl_ms=1)
     later = T0 + 3 * DAY
     outputs = run_round(
         probe(config),

@@ -9,6 +9,7 @@ import re
 import time
 
 import apache_beam as beam
+from apache_beam.metrics.metric import MetricsFilter
 from apache_beam.options.pipeline_options import DebugOptions, PipelineOptions
 from apache_beam.testing.test_pipeline import TestPipeline as BeamPipeline
 from apache_beam.testing.util import assert_that, equal_to
@@ -20,7 +21,7 @@ from beam_agents._protos import (
 )
 from beam_agents.intents.identity import intent_id
 from beam_agents.ops.rounds import Advance, run_round
-from beam_agents.runtime import RunAgent, agent
+from beam_agents.runtime import AtDeadline, DeadlinePolicy, RunAgent, RuntimeConfig, agent
 from beam_agents.testing.probe import (
     CHARGED_TWICE,
     FAR,
@@ -216,3 +217,37 @@ def test_run_agent_turns_prisms_bundle_splits_off_in_its_pipeline():
     pipeline = beam.Pipeline(options=PipelineOptions())
     _ = pipeline | beam.Create([b""]) | RunAgent(slow_count)
     assert NO_PRISM_SPLITS in pipeline.options.view_as(DebugOptions).experiments
+
+
+def test_a_watermark_jump_on_the_fnapirunner_dead_letters_nothing_for_timers_that_change_nothing():
+    # At the end of a batch the watermark jumps past every timer; the FnApiRunner often fires a
+    # key's TTL timer first, which runs the due suspension (an escalation moves its deadline),
+    # then the deadline timer set for the old due time. That firing changes nothing: counted,
+    # never a dead letter (it was three `stale_timer` records in every run).
+    policy = DeadlinePolicy(AtDeadline.ESCALATE, max_escalations=3, extension_ms=1000)
+    config = RuntimeConfig(
+        deadline_policy=policy, suspend_deadline_ms=1000, intent_ttl_ms=1000, ttl_ms=1000
+    )
+    # Which timer fires first varies per run: repeat until the stale firing happened in
+    # three runs (each run also checks that it left no dead letter).
+    runs_with_stale = 0
+    for _ in range(20):
+        pipeline = beam.Pipeline(options=PipelineOptions(["--runner=FnApiRunner"]))
+        outputs = (
+            pipeline
+            | beam.Create([command(T0, calls=["a.tool"]).SerializeToString()])
+            | probe(config)
+        )
+        assert_that(outputs["errors"], equal_to([]), label="NoDeadLetters")
+        assert_that(
+            outputs["completions"] | beam.Values(),
+            equal_to([b'[["a.tool", "EXPIRED"], ["escalations", 3]]']),
+            label="Completed",
+        )
+        result = pipeline.run()
+        result.wait_until_finish()
+        counters = result.metrics().query(MetricsFilter().with_name("stale_deadline_timers"))
+        runs_with_stale += any(c.attempted for c in counters["counters"])
+        if runs_with_stale == 3:
+            break
+    assert runs_with_stale == 3

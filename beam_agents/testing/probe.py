@@ -21,6 +21,7 @@ __all__ = [
     "DAY",
     "FAR",
     "KEY",
+    "PROBE_CONFIG",
     "RING",
     "SEQ",
     "T0",
@@ -164,9 +165,14 @@ class Probe:
             raise RuntimeError(f"raised at {point}")
 
 
+#: The probe's intents expire 1 ms after their activation, so the deadlines its commands name
+#: (a few ms on) are the ones that fire: a deadline never precedes its intents' expiry.
+PROBE_CONFIG = RuntimeConfig(intent_ttl_ms=1)
+
+
 def probe(config=None, registry=None) -> RunAgent:
     return RunAgent(
-        Probe(), llm_client=scripted_llm(), config=config or RuntimeConfig(), registry=registry
+        Probe(), llm_client=scripted_llm(), config=config or PROBE_CONFIG, registry=registry
     )
 
 

@@ -110,9 +110,11 @@ class Simulation(World, Checks):
             max_escalations=rng.randint(1, 2),
             extension_ms=rng.choice([2_000, 10_000]),
         )
+        intent_ttl_ms = rng.choice([3_000, 20_000, 600_000])
         self.config = RuntimeConfig(
-            intent_ttl_ms=rng.choice([3_000, 20_000, 600_000]),
-            suspend_deadline_ms=rng.choice([4_000, 20_000, 100_000]),
+            intent_ttl_ms=intent_ttl_ms,
+            # Never shorter than the intents' lifetime (RuntimeConfigError): equal, or longer.
+            suspend_deadline_ms=intent_ttl_ms + rng.choice([1_000, 0, 80_000]),
             ttl_ms=rng.choice([30_000, 10**9]),
             deadline_policy=policy,
             resume_retries=rng.randint(0, 2),

@@ -127,6 +127,6 @@ class _LocalDemo(Account):
             TriageRound(ManualClock(now)), script, self.workdir, options=self.options
         )
         self.say(f"  done in {time.perf_counter() - started:.1f} s")
-        # A bounded run ends by firing every timer; what happened after the round is not
-        # part of the conversation.
-        return outputs.before(now + 2)
+        # The round ends at its clock (run_round releases the key there): everything it
+        # emitted is the conversation, nothing ran after it.
+        return outputs
