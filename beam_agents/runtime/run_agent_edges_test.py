@@ -81,6 +81,7 @@ def test_every_counter_the_machine_counts_is_declared_by_the_dofn_from_one_list(
 def _asking() -> RuntimeConfig:
     return RuntimeConfig(
         budget=Budget(key_tokens=1, on_exceed=OnBudget.ASK, raise_tokens=10_000),
+        intent_ttl_ms=1000,
         suspend_deadline_ms=1000,
     )
 
