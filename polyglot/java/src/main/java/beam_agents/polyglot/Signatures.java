@@ -53,12 +53,30 @@ public final class Signatures {
    * The keys a verifier accepts (key id to secret) and the instant the legacy scheme's window
    * ends.
    */
-  public record Ring(Map<String, byte[]> keys, Instant legacyUntil) {
+  // A class, not a record: the library is read by users compiling at Java 11 (rules_java's
+  // default level), where records do not exist.
+  public static final class Ring {
     /** signing.py's LEGACY_UNTIL: the default end of the legacy window. */
     public static final Instant DEFAULT_LEGACY_UNTIL = Instant.parse("2027-03-01T00:00:00Z");
 
+    private final Map<String, byte[]> keys;
+    private final Instant legacyUntil;
+
+    public Ring(Map<String, byte[]> keys, Instant legacyUntil) {
+      this.keys = keys;
+      this.legacyUntil = legacyUntil;
+    }
+
     public static Ring of(Map<String, byte[]> keys) {
       return new Ring(keys, DEFAULT_LEGACY_UNTIL);
+    }
+
+    public Map<String, byte[]> keys() {
+      return keys;
+    }
+
+    public Instant legacyUntil() {
+      return legacyUntil;
     }
   }
 
