@@ -3,11 +3,13 @@ each search, the invariant each finding breaks, the minimal scenario Hypothesis 
 and the seed that replays it.
 
     PYTHONPATH=$PWD:$PWD/migrations .venv/bin/python tools/fuzz_run_agent.py [--examples N]
-        [--seed S] [--feature NAME ...] [--all] [--no-shrink]
+        [--seed S] [--item N ...] [--all] [--no-shrink]
 
-Without --feature it runs one search per generator feature (the base scenarios plus that
-feature: each is seeded from one defect of issue 37, and the oracle is armed for that item),
-then two of the base scenarios alone, armed for items 9 and 13 (which ordinary inputs reach).
+It runs one search per item of issue 37 the harness was seeded from (--item: those only):
+the base scenarios plus the generator feature of that item (the base scenarios alone for
+items 9 and 13, which ordinary inputs reach), the oracle armed for that item, until a scenario
+breaks an invariant that catches it (fuzz.CAUGHT_BY); what other scenarios broke on the way is
+printed too.
 --all runs one search with every feature, the oracle fully armed. Shrinking runs two
 pipelines per step: it takes minutes; --no-shrink reports the first failing scenario. Exit 1
 when anything was found.
@@ -67,24 +69,24 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--examples", type=int, default=fuzz.examples_budget(60))
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--feature", action="append", choices=sorted(FEATURES))
+    parser.add_argument("--item", action="append", type=int, choices=sorted(fuzz.CAUGHT_BY))
     parser.add_argument("--all", action="store_true")
     parser.add_argument("--no-shrink", action="store_true")
     args = parser.parse_args(argv)
     # A failed bundle is a finding, printed once below: not a page of Beam's retries.
     logging.disable(logging.CRITICAL)
     base = enabled_features(frozenset(FEATURES.values()) | OPEN)
+    feature_of = {item: name for name, item in FEATURES.items()}
     if args.all:
         searches = [("every feature", frozenset(FEATURES), None)]
     else:
-        names = args.feature or sorted(FEATURES, key=FEATURES.get)
-        searches = [
-            (f"{name} (issue 37 item {FEATURES[name]})", base | {name}, FEATURES[name])
-            for name in names
-        ]
-        if not args.feature:
-            # Ordinary inputs reach items 9 and 13: the oracle is armed for one at a time.
-            searches += [(f"base scenarios (issue 37 item {i})", base, i) for i in (9, 13)]
+        searches = []
+        for item in args.item or sorted(fuzz.CAUGHT_BY):
+            if item in feature_of:
+                name = feature_of[item]
+                searches.append((f"{name} (issue 37 item {item})", base | {name}, item))
+            else:  # ordinary inputs reach it: the oracle is armed for it alone
+                searches.append((f"base scenarios (issue 37 item {item})", base, item))
     found_any = False
     for title, features, item in searches:
         found, others = search(
