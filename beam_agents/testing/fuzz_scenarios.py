@@ -365,7 +365,7 @@ def _key_scripts(features: frozenset[str], key: bytes, other: bytes):
     commands = _commands(features)
     moves = ["event", "event", "dup", "answer", "answer", "misrouted", "export", "behind"]
     if "far_ahead_events" in features:
-        moves.append("ahead")
+        moves += ["ahead", "ahead", "dup"]  # a jump, and a copy of what came before it
 
     @st.composite
     def script(draw):
