@@ -24,6 +24,7 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import seed as hypothesis_seed
 
 from beam_agents._protos import Continuation, MemoryBlob, StateSnapshot, ToolIntent, ToolResult
+from beam_agents.errors import RuntimeConfigError
 from beam_agents.intents.identity import intent_id
 from beam_agents.runtime import AtDeadline, DeadlinePolicy, RuntimeConfig
 from beam_agents.runtime.budget import Budget, OnBudget
@@ -183,7 +184,11 @@ def test_item_2_a_snapshot_with_misaligned_dedupe_marks_is_refused_not_restored(
 
 @_open(3)
 def test_item_3_the_agent_is_never_told_expired_for_an_intent_that_may_still_run(tmp_path):
-    config = RuntimeConfig(intent_ttl_ms=3_600_000, suspend_deadline_ms=30_000)
+    # The configuration that told the agent EXPIRED for intents the effector would still run
+    # is refused when built; the shortest deadline allowed, the TTL, runs clean.
+    with pytest.raises(RuntimeConfigError, match="suspend_deadline_ms"):
+        RuntimeConfig(intent_ttl_ms=3_600_000, suspend_deadline_ms=30_000)
+    config = RuntimeConfig(intent_ttl_ms=3_600_000, suspend_deadline_ms=3_600_000)
     scenario = Scenario(config, (KeyScript(K, (_event(T0, "e0", calls=1), Export(T0 + 1))),))
     assert not _caught(scenario, tmp_path, 3)
 
