@@ -11,7 +11,7 @@ import urllib.parse
 from collections.abc import Iterable
 from pathlib import Path
 
-from beam_agents._protos import ToolIntent
+from beam_agents._protos import AgentEnvelope, StateSnapshot, ToolIntent
 from beam_agents.bus import KafkaBusError, Topics
 from beam_agents.intents.effector import VerifyMode
 from beam_agents.intents.identity import canonical_args_json
@@ -32,6 +32,7 @@ __all__ = [
     "Browser",
     "Recorder",
     "approval_intent",
+    "export_answer",
     "make_bus",
 ]
 
@@ -117,6 +118,22 @@ def make_bus(
     )
     bus = ConsoleBus(inbox, Observations(db, clock=clock), topics, publish, clock=clock)
     return bus, Auth(db, USERS, clock=clock)
+
+
+def export_answer(bus: ConsoleBus, recorder: Recorder, snapshot: StateSnapshot) -> bytes:
+    """`snapshot` as its agent's answer to an export request the console sends now: the one
+    kind of snapshot the console trusts (observed.py)."""
+    request_id = bus.request_export(snapshot.entity_key)
+    (request,) = [
+        envelope
+        for envelope in map(AgentEnvelope.FromString, recorder.on(bus.topics.events))
+        if envelope.export_request.request_id == request_id
+    ]
+    answer = StateSnapshot()
+    answer.CopyFrom(snapshot)
+    answer.request_id = request_id
+    answer.snapshot_at_ms = request.event_time_ms
+    return answer.SerializeToString()
 
 
 @dataclasses.dataclass

@@ -316,7 +316,8 @@ def create_app(
         found = inbox.get(intent_id)
         if found is None:
             return message(request, session, 404, "Not found", f"no approval {intent_id}")
-        snapshot = observations.snapshot(found.intent.entity_key)
+        # The deadline shown is one the agent gave (observed.py): a forged one is not shown.
+        snapshot = observations.snapshot(found.intent.entity_key, trusted=True)
         deadline = 0
         # The effector's inquiry is about a call the agent waits on under the call's own id:
         # its deadline is when the agent stops waiting for the answer asked for here.
@@ -396,6 +397,7 @@ def create_app(
         return {
             "key": key,
             "snapshot": snapshot,
+            "snapshot_trusted": observations.snapshot_trusted(key),
             **state,
             "approvals": page_of(partial(inbox.for_key, key), "approvals_page"),
             "activations": [(a, timeline(a.events)) for a in activations],

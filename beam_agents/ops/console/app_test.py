@@ -27,7 +27,14 @@ from beam_agents.ops.console.auth import MAX_FAILURES
 from beam_agents.ops.console.service import serving
 from beam_agents.ops.rounds import ManualClock
 from beam_agents.runtime.dead_letters import error_record, to_envelope
-from beam_agents.testing.console import PASSWORD, Browser, Recorder, approval_intent, make_bus
+from beam_agents.testing.console import (
+    PASSWORD,
+    Browser,
+    Recorder,
+    approval_intent,
+    export_answer,
+    make_bus,
+)
 from beam_agents.testing.samples import TRACE_ID
 
 NOW = 1_000_000
@@ -187,14 +194,15 @@ def test_an_approval_whose_id_holds_a_hash_is_reached_by_its_link_and_decided_by
 def test_the_effectors_inquiry_shows_when_the_agent_stops_waiting_for_the_call(tmp_path):
     ring = Keyring({"inquiries": b"i" * 32}, active="inquiries")
     clock = ManualClock(NOW)
-    bus, auth = make_bus(tmp_path / "c.sqlite", Recorder(), clock, inquiry_keyring=ring)
+    recorder = Recorder()
+    bus, auth = make_bus(tmp_path / "c.sqlite", recorder, clock, inquiry_keyring=ring)
     inquiry = approval_intent("call-1" + INQUIRY_SUFFIX, ring=None)
     inquiry.tool_name = INQUIRY_TOOL
     bus.inbox.receive(sign(inquiry, ring).SerializeToString())
-    snapshot = StateSnapshot(entity_key=b"c-1", snapshot_at_ms=NOW)
+    snapshot = StateSnapshot(entity_key=b"c-1")
     snapshot.continuation.pending_intent_ids.append("call-1")  # the call, under its own id
     snapshot.continuation.deadline_ms = NOW + 3_600_000
-    bus.observations.add_snapshot(snapshot.SerializeToString())
+    bus.observations.add_snapshot(export_answer(bus, recorder, snapshot))
     with serving(create_app(bus, auth, clock=clock)) as url:
         page = _signed_in(url, "alice").get("/approvals/call-1%23outcome")
     assert page.status == 200 and "not known yet" not in page.text
@@ -755,3 +763,48 @@ def test_a_trace_nesting_spans_past_pythons_recursion_limit_is_drawn(console):
         assert page.status == 200, path
         assert page.text.count('<rect class="bar') == depth, path
         assert page.text.count('<line class="link"') == 2 * (depth - 1), path
+
+
+# -- issue 38: forgers ----------------------------------------------------------------------
+
+
+def test_a_forged_snapshot_neither_refuses_a_decision_nor_stays_on_the_agent_page(console):
+    # Issue 38: one unsigned snapshot claiming the latest time there is (snapshot_at_ms=2**62)
+    # and a passed deadline made every approve on the key's real, unexpired intent a 409, and
+    # the agent page showed its memory for good: no later real snapshot was ever newer.
+    url, bus, recorder, _ = console
+    forged = StateSnapshot(entity_key=b"c-1", snapshot_at_ms=2**62, request_id="console-x")
+    forged.memory.entries.add(key="forged-memory", value=b"x")
+    forged.continuation.pending_intent_ids.append("a-1")
+    forged.continuation.deadline_ms = 1
+    bus.handle(bus.topics.snapshots, forged.SerializeToString())
+    alice = _signed_in(url, "alice")
+    page = alice.get("/approvals/a-1")
+    reply = alice.post("/approvals/a-1", {"csrf": page.csrf(), "decision": "approve"})
+    assert reply.status == 303, reply.text
+    assert bus.inbox.decision("a-1").approved
+    assert "not known yet" in page.text  # the forged deadline is not shown as the agent's
+    agent = alice.get("/agents/632d31").text
+    assert "forged-memory" in agent and 'id="snapshot-unverified"' in agent
+    real = StateSnapshot(entity_key=b"c-1")
+    real.memory.entries.add(key="real-memory", value=b"y")
+    bus.handle(bus.topics.snapshots, export_answer(bus, recorder, real))
+    bus.handle(bus.topics.snapshots, forged.SerializeToString())  # and forged again after
+    agent = alice.get("/agents/632d31").text
+    assert "real-memory" in agent and "forged-memory" not in agent
+    assert 'id="snapshot-unverified"' not in agent
+
+
+def test_forged_intents_claiming_to_be_older_do_not_push_a_real_one_off_the_first_page(console):
+    # Issue 38: the inbox was ordered by the intents' own created_at_ms, which nobody signs
+    # for an unsigned copy: PER_PAGE forgeries claiming created_at_ms=1 filled page 1 and the
+    # real refund was on page 2.
+    url, bus, _, clock = console
+    clock.advance(1)
+    for n in range(PER_PAGE + 5):
+        bus.inbox.receive(
+            approval_intent(f"f-{n:02}", created_at_ms=1, ring=None).SerializeToString()
+        )
+    first = _signed_in(url, "alice").get("/").text
+    assert 'href="/approvals/a-1"' in first
+    assert first.index('href="/approvals/a-1"') < first.index('href="/approvals/f-')
