@@ -150,16 +150,34 @@ class Reply:
 
 class Browser:
     """Real HTTP to a console; keeps cookies by name (Secure ones too: the console is on
-    127.0.0.1, which browsers treat as a secure origin)."""
+    127.0.0.1, which browsers treat as a secure origin). `source` is the address it connects
+    from (any of 127.0.0.0/8). With `plain_http_host`, it is a browser that loaded the console
+    over plain HTTP by that host name: it names the host, sends that origin with its forms, and
+    keeps no Secure cookie (as browsers do on a page that is no secure context)."""
 
-    def __init__(self, base_url: str) -> None:
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        source: str = "",
+        plain_http_host: str = "",
+        cookies: dict[str, str] | None = None,
+    ) -> None:
         parsed = urllib.parse.urlsplit(base_url)
         self._host, self._port = parsed.hostname, parsed.port
-        self.cookies: dict[str, str] = {}
+        self._source = (source, 0) if source else None
+        self._plain_http_host = plain_http_host
+        self.cookies: dict[str, str] = dict(cookies or {})
 
     def request(self, method: str, path: str, form: dict | None = None) -> Reply:
-        connection = http.client.HTTPConnection(self._host, self._port, timeout=30)
+        connection = http.client.HTTPConnection(
+            self._host, self._port, timeout=30, source_address=self._source
+        )
         headers = {}
+        if self._plain_http_host:
+            headers["Host"] = f"{self._plain_http_host}:{self._port}"
+            if method == "POST":
+                headers["Origin"] = f"http://{self._plain_http_host}:{self._port}"
         if self.cookies:
             headers["Cookie"] = "; ".join(f"{k}={v}" for k, v in self.cookies.items())
         body = None
@@ -175,9 +193,10 @@ class Browser:
         for header in response.headers.get_all("Set-Cookie") or []:
             name, _, rest = header.partition("=")
             value = rest.split(";", 1)[0]
-            if value in ("", '""') or "max-age=0" in header.lower():
+            flags = {flag.strip().lower() for flag in rest.split(";")[1:]}
+            if value in ("", '""') or "max-age=0" in flags:
                 self.cookies.pop(name, None)
-            else:
+            elif not (self._plain_http_host and "secure" in flags):
                 self.cookies[name] = value
         return Reply(response.status, response.headers, text)
 

@@ -23,12 +23,15 @@ from beam_agents.ops.console.app import (
     SESSION_COOKIE,
     create_app,
 )
-from beam_agents.ops.console.auth import MAX_FAILURES
+from beam_agents.ops.console.auth import BACKOFF_MS, MAX_FAILURES, WINDOW_MS, Auth, hash_password
+from beam_agents.ops.console.config import Role, User
+from beam_agents.ops.console.db import Database
 from beam_agents.ops.console.service import serving
 from beam_agents.ops.rounds import ManualClock
 from beam_agents.runtime.dead_letters import error_record, to_envelope
 from beam_agents.testing.console import (
     PASSWORD,
+    USERS,
     Browser,
     Recorder,
     approval_intent,
@@ -765,7 +768,7 @@ def test_a_trace_nesting_spans_past_pythons_recursion_limit_is_drawn(console):
         assert page.text.count('<line class="link"') == 2 * (depth - 1), path
 
 
-# -- issue 38: forgers ----------------------------------------------------------------------
+# -- issue 38: forgers, lock-outs, passwords and cookies ------------------------------------
 
 
 def test_a_forged_snapshot_neither_refuses_a_decision_nor_stays_on_the_agent_page(console):
@@ -808,3 +811,99 @@ def test_forged_intents_claiming_to_be_older_do_not_push_a_real_one_off_the_firs
     first = _signed_in(url, "alice").get("/").text
     assert 'href="/approvals/a-1"' in first
     assert first.index('href="/approvals/a-1"') < first.index('href="/approvals/f-')
+
+
+def _stranger(url, address, times):
+    """`times` wrong passwords for alice from `address`; their statuses."""
+    browser = Browser(url, source=address)
+    return [browser.sign_in("alice", "wrong").status for _ in range(times)]
+
+
+def test_a_stranger_failing_sign_ins_does_not_lock_the_owner_out(console):
+    # Issue 38: five wrong passwords from any address locked the account for 15 minutes, and
+    # again each time: a stranger kept an approver out for as long as they liked.
+    url, _, _, clock = console
+    statuses = _stranger(url, "127.0.0.2", 3 * MAX_FAILURES)
+    assert statuses[:MAX_FAILURES] == [401] * MAX_FAILURES and set(statuses[MAX_FAILURES:]) == {429}
+    clock.advance(WINDOW_MS - 1)
+    _stranger(url, "127.0.0.5", 1)  # keeps the account locked, as a stranger would
+    owner = Browser(url, source="127.0.0.3")
+    reply = owner.sign_in("alice")
+    assert reply.status == 303 and owner.get("/").status == 200
+
+
+def test_an_address_that_keeps_failing_waits_twice_as_long_after_each_failure(console):
+    # Guesses at many names (no account lock in the way): only the address slows down.
+    url, _, _, clock = console
+    browser = Browser(url, source="127.0.0.2")
+    names = iter(f"nobody-{n}" for n in range(100))
+    statuses = [browser.sign_in(next(names), "wrong").status for _ in range(MAX_FAILURES)]
+    assert statuses == [401] * MAX_FAILURES
+    reply = browser.sign_in(next(names), "wrong")
+    assert reply.status == 429 and "from this address" in reply.text
+    clock.advance(BACKOFF_MS)
+    assert browser.sign_in(next(names), "wrong").status == 401
+    clock.advance(BACKOFF_MS)
+    assert browser.sign_in("vera").status == 429  # now it waits 2 s
+    clock.advance(BACKOFF_MS)
+    assert browser.sign_in("vera").status == 303
+    # Another address was never slowed down.
+    assert Browser(url, source="127.0.0.3").sign_in("ada").status == 303
+
+
+def test_a_locked_account_refuses_an_address_that_failed_too_until_its_failure_ages(console):
+    # The documented price of not locking the owner out: at a locked account, an address
+    # gets one try per window, the owner's own mistyped one included.
+    url, _, _, clock = console
+    _stranger(url, "127.0.0.2", MAX_FAILURES)
+    owner = Browser(url, source="127.0.0.3")
+    assert owner.sign_in("alice", "typo").status == 401
+    reply = owner.sign_in("alice")
+    assert reply.status == 429 and "for this account" in reply.text
+    clock.advance(WINDOW_MS + 1)
+    assert owner.sign_in("alice").status == 303
+
+
+def test_a_new_password_ends_the_sessions_opened_with_the_old_one(tmp_path):
+    # Issue 38: sessions live 12 h and outlived a change of password: whoever had the old one
+    # (the reason to change it) stayed signed in.
+    clock = ManualClock(NOW)
+    path = tmp_path / "console.sqlite"
+    bus, auth = make_bus(path, Recorder(), clock)
+    with serving(create_app(bus, auth, clock=clock)) as url:
+        alice, vera = _signed_in(url, "alice"), _signed_in(url, "vera")
+    changed = {**USERS, "alice": User("alice", Role.APPROVER, hash_password("a new password"))}
+    with serving(create_app(bus, Auth(Database(path), changed, clock=clock), clock=clock)) as url:
+        # The same browsers, their cookies kept, at the console restarted with the new hash.
+        alice, vera = (Browser(url, cookies=b.cookies) for b in (alice, vera))
+        reply = alice.get("/")
+        assert reply.status == 303 and reply.headers["Location"] == "/login"
+        assert vera.get("/").status == 200  # another user's session is not ended
+        assert Browser(url).sign_in("alice", "a new password").status == 303
+
+
+def test_sign_in_over_plain_http_by_a_host_name_says_why_it_cannot_work(console):
+    # Issue 38: every cookie is Secure, so a browser on http://console.lan/ dropped the form's
+    # cookie and was told "The form expired", whatever it did.
+    url, *_ = console
+    browser = Browser(url, plain_http_host="console.lan")
+    reply = browser.sign_in("alice")
+    assert reply.status == 403 and "expired" not in reply.text
+    assert "HTTPS" in reply.text and "secure_cookies = false" in reply.text
+    # Over HTTPS (or on the loopback) the same form is only an expired one when it is.
+    assert Browser(url).sign_in("alice").status == 303
+
+
+def test_with_secure_cookies_off_sign_in_works_over_plain_http(tmp_path):
+    clock = ManualClock(NOW)
+    bus, auth = make_bus(tmp_path / "console.sqlite", Recorder(), clock)
+    with serving(create_app(bus, auth, clock=clock, secure_cookies=False)) as url:
+        browser = Browser(url, plain_http_host="console.lan")
+        reply = browser.sign_in("alice")
+        assert reply.status == 303, reply.text
+        (cookie,) = [
+            c for c in reply.headers.get_all("Set-Cookie") if c.startswith(SESSION_COOKIE + "=")
+        ]
+        flags = {part.strip().lower() for part in cookie.split(";")}
+        assert "secure" not in flags and {"httponly", "samesite=strict"} <= flags
+        assert browser.get("/").status == 200

@@ -111,8 +111,12 @@ _SCHEMA = (
 )
 
 #: Columns added since a table was first created: (table, column, definition). The default is
-#: what a row of an older file means: a snapshot kept before trust was recorded is untrusted.
-_COLUMNS = (("snapshots", "trusted", "INTEGER NOT NULL DEFAULT 0"),)
+#: what a row of an older file means: a snapshot kept before trust was recorded is untrusted,
+#: a session opened before its credential was recorded is no session (auth.py).
+_COLUMNS = (
+    ("snapshots", "trusted", "INTEGER NOT NULL DEFAULT 0"),
+    ("sessions", "credential", "BLOB NOT NULL DEFAULT x''"),
+)
 
 
 class Database:

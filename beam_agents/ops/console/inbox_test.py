@@ -4,6 +4,8 @@ decision, and only an intent verified as the effector verifies it can be decided
 
 from __future__ import annotations
 
+import hashlib
+import sqlite3
 import threading
 import time
 import tracemalloc
@@ -422,3 +424,33 @@ def test_only_the_answer_to_the_consoles_own_request_decides(tmp_path, clock):
     with pytest.raises(DecisionRefused) as refused:
         _decide(bus, "a-2")
     assert refused.value.reason == "after_deadline"
+
+
+def test_a_file_from_before_trust_and_credentials_were_recorded_opens_failing_closed(
+    tmp_path, clock
+):
+    # The console's file outlives the binary: the columns added for issue 38 are added to an
+    # older file, whose snapshot is untrusted and whose session is no session.
+    path = tmp_path / "old.sqlite"
+    old = sqlite3.connect(path)
+    old.execute(
+        "CREATE TABLE sessions (token_hash BLOB PRIMARY KEY, user TEXT NOT NULL, "
+        "csrf TEXT NOT NULL, expires_at_ms INTEGER NOT NULL)"
+    )
+    old.execute(
+        "CREATE TABLE snapshots (entity_key BLOB PRIMARY KEY, snapshot_at_ms INTEGER NOT NULL, "
+        "snapshot BLOB NOT NULL)"
+    )
+    token = "an old session's token"
+    digest = hashlib.sha256(token.encode()).digest()
+    old.execute("INSERT INTO sessions VALUES (?, 'alice', 'c', ?)", (digest, NOW + 1000))
+    snapshot = StateSnapshot(entity_key=b"c-1", snapshot_at_ms=NOW)
+    old.execute(
+        "INSERT INTO snapshots VALUES (?, ?, ?)", (b"c-1", NOW, snapshot.SerializeToString())
+    )
+    old.commit()
+    old.close()
+    bus, auth = make_bus(path, Recorder(), clock)
+    assert bus.observations.snapshot(b"c-1") == snapshot
+    assert not bus.observations.snapshot_trusted(b"c-1")
+    assert auth.session(token) is None
