@@ -121,17 +121,24 @@ def make_bus(
 
 
 def export_answer(bus: ConsoleBus, recorder: Recorder, snapshot: StateSnapshot) -> bytes:
-    """`snapshot` as its agent's answer to an export request the console sends now: the one
-    kind of snapshot the console trusts (observed.py)."""
-    request_id = bus.request_export(snapshot.entity_key)
-    (request,) = [
-        envelope
-        for envelope in map(AgentEnvelope.FromString, recorder.on(bus.topics.events))
-        if envelope.export_request.request_id == request_id
-    ]
+    """`snapshot` as its agent's answer to the latest export request the console sent for its
+    key (one sent now when it sent none): the one kind of snapshot the console trusts
+    (observed.py)."""
+
+    def requests() -> list[AgentEnvelope]:
+        envelopes = map(AgentEnvelope.FromString, recorder.on(bus.topics.events))
+        return [
+            e
+            for e in envelopes
+            if e.WhichOneof("payload") == "export_request" and e.entity_key == snapshot.entity_key
+        ]
+
+    if not requests():
+        bus.request_export(snapshot.entity_key)
+    request = requests()[-1]
     answer = StateSnapshot()
     answer.CopyFrom(snapshot)
-    answer.request_id = request_id
+    answer.request_id = request.export_request.request_id
     answer.snapshot_at_ms = request.event_time_ms
     return answer.SerializeToString()
 
