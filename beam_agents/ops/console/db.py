@@ -79,7 +79,8 @@ _SCHEMA = (
         entity_key BLOB NOT NULL,
         requested_at_ms INTEGER NOT NULL)""",
     "CREATE INDEX IF NOT EXISTS export_requests_at ON export_requests (requested_at_ms)",
-    # What the viewer shows, as read from the loop's topics.
+    # What the viewer shows, as read from the loop's topics. A snapshot's snapshot_at_ms is
+    # the time it is kept by: its export request's, for a trusted one (observed.py).
     """CREATE TABLE IF NOT EXISTS snapshots (
         entity_key BLOB PRIMARY KEY,
         snapshot_at_ms INTEGER NOT NULL,

@@ -3,13 +3,13 @@ its activations' TraceEvents and completed outputs, and the dead letters of the 
 
 A StateSnapshot carries no signature, and anyone who can write to the snapshots topic can
 write one. So a snapshot is trusted only as the answer to an export request this console sent
-(`expect_snapshot`, recorded before it is produced): its request_id, key and snapshot_at_ms
-(the request's event time, this console's clock) match the request. Only a trusted snapshot
-decides anything (the inbox's suspension deadline) and a key keeps its latest trusted one,
-latest by the request's time; a snapshot of anyone's (another tool's export, a forgery) is
-shown, marked as unverified, only while the key has no trusted one, and the next one received
-replaces it, so none is shown for good whatever times it claims. A request is answered within
-`EXPORT_ANSWER_MS` or its answer is anyone's.
+(`expect_snapshot`, recorded before it is produced): its request_id (128 random bits) and key
+match the request's, and it is timed by the request's time on this console's clock, never by
+the snapshot_at_ms it claims. Only a trusted snapshot decides anything (the inbox's
+suspension deadline) and a key keeps its latest trusted one; a snapshot of anyone's (another
+tool's export, a forgery) is shown, marked as unverified, only while the key has no trusted
+one, and the next one received replaces it, so none is shown for good whatever times it
+claims. A request is answered within `EXPORT_ANSWER_MS` or its answer is anyone's.
 
 Records are stored by content (a TraceEvent or dead letter read twice, after a restart or from
 a second console, is one row), so reading a topic again from its start is harmless. Every list
@@ -72,12 +72,11 @@ class Observations:
             return None
         key = snapshot.entity_key
         with self._db.transaction() as db:
-            (trusted,) = db.execute(
-                "SELECT count(*) FROM export_requests WHERE request_id = ? AND entity_key = ? "
-                "AND requested_at_ms = ? AND requested_at_ms >= ?",
-                (snapshot.request_id, key, snapshot.snapshot_at_ms,
-                 self._clock() - EXPORT_ANSWER_MS),
-            ).fetchone()  # fmt: skip
+            request = db.execute(
+                "SELECT requested_at_ms FROM export_requests WHERE request_id = ? "
+                "AND entity_key = ? AND requested_at_ms >= ?",
+                (snapshot.request_id, key, self._clock() - EXPORT_ANSWER_MS),
+            ).fetchone()
             db.execute(
                 # An untrusted one replaces only an untrusted one, whatever time it claims.
                 "INSERT INTO snapshots (entity_key, snapshot_at_ms, snapshot, trusted) "
@@ -85,7 +84,7 @@ class Observations:
                 "snapshot_at_ms = excluded.snapshot_at_ms, snapshot = excluded.snapshot, "
                 "trusted = excluded.trusted WHERE snapshots.trusted = 0 OR "
                 "(excluded.trusted = 1 AND excluded.snapshot_at_ms >= snapshots.snapshot_at_ms)",
-                (key, snapshot.snapshot_at_ms, bytes(data), int(bool(trusted))),
+                (key, request[0] if request else 0, bytes(data), int(request is not None)),
             )
             self._seen(db, key)
         return snapshot
