@@ -13,8 +13,9 @@ never every page of the console.
 
 Cookies are Secure unless the configuration says the console is served over plain HTTP
 (`secure_cookies = false`): a browser keeps a Secure cookie only from an HTTPS page (or from
-localhost), so a sign-in whose form token cookie never came back is told that, and what to
-change, rather than that its form expired.
+localhost), so a sign-in posted without its form cookie from a page loaded over plain HTTP by
+a host name (the browser's Origin says so) is told that, and what to change, rather than that
+its form expired.
 
 Live updates: elements with `data-poll` are re-fetched from their fragment URL every few
 seconds by static/console.js (plain fetch; server-rendered HTML in, no client templating). A
