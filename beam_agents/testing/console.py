@@ -11,7 +11,7 @@ import urllib.parse
 from collections.abc import Iterable
 from pathlib import Path
 
-from beam_agents._protos import ToolIntent
+from beam_agents._protos import AgentEnvelope, StateSnapshot, ToolIntent
 from beam_agents.bus import KafkaBusError, Topics
 from beam_agents.intents.effector import VerifyMode
 from beam_agents.intents.identity import canonical_args_json
@@ -32,6 +32,7 @@ __all__ = [
     "Browser",
     "Recorder",
     "approval_intent",
+    "export_answer",
     "make_bus",
 ]
 
@@ -119,6 +120,29 @@ def make_bus(
     return bus, Auth(db, USERS, clock=clock)
 
 
+def export_answer(bus: ConsoleBus, recorder: Recorder, snapshot: StateSnapshot) -> bytes:
+    """`snapshot` as its agent's answer to the latest export request the console sent for its
+    key (one sent now when it sent none): the one kind of snapshot the console trusts
+    (observed.py)."""
+
+    def requests() -> list[AgentEnvelope]:
+        envelopes = map(AgentEnvelope.FromString, recorder.on(bus.topics.events))
+        return [
+            e
+            for e in envelopes
+            if e.WhichOneof("payload") == "export_request" and e.entity_key == snapshot.entity_key
+        ]
+
+    if not requests():
+        bus.request_export(snapshot.entity_key)
+    request = requests()[-1]
+    answer = StateSnapshot()
+    answer.CopyFrom(snapshot)
+    answer.request_id = request.export_request.request_id
+    answer.snapshot_at_ms = request.event_time_ms
+    return answer.SerializeToString()
+
+
 @dataclasses.dataclass
 class Reply:
     status: int
@@ -133,16 +157,34 @@ class Reply:
 
 class Browser:
     """Real HTTP to a console; keeps cookies by name (Secure ones too: the console is on
-    127.0.0.1, which browsers treat as a secure origin)."""
+    127.0.0.1, which browsers treat as a secure origin). `source` is the address it connects
+    from (any of 127.0.0.0/8). With `plain_http_host`, it is a browser that loaded the console
+    over plain HTTP by that host name: it names the host, sends that origin with its forms, and
+    keeps no Secure cookie (as browsers do on a page that is no secure context)."""
 
-    def __init__(self, base_url: str) -> None:
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        source: str = "",
+        plain_http_host: str = "",
+        cookies: dict[str, str] | None = None,
+    ) -> None:
         parsed = urllib.parse.urlsplit(base_url)
         self._host, self._port = parsed.hostname, parsed.port
-        self.cookies: dict[str, str] = {}
+        self._source = (source, 0) if source else None
+        self._plain_http_host = plain_http_host
+        self.cookies: dict[str, str] = dict(cookies or {})
 
     def request(self, method: str, path: str, form: dict | None = None) -> Reply:
-        connection = http.client.HTTPConnection(self._host, self._port, timeout=30)
+        connection = http.client.HTTPConnection(
+            self._host, self._port, timeout=30, source_address=self._source
+        )
         headers = {}
+        if self._plain_http_host:
+            headers["Host"] = f"{self._plain_http_host}:{self._port}"
+            if method == "POST":
+                headers["Origin"] = f"http://{self._plain_http_host}:{self._port}"
         if self.cookies:
             headers["Cookie"] = "; ".join(f"{k}={v}" for k, v in self.cookies.items())
         body = None
@@ -158,9 +200,10 @@ class Browser:
         for header in response.headers.get_all("Set-Cookie") or []:
             name, _, rest = header.partition("=")
             value = rest.split(";", 1)[0]
-            if value in ("", '""') or "max-age=0" in header.lower():
+            flags = {flag.strip().lower() for flag in rest.split(";")[1:]}
+            if value in ("", '""') or "max-age=0" in flags:
                 self.cookies.pop(name, None)
-            else:
+            elif not (self._plain_http_host and "secure" in flags):
                 self.cookies[name] = value
         return Reply(response.status, response.headers, text)
 

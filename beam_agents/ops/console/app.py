@@ -11,6 +11,12 @@ What waits (a decision or an export request for the broker's acknowledgement, a 
 argon2 hash) runs in the thread pool: a broker that is slow or down stalls that request only,
 never every page of the console.
 
+Cookies are Secure unless the configuration says the console is served over plain HTTP
+(`secure_cookies = false`): a browser keeps a Secure cookie only from an HTTPS page (or from
+localhost), so a sign-in posted without its form cookie from a page loaded over plain HTTP by
+a host name (the browser's Origin says so) is told that, and what to change, rather than that
+its form expired.
+
 Live updates: elements with `data-poll` are re-fetched from their fragment URL every few
 seconds by static/console.js (plain fetch; server-rendered HTML in, no client templating). A
 page's fragment URL carries the page's whole query string, so a refresh keeps the pages and the
@@ -32,7 +38,7 @@ import secrets
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
-from urllib.parse import quote, urlencode
+from urllib.parse import quote, urlencode, urlsplit
 
 from jinja2 import Environment, FileSystemLoader
 from starlette.applications import Starlette
@@ -66,6 +72,13 @@ MAX_PAGE = 10**9
 #: at most 24 KB percent-encoded; without a bound the form parser buffered up to 1,000 fields
 #: of 1 MB each, for anyone, the sign-in form needing no session.
 MAX_FORM_BYTES = 64 * 1024
+_SECURE_COOKIES_REFUSED = (
+    "Sign-in cannot work on this address: the console sets Secure cookies (secure_cookies "
+    "is on in its configuration), and a browser keeps them only from a page loaded over "
+    "HTTPS (or from localhost). Open the console by its https:// address, or, if it is served "
+    "over plain HTTP on a network you trust, set secure_cookies = false in its [console] "
+    "table."
+)
 _HERE = Path(__file__).parent
 _HEADERS = {
     "Content-Security-Policy": (
@@ -159,6 +172,21 @@ def _environment() -> Environment:
     return env
 
 
+#: Hosts a browser treats as a secure context over plain HTTP (it keeps their Secure cookies).
+_LOOPBACK = re.compile(r"(.+\.)?localhost|127(\.\d{1,3}){3}|::1")
+
+
+def _plain_http_origin(request: Request) -> bool:
+    """Whether the browser says (Origin, sent with every form post) that it loaded the page
+    over plain HTTP from a host that is not the loopback: there it keeps no Secure cookie."""
+    try:
+        origin = urlsplit(request.headers.get("origin", ""))
+        host = origin.hostname or ""
+    except ValueError:  # a header that is no URL says nothing
+        return False
+    return origin.scheme == "http" and not _LOOPBACK.fullmatch(host)
+
+
 def _unreadable(request: Request) -> Response | None:
     """The refusal of a form body too large to read (413) or of unknown length (411: a
     browser always sends the length of a form), else None."""
@@ -214,10 +242,15 @@ def _slice(items):
 
 
 def create_app(
-    bus: ConsoleBus, auth: Auth, *, clock: Callable[[], int] = wall_clock_ms
+    bus: ConsoleBus,
+    auth: Auth,
+    *,
+    clock: Callable[[], int] = wall_clock_ms,
+    secure_cookies: bool = True,
 ) -> Starlette:
     env = _environment()
     inbox, observations = bus.inbox, bus.observations
+    cookie_flags = {"httponly": True, "secure": secure_cookies, "samesite": "strict", "path": "/"}
 
     def render(request, name: str, status: int = 200, session: Session | None = None, **context):
         html = env.get_template(name).render(
@@ -266,9 +299,7 @@ def create_app(
         if not _LOGIN_TOKEN.fullmatch(token):
             token = secrets.token_urlsafe(32)
         response = render(request, "login.html", status, error=error, csrf=token)
-        response.set_cookie(
-            LOGIN_CSRF_COOKIE, token, httponly=True, secure=True, samesite="strict", path="/"
-        )
+        response.set_cookie(LOGIN_CSRF_COOKIE, token, **cookie_flags)
         return response
 
     async def login(request: Request) -> Response:
@@ -277,6 +308,10 @@ def create_app(
         form = await request.form()
         cookie = request.cookies.get(LOGIN_CSRF_COOKIE, "")
         token = str(form.get("csrf", ""))
+        if not cookie and secure_cookies and _plain_http_origin(request):
+            # The browser posts from a page it loaded over plain HTTP (its Origin says so):
+            # it dropped the Secure cookie, and would drop the session's.
+            return await login_page(request, 403, _SECURE_COOKIES_REFUSED)
         if not cookie or not hmac.compare_digest(cookie.encode(), token.encode()):
             return await login_page(request, 403, "The form expired; please sign in again.")
         address = request.client.host if request.client else ""
@@ -284,22 +319,25 @@ def create_app(
             signed = await run_in_threadpool(
                 auth.sign_in, str(form.get("user", "")), str(form.get("password", "")), address
             )
-        except RateLimited:
-            return await login_page(request, 429, "Too many failed sign-ins; try again later.")
+        except RateLimited as e:
+            why = "from this address" if e.subject.startswith("address:") else "for this account"
+            return await login_page(
+                request, 429,
+                f"Too many failed sign-ins {why}; try again from here in "
+                f"{_duration(e.retry_after_ms + 999)}.",
+            )  # fmt: skip
         if signed is None:
             return await login_page(request, 401, "Wrong user name or password.")
         cookie_token, _ = signed
         response = RedirectResponse("/", status_code=303, headers=_HEADERS)
-        response.set_cookie(
-            SESSION_COOKIE, cookie_token, httponly=True, secure=True, samesite="strict", path="/"
-        )
-        response.delete_cookie(LOGIN_CSRF_COOKIE, path="/")
+        response.set_cookie(SESSION_COOKIE, cookie_token, **cookie_flags)
+        response.delete_cookie(LOGIN_CSRF_COOKIE, path="/", secure=secure_cookies, httponly=True)
         return response
 
     async def logout(request: Request, session: Session) -> Response:
         auth.sign_out(request.cookies.get(SESSION_COOKIE))
         response = RedirectResponse("/login", status_code=303, headers=_HEADERS)
-        response.delete_cookie(SESSION_COOKIE, path="/", secure=True, httponly=True)
+        response.delete_cookie(SESSION_COOKIE, path="/", secure=secure_cookies, httponly=True)
         return response
 
     # -- inbox ----------------------------------------------------------------------------
@@ -316,7 +354,8 @@ def create_app(
         found = inbox.get(intent_id)
         if found is None:
             return message(request, session, 404, "Not found", f"no approval {intent_id}")
-        snapshot = observations.snapshot(found.intent.entity_key)
+        # The deadline shown is one the agent gave (observed.py): a forged one is not shown.
+        snapshot = observations.snapshot(found.intent.entity_key, trusted=True)
         deadline = 0
         # The effector's inquiry is about a call the agent waits on under the call's own id:
         # its deadline is when the agent stops waiting for the answer asked for here.
@@ -396,6 +435,7 @@ def create_app(
         return {
             "key": key,
             "snapshot": snapshot,
+            "snapshot_trusted": observations.snapshot_trusted(key),
             **state,
             "approvals": page_of(partial(inbox.for_key, key), "approvals_page"),
             "activations": [(a, timeline(a.events)) for a in activations],

@@ -23,11 +23,21 @@ from beam_agents.ops.console.app import (
     SESSION_COOKIE,
     create_app,
 )
-from beam_agents.ops.console.auth import MAX_FAILURES
+from beam_agents.ops.console.auth import BACKOFF_MS, MAX_FAILURES, WINDOW_MS, Auth, hash_password
+from beam_agents.ops.console.config import Role, User
+from beam_agents.ops.console.db import Database
 from beam_agents.ops.console.service import serving
 from beam_agents.ops.rounds import ManualClock
 from beam_agents.runtime.dead_letters import error_record, to_envelope
-from beam_agents.testing.console import PASSWORD, Browser, Recorder, approval_intent, make_bus
+from beam_agents.testing.console import (
+    PASSWORD,
+    USERS,
+    Browser,
+    Recorder,
+    approval_intent,
+    export_answer,
+    make_bus,
+)
 from beam_agents.testing.samples import TRACE_ID
 
 NOW = 1_000_000
@@ -187,14 +197,15 @@ def test_an_approval_whose_id_holds_a_hash_is_reached_by_its_link_and_decided_by
 def test_the_effectors_inquiry_shows_when_the_agent_stops_waiting_for_the_call(tmp_path):
     ring = Keyring({"inquiries": b"i" * 32}, active="inquiries")
     clock = ManualClock(NOW)
-    bus, auth = make_bus(tmp_path / "c.sqlite", Recorder(), clock, inquiry_keyring=ring)
+    recorder = Recorder()
+    bus, auth = make_bus(tmp_path / "c.sqlite", recorder, clock, inquiry_keyring=ring)
     inquiry = approval_intent("call-1" + INQUIRY_SUFFIX, ring=None)
     inquiry.tool_name = INQUIRY_TOOL
     bus.inbox.receive(sign(inquiry, ring).SerializeToString())
-    snapshot = StateSnapshot(entity_key=b"c-1", snapshot_at_ms=NOW)
+    snapshot = StateSnapshot(entity_key=b"c-1")
     snapshot.continuation.pending_intent_ids.append("call-1")  # the call, under its own id
     snapshot.continuation.deadline_ms = NOW + 3_600_000
-    bus.observations.add_snapshot(snapshot.SerializeToString())
+    bus.observations.add_snapshot(export_answer(bus, recorder, snapshot))
     with serving(create_app(bus, auth, clock=clock)) as url:
         page = _signed_in(url, "alice").get("/approvals/call-1%23outcome")
     assert page.status == 200 and "not known yet" not in page.text
@@ -755,3 +766,144 @@ def test_a_trace_nesting_spans_past_pythons_recursion_limit_is_drawn(console):
         assert page.status == 200, path
         assert page.text.count('<rect class="bar') == depth, path
         assert page.text.count('<line class="link"') == 2 * (depth - 1), path
+
+
+# -- issue 38: forgers, lock-outs, passwords and cookies ------------------------------------
+
+
+def test_a_forged_snapshot_neither_refuses_a_decision_nor_stays_on_the_agent_page(console):
+    # Issue 38: one unsigned snapshot claiming the latest time there is (snapshot_at_ms=2**62)
+    # and a passed deadline made every approve on the key's real, unexpired intent a 409, and
+    # the agent page showed its memory for good: no later real snapshot was ever newer.
+    url, bus, recorder, _ = console
+    forged = StateSnapshot(entity_key=b"c-1", snapshot_at_ms=2**62, request_id="console-x")
+    forged.memory.entries.add(key="forged-memory", value=b"x")
+    forged.continuation.pending_intent_ids.append("a-1")
+    forged.continuation.deadline_ms = 1
+    bus.handle(bus.topics.snapshots, forged.SerializeToString())
+    alice = _signed_in(url, "alice")
+    page = alice.get("/approvals/a-1")
+    reply = alice.post("/approvals/a-1", {"csrf": page.csrf(), "decision": "approve"})
+    assert reply.status == 303, reply.text
+    assert bus.inbox.decision("a-1").approved
+    assert "not known yet" in page.text  # the forged deadline is not shown as the agent's
+    agent = alice.get("/agents/632d31").text
+    assert "forged-memory" in agent and 'id="snapshot-unverified"' in agent
+    real = StateSnapshot(entity_key=b"c-1")
+    real.memory.entries.add(key="real-memory", value=b"y")
+    bus.handle(bus.topics.snapshots, export_answer(bus, recorder, real))
+    bus.handle(bus.topics.snapshots, forged.SerializeToString())  # and forged again after
+    agent = alice.get("/agents/632d31").text
+    assert "real-memory" in agent and "forged-memory" not in agent
+    assert 'id="snapshot-unverified"' not in agent
+
+
+def test_forged_intents_claiming_to_be_older_do_not_push_a_real_one_off_the_first_page(console):
+    # Issue 38: the inbox was ordered by the intents' own created_at_ms, which nobody signs
+    # for an unsigned copy: PER_PAGE forgeries claiming created_at_ms=1 filled page 1 and the
+    # real refund was on page 2.
+    url, bus, _, clock = console
+    clock.advance(1)
+    for n in range(PER_PAGE + 5):
+        bus.inbox.receive(
+            approval_intent(f"f-{n:02}", created_at_ms=1, ring=None).SerializeToString()
+        )
+    first = _signed_in(url, "alice").get("/").text
+    assert 'href="/approvals/a-1"' in first
+    assert first.index('href="/approvals/a-1"') < first.index('href="/approvals/f-')
+
+
+def _stranger(url, address, times):
+    """`times` wrong passwords for alice from `address`; their statuses."""
+    browser = Browser(url, source=address)
+    return [browser.sign_in("alice", "wrong").status for _ in range(times)]
+
+
+def test_a_stranger_failing_sign_ins_does_not_lock_the_owner_out(console):
+    # Issue 38: five wrong passwords from any address locked the account for 15 minutes, and
+    # again each time: a stranger kept an approver out for as long as they liked.
+    url, _, _, clock = console
+    statuses = _stranger(url, "127.0.0.2", 3 * MAX_FAILURES)
+    assert statuses[:MAX_FAILURES] == [401] * MAX_FAILURES and set(statuses[MAX_FAILURES:]) == {429}
+    clock.advance(WINDOW_MS - 1)
+    _stranger(url, "127.0.0.5", 1)  # keeps the account locked, as a stranger would
+    owner = Browser(url, source="127.0.0.3")
+    reply = owner.sign_in("alice")
+    assert reply.status == 303 and owner.get("/").status == 200
+
+
+def test_an_address_that_keeps_failing_waits_twice_as_long_after_each_failure(console):
+    # Guesses at many names (no account lock in the way): only the address slows down.
+    url, _, _, clock = console
+    browser = Browser(url, source="127.0.0.2")
+    names = iter(f"nobody-{n}" for n in range(100))
+    statuses = [browser.sign_in(next(names), "wrong").status for _ in range(MAX_FAILURES)]
+    assert statuses == [401] * MAX_FAILURES
+    reply = browser.sign_in(next(names), "wrong")
+    assert reply.status == 429 and "from this address" in reply.text
+    clock.advance(BACKOFF_MS)
+    assert browser.sign_in(next(names), "wrong").status == 401
+    clock.advance(BACKOFF_MS)
+    assert browser.sign_in("vera").status == 429  # now it waits 2 s
+    clock.advance(BACKOFF_MS)
+    assert browser.sign_in("vera").status == 303
+    # Another address was never slowed down.
+    assert Browser(url, source="127.0.0.3").sign_in("ada").status == 303
+
+
+def test_a_locked_account_refuses_an_address_that_failed_too_until_its_failure_ages(console):
+    # The documented price of not locking the owner out: at a locked account, an address
+    # gets one try per window, the owner's own mistyped one included.
+    url, _, _, clock = console
+    _stranger(url, "127.0.0.2", MAX_FAILURES)
+    owner = Browser(url, source="127.0.0.3")
+    assert owner.sign_in("alice", "typo").status == 401
+    reply = owner.sign_in("alice")
+    assert reply.status == 429 and "for this account" in reply.text
+    clock.advance(WINDOW_MS + 1)
+    assert owner.sign_in("alice").status == 303
+
+
+def test_a_new_password_ends_the_sessions_opened_with_the_old_one(tmp_path):
+    # Issue 38: sessions live 12 h and outlived a change of password: whoever had the old one
+    # (the reason to change it) stayed signed in.
+    clock = ManualClock(NOW)
+    path = tmp_path / "console.sqlite"
+    bus, auth = make_bus(path, Recorder(), clock)
+    with serving(create_app(bus, auth, clock=clock)) as url:
+        alice, vera = _signed_in(url, "alice"), _signed_in(url, "vera")
+    changed = {**USERS, "alice": User("alice", Role.APPROVER, hash_password("a new password"))}
+    with serving(create_app(bus, Auth(Database(path), changed, clock=clock), clock=clock)) as url:
+        # The same browsers, their cookies kept, at the console restarted with the new hash.
+        alice, vera = (Browser(url, cookies=b.cookies) for b in (alice, vera))
+        reply = alice.get("/")
+        assert reply.status == 303 and reply.headers["Location"] == "/login"
+        assert vera.get("/").status == 200  # another user's session is not ended
+        assert Browser(url).sign_in("alice", "a new password").status == 303
+
+
+def test_sign_in_over_plain_http_by_a_host_name_says_why_it_cannot_work(console):
+    # Issue 38: every cookie is Secure, so a browser on http://console.lan/ dropped the form's
+    # cookie and was told "The form expired", whatever it did.
+    url, *_ = console
+    browser = Browser(url, plain_http_host="console.lan")
+    reply = browser.sign_in("alice")
+    assert reply.status == 403 and "expired" not in reply.text
+    assert "HTTPS" in reply.text and "secure_cookies = false" in reply.text
+    # Over HTTPS (or on the loopback) the same form is only an expired one when it is.
+    assert Browser(url).sign_in("alice").status == 303
+
+
+def test_with_secure_cookies_off_sign_in_works_over_plain_http(tmp_path):
+    clock = ManualClock(NOW)
+    bus, auth = make_bus(tmp_path / "console.sqlite", Recorder(), clock)
+    with serving(create_app(bus, auth, clock=clock, secure_cookies=False)) as url:
+        browser = Browser(url, plain_http_host="console.lan")
+        reply = browser.sign_in("alice")
+        assert reply.status == 303, reply.text
+        (cookie,) = [
+            c for c in reply.headers.get_all("Set-Cookie") if c.startswith(SESSION_COOKIE + "=")
+        ]
+        flags = {part.strip().lower() for part in cookie.split(";")}
+        assert "secure" not in flags and {"httponly", "samesite=strict"} <= flags
+        assert browser.get("/").status == 200

@@ -28,6 +28,7 @@ from beam_agents.testing.console import (
     PASSWORD,
     Recorder,
     approval_intent,
+    export_answer,
     make_bus,
 )
 from beam_agents.testing.console_loop import DemoLoop, kafka_broker
@@ -72,13 +73,13 @@ def console(tmp_path):
         expires_at_ms=now + 3_600_000,
     )
     bus.handle(bus.topics.approvals, intent.SerializeToString(deterministic=True))
-    snapshot = StateSnapshot(entity_key=b"c-1", seq=3, snapshot_at_ms=now - 60_000)
+    snapshot = StateSnapshot(entity_key=b"c-1", seq=3)
     snapshot.memory.entries.add(key="ticket", value=b'{"id":"t-1","text":"charged twice"}')
     snapshot.continuation.pending_intent_ids.append("refund-1")
     snapshot.continuation.suspended_at_ms = now - 64_000
     snapshot.continuation.deadline_ms = now + 3_600_000
     snapshot.pending.append(intent)
-    bus.observations.add_snapshot(snapshot.SerializeToString())
+    bus.observations.add_snapshot(export_answer(bus, recorder, snapshot))
     for event in _activation(intent, now - 65_600):
         bus.handle(bus.topics.traces, event.SerializeToString())
     with serving(create_app(bus, auth)) as url:

@@ -107,6 +107,8 @@ class ConsoleBus:
         request_id = f"console-{uuid.uuid4().hex}"
         envelope = AgentEnvelope(entity_key=key, event_time_ms=now)
         envelope.export_request.request_id = request_id
+        # Recorded first: the answer is trusted as this request's (observed.py).
+        self.observations.expect_snapshot(key, request_id, now)
         self._publish([(self.topics.events, key, envelope, now)])
         return request_id
 

@@ -8,6 +8,7 @@
     database = "console.sqlite"          # relative paths are relative to this file
     host = "127.0.0.1"
     port = 8080
+    secure_cookies = true                # false only when served over plain HTTP (below)
     verify_mode = "require"              # how APPROVAL intents are verified (as the effector)
     intent_keyring = "intent-keys.json"  # verifies them: a keyring file, or MODULE:NAME
     approvals_keyring = "approval-keys.json"  # its active key signs every decision
@@ -17,8 +18,14 @@
     role = "approver"                    # viewer, approver or admin
     password_hash = "$argon2id$v=19$..." # `beam-agents console hash-password`
 
-Passwords are kept only as argon2id hashes (argon2-cffi). A keyring given as MODULE:NAME is a
-callable returning a Keyring (as `effector-service --keyring`), e.g. the demo's key.
+The console serves plain HTTP and is meant to be reached over HTTPS, through a TLS-terminating
+proxy: its cookies are Secure by default, and a browser keeps a Secure cookie only from an
+HTTPS page (or from localhost). Served over plain HTTP by a host name (a LAN name, a proxy that
+does not terminate TLS), sign-in cannot work until `secure_cookies = false`, and the sign-in
+page says so. Passwords are kept only as argon2id hashes (argon2-cffi); changing a user's
+password_hash ends that user's sessions once the console is restarted on the file. A keyring
+given as MODULE:NAME is a callable returning a Keyring (as `effector-service --keyring`), e.g.
+the demo's key.
 `inquiry_keyring` is the ring the effector signs its inquiries with (`effector-service
 --inquiry-keyring`, else its `--result-keyring`); without it, under a verify mode, the
 effector's questions about calls it lost are listed refused and nobody can answer them.
@@ -76,6 +83,7 @@ class ConsoleConfig:
     topics: Topics | None = None
     host: str = "127.0.0.1"
     port: int = 8080
+    secure_cookies: bool = True
 
     @classmethod
     def from_file(cls, path: str | Path) -> ConsoleConfig:
@@ -138,6 +146,9 @@ class ConsoleConfig:
         port = console.get("port", 8080)
         if not isinstance(port, int) or isinstance(port, bool) or not 0 <= port < 65536:
             raise fail("console.port must be a port number")
+        secure_cookies = console.get("secure_cookies", True)
+        if not isinstance(secure_cookies, bool):
+            raise fail("console.secure_cookies must be true or false")
         return cls(
             users=users,
             database=base / text(console, "console", "database", "console.sqlite"),
@@ -149,6 +160,7 @@ class ConsoleConfig:
             topics=topics,
             host=text(console, "console", "host", "127.0.0.1"),
             port=port,
+            secure_cookies=secure_cookies,
         )
 
 

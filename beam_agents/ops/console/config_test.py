@@ -29,6 +29,18 @@ def test_a_well_formed_file_loads(tmp_path):
     assert config.database == tmp_path / "console.sqlite"
 
 
+def test_cookies_are_secure_unless_the_file_says_the_console_is_served_over_plain_http(
+    tmp_path,
+):
+    # Issue 38: every cookie was Secure, so a console served over plain HTTP by a host name
+    # could sign nobody in, and nothing in the file could say how it is served.
+    (tmp_path / "keys.json").write_text(_KEYS)
+    config = ConsoleConfig.from_document(_document(), base=tmp_path, source="console.toml")
+    assert config.secure_cookies is True
+    plain = _document("console", "secure_cookies", False)
+    assert not ConsoleConfig.from_document(plain, base=tmp_path, source="c.toml").secure_cookies
+
+
 def test_the_effectors_inquiry_ring_is_read_from_the_file(tmp_path):
     (tmp_path / "keys.json").write_text(_KEYS)
     document = _document("console", "inquiry_keyring", "beam_agents.ops.demo:demo_inquiry_keyring")
@@ -46,6 +58,7 @@ def test_the_effectors_inquiry_ring_is_read_from_the_file(tmp_path):
         ("console", "database", 3),
         ("console", "host", []),
         ("console", "port", True),
+        ("console", "secure_cookies", "no"),
         ("kafka", "topic_prefix", 5),
         ("kafka", "bootstrap_servers", {"host": "x"}),
     ],

@@ -6,6 +6,9 @@ decisions, sessions and login failures (WAL mode, synchronous=FULL: a committed 
 survives a crash of the process or the machine). Transactions are `BEGIN IMMEDIATE`: the
 write lock is taken before the first read, so two processes deciding the same intent are
 serialized and the second reads the first one's decision.
+
+The file outlives the binary: a column added since is added to an older file on open
+(`_COLUMNS`, additive only, each with the default an older row means), never a table rebuilt.
 """
 
 from __future__ import annotations
@@ -29,9 +32,12 @@ _SCHEMA = (
         created_at_ms INTEGER NOT NULL,
         expires_at_ms INTEGER NOT NULL,
         received_at_ms INTEGER NOT NULL)""",
-    "CREATE INDEX IF NOT EXISTS approvals_created ON approvals (created_at_ms)",
+    # The inbox lists verified copies first, by when this console received them (never by
+    # an unsigned created_at_ms), and bounds the refused ones by age and count.
+    "CREATE INDEX IF NOT EXISTS approvals_received ON approvals (approvable DESC, received_at_ms)",
     # The agent page pages a key's approvals; without it every page scans the whole table.
-    "CREATE INDEX IF NOT EXISTS approvals_key ON approvals (entity_key, created_at_ms)",
+    "CREATE INDEX IF NOT EXISTS approvals_key_received ON approvals "
+    "(entity_key, approvable DESC, received_at_ms)",
     # The one decision of an intent (UNIQUE by the primary key), with the exact bytes produced,
     # so a re-production after a crash sends the same records again.
     """CREATE TABLE IF NOT EXISTS decisions (
@@ -66,7 +72,15 @@ _SCHEMA = (
         subject TEXT NOT NULL,
         at_ms INTEGER NOT NULL)""",
     "CREATE INDEX IF NOT EXISTS login_failures_subject ON login_failures (subject, at_ms)",
-    # What the viewer shows, as read from the loop's topics.
+    # The export requests this console sent: a snapshot answering one (its request_id, key
+    # and snapshot_at_ms) comes from the agent; any other is anyone's (observed.py).
+    """CREATE TABLE IF NOT EXISTS export_requests (
+        request_id TEXT PRIMARY KEY,
+        entity_key BLOB NOT NULL,
+        requested_at_ms INTEGER NOT NULL)""",
+    "CREATE INDEX IF NOT EXISTS export_requests_at ON export_requests (requested_at_ms)",
+    # What the viewer shows, as read from the loop's topics. A snapshot's snapshot_at_ms is
+    # the time it is kept by: its export request's, for a trusted one (observed.py).
     """CREATE TABLE IF NOT EXISTS snapshots (
         entity_key BLOB PRIMARY KEY,
         snapshot_at_ms INTEGER NOT NULL,
@@ -97,6 +111,14 @@ _SCHEMA = (
     """CREATE TABLE IF NOT EXISTS keys (entity_key BLOB PRIMARY KEY, last_seen_ms INTEGER)""",
 )
 
+#: Columns added since a table was first created: (table, column, definition). The default is
+#: what a row of an older file means: a snapshot kept before trust was recorded is untrusted,
+#: a session opened before its credential was recorded is no session (auth.py).
+_COLUMNS = (
+    ("snapshots", "trusted", "INTEGER NOT NULL DEFAULT 0"),
+    ("sessions", "credential", "BLOB NOT NULL DEFAULT x''"),
+)
+
 
 class Database:
     """One connection to the console's SQLite file, shared by the threads of one process."""
@@ -112,6 +134,10 @@ class Database:
         with self.transaction() as db:
             for statement in _SCHEMA:
                 db.execute(statement)
+            for table, column, definition in _COLUMNS:
+                known = {row[1] for row in db.execute(f"PRAGMA table_info({table})")}
+                if column not in known:
+                    db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {definition}")
 
     @contextlib.contextmanager
     def transaction(self) -> Iterator[sqlite3.Connection]:

@@ -14,11 +14,18 @@ intent_id (a forger cannot shadow the real intent by sending first); two admissi
 the first. Each process judges the undecided copies kept again when it starts, by its own mode
 and keyring (a key added since admits, a key removed refuses).
 
+Anyone may write to the approvals topic, so nothing a refused copy claims orders or bounds the
+inbox: lists show the approvable copies first, each part in the order this console received
+them (its own clock, not the intent's unsigned created_at_ms), and refused copies are kept for
+`REFUSED_KEEP_MS` after they were received and at most `MAX_REFUSED` of them, the newest (a
+copy refused for a key the console lacks is admitted if the key arrives within that).
+
 Deciding, exactly once. `decide` runs in one BEGIN IMMEDIATE transaction: it refuses an intent
 that is not approvable, expired (`expires_at_ms` at or before now, or no expiry: fail closed as
-the effector does), or whose suspension's deadline (from the key's latest StateSnapshot) has
-passed; an intent decided before gets that decision back, whoever asks (a second click, a
-replayed form post, another console process on the same file). Otherwise it builds the
+the effector does), or whose suspension's deadline (from the key's latest trusted
+StateSnapshot, observed.py) has passed; an intent decided before gets that decision back,
+whoever asks (a second click, a replayed form post, another console process on the same
+file). Otherwise it builds the
 AgentEnvelope (the Approval with intent_id, approved, approver = the signed-in user,
 decided_at_ms, intent_digest = the content digest of the intent decided, signed with the
 approvals keyring) and the decision's TraceEvent, and records both with the audit row before
@@ -45,10 +52,15 @@ from beam_agents.intents.identity import content_digest, effective_kind
 from beam_agents.intents.signing import Keyring, Verification, is_unsigned, sign, verify
 from beam_agents.ops.console.db import Database
 
-__all__ = ["Approval", "Decision", "DecisionRefused", "Inbox"]
+__all__ = ["MAX_REFUSED", "REFUSED_KEEP_MS", "Approval", "Decision", "DecisionRefused", "Inbox"]
 
 #: Longest comment kept; a form field is otherwise unbounded.
 MAX_COMMENT_CHARS = 2000
+#: How long and how many refused copies are kept (module docstring).
+REFUSED_KEEP_MS = 24 * 60 * 60 * 1000
+MAX_REFUSED = 1000
+#: The order of every list of approvals: approvable first, then by this console's receipt.
+_ORDER = "ORDER BY approvable DESC, received_at_ms, intent_id"
 
 
 class DecisionRefused(BeamAgentsError):
@@ -116,6 +128,7 @@ class Inbox:
         approvals_keyring: Keyring,
         inquiry_keyring: Keyring | None = None,
         clock: Callable[[], int] = wall_clock_ms,
+        max_refused: int = MAX_REFUSED,
     ) -> None:
         if mode is not VerifyMode.OFF and intent_keyring is None:
             raise ValueError(f"verify mode {mode.value} needs an intent keyring")
@@ -127,6 +140,7 @@ class Inbox:
         self._inquiry_keyring = inquiry_keyring
         self._approvals_keyring = approvals_keyring
         self._clock = clock
+        self._max_refused = max_refused
         self._judge_again()
 
     # -- receiving ------------------------------------------------------------------------
@@ -152,7 +166,22 @@ class Inbox:
                         intent.created_at_ms, intent.expires_at_ms, now,
                     ),
                 )  # fmt: skip
+            if not admitted:
+                self._forget_refused(db, now)
         return self.get(intent.intent_id), row is None
+
+    def _forget_refused(self, db, now: int) -> None:
+        """Bounds the refused copies by age and count (module docstring). A refused copy has
+        no decision: `decide` refuses it, and only undecided copies are judged again."""
+        db.execute(
+            "DELETE FROM approvals WHERE approvable = 0 AND received_at_ms < ?",
+            (now - REFUSED_KEEP_MS,),
+        )
+        db.execute(
+            "DELETE FROM approvals WHERE rowid IN (SELECT rowid FROM approvals "
+            "WHERE approvable = 0 ORDER BY received_at_ms DESC, rowid DESC LIMIT -1 OFFSET ?)",
+            (self._max_refused,),
+        )
 
     def _judge(self, intent: ToolIntent, data: bytes) -> tuple[str, bool]:
         """The verification outcome of a copy and whether the mode admits it."""
@@ -219,12 +248,13 @@ class Inbox:
         return _decision(rows[0]) if rows else None
 
     def pending(self, *, offset: int = 0, limit: int = 20) -> tuple[list[Approval], int]:
-        """Undecided approvals, oldest first, and how many there are in all."""
+        """Undecided approvals, approvable first, each part in the order received, and how
+        many there are in all."""
         where = "FROM approvals a WHERE NOT EXISTS (SELECT 1 FROM decisions d WHERE d.intent_id = a.intent_id)"  # noqa: E501
         (total,) = self._db.read(f"SELECT count(*) {where}")[0]
         rows = self._db.read(
             f"SELECT intent, verification, approvable, received_at_ms {where} "
-            "ORDER BY created_at_ms, intent_id LIMIT ? OFFSET ?",
+            f"{_ORDER} LIMIT ? OFFSET ?",
             (limit, offset),
         )
         return [self._approval(row, None) for row in rows], total
@@ -242,13 +272,14 @@ class Inbox:
     def for_key(
         self, entity_key: bytes, *, offset: int = 0, limit: int = 20
     ) -> tuple[list[Approval], int]:
-        """The key's approvals, decided or not, oldest first, and how many there are in all."""
+        """The key's approvals, decided or not, in the order of `pending`, and how many there
+        are in all."""
         (total,) = self._db.read(
             "SELECT count(*) FROM approvals WHERE entity_key = ?", (entity_key,)
         )[0]
         rows = self._db.read(
             "SELECT intent, verification, approvable, received_at_ms, intent_id FROM approvals "
-            "WHERE entity_key = ? ORDER BY created_at_ms, intent_id LIMIT ? OFFSET ?",
+            f"WHERE entity_key = ? {_ORDER} LIMIT ? OFFSET ?",
             (entity_key, limit, offset),
         )
         return [self._approval(row[:4], self.decision(row[4])) for row in rows], total
@@ -331,8 +362,11 @@ class Inbox:
                 reason="expired",
                 intent_id=intent.intent_id,
             )
+        # Only a snapshot answering this console's own export request (observed.py): anyone
+        # may write a snapshot, and one claiming the deadline passed refused every decision.
         row = db.execute(
-            "SELECT snapshot FROM snapshots WHERE entity_key = ?", (intent.entity_key,)
+            "SELECT snapshot FROM snapshots WHERE entity_key = ? AND trusted = 1",
+            (intent.entity_key,),
         ).fetchone()
         if row is None:
             return

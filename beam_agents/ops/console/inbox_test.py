@@ -4,6 +4,8 @@ decision, and only an intent verified as the effector verifies it can be decided
 
 from __future__ import annotations
 
+import hashlib
+import sqlite3
 import threading
 import time
 import tracemalloc
@@ -15,13 +17,15 @@ from beam_agents.bus import KafkaBusError
 from beam_agents.intents.effector import INQUIRY_SUFFIX, INQUIRY_TOOL, VerifyMode
 from beam_agents.intents.identity import content_digest
 from beam_agents.intents.signing import Keyring, Verification, sign, verify
-from beam_agents.ops.console.inbox import DecisionRefused
+from beam_agents.ops.console.db import Database
+from beam_agents.ops.console.inbox import REFUSED_KEEP_MS, DecisionRefused, Inbox
 from beam_agents.ops.rounds import ManualClock
 from beam_agents.testing.console import (
     APPROVALS_RING,
     INTENT_RING,
     Recorder,
     approval_intent,
+    export_answer,
     make_bus,
 )
 
@@ -286,19 +290,19 @@ def test_a_decision_at_or_after_expiry_is_refused(tmp_path, clock, expires_at_ms
 
 
 def test_a_decision_after_the_suspensions_deadline_is_refused(tmp_path, clock):
-    bus, _ = make_bus(tmp_path / "c.sqlite", Recorder(), clock)
+    recorder = Recorder()
+    bus, _ = make_bus(tmp_path / "c.sqlite", recorder, clock)
     _received(bus, approval_intent())
-    snapshot = StateSnapshot(entity_key=b"c-1", snapshot_at_ms=NOW - 100)
+    snapshot = StateSnapshot(entity_key=b"c-1")
     snapshot.continuation.pending_intent_ids.append("a-1")
     snapshot.continuation.deadline_ms = NOW - 1
-    bus.handle(bus.topics.snapshots, snapshot.SerializeToString())
+    bus.handle(bus.topics.snapshots, export_answer(bus, recorder, snapshot))
     with pytest.raises(DecisionRefused, match="deadline") as refused:
         _decide(bus)
     assert refused.value.reason == "after_deadline"
     # At the deadline itself the agent still takes the answer (RunAgent refuses only after).
     snapshot.continuation.deadline_ms = NOW
-    snapshot.snapshot_at_ms = NOW - 50
-    bus.handle(bus.topics.snapshots, snapshot.SerializeToString())
+    bus.handle(bus.topics.snapshots, export_answer(bus, recorder, snapshot))
     assert _decide(bus)[1]
 
 
@@ -354,3 +358,98 @@ def test_judging_the_kept_copies_again_at_start_holds_one_copy_at_a_time(tmp_pat
         tracemalloc.stop()
     assert not restarted.inbox.get("f-79").approvable
     assert peak < 4 * 1024 * 1024, f"{peak} bytes held to judge 20 MB of copies again"
+
+
+def test_refused_copies_are_kept_a_bounded_time_and_number_real_ones_are_not(tmp_path, clock):
+    # Issue 38: every refused copy, anyone's, was kept for ever: a forger grew the inbox, and
+    # the work of every page, without bound.
+    bus, _ = make_bus(tmp_path / "c.sqlite", Recorder(), clock)
+    _received(bus, approval_intent("a-1"))
+    _received(bus, approval_intent("f-early", ring=None))
+    # A day later the next refused copy finds the earlier one too old to keep; the real one
+    # stays.
+    clock.advance(REFUSED_KEEP_MS + 1)
+    _received(bus, approval_intent("f-late", ring=None))
+    assert [a.intent_id for a in bus.inbox.pending()[0]] == ["a-1", "f-late"]
+    inbox = Inbox(
+        Database(tmp_path / "c.sqlite"), mode=VerifyMode.REQUIRE, intent_keyring=INTENT_RING,
+        approvals_keyring=APPROVALS_RING, clock=clock, max_refused=5,
+    )  # fmt: skip
+    for n in range(8):
+        clock.advance(1)
+        inbox.receive(approval_intent(f"f-{n}", ring=None).SerializeToString())
+    pending, total = inbox.pending()
+    newest = [f"f-{n}" for n in range(3, 8)]
+    assert total == 6 and [a.intent_id for a in pending] == ["a-1", *newest]
+
+
+def test_the_inbox_lists_verified_copies_first_in_the_order_received(tmp_path, clock):
+    # Issue 38: ordered by created_at_ms, which an unsigned copy sets as it likes.
+    bus, _ = make_bus(tmp_path / "c.sqlite", Recorder(), clock)
+    _received(bus, approval_intent("a-1", created_at_ms=9_000))
+    clock.advance(1)
+    _received(bus, approval_intent("a-2", created_at_ms=8_000))
+    _received(bus, approval_intent("f-1", created_at_ms=1, ring=None))
+    assert [a.intent_id for a in bus.inbox.pending(limit=2)[0]] == ["a-1", "a-2"]
+    assert [a.intent_id for a in bus.inbox.for_key(b"c-1")[0]] == ["a-1", "a-2", "f-1"]
+
+
+def test_only_the_answer_to_the_consoles_own_request_decides(tmp_path, clock):
+    # Issue 38: one forged snapshot (snapshot_at_ms=2**62, deadline_ms=1) refused every
+    # decision on the key for good.
+    recorder = Recorder()
+    bus, _ = make_bus(tmp_path / "c.sqlite", recorder, clock)
+    _received(bus, approval_intent("a-1"))
+    _received(bus, approval_intent("a-2"))
+    passed = StateSnapshot(entity_key=b"c-1")
+    passed.continuation.pending_intent_ids.extend(["a-1", "a-2"])
+    passed.continuation.deadline_ms = 1
+    forged = StateSnapshot()
+    forged.CopyFrom(passed)
+    forged.snapshot_at_ms = 2**62
+    bus.handle(bus.topics.snapshots, forged.SerializeToString())
+    assert _decide(bus, "a-1")[1]
+    # A real request id on a snapshot of another key is no answer to it.
+    answer = StateSnapshot.FromString(export_answer(bus, recorder, passed))
+    elsewhere = StateSnapshot()
+    elsewhere.CopyFrom(answer)
+    elsewhere.entity_key = b"c-2"
+    bus.handle(bus.topics.snapshots, elsewhere.SerializeToString())
+    assert bus.observations.snapshot(b"c-2", trusted=True) is None
+    # The agent's own answer decides, and the forgery received after it does not replace it.
+    bus.handle(bus.topics.snapshots, answer.SerializeToString())
+    bus.handle(bus.topics.snapshots, forged.SerializeToString())
+    assert bus.observations.snapshot_trusted(b"c-1")
+    with pytest.raises(DecisionRefused) as refused:
+        _decide(bus, "a-2")
+    assert refused.value.reason == "after_deadline"
+
+
+def test_a_file_from_before_trust_and_credentials_were_recorded_opens_failing_closed(
+    tmp_path, clock
+):
+    # The console's file outlives the binary: the columns added for issue 38 are added to an
+    # older file, whose snapshot is untrusted and whose session is no session.
+    path = tmp_path / "old.sqlite"
+    old = sqlite3.connect(path)
+    old.execute(
+        "CREATE TABLE sessions (token_hash BLOB PRIMARY KEY, user TEXT NOT NULL, "
+        "csrf TEXT NOT NULL, expires_at_ms INTEGER NOT NULL)"
+    )
+    old.execute(
+        "CREATE TABLE snapshots (entity_key BLOB PRIMARY KEY, snapshot_at_ms INTEGER NOT NULL, "
+        "snapshot BLOB NOT NULL)"
+    )
+    token = "an old session's token"
+    digest = hashlib.sha256(token.encode()).digest()
+    old.execute("INSERT INTO sessions VALUES (?, 'alice', 'c', ?)", (digest, NOW + 1000))
+    snapshot = StateSnapshot(entity_key=b"c-1", snapshot_at_ms=NOW)
+    old.execute(
+        "INSERT INTO snapshots VALUES (?, ?, ?)", (b"c-1", NOW, snapshot.SerializeToString())
+    )
+    old.commit()
+    old.close()
+    bus, auth = make_bus(path, Recorder(), clock)
+    assert bus.observations.snapshot(b"c-1") == snapshot
+    assert not bus.observations.snapshot_trusted(b"c-1")
+    assert auth.session(token) is None

@@ -1,6 +1,16 @@
 """What the agent viewer shows, as read from the loop's topics: each key's latest StateSnapshot,
 its activations' TraceEvents and completed outputs, and the dead letters of the loop.
 
+A StateSnapshot carries no signature, and anyone who can write to the snapshots topic can
+write one. So a snapshot is trusted only as the answer to an export request this console sent
+(`expect_snapshot`, recorded before it is produced): its request_id (128 random bits) and key
+match the request's, and it is timed by the request's time on this console's clock, never by
+the snapshot_at_ms it claims. Only a trusted snapshot decides anything (the inbox's
+suspension deadline) and a key keeps its latest trusted one; a snapshot of anyone's (another
+tool's export, a forgery) is shown, marked as unverified, only while the key has no trusted
+one, and the next one received replaces it, so none is shown for good whatever times it
+claims. A request is answered within `EXPORT_ANSWER_MS` or its answer is anyone's.
+
 Records are stored by content (a TraceEvent or dead letter read twice, after a restart or from
 a second console, is one row), so reading a topic again from its start is harmless. Every list
 is paged in SQL (`offset`, `limit`) and returns its total, so large topics never load whole.
@@ -18,7 +28,10 @@ from beam_agents.bus import decode_dead_letter
 from beam_agents.intents.effector import wall_clock_ms
 from beam_agents.ops.console.db import Database
 
-__all__ = ["Activation", "Observations"]
+__all__ = ["EXPORT_ANSWER_MS", "Activation", "Observations"]
+
+#: How long after an export request its answer is trusted; requests older are forgotten.
+EXPORT_ANSWER_MS = 24 * 60 * 60 * 1000
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,20 +54,39 @@ class Observations:
     def _seen(self, db, key: bytes) -> None:
         db.execute("INSERT OR REPLACE INTO keys VALUES (?, ?)", (key, self._clock()))
 
+    def expect_snapshot(self, key: bytes, request_id: str, at_ms: int) -> None:
+        """Records an export request this console is about to send (`at_ms`: its event time)."""
+        with self._db.transaction() as db:
+            db.execute(
+                "DELETE FROM export_requests WHERE requested_at_ms < ?",
+                (self._clock() - EXPORT_ANSWER_MS,),
+            )
+            db.execute("INSERT INTO export_requests VALUES (?, ?, ?)", (request_id, key, at_ms))
+
     def add_snapshot(self, data: bytes) -> StateSnapshot | None:
-        """Keeps the snapshot when it is the key's latest (by snapshot_at_ms)."""
+        """Keeps the snapshot when it is the key's latest trusted one, or when the key has no
+        trusted one (module docstring)."""
         try:
             snapshot = StateSnapshot.FromString(data)
         except DecodeError:
             return None
+        key = snapshot.entity_key
         with self._db.transaction() as db:
+            request = db.execute(
+                "SELECT requested_at_ms FROM export_requests WHERE request_id = ? "
+                "AND entity_key = ? AND requested_at_ms >= ?",
+                (snapshot.request_id, key, self._clock() - EXPORT_ANSWER_MS),
+            ).fetchone()
             db.execute(
-                "INSERT INTO snapshots VALUES (?, ?, ?) ON CONFLICT (entity_key) DO UPDATE SET "
-                "snapshot_at_ms = excluded.snapshot_at_ms, snapshot = excluded.snapshot "
-                "WHERE excluded.snapshot_at_ms >= snapshots.snapshot_at_ms",
-                (snapshot.entity_key, snapshot.snapshot_at_ms, bytes(data)),
+                # An untrusted one replaces only an untrusted one, whatever time it claims.
+                "INSERT INTO snapshots (entity_key, snapshot_at_ms, snapshot, trusted) "
+                "VALUES (?, ?, ?, ?) ON CONFLICT (entity_key) DO UPDATE SET "
+                "snapshot_at_ms = excluded.snapshot_at_ms, snapshot = excluded.snapshot, "
+                "trusted = excluded.trusted WHERE snapshots.trusted = 0 OR "
+                "(excluded.trusted = 1 AND excluded.snapshot_at_ms >= snapshots.snapshot_at_ms)",
+                (key, request[0] if request else 0, bytes(data), int(request is not None)),
             )
-            self._seen(db, snapshot.entity_key)
+            self._seen(db, key)
         return snapshot
 
     def add_trace(self, data: bytes) -> TraceEvent | None:
@@ -100,9 +132,19 @@ class Observations:
 
     # -- reading --------------------------------------------------------------------------
 
-    def snapshot(self, key: bytes) -> StateSnapshot | None:
-        rows = self._db.read("SELECT snapshot FROM snapshots WHERE entity_key = ?", (key,))
+    def snapshot(self, key: bytes, *, trusted: bool = False) -> StateSnapshot | None:
+        """The snapshot kept for the key; with `trusted`, only a trusted one (module
+        docstring): what decides, or tells a person what they may do."""
+        rows = self._db.read(
+            "SELECT snapshot FROM snapshots WHERE entity_key = ? AND trusted >= ?",
+            (key, int(trusted)),
+        )
         return StateSnapshot.FromString(rows[0][0]) if rows else None
+
+    def snapshot_trusted(self, key: bytes) -> bool:
+        """Whether the snapshot kept for the key is trusted."""
+        rows = self._db.read("SELECT trusted FROM snapshots WHERE entity_key = ?", (key,))
+        return rows == [(1,)]
 
     def keys(self, *, offset: int = 0, limit: int = 20) -> tuple[list[bytes], int]:
         """Keys seen, most recently seen first."""

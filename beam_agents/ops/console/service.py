@@ -81,7 +81,11 @@ def run(config: ConsoleConfig, *, group_id: str | None = None) -> None:
     reader.start()
     try:
         uvicorn.run(
-            create_app(bus, auth), host=config.host, port=config.port, log_level="info", **_PEER
+            create_app(bus, auth, secure_cookies=config.secure_cookies),
+            host=config.host,
+            port=config.port,
+            log_level="info",
+            **_PEER,
         )
     finally:
         stop.set()
