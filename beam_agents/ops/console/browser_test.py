@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import threading
 from pathlib import Path
 
 import pytest
@@ -81,8 +82,16 @@ def console(tmp_path):
     bus.observations.add_snapshot(snapshot.SerializeToString())
     for event in _activation(intent, now - 65_600):
         bus.handle(bus.topics.traces, event.SerializeToString())
-    with serving(create_app(bus, auth)) as url:
-        yield url, bus, recorder
+    # The sender, as `ConsoleBus.run` runs it: it produces the export request and decisions.
+    stop = threading.Event()
+    sender = threading.Thread(target=bus.send, args=(stop,), daemon=True)
+    sender.start()
+    try:
+        with serving(create_app(bus, auth)) as url:
+            yield url, bus, recorder
+    finally:
+        stop.set()
+        sender.join(30)
 
 
 def _activation(intent, t0: int) -> list[TraceEvent]:
@@ -144,6 +153,10 @@ def test_an_approver_approves_the_pending_refund_in_the_browser(driver, console)
     driver.find_element(By.ID, "approve").click()
     decided = _wait(driver, lambda d: d.find_element(By.ID, "decision"))
     assert decided.text.startswith("Approved by alice")
+    # Recorded at once; the sender delivers it (at once here, the broker being up).
+    _wait(driver, lambda d: len(recorder.on(bus.topics.events)) == 2)
+    driver.refresh()
+    decided = _wait(driver, lambda d: d.find_element(By.ID, "decision"))
     assert "Delivered to the agent" in decided.text
     driver.save_screenshot(str(ARTIFACTS / "decided.png"))
     (data,) = recorder.on(bus.topics.events)[1:]  # after the export request
