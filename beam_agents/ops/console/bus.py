@@ -1,8 +1,9 @@
 """The console on the Kafka loop: what it reads, what it produces, and in which order.
 
 Reading. `ConsoleBus.run` reads the approvals, snapshots, traces, completions and dead_letters
-topics into the Inbox and the Observations (as a consumer group, committing offsets after the
-rows are stored, so a restart reads on and a copy read twice is one row). Nothing the broker
+topics into the Inbox and the Observations (as a consumer group, committing, every second, the
+offsets of records whose rows are stored, so a restart reads on and a copy read twice is one
+row). Nothing the broker
 or a record does ends it: a consumer error the client recovers from (a broker down, a topic
 not made yet) is noted and reading goes on; anything else closes the consumer and opens a new
 one after a backoff (0.5 s doubling to 10 s), which reads on from the committed offsets. For
@@ -63,8 +64,10 @@ Record = tuple[str, bytes, Any, int]
 RETRY_S = 2.0
 #: The backoff after a failure, doubling from the first to the last.
 BACKOFF_S = (0.5, 10.0)
-#: Seconds between the reader's probes of the broker (its topics, its lag).
+#: Seconds between the reader's probes of the broker (its topics, its lag), and the longest
+#: a probe waits for its answer.
 PROBE_S = 2.0
+PROBE_TIMEOUT_S = 2.0
 #: Seconds the reader may be behind (records left to read) before it counts as behind.
 BEHIND_AFTER_S = 10.0
 #: Seconds a decision may wait for the broker's acknowledgement before it counts as late.
@@ -82,8 +85,9 @@ class Publisher(Protocol):
 
 
 class KafkaPublisher:
-    """One idempotent producer, made on first use and kept: a producer per call paid a
-    connection and a metadata round trip each time."""
+    """One idempotent producer, made on first use and kept (a producer per call paid a
+    connection and a metadata round trip each time), and made again after a fatal error
+    (an idempotent producer fenced or out of sequence produces nothing more)."""
 
     def __init__(self, bootstrap_servers: str) -> None:
         self._config = {
@@ -92,14 +96,19 @@ class KafkaPublisher:
             # Below Sending.wait's 30 s flush: every record is reported before the wait ends,
             # so nothing of a failed attempt stays in flight to arrive beside its retry.
             "message.timeout.ms": int(DELIVERY_TIMEOUT_S * 1000),
+            "error_cb": self._on_error,
         }
         self._producer = None
+        self._fatal = False
+
+    def _on_error(self, error) -> None:
+        self._fatal = self._fatal or error.fatal()
 
     def __call__(self, records: Iterable[Record]) -> None:
-        if self._producer is None:
+        if self._producer is None or self._fatal:
             from confluent_kafka import Producer
 
-            self._producer = Producer(self._config)
+            self._producer, self._fatal = Producer(self._config), False
         sending = Sending(self._producer)
         sending.produce(records)
         sending.wait()
@@ -145,7 +154,7 @@ class ConsoleBus:
         self.topics = topics
         self._publish = publish
         self._clock = clock
-        self._consumer = None
+        self._consumer = self._prober = None
         self._consumer_config: dict = {}
         # One sending at a time: two would both read a decision as unproduced and produce it
         # twice.
@@ -214,10 +223,11 @@ class ConsoleBus:
             return self._exports.popitem(last=False)[0] if self._exports else None
 
     def send(self, stop: threading.Event) -> None:
-        """Produces what is recorded until `stop` is set: when woken (a decision, a snapshot
-        request), every RETRY_S, and after a failure once its backoff passed."""
+        """Produces what is recorded until `stop` is set: at once, when woken (a decision, a
+        snapshot request), every RETRY_S, after a failure once its backoff passed, and once
+        more when stopped (what was decided last is not left for the next start)."""
         backoff = 0.0
-        while not stop.is_set():
+        while True:
             self._wake.clear()
             try:
                 self.produce_recorded()
@@ -228,8 +238,9 @@ class ConsoleBus:
             else:
                 backoff = 0.0
                 self._writing.ok()
-            if not stop.is_set():
-                self._wake.wait(backoff or RETRY_S)
+            if stop.is_set():
+                return
+            self._wake.wait(backoff or RETRY_S)
 
     # -- consuming ------------------------------------------------------------------------
 
@@ -268,7 +279,12 @@ class ConsoleBus:
             "bootstrap.servers": bootstrap_servers,
             "group.id": group_id,
             "auto.offset.reset": "earliest",
-            "enable.auto.commit": False,
+            # At least once: the client commits only the offsets `poll` stored, each after its
+            # record was stored, every second and on close. A commit each record (one request
+            # each) made close wait for thousands of them.
+            "enable.auto.commit": True,
+            "enable.auto.offset.store": False,
+            "auto.commit.interval.ms": 1000,
             # A topic made after the console started is read within seconds, not at the
             # client's default metadata refresh of five minutes.
             "topic.metadata.refresh.interval.ms": 5000,
@@ -280,12 +296,17 @@ class ConsoleBus:
 
         self._consumer = Consumer(self._consumer_config)
         self._consumer.subscribe(self._subscribed())
+        # The probe's own client: a metadata request on the reading consumer held its fetches
+        # back for half a second each.
+        self._prober = Consumer({**self._consumer_config, "group.id": "beam-agents-probe"})
 
     def _close(self) -> None:
-        consumer, self._consumer = self._consumer, None
-        if consumer is not None:
+        clients, self._consumer, self._prober = (self._consumer, self._prober), None, None
+        for client in clients:
+            if client is None:
+                continue
             try:
-                consumer.close()
+                client.close()
             except Exception as e:  # one that cannot close is dropped
                 _log(f"closing the reader's consumer: {e}")
 
@@ -302,9 +323,9 @@ class ConsoleBus:
             return False
         _, at_ms = message.timestamp()
         self.handle(message.topic(), message.value(), message.key() or b"", at_ms)
-        # Asynchronous: a commit lost with the process reads a record again, which stores
-        # nothing twice; waiting for each one held every record behind a round trip.
-        self._consumer.commit(message=message, asynchronous=True)
+        # Committed within a second (connect): a record read again after a crash stores
+        # nothing twice; waiting for a commit each held every record behind a round trip.
+        self._consumer.store_offsets(message=message)
         return True
 
     def _probe(self) -> None:
@@ -317,7 +338,7 @@ class ConsoleBus:
         self._probe_at = time.monotonic() + PROBE_S
         now = self._clock()
         try:
-            known = self._consumer.list_topics(timeout=PROBE_S).topics
+            known = self._prober.list_topics(timeout=PROBE_TIMEOUT_S).topics
         except KafkaException as e:
             self._reading.failed(now, e.args[0].name())
             return

@@ -17,6 +17,7 @@ from beam_agents._protos import AgentEnvelope, TraceEvent
 from beam_agents.bus import TopicReader, Topics, create_topics, produce
 from beam_agents.intents.effector import wall_clock_ms
 from beam_agents.intents.signing import Verification, verify
+from beam_agents.ops.console import bus as console_bus
 from beam_agents.ops.console.app import create_app
 from beam_agents.ops.console.bus import ConsoleBus, KafkaPublisher
 from beam_agents.ops.console.service import serving
@@ -352,3 +353,30 @@ def test_forged_approvals_write_nothing_and_do_not_hold_up_a_real_one(bootstrap,
         reader.close()
     assert [(e.WhichOneof("payload"), e.entity_key) for e in events] == [("export_request", b"c-1")]
     assert took < 20, f"the real approval waited {took:.0f} s behind forged ones"
+
+
+def test_the_health_says_how_far_behind_the_reader_is_until_it_caught_up(
+    bootstrap, topics, tmp_path, monkeypatch
+):
+    # Issue 38, item 13: a reader far behind showed old lists as if they were all there was.
+    # Behind as soon as it lags, measured often: the reader reads thousands a second.
+    monkeypatch.setattr(console_bus, "BEHIND_AFTER_S", 0)
+    monkeypatch.setattr(console_bus, "PROBE_S", 0.1)
+    now = wall_clock_ms()
+    events = [
+        TraceEvent(trace_id=b"t" * 16, span_id=n.to_bytes(8, "big"), entity_key=b"c-1", start_ms=n)
+        for n in range(5000)
+    ]
+    produce(bootstrap, [(topics.traces, b"c-1", event, now) for event in events])
+    bus, _ = _console(bootstrap, topics, tmp_path)
+    running = Running(bus, bootstrap, topics)
+    try:
+        behind = _until(
+            lambda: (h := bus.health())["reader"]["behind_for_s"] is not None and h,
+            "reader behind",
+        )
+        assert not behind["healthy"] and 0 < behind["reader"]["behind_records"] <= 5000
+        _until(lambda: bus.health()["healthy"], "reader caught up", 60)
+        assert bus.health()["reader"]["behind_records"] == 0
+    finally:
+        running.stop()
