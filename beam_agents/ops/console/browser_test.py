@@ -168,6 +168,29 @@ def test_an_approver_approves_the_pending_refund_in_the_browser(driver, console)
     _wait(driver, lambda d: d.find_element(By.ID, "empty"))
 
 
+def test_a_broker_down_is_a_banner_on_the_page_until_the_waiting_decision_is_delivered(
+    driver, console
+):
+    # Issue 38, items 2 and 13: a click met a broker down with a 30 s wait and a 503, and no
+    # page said the console could not reach its broker.
+    from selenium.webdriver.common.by import By
+
+    url, bus, recorder = console
+    recorder.fail = True
+    _sign_in(driver, url, "alice")
+    driver.get(url + "/approvals/refund-1")
+    _wait(driver, lambda d: d.find_element(By.ID, "approve")).click()
+    decided = _wait(driver, lambda d: d.find_element(By.ID, "decision"))
+    assert "will be sent to the agent once the broker answers" in decided.text
+    # The banner comes with the page's live refresh, without a reload.
+    banner = _wait(driver, lambda d: d.find_element(By.ID, "broker-banner"), timeout=15)
+    assert "cannot write to its broker" in banner.text
+    driver.save_screenshot(str(ARTIFACTS / "broker-down.png"))
+    recorder.fail = False
+    _wait(driver, lambda d: not d.find_elements(By.ID, "broker-banner"), timeout=30)
+    assert bus.inbox.decision("refund-1").produced
+
+
 def test_a_viewer_sees_the_refund_but_cannot_approve_it(driver, console):
     from selenium.webdriver.common.by import By
 

@@ -233,7 +233,10 @@ class ConsoleBus:
                 self.produce_recorded()
             except Exception as e:  # the sender outlives any failure
                 backoff = _backoff(backoff)
-                self._writing.failed(self._clock(), _code(e))
+                unacknowledged = isinstance(e, KafkaBusError)
+                self._writing.failed(
+                    self._clock(), "not acknowledged" if unacknowledged else _code(e)
+                )
                 _log(f"decisions not delivered yet, trying again in {backoff:.1f} s: {e}")
             else:
                 backoff = 0.0
