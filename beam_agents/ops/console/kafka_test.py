@@ -8,6 +8,8 @@ produced (the console and the effector as their own processes, RunAgent in Direc
 from __future__ import annotations
 
 import json
+import os
+import signal
 import threading
 import time
 
@@ -24,7 +26,7 @@ from beam_agents.ops.console.service import serving
 from beam_agents.ops.demo import DEMO_PASSWORD, DEMO_USER, demo_approver_keyring
 from beam_agents.testing.console import APPROVALS_RING, Browser, approval_intent, make_bus
 from beam_agents.testing.console_loop import DemoLoop, kafka_broker
-from beam_agents.testing.engines import Engines
+from beam_agents.testing.engines import ROOT, Engines
 
 pytestmark = pytest.mark.engines
 
@@ -248,8 +250,19 @@ def test_the_health_endpoint_and_every_pages_banner_say_how_long_the_broker_went
         running.stop()
 
 
+def _broker_down(engines: Engines, how: str) -> None:
+    """Stops the broker (`engines.sh stop kafka`: SIGTERM) or SIGKILLs it."""
+    if how == "stop":
+        engines.run("stop", "kafka")
+        return
+    for pid in (ROOT / ".cache/engines/run/kafka.pids").read_text().split():
+        os.kill(int(pid), signal.SIGKILL)
+    _until(lambda: "kafka stopped" in engines.run("status"), "broker killed", 10)
+
+
+@pytest.mark.parametrize("outage", ["stop", "kill"])
 def test_decisions_made_while_the_broker_is_down_answer_at_once_and_arrive_once_after(
-    bootstrap, topics, tmp_path
+    bootstrap, topics, tmp_path, outage
 ):
     # Issue 38, item 2: with the broker down an approve answered 503 after 30 s and a second
     # approver's click queued 59 s behind it; when the broker came back neither decision was
@@ -279,7 +292,7 @@ def test_decisions_made_while_the_broker_is_down_answer_at_once_and_arrive_once_
                     "csrf": browser.get(f"/approvals/{intent_id}").csrf(),
                     "decision": "approve",
                 }
-            engines.run("stop", "kafka")
+            _broker_down(engines, outage)
             try:
                 replies, took = {}, {}
 
