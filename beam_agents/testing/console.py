@@ -135,6 +135,7 @@ def export_answer(bus: ConsoleBus, recorder: Recorder, snapshot: StateSnapshot) 
 
     if not requests():
         bus.request_export(snapshot.entity_key)
+        bus.produce_recorded()  # what the sender thread does
     request = requests()[-1]
     answer = StateSnapshot()
     answer.CopyFrom(snapshot)

@@ -7,9 +7,9 @@ anything else is looked at; a decision also needs the approver role (403 for a v
 Templates autoescape everything, and the Content-Security-Policy allows scripts only from
 /static, so text from the loop (a question, a memory value, a key) is shown, never run.
 
-What waits (a decision or an export request for the broker's acknowledgement, a password's
-argon2 hash) runs in the thread pool: a broker that is slow or down stalls that request only,
-never every page of the console.
+No request waits for the broker: a decision is recorded (its SQLite transaction, like a
+password's argon2 hash, runs in the thread pool) and a snapshot request queued, and the bus's
+sender produces them (bus.py); the decision's page says whether it was delivered yet.
 
 Cookies are Secure unless the configuration says the console is served over plain HTTP
 (`secure_cookies = false`): a browser keeps a Secure cookie only from an HTTPS page (or from
@@ -21,6 +21,11 @@ Live updates: elements with `data-poll` are re-fetched from their fragment URL e
 seconds by static/console.js (plain fetch; server-rendered HTML in, no client templating). A
 page's fragment URL carries the page's whole query string, so a refresh keeps the pages and the
 filter the user chose.
+
+Health: GET /healthz answers the bus's health (`ConsoleBus.health`: can it read and write its
+broker, is its reader behind, for how long) as JSON, 200 healthy or 503 not, to anyone (a
+monitor signs in nowhere; it holds error codes and durations, no address or secret); every
+page, the sign-in page too, shows the same as a banner, refreshed from /fragments/health.
 
 Paging: every list reads one page in SQL (LIMIT/OFFSET) or, for a StateSnapshot's repeated
 fields (decoded whole anyway), slices one page; each list of a page has its own query parameter
@@ -44,12 +49,11 @@ from jinja2 import Environment, FileSystemLoader
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
-from starlette.responses import HTMLResponse, RedirectResponse, Response
+from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from beam_agents._protos import ToolIntent
-from beam_agents.bus import KafkaBusError
 from beam_agents.intents.effector import INQUIRY_SUFFIX, INQUIRY_TOOL, wall_clock_ms
 from beam_agents.intents.identity import MAX_ARGS_DEPTH
 from beam_agents.ops.console.auth import Auth, RateLimited, Session
@@ -254,8 +258,9 @@ def create_app(
 
     def render(request, name: str, status: int = 200, session: Session | None = None, **context):
         html = env.get_template(name).render(
-            request=request, session=session, now=clock(), Role=Role, **context
-        )
+            request=request, session=session, now=clock(), Role=Role, health=bus.health(),
+            **context,
+        )  # fmt: skip
         return HTMLResponse(html, status_code=status, headers=_HEADERS)
 
     def message(request, session, status: int, title: str, text: str, back: str = "/"):
@@ -389,12 +394,6 @@ def create_app(
             )
         except DecisionRefused as e:
             return message(request, session, 409, "Not decided", str(e), back)
-        except KafkaBusError as e:
-            return message(
-                request, session, 503, "Recorded, not yet delivered",
-                f"the decision is recorded and will be delivered when the broker answers: {e}",
-                back,
-            )  # fmt: skip
         if not made:
             what = "approved" if decision.approved else "declined"
             return message(
@@ -459,11 +458,9 @@ def create_app(
     async def export(request: Request, session: Session) -> Response:
         key_hex = request.path_params["key_hex"]
         try:
-            await run_in_threadpool(bus.request_export, bytes.fromhex(key_hex))
+            bus.request_export(bytes.fromhex(key_hex))  # queued: the sender produces it
         except ValueError:
             return message(request, session, 404, "Not found", "keys are named in hex")
-        except KafkaBusError as e:
-            return message(request, session, 503, "Not sent", str(e), f"/agents/{key_hex}")
         return RedirectResponse(f"/agents/{key_hex}", status_code=303, headers=_HEADERS)
 
     def dead_letters_context(request: Request) -> dict:
@@ -477,6 +474,13 @@ def create_app(
         rows, pager = _paged(request, inbox.audit, AUDIT_PER_PAGE, path="/audit")
         return {"rows": rows, "pager": pager}
 
+    async def healthz(request: Request) -> Response:
+        health = bus.health()
+        return JSONResponse(health, 200 if health["healthy"] else 503, headers=_HEADERS)
+
+    async def health_fragment(request: Request) -> Response:
+        return render(request, "_health.html")
+
     def page(template: str, context: Callable[[Request], dict], **more: Callable[[], object]):
         """The handler rendering `template` with `context(request)` and `more`'s values."""
 
@@ -489,6 +493,8 @@ def create_app(
     routes = [
         Route("/login", login_page, methods=["GET"]),
         Route("/login", login, methods=["POST"]),
+        Route("/healthz", healthz, methods=["GET"]),
+        Route("/fragments/health", health_fragment, methods=["GET"]),
         Route("/logout", guarded(logout), methods=["POST"]),
         Route("/", guarded(page("inbox.html", inbox_context))),
         Route("/fragments/inbox", guarded(page("_inbox_list.html", inbox_context))),

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import threading
 from pathlib import Path
 
 import pytest
@@ -82,8 +83,16 @@ def console(tmp_path):
     bus.observations.add_snapshot(export_answer(bus, recorder, snapshot))
     for event in _activation(intent, now - 65_600):
         bus.handle(bus.topics.traces, event.SerializeToString())
-    with serving(create_app(bus, auth)) as url:
-        yield url, bus, recorder
+    # The sender, as `ConsoleBus.run` runs it: it produces the export request and decisions.
+    stop = threading.Event()
+    sender = threading.Thread(target=bus.send, args=(stop,), daemon=True)
+    sender.start()
+    try:
+        with serving(create_app(bus, auth)) as url:
+            yield url, bus, recorder
+    finally:
+        stop.set()
+        sender.join(30)
 
 
 def _activation(intent, t0: int) -> list[TraceEvent]:
@@ -145,6 +154,10 @@ def test_an_approver_approves_the_pending_refund_in_the_browser(driver, console)
     driver.find_element(By.ID, "approve").click()
     decided = _wait(driver, lambda d: d.find_element(By.ID, "decision"))
     assert decided.text.startswith("Approved by alice")
+    # Recorded at once; the sender delivers it (at once here, the broker being up).
+    _wait(driver, lambda d: len(recorder.on(bus.topics.events)) == 2)
+    driver.refresh()
+    decided = _wait(driver, lambda d: d.find_element(By.ID, "decision"))
     assert "Delivered to the agent" in decided.text
     driver.save_screenshot(str(ARTIFACTS / "decided.png"))
     (data,) = recorder.on(bus.topics.events)[1:]  # after the export request
@@ -154,6 +167,29 @@ def test_an_approver_approves_the_pending_refund_in_the_browser(driver, console)
     # The inbox, polled live, no longer lists it.
     driver.get(url + "/")
     _wait(driver, lambda d: d.find_element(By.ID, "empty"))
+
+
+def test_a_broker_down_is_a_banner_on_the_page_until_the_waiting_decision_is_delivered(
+    driver, console
+):
+    # Issue 38, items 2 and 13: a click met a broker down with a 30 s wait and a 503, and no
+    # page said the console could not reach its broker.
+    from selenium.webdriver.common.by import By
+
+    url, bus, recorder = console
+    recorder.fail = True
+    _sign_in(driver, url, "alice")
+    driver.get(url + "/approvals/refund-1")
+    _wait(driver, lambda d: d.find_element(By.ID, "approve")).click()
+    decided = _wait(driver, lambda d: d.find_element(By.ID, "decision"))
+    assert "will be sent to the agent once the broker answers" in decided.text
+    # The banner comes with the page's live refresh, without a reload.
+    banner = _wait(driver, lambda d: d.find_element(By.ID, "broker-banner"), timeout=15)
+    assert "cannot write to its broker" in banner.text
+    driver.save_screenshot(str(ARTIFACTS / "broker-down.png"))
+    recorder.fail = False
+    _wait(driver, lambda d: not d.find_elements(By.ID, "broker-banner"), timeout=30)
+    assert bus.inbox.decision("refund-1").produced
 
 
 def test_a_viewer_sees_the_refund_but_cannot_approve_it(driver, console):

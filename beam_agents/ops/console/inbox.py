@@ -147,7 +147,8 @@ class Inbox:
 
     def receive(self, data: bytes) -> tuple[Approval | None, bool]:
         """Keeps one record of the approvals topic: the approval as kept (None for bytes that
-        are no ToolIntent) and whether its intent_id is new."""
+        are no ToolIntent) and whether this copy was kept (a new intent_id, or an admitted copy
+        in place of a refused one)."""
         try:
             intent = ToolIntent.FromString(data)
         except DecodeError:
@@ -158,7 +159,8 @@ class Inbox:
             row = db.execute(
                 "SELECT approvable FROM approvals WHERE intent_id = ?", (intent.intent_id,)
             ).fetchone()
-            if row is None or (admitted and not row[0]):
+            kept = row is None or (admitted and not row[0])
+            if kept:
                 db.execute(
                     "INSERT OR REPLACE INTO approvals VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                     (
@@ -168,7 +170,7 @@ class Inbox:
                 )  # fmt: skip
             if not admitted:
                 self._forget_refused(db, now)
-        return self.get(intent.intent_id), row is None
+        return self.get(intent.intent_id), kept
 
     def _forget_refused(self, db, now: int) -> None:
         """Bounds the refused copies by age and count (module docstring). A refused copy has
@@ -385,6 +387,14 @@ class Inbox:
             f"SELECT {_DECISION_COLUMNS} FROM decisions WHERE produced = 0 ORDER BY decided_at_ms"
         )
         return [_decision(row) for row in rows]
+
+    def undelivered(self) -> tuple[int, int | None]:
+        """How many decisions are recorded but not yet acknowledged, and when the oldest was
+        made (None when there is none)."""
+        ((count, oldest),) = self._db.read(
+            "SELECT count(*), min(decided_at_ms) FROM decisions WHERE produced = 0"
+        )
+        return count, oldest
 
     def mark_produced(self, intent_id: str) -> None:
         with self._db.transaction() as db:

@@ -53,6 +53,8 @@ def test_a_decision_is_one_signed_approval_bound_to_the_intents_content(tmp_path
     _received(bus, intent)
     decision, made = _decide(bus)
     assert made and decision.produced is False  # the returned copy is the recorded one
+    assert recorder.records == []  # recorded only: the sender produces it
+    assert bus.produce_recorded() == 1
     (data,) = recorder.on(bus.topics.events)[-1:]
     envelope = AgentEnvelope.FromString(data)
     approval = envelope.approval
@@ -79,6 +81,7 @@ def test_a_new_approval_asks_its_agent_for_a_snapshot_once(tmp_path, clock):
     data = approval_intent().SerializeToString(deterministic=True)
     bus.handle(bus.topics.approvals, data)
     bus.handle(bus.topics.approvals, data)  # the same record read again
+    bus.produce_recorded()  # what the sender does: the reader waits for no broker
     (request,) = [AgentEnvelope.FromString(v) for v in recorder.on(bus.topics.events)]
     assert request.WhichOneof("payload") == "export_request" and request.entity_key == b"c-1"
 
@@ -98,14 +101,32 @@ def test_an_approval_read_while_the_broker_refuses_its_export_request_is_kept_qu
     assert _decide(bus)[1]
 
 
+def test_a_forged_approval_writes_nothing_and_the_real_copy_after_it_asks_once(tmp_path, clock):
+    # Issue 38, item 3: every refused copy asked the forger's chosen key for a snapshot, a
+    # write to the loop's trusted events topic; and the real intent arriving after a forged
+    # copy of its id (which it replaces) asked for none.
+    recorder = Recorder()
+    bus, _ = make_bus(tmp_path / "c.sqlite", recorder, clock)
+    forged = approval_intent(key=b"victim", ring=None)
+    bus.handle(bus.topics.approvals, forged.SerializeToString(deterministic=True))
+    assert bus.produce_recorded() == 0 and recorder.records == []
+    assert bus.observations.keys()[1] == 0
+    bus.handle(bus.topics.approvals, approval_intent().SerializeToString(deterministic=True))
+    bus.handle(bus.topics.approvals, forged.SerializeToString(deterministic=True))
+    bus.produce_recorded()
+    (request,) = [AgentEnvelope.FromString(v) for v in recorder.on(bus.topics.events)]
+    assert request.HasField("export_request") and request.entity_key == b"c-1"
+
+
 def test_a_second_click_gets_the_first_decision_and_produces_nothing(tmp_path, clock):
     recorder = Recorder()
     bus, _ = make_bus(tmp_path / "c.sqlite", recorder, clock)
     _received(bus, approval_intent())
     first, _ = _decide(bus, approved=True)
+    assert bus.produce_recorded() == 1
     clock.advance(10)
     second, made = _decide(bus, approved=False, user="ada")
-    assert not made
+    assert not made and bus.produce_recorded() == 0
     assert (second.approved, second.approver, second.envelope) == (True, "alice", first.envelope)
     assert len(recorder.on(bus.topics.events)) == 1
 
@@ -130,6 +151,8 @@ def test_two_console_processes_on_one_file_make_one_decision(tmp_path, clock):
     assert made.count(True) == 1
     # A process that finds the decision recorded but not yet acknowledged produces it too: the
     # same bytes, which RunAgent takes as one answer (a duplicate copy), never two decisions.
+    for bus in buses:
+        bus.produce_recorded()
     produced = {v for r in recorders for v in r.on("loop.events")}
     assert len(produced) == 1
 
@@ -145,8 +168,9 @@ def test_a_decision_the_broker_refused_is_delivered_once_it_answers_without_anot
     broker.fail = True
     bus, _ = make_bus(tmp_path / "c.sqlite", broker, clock)
     _received(bus, approval_intent())
+    assert _decide(bus)[1]  # recorded at once
     with pytest.raises(KafkaBusError):
-        _decide(bus)
+        bus.produce_recorded()
     bus.connect("127.0.0.1:1", "console-review")  # nothing listens: every poll finds nothing
     stop = threading.Event()
     reader = threading.Thread(target=bus.run, args=(stop,), daemon=True)
@@ -173,13 +197,13 @@ def test_a_decision_the_broker_did_not_acknowledge_is_produced_on_restart_once(t
     broken.fail = True
     bus, _ = make_bus(path, broken, clock)
     _received(bus, approval_intent())
+    assert _decide(bus)[1]
     with pytest.raises(KafkaBusError):
-        _decide(bus)
+        bus.produce_recorded()
     recorded = bus.inbox.decision("a-1")
     assert recorded is not None and not recorded.produced
     # A click while the broker is still down is the same decision, not a new one.
-    with pytest.raises(KafkaBusError):
-        _decide(bus, approved=False)
+    assert _decide(bus, approved=False) == (recorded, False)
     # The process crashed; a new one on the same file produces the recorded bytes.
     recorder = Recorder()
     restarted, _ = make_bus(path, recorder, clock)

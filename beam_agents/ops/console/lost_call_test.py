@@ -77,7 +77,9 @@ def test_a_lost_refund_is_settled_by_a_person_in_the_console_and_the_agent_compl
             )
             assert reply.status == 303, reply.text
             assert browser.get(reply.headers["Location"]).status == 200
-            return AgentEnvelope.FromString(recorder.on(bus.topics.events)[-1])
+            assert bus.produce_recorded() == 1  # what the console's sender does (bus.py)
+            produced = [AgentEnvelope.FromString(v) for v in recorder.on(bus.topics.events)]
+            return [e for e in produced if e.HasField("approval")][-1]
 
         def answer(intent: ToolIntent, at: int) -> list[AgentEnvelope]:
             data = intent.SerializeToString(deterministic=True)

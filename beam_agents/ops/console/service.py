@@ -1,7 +1,8 @@
 """`beam-agents console`: the web console as its own process on a Kafka loop.
 
-`run(config)` opens the console's SQLite file, produces what an earlier process recorded but
-never got acknowledged, reads the loop's topics in a background thread, and serves the web
+`run(config)` opens the console's SQLite file, runs the bus (`ConsoleBus.run`: the reader of
+the loop's topics, and the sender that produces every decision recorded and not yet
+acknowledged, an earlier process's too) in a background thread, and serves the web
 application with uvicorn until interrupted. `serving(app)` runs an application on a free port
 of 127.0.0.1 in a thread, for tests and for the demo.
 """
