@@ -7,6 +7,7 @@ a readable time."""
 from __future__ import annotations
 
 import re
+import time
 from urllib.parse import quote
 
 import pytest
@@ -14,7 +15,7 @@ import pytest
 from beam_agents._protos import StateSnapshot
 from beam_agents.bus import Topics
 from beam_agents.ops.console.app import create_app
-from beam_agents.ops.console.display import moment, undecidable, visible
+from beam_agents.ops.console.display import MAX_ESCAPES, moment, undecidable, visible
 from beam_agents.ops.console.inbox import Approval
 from beam_agents.ops.console.service import serving
 from beam_agents.ops.rounds import ManualClock
@@ -60,6 +61,20 @@ def test_visible_shows_each_invisible_or_bidi_character_as_a_styled_escape():
     # Default-ignorable letters and marks draw nothing either.
     assert "⟨U+3164⟩" in visible("\u3164") and "⟨U+FE0F⟩" in visible("\ufe0f")
     assert visible("plain text, ümlaut") == "plain text, ümlaut"
+
+
+def test_a_text_of_more_hidden_characters_than_escapes_shown_is_shown_as_ascii():
+    overrides = "\u202e1042\n" * (MAX_ESCAPES + 1)
+    started = time.monotonic()
+    shown = visible(overrides * 100, lines=True)  # 700 KB
+    assert time.monotonic() - started < 1
+    assert shown.startswith(
+        '<span class="invisible-char" title="too many hidden characters to show each">'
+        f"⟨over {MAX_ESCAPES:,} hidden characters: the text is shown as ASCII⟩</span>"
+    )
+    assert shown.count("\\u202e1042\n") == (MAX_ESCAPES + 1) * 100
+    assert shown.split("</span>", 1)[1].isascii()
+    assert "⟨U+202E⟩" in visible(overrides[: MAX_ESCAPES * 6], lines=True)  # at the limit
 
 
 def test_bidi_and_invisible_characters_are_shown_visibly_on_every_page(console):
