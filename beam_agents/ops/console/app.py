@@ -12,9 +12,14 @@ argon2 hash) runs in the thread pool: a broker that is slow or down stalls that 
 never every page of the console.
 
 Live updates: elements with `data-poll` are re-fetched from their fragment URL every few
-seconds by static/console.js (plain fetch; server-rendered HTML in, no client templating). A
-page's fragment URL carries the page's whole query string, so a refresh keeps the pages and the
-filter the user chose.
+seconds by static/console.js (plain fetch; server-rendered HTML in, no client templating) and
+merged in place, so a refresh keeps the keyboard focus and a text selection; a fragment request
+redirected to /login tells the tab it is signed out. A page's fragment URL carries the page's
+whole query string, so a refresh keeps the pages and the filter the user chose.
+
+Text from the loop is shown through display.visible (bidi controls and invisible characters as
+visible escapes), and an approval nobody can decide any more is shown with why, in words
+(display.undecidable), never with buttons that can only be refused.
 
 Paging: every list reads one page in SQL (LIMIT/OFFSET) or, for a StateSnapshot's repeated
 fields (decoded whole anyway), slices one page; each list of a page has its own query parameter
