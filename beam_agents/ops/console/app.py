@@ -18,9 +18,14 @@ a host name (the browser's Origin says so) is told that, and what to change, rat
 its form expired.
 
 Live updates: elements with `data-poll` are re-fetched from their fragment URL every few
-seconds by static/console.js (plain fetch; server-rendered HTML in, no client templating). A
-page's fragment URL carries the page's whole query string, so a refresh keeps the pages and the
-filter the user chose.
+seconds by static/console.js (plain fetch; server-rendered HTML in, no client templating) and
+merged in place, so a refresh keeps the keyboard focus and a text selection; a fragment request
+redirected to /login tells the tab it is signed out. A page's fragment URL carries the page's
+whole query string, so a refresh keeps the pages and the filter the user chose.
+
+Text from the loop is shown through display.visible (bidi controls and invisible characters as
+visible escapes), and an approval nobody can decide any more is shown with why, in words
+(display.undecidable), never with buttons that can only be refused.
 
 Health: GET /healthz answers the bus's health (`ConsoleBus.health`: can it read and write its
 broker, is its reader behind, for how long) as JSON, 200 healthy or 503 not, to anyone (a
@@ -35,13 +40,12 @@ the others and the dead-letter reason filter, and points at the page, never at t
 
 from __future__ import annotations
 
-import datetime
 import hmac
 import json
 import re
 import secrets
 from collections.abc import Callable
-from functools import partial
+from functools import cache, partial
 from pathlib import Path
 from urllib.parse import quote, urlencode, urlsplit
 
@@ -59,6 +63,9 @@ from beam_agents.intents.identity import MAX_ARGS_DEPTH
 from beam_agents.ops.console.auth import Auth, RateLimited, Session
 from beam_agents.ops.console.bus import ConsoleBus
 from beam_agents.ops.console.config import Role
+from beam_agents.ops.console.display import duration as _duration
+from beam_agents.ops.console.display import moment as _ms
+from beam_agents.ops.console.display import undecidable, visible
 from beam_agents.ops.console.inbox import DecisionRefused
 from beam_agents.ops.console.timeline import timeline
 
@@ -93,26 +100,6 @@ _HEADERS = {
     "Referrer-Policy": "same-origin",
     "Cache-Control": "no-store",
 }
-
-
-def _ms(value: int) -> str:
-    if not value:
-        return "-"
-    try:
-        moment = datetime.datetime.fromtimestamp(value / 1000, datetime.UTC)
-    except (ValueError, OverflowError, OSError):  # beyond year 9999: "never" in practice
-        return f"{value} ms (beyond year 9999)"
-    return moment.strftime("%Y-%m-%d %H:%M:%S.%f")[:-3] + " UTC"
-
-
-def _duration(ms: int) -> str:
-    seconds = abs(ms) // 1000
-    sign = "-" if ms < 0 else ""
-    if seconds < 120:
-        return f"{sign}{seconds} s"
-    if seconds < 7200:
-        return f"{sign}{seconds // 60} min"
-    return f"{sign}{seconds // 3600} h"
 
 
 def _path_part(value: str) -> str:
@@ -166,13 +153,17 @@ def _pretty(text: str) -> str:
 
 
 def _environment() -> Environment:
+    """Text from the loop is shown through `visible` (display.py): `key`, `question`, `pretty`
+    and `text` show it so themselves, and `visible` shows any other string so."""
     env = Environment(loader=FileSystemLoader(_HERE / "templates"), autoescape=True)
     env.filters.update(
-        ms=_ms, duration=_duration, key=_key, question=_question, pretty=_pretty,
-        path_part=_path_part,
+        ms=_ms, duration=_duration, path_part=_path_part, visible=visible,
+        key=lambda value: visible(_key(value)),
+        question=lambda intent: visible(_question(intent)),
+        pretty=lambda text: visible(_pretty(text), lines=True),
+        text=lambda value: visible(_key(value), lines=True),
     )  # fmt: skip
     env.filters["hex"] = lambda value: bytes(value).hex()
-    env.filters["text"] = lambda value: bytes(value).decode("utf-8", "backslashreplace")
     return env
 
 
@@ -352,26 +343,49 @@ def create_app(
         decided, decided_pager = _paged(request, inbox.decided, param="decided_page", path="/")
         return {
             "pending": pending, "pager": pager, "decided": decided, "decided_pager": decided_pager,
+            # The page's approvals nobody can decide any more, with why, are listed apart.
+            "undecidable": undecidable_among(pending),
         }  # fmt: skip
+
+    # Only a snapshot that answers the console's own request decides anything (observed.py): a
+    # forged deadline neither refuses a decision nor shows.
+    trusted_snapshot = partial(observations.snapshot, trusted=True)
+
+    def deadline_of(found, snapshot_of=trusted_snapshot) -> int:
+        """When the agent stops waiting for the answer to `found` (0: not known): its
+        suspension's deadline, from the key's latest snapshot (`snapshot_of(key)`)."""
+        snapshot = snapshot_of(found.intent.entity_key)
+        # The effector's inquiry is about a call the agent waits on under the call's own id:
+        # its deadline is when the agent stops waiting for the answer asked for here.
+        waited = found.intent_id
+        if found.intent.tool_name == INQUIRY_TOOL:
+            waited = waited.removesuffix(INQUIRY_SUFFIX)
+        if snapshot is not None and waited in snapshot.continuation.pending_intent_ids:
+            return snapshot.continuation.deadline_ms
+        return 0
+
+    def why_undecidable(found, snapshot_of=trusted_snapshot) -> str:
+        """Why nobody can decide `found` now, in words ("" when a person can), as the inbox
+        refuses: an inquiry's deadline is its call's, which the inbox does not refuse on."""
+        inquiry = found.intent.tool_name == INQUIRY_TOOL
+        return undecidable(found, clock(), 0 if inquiry else deadline_of(found, snapshot_of))
+
+    def undecidable_among(approvals) -> list[tuple]:
+        """(approval, why) for each undecided one of `approvals` nobody can decide, reading
+        each key's snapshot once (a list refreshes every few seconds)."""
+        snapshot_of = cache(trusted_snapshot)
+        reasons = ((a, why_undecidable(a, snapshot_of)) for a in approvals if not a.decision)
+        return [(a, why) for a, why in reasons if why]
 
     async def approval(request: Request, session: Session) -> Response:
         intent_id = request.path_params["intent_id"]
         found = inbox.get(intent_id)
         if found is None:
             return message(request, session, 404, "Not found", f"no approval {intent_id}")
-        # The deadline shown is one the agent gave (observed.py): a forged one is not shown.
-        snapshot = observations.snapshot(found.intent.entity_key, trusted=True)
-        deadline = 0
-        # The effector's inquiry is about a call the agent waits on under the call's own id:
-        # its deadline is when the agent stops waiting for the answer asked for here.
-        waited = intent_id
-        if found.intent.tool_name == INQUIRY_TOOL:
-            waited = intent_id.removesuffix(INQUIRY_SUFFIX)
-        if snapshot is not None and waited in snapshot.continuation.pending_intent_ids:
-            deadline = snapshot.continuation.deadline_ms
         trace = observations.activation(found.intent.entity_key, found.intent.trace_id)
         return render(
-            request, "approval.html", session=session, approval=found, deadline=deadline,
+            request, "approval.html", session=session, approval=found,
+            deadline=deadline_of(found), undecidable=why_undecidable(found),
             timeline=timeline(trace.events) if trace else None,
         )  # fmt: skip
 
@@ -393,7 +407,12 @@ def create_app(
                 address=address,
             )
         except DecisionRefused as e:
-            return message(request, session, 409, "Not decided", str(e), back)
+            # In words with readable times, as the approval's page says it (the refusal's own
+            # message, for the log, has the raw times).
+            found = inbox.get(intent_id)
+            why = why_undecidable(found) if found is not None else ""
+            text = f"This request cannot be decided: {why}." if why else str(e)
+            return message(request, session, 409, "Cannot be decided", text, back)
         if not made:
             what = "approved" if decision.approved else "declined"
             return message(
@@ -436,7 +455,8 @@ def create_app(
             "snapshot": snapshot,
             "snapshot_trusted": observations.snapshot_trusted(key),
             **state,
-            "approvals": page_of(partial(inbox.for_key, key), "approvals_page"),
+            "approvals": (approvals := page_of(partial(inbox.for_key, key), "approvals_page")),
+            "undecidable": {a.intent_id: why for a, why in undecidable_among(approvals)},
             "activations": [(a, timeline(a.events)) for a in activations],
             "letters": page_of(partial(observations.dead_letters, key=key), "letters_page"),
             "completions": page_of(partial(observations.completions, key), "completions_page"),

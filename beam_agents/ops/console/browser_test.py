@@ -36,7 +36,7 @@ from beam_agents.testing.console_loop import DemoLoop, kafka_broker
 
 pytestmark = pytest.mark.browser
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 ARTIFACTS = Path(os.environ.get("BEAM_AGENTS_ARTIFACTS", ROOT / ".cache" / "artifacts")) / "console"
 
 
@@ -260,3 +260,125 @@ def test_the_demo_user_approves_the_refund_and_watches_the_agent_complete(driver
     (answer,) = [a for a in loop.answers if a.approval.intent_id == waiting]
     assert answer.approval.approver == DEMO_USER and answer.approval.approved
     assert verify(answer.approval, demo_approver_keyring()) is Verification.VALID
+
+
+def _add_approval(bus, intent_id: str, **fields) -> None:
+    """An approval the console reads while the page is open, as from the approvals topic."""
+    intent = approval_intent(intent_id, **fields)
+    bus.handle(bus.topics.approvals, intent.SerializeToString(deterministic=True))
+
+
+def _active_href(driver) -> str | None:
+    return driver.execute_script("return document.activeElement.getAttribute('href')")
+
+
+def test_a_refresh_keeps_the_keyboard_focus_and_a_text_selection(driver, console):
+    from selenium.webdriver.common.action_chains import ActionChains
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.common.keys import Keys
+
+    url, bus, _ = console
+    now = wall_clock_ms()
+    _sign_in(driver, url, "alice")
+    _wait(driver, lambda d: d.find_element(By.PARTIAL_LINK_TEXT, "Refund 42.00 EUR"))
+    # A keyboard user tabs to the approval, across refreshes.
+    for _ in range(20):
+        ActionChains(driver).send_keys(Keys.TAB).perform()
+        if _active_href(driver) == "/approvals/refund-1":
+            break
+    else:
+        pytest.fail("Tab never reached the approval")
+    # A new approval, older, is listed above it: the focused link stays that approval's.
+    _add_approval(bus, "refund-0", question="Refund 7.00 EUR?", created_at_ms=now - 99_000)
+    _wait(driver, lambda d: d.find_element(By.PARTIAL_LINK_TEXT, "Refund 7.00 EUR"))
+    assert _active_href(driver) == "/approvals/refund-1"
+    # Someone selects the approval's id to copy it; the next refreshes leave it selected.
+    driver.execute_script(
+        """
+        const cell = document.querySelector('a[href="/approvals/refund-1"]').closest('tr').cells[1];
+        const range = document.createRange();
+        range.selectNodeContents(cell);
+        getSelection().removeAllRanges();
+        getSelection().addRange(range);
+        """
+    )
+    _add_approval(bus, "refund-2", question="Refund 9.00 EUR?", created_at_ms=now - 1_000)
+    _wait(driver, lambda d: d.find_element(By.PARTIAL_LINK_TEXT, "Refund 9.00 EUR"))
+    assert driver.execute_script("return getSelection().toString()") == "c-1"
+    assert _active_href(driver) == "/approvals/refund-1"
+    ActionChains(driver).send_keys(Keys.ENTER).perform()
+    _wait(driver, lambda d: d.current_url.endswith("/approvals/refund-1"))
+
+
+def test_a_signed_out_tab_says_so_and_nests_no_sign_in_page(driver, console):
+    from selenium.common.exceptions import TimeoutException
+    from selenium.webdriver.common.by import By
+
+    url, bus, _ = console
+    _sign_in(driver, url, "alice")
+    _wait(driver, lambda d: d.find_element(By.PARTIAL_LINK_TEXT, "Refund 42.00 EUR"))
+    # Signed out elsewhere (another tab's Sign out: the same cookie, the same session).
+    status = driver.execute_async_script(
+        """
+        const done = arguments[arguments.length - 1];
+        const csrf = document.querySelector('form.logout input[name=csrf]').value;
+        fetch('/logout', {method: 'POST', credentials: 'same-origin', redirect: 'manual',
+          headers: {'Content-Type': 'application/x-www-form-urlencoded'},
+          body: 'csrf=' + encodeURIComponent(csrf)}).then(r => done(r.type));
+        """
+    )
+    assert status == "opaqueredirect"
+    notice = _wait(driver, lambda d: d.find_element(By.ID, "signed-out"))
+    assert "signed out" in notice.text
+    assert notice.find_element(By.LINK_TEXT, "Sign in again").get_attribute("href") == (
+        url + "/login"
+    )
+    driver.save_screenshot(str(ARTIFACTS / "signed-out.png"))
+    # However many periods pass: one page, no sign-in form inside it.
+    _add_approval(bus, "refund-3", question="Refund 3.00 EUR?")
+    with pytest.raises(TimeoutException):
+        _wait(driver, lambda d: d.find_elements(By.CSS_SELECTOR, "main main, main form"), 5)
+    assert len(driver.find_elements(By.TAG_NAME, "h1")) == 1
+    assert not driver.find_elements(By.PARTIAL_LINK_TEXT, "Refund 3.00 EUR")
+
+
+def test_a_key_spoofed_with_bidi_controls_does_not_draw_like_the_key_it_imitates(driver, console):
+    from selenium.webdriver.common.by import By
+
+    url, bus, _ = console
+    spoofed, real = "customer-\u202e2401\u202c".encode(), b"customer-1042"
+    _add_approval(bus, "spoofed", key=spoofed, question="Refund 1.00 EUR?")
+    _add_approval(bus, "real", key=real, question="Refund 2.00 EUR?")
+    _sign_in(driver, url, "alice")
+
+    def key_link(key: bytes):
+        return driver.find_element(By.CSS_SELECTOR, f'#inbox a[href="/agents/{key.hex()}"]')
+
+    _wait(driver, lambda d: key_link(spoofed))
+    # Drawn unescaped, the two links were the same "customer-1042", to the pixel width.
+    assert key_link(spoofed).size["width"] > key_link(real).size["width"] + 20
+    assert key_link(spoofed).text == "customer-⟨U+202E⟩2401⟨U+202C⟩"
+    escape = key_link(spoofed).find_element(By.CLASS_NAME, "invisible-char")
+    assert escape.value_of_css_property("color") != key_link(real).value_of_css_property("color")
+    driver.get(url + "/approvals/spoofed")
+    assert driver.find_element(By.ID, "key").text == "customer-⟨U+202E⟩2401⟨U+202C⟩"
+    driver.save_screenshot(str(ARTIFACTS / "spoofed-key.png"))
+
+
+def test_an_expired_approval_shows_why_it_cannot_be_decided_and_offers_no_buttons(driver, console):
+    from selenium.webdriver.common.by import By
+
+    url, bus, _ = console
+    now = wall_clock_ms()
+    _add_approval(bus, "late-refund", question="Refund 5.00 EUR?", expires_at_ms=now - 120_000)
+    _sign_in(driver, url, "alice")
+    row = _wait(driver, lambda d: d.find_element(By.CSS_SELECTOR, "#undecidable tr.undecidable"))
+    assert "Refund 5.00 EUR?" in row.text
+    assert "it expired at " in row.text and ", 2 min ago" in row.text
+    assert "Refund 5.00 EUR" not in driver.find_element(By.ID, "pending").text
+    driver.save_screenshot(str(ARTIFACTS / "inbox-undecidable.png"))
+    row.find_element(By.PARTIAL_LINK_TEXT, "Refund 5.00 EUR").click()
+    reason = _wait(driver, lambda d: d.find_element(By.ID, "undecidable"))
+    assert reason.text.startswith("This request cannot be decided: it expired at ")
+    assert not driver.find_elements(By.ID, "approve") and not driver.find_elements(By.ID, "decline")
+    driver.save_screenshot(str(ARTIFACTS / "approval-expired.png"))
