@@ -20,7 +20,13 @@ from beam_agents.ops.console.inbox import Approval
 from beam_agents.ops.console.service import serving
 from beam_agents.ops.rounds import ManualClock
 from beam_agents.runtime.dead_letters import error_record, to_envelope
-from beam_agents.testing.console import Browser, Recorder, approval_intent, make_bus
+from beam_agents.testing.console import (
+    Browser,
+    Recorder,
+    approval_intent,
+    export_answer,
+    make_bus,
+)
 
 NOW = 1_000_000
 #: Draws as "customer-1042": the override reverses "2401" until the pop.
@@ -31,11 +37,12 @@ HIDDEN = ("\u202e", "\u202c", "\u200b", "\u2066", "\u2069", "\u00a0", "\u2028", 
 @pytest.fixture
 def console(tmp_path):
     clock = ManualClock(NOW)
-    bus, auth = make_bus(tmp_path / "console.sqlite", Recorder(), clock)
+    recorder = Recorder()
+    bus, auth = make_bus(tmp_path / "console.sqlite", recorder, clock)
     with serving(create_app(bus, auth, clock=clock)) as url:
         browser = Browser(url)
         assert browser.sign_in("alice").status == 303
-        yield browser, bus
+        yield browser, bus, recorder
 
 
 def _table(page: str, table_id: str) -> str:
@@ -78,13 +85,13 @@ def test_a_text_of_more_hidden_characters_than_escapes_shown_is_shown_as_ascii()
 
 
 def test_bidi_and_invisible_characters_are_shown_visibly_on_every_page(console):
-    browser, bus = console
+    browser, bus, recorder = console
     question = "Refund\u200b 42 EUR to customer-\u202e2401\u202c?\u00a0\u2028\x07"
     intent = approval_intent("a-rlo", key=SPOOFED_KEY, question=question)
     bus.handle(bus.topics.approvals, intent.SerializeToString())
     snapshot = StateSnapshot(entity_key=SPOOFED_KEY, snapshot_at_ms=NOW)
     snapshot.memory.entries.add(key="note\u2066", value='{"iban":"\u2066DE89\u2069"}'.encode())
-    bus.observations.add_snapshot(snapshot.SerializeToString())
+    bus.observations.add_snapshot(export_answer(bus, recorder, snapshot))
     bus.handle(Topics("loop").completions, '{"to":"\u202ecustomer"}'.encode(), SPOOFED_KEY, NOW)
     letter = to_envelope(error_record(SPOOFED_KEY, "bad_output", "in \u202e1042", NOW))
     bus.handle(Topics("loop").dead_letters, letter.SerializeToString())
@@ -103,9 +110,10 @@ def test_bidi_and_invisible_characters_are_shown_visibly_on_every_page(console):
     assert "⟨U+2066⟩" in agent and "⟨U+2069⟩" in agent
 
 
-def _undecidable_three(bus) -> None:
+def _undecidable_three(bus, recorder) -> None:
     """An approval without expiry, one expired a minute ago, and one the agent stopped waiting
-    for a second ago (its snapshot's deadline), each otherwise approvable."""
+    for a second ago (its snapshot's deadline, in the agent's answer to the console's export
+    request: the one snapshot it trusts), each otherwise approvable."""
     for intent in (
         approval_intent("no-expiry", expires_at_ms=0),
         approval_intent("expired", expires_at_ms=NOW - 60_000),
@@ -115,7 +123,7 @@ def _undecidable_three(bus) -> None:
     snapshot = StateSnapshot(entity_key=b"c-late", snapshot_at_ms=NOW - 2_000)
     snapshot.continuation.pending_intent_ids.append("late")
     snapshot.continuation.deadline_ms = NOW - 1_000
-    bus.observations.add_snapshot(snapshot.SerializeToString())
+    bus.observations.add_snapshot(export_answer(bus, recorder, snapshot))
 
 
 #: Why each of `_undecidable_three` cannot be decided, in words, with a readable time.
@@ -127,9 +135,9 @@ REASONS = {
 
 
 def test_an_approval_nobody_can_decide_is_listed_apart_with_its_reason_and_no_buttons(console):
-    browser, bus = console
+    browser, bus, recorder = console
     bus.handle(bus.topics.approvals, approval_intent("open").SerializeToString())
-    _undecidable_three(bus)
+    _undecidable_three(bus, recorder)
     for path in ("/", "/fragments/inbox"):
         inbox = browser.get(path).text
         assert "/approvals/open" in _table(inbox, "pending")
@@ -150,8 +158,8 @@ def test_an_approval_nobody_can_decide_is_listed_apart_with_its_reason_and_no_bu
 
 
 def test_a_refused_decision_says_why_in_words_with_a_readable_time(console):
-    browser, bus = console
-    _undecidable_three(bus)
+    browser, bus, recorder = console
+    _undecidable_three(bus, recorder)
     csrf = browser.get("/").csrf()
     for intent_id, reason in REASONS.items():
         form = {"csrf": csrf, "decision": "approve"}
