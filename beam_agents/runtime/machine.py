@@ -247,9 +247,14 @@ class KeyMachine(Commits, Checks, Intake, AnswerChecks, Activations, DueTimes, B
         suspended = state.continuation
         if suspended is not None and timer_ms(due_at(suspended)) <= fired_ms:
             # The watermark passed the suspension's due time too (a bounded run's end, a
-            # backlog) and timers of two families need not fire in time order: that comes
-            # first, as if its timer had fired, and sets the TTL anew.
-            self._due(work, timer_ms(due_at(suspended)))
+            # backlog) and timers of two families need not fire in time order. Its own timer
+            # is set and due, so it runs there, at its time: run here, what it emits would be
+            # stamped with this firing, a TTL later, and its intents born expired (and the
+            # outputs would depend on the order the runner fired the two in). Nothing changes:
+            # the commit only sets both timers again (the deadline's at that due time, so it
+            # fires even were it lost), the TTL for a key still idle that long after it.
+            work.count("stale_ttl_timers")
+            work.commit(state)
             return self._finish(work)
         if self._ttl_at(state.memory, state.continuation, 0) > fired_ms:
             work.count("stale_ttl_timers")  # the TTL moved forward since it was set

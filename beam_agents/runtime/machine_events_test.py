@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 import struct
 
+import pytest
+
 from beam_agents._protos import MemoryBlob, TraceEvent
 from beam_agents.runtime import RuntimeConfig, agent
 from beam_agents.runtime.machine import ERRORS
@@ -346,6 +348,44 @@ def test_a_deferred_start_retried_past_an_intent_ttl_runs_at_its_retry():
     assert refund.created_at_ms == T0 + 2 * hours
     assert refund.expires_at_ms == T0 + 3 * hours
     assert refund.seq == SEQ  # the retry runs the same seq
+
+
+def _held_then_due(agent_, *, ttl_first: bool) -> tuple[Harness, int]:
+    """A key holding a start (deferred, its model busy) or suspended on a question, an event
+    queued behind it; then its due time and its TTL both pass (a watermark jump), and the
+    runner fires the TTL's timer first or the deadline's."""
+    hours = 60 * 60 * 1000
+    config = RuntimeConfig(intent_ttl_ms=hours, ttl_ms=30 * 24 * hours)
+    h = Harness(agent_, llm=DownOnce(1) if agent_ is looks_then_pays else None, config=config)
+    h.send(event(T0, b"1"))
+    h.send(event(T0 + 1, b"2"))  # queued
+    due, ttl = h.timers[0].at_ms, h.timers[1].at_ms
+    assert ttl > due + config.intent_ttl_ms
+    emitted = len(h.outputs)
+    if ttl_first:
+        h.fire_ttl()
+        # Left to its own timer, due too: nothing ran, both timers stand.
+        assert len(h.outputs) == emitted and (h.timers[0].at_ms, h.timers[1].at_ms) == (due, ttl)
+    h.fire_deadline()
+    return h, due
+
+
+@pytest.mark.parametrize(
+    "agent_",
+    [looks_then_pays, asks],
+    ids=["deferred start retried", "deadline passed, mailbox drained"],
+)
+def test_a_due_suspension_runs_at_its_own_timer_whichever_timer_fires_first(agent_):
+    """Timers of two families need not fire in time order: on a watermark jump (a backlog, a
+    bounded run's end) the TTL's may come first. Run there, the retried start and the drained
+    event emitted intents created at the due time but stamped with the TTL's firing, a TTL
+    later: born expired, no effector runs them (the generative harness found it: fuzz
+    born_expired), and the outputs depended on the order the runner fired the timers in."""
+    (in_order, _), (ttl_first, due) = (_held_then_due(agent_, ttl_first=f) for f in (False, True))
+    assert ttl_first.outputs == in_order.outputs
+    # Emitted at the deadline's firing, stamped with it: alive there.
+    (intent,) = [i for i in ttl_first.values("intents") if i.created_at_ms > T0]
+    assert intent.created_at_ms == due < intent.expires_at_ms
 
 
 def test_a_suspension_longer_than_the_ttl_drains_its_mailbox_at_the_answer():

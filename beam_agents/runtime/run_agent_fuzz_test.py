@@ -308,3 +308,31 @@ def test_item_13_a_retried_resume_emits_no_stale_timer_noise(tmp_path):
         (KeyScript(K, (event, Answer(T0 + 1, intent_id(K, SEQ, 0, 0)), Export(T0 + 2))),),
     )
     assert not _caught(scenario, tmp_path, 13)
+
+
+# -- failing examples the harness found since ----------------------------------------------------
+
+
+def test_a_due_start_run_late_by_the_ttl_timer_emits_no_intent_born_expired(tmp_path):
+    # e0 (stamped far behind) finds its model busy: its start waits on the deadline timer,
+    # e1 queued behind it. At the run's end the watermark passes the retry's due time and the
+    # key's TTL: both runners fired the TTL first, which ran the retries and drained e1 at the
+    # due time, stamping its intent with the TTL's time, days past its expiry (item 9's class:
+    # its call never runs). The due time now runs on its own timer.
+    config = RuntimeConfig(
+        ttl_ms=10**9, retryable_resume_retries=3, resume_backoff_ms=1000, resume_backoff_max_ms=8000
+    )
+    scenario = Scenario(
+        config,
+        (
+            KeyScript(
+                K,
+                (
+                    _event(T0 - 10**10, "e0", calls=1, llm={"fail": True}),
+                    _event(T0 + 826, "e1", calls=1),
+                    Export(T0 + 36_100_001),
+                ),
+            ),
+        ),
+    )
+    assert fuzz.check(scenario, fuzz.run_both(scenario, tmp_path)) == []
