@@ -5,8 +5,8 @@
 #   bash tools/dev.sh run ARGS...   set up, then run the beam-agents command with ARGS
 #   bash tools/dev.sh test [ARGS]   set up, then run the whole pytest suite (ARGS go to pytest)
 #   bash tools/dev.sh lint          set up, then ruff, buildifier, buf lint, breaking-change gate
-#   bash tools/dev.sh mutation [ARGS] set up, then mutation-test ARGS (default: the runtime's
-#                                   packages; tools/mutation.py --help, docs/mutation.md)
+#   bash tools/dev.sh mutation [ARGS]  set up, then mutation-test ARGS (default: runtime/,
+#                                   intents/, state/; see tools/mutation.py's docstring)
 #   bash tools/dev.sh setup         set up only
 #
 # Set-up is idempotent and cheap when nothing changed: .venv/ is rebuilt from the hashed

@@ -20,7 +20,8 @@ report) and lines ending in `# pragma: no mutate` are left alone.
 Which tests, and how fast. A mutant runs only the tests that execute its lines. One baseline
 run per module collects, under a line tracer restricted to that module's file, which lines each
 test executes; the candidates are the test files beside the module (its package folder) and the
-test files that name it (`beam_agents.x.y` or `from beam_agents.x import y`), plus `--tests`.
+test files that name it (`beam_agents.x.y` or `from beam_agents.x import y`), or only the
+`--tests` given (faster, and the score is then that of those tests).
 A mutant's tests are those that execute any line of the mutated node, fastest first, with `-x`:
 the first failure kills it. A mutant on a line no test executes is reported as a survivor
 without being run (a line only a subprocess of a test executes counts as unreached: the score is
@@ -40,9 +41,10 @@ Results are resumable: .cache/mutation/results.json holds each module's mutants 
 while the module is unchanged; a survivor is rerun when the candidate test files change, so
 adding the missing test and rerunning costs only the survivors.
 
-The score is killed / (killed + survived), per module and in total; `--min-score` makes the
-exit status 1 below it. docs/mutation.md lists the score of the last full run and every
-survivor accepted as equivalent, with why.
+The score is killed / (killed + survived + unreached), per module and in total; a mutant whose
+tests could not run (`error`) is reported and left out. `--min-score` makes the exit status 1
+below it. benchmarks/results/mutation-<date>.md records each measured run: the score per module
+and every survivor, with why it is equivalent, accepted, or which test now kills it.
 """
 
 from __future__ import annotations
@@ -330,7 +332,9 @@ def _dotted(path: Path, root: Path) -> str:
     return ".".join(parts)
 
 
-def _candidates(path: Path, root: Path, extra: list[Path]) -> list[Path]:
+def _candidates(path: Path, root: Path, chosen: list[Path]) -> list[Path]:
+    if chosen:
+        return sorted(chosen)
     dotted = _dotted(path, root)
     package, _, name = dotted.rpartition(".")
     names = re.compile(
@@ -343,7 +347,6 @@ def _candidates(path: Path, root: Path, extra: list[Path]) -> list[Path]:
             continue
         if test not in found and names.search(test.read_text(encoding="utf-8")):
             found.add(test)
-    found.update(extra)
     return sorted(found)
 
 
@@ -643,7 +646,11 @@ def _baseline(path: Path, root: Path, tests: list[Path], work: Path, pythonpath:
     pid = _fork_pytest(
         [str(t) for t in tests], root=root, log=log, env={"PYTHONPATH": pythonpath}, plugin=tracer
     )
-    code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+    try:
+        code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+    except BaseException:
+        _kill(pid)
+        raise
     if not found.exists():
         raise SystemExit(
             f"mutation: the baseline run of {path} failed (exit {code}):\n{log.read_text()[-3000:]}"
@@ -748,7 +755,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=1, help="mutants run at once (default 1)")
     parser.add_argument("--timeout-factor", type=float, default=3.0)
     parser.add_argument("--min-timeout", type=float, default=20.0, help="seconds")
-    parser.add_argument("--tests", type=Path, action="append", default=[], help="more test files")
+    parser.add_argument(
+        "--tests",
+        type=Path,
+        action="append",
+        default=[],
+        help="test files to use instead of those found beside and naming the module (repeatable)",
+    )
     parser.add_argument("--root", type=Path, default=_ROOT, help="the tree the paths are in")
     parser.add_argument(
         "--cache", type=Path, default=None, help="default ROOT/.cache/mutation/results.json"
