@@ -33,7 +33,9 @@ Each mutant runs in a child forked from this process after the heavy third-party
 mutant's source in place of the module through an import hook (tools/mutation_hook.py; also put
 on the children's PYTHONPATH as `sitecustomize`): the tree is never written. A child that
 outlives `--timeout-factor` times its tests' baseline time (at least `--min-timeout` seconds) is
-killed with its process group, and the mutant counts as killed (an infinite loop is detected).
+killed with its process group, and the mutant counts as killed (an infinite loop is detected);
+the budget includes the baseline's own start-up time, so a loaded machine does not pass slow
+survivors off as timeouts.
 `--jobs` children run at once.
 
 Results are resumable: .cache/mutation/results.json holds each module's mutants by a stable id
@@ -643,6 +645,7 @@ def _baseline(path: Path, root: Path, tests: list[Path], work: Path, pythonpath:
     found = work / f"baseline-{path.stem}.json"
     log = work / f"baseline-{path.stem}.log"
     tracer = _Tracer(str(path), found)
+    started = time.monotonic()
     pid = _fork_pytest(
         [str(t) for t in tests], root=root, log=log, env={"PYTHONPATH": pythonpath}, plugin=tracer
     )
@@ -656,6 +659,8 @@ def _baseline(path: Path, root: Path, tests: list[Path], work: Path, pythonpath:
             f"mutation: the baseline run of {path} failed (exit {code}):\n{log.read_text()[-3000:]}"
         )
     base = json.loads(found.read_text())
+    # What a child spends before and after its tests (collection, imports), under this load.
+    base["startup"] = max(0.0, time.monotonic() - started - sum(base["seconds"].values()))
     if base["failed"]:
         failed = base["failed"]
         print(f"mutation: {len(failed)} tests fail without a mutant, not used: {failed[:5]}")
@@ -701,7 +706,7 @@ def _run_pending(
                 }
                 pid = _fork_pytest(["-x", *tests], root=root, log=log, env=env)
                 spent = sum(v for t, v in seconds.items() if t.split("[", 1)[0] in tests)
-                budget = max(min_timeout, timeout_factor * spent)
+                budget = max(min_timeout, timeout_factor * (base.get("startup", 0.0) + spent))
                 running[pid] = (mutant, time.monotonic(), time.monotonic() + budget, log)
             for pid, (mutant, started, deadline, log) in list(running.items()):
                 done, status = os.waitpid(pid, os.WNOHANG)
