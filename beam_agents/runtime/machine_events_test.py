@@ -13,6 +13,7 @@ import struct
 from beam_agents._protos import MemoryBlob, TraceEvent
 from beam_agents.runtime import RuntimeConfig, agent
 from beam_agents.runtime.machine import ERRORS
+from beam_agents.runtime.machine_state import INT64_MAX
 from beam_agents.testing.machine_harness import (
     SEQ,
     T0,
@@ -209,6 +210,20 @@ def test_an_event_stamped_far_ahead_keeps_the_marks_of_the_events_inside_the_win
         b"echo far behind",
     ]
     assert h.values(ERRORS) == []
+
+
+def test_a_key_first_seen_at_the_end_of_time_starts_its_seqs_with_room_to_count():
+    """A first seq is the event's time in microsecond steps, clamped one step short of the
+    largest int64: the key can still count up, and its snapshot restores."""
+    h = Harness(echo)
+    h.send(event(INT64_MAX, b"last"))
+    snapshot = h.export()
+    assert INT64_MAX - 2 * 1000 < snapshot.seq <= INT64_MAX - 1000
+    again = Harness(echo)
+    again.restore(snapshot)
+    again.send(event(INT64_MAX, b"after"))
+    assert again.values("completions") == [b"echo after"]
+    assert again.values(ERRORS) == [] and again.export().seq > snapshot.seq
 
 
 def test_one_event_moves_the_dedupe_clock_by_at_most_max_clock_skew_ms():
