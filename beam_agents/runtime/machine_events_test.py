@@ -7,12 +7,14 @@ busy waits on a timer and keeps its place. Each test drives KeyMachine through
 
 from __future__ import annotations
 
+import hashlib
 import json
 import struct
 
 from beam_agents._protos import MemoryBlob, TraceEvent
 from beam_agents.runtime import RuntimeConfig, agent
 from beam_agents.runtime.machine import ERRORS
+from beam_agents.runtime.machine_events import event_digests
 from beam_agents.runtime.machine_state import INT64_MAX
 from beam_agents.testing.machine_harness import (
     SEQ,
@@ -145,6 +147,16 @@ def test_a_queued_event_whose_activation_fails_is_in_its_dead_letter():
     h.send(approve(T0 + 2, question, ring=None))
     (failed,) = h.values(ERRORS)
     assert failed.reason == "agent_raised" and failed.input.external_event == b"boom"
+
+
+def test_event_digests_are_those_marks_written_by_earlier_binaries_hold():
+    """Marks outlive the binary: a restarted or upgraded job must still recognise the events
+    an earlier one marked, so the digests' bytes are pinned, each under its domain prefix."""
+    sent = event(T0, b"a")
+    by_time = hashlib.sha256(b"event|%d|a" % T0).digest()[:16]
+    assert event_digests(sent) == [by_time]  # no transport key: one mark
+    by_key = hashlib.sha256(b"idempotency|kafka:events/0@17").digest()[:16]
+    assert event_digests(sent, b"kafka:events/0@17") == [by_time, by_key]
 
 
 def test_a_digest_matches_only_where_a_mark_holds_one():
