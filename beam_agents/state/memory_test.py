@@ -534,6 +534,10 @@ def _duplicate_a_key(blob):
     blob.entries[1].key = blob.entries[0].key
 
 
+def _one_stamp_short(blob):
+    blob.entry_stamps = blob.entry_stamps[:-8]
+
+
 def _one_stamp_for_two_entries(blob):
     """The first two entries share a stamp and the index is otherwise consistent (key hashes
     as the index stores them: blake2b, 8 bytes, little-endian): bisection would find one
@@ -570,6 +574,7 @@ def _swap_first_two_with_their_stamps(blob):
         _duplicate_a_key,
         _swap_first_two_with_their_stamps,
         _one_stamp_for_two_entries,
+        _one_stamp_short,
     ],
 )
 def test_a_checked_index_is_kept_only_while_it_fits_its_entries(edit):
