@@ -571,6 +571,7 @@ def run(
     extra_tests: list[Path] = (),
     cache_path: Path | None = None,
     fresh: bool = False,
+    report_only: bool = False,
     out=print,
 ) -> dict[str, dict[str, tuple[Mutant, Outcome]]]:
     """Run every mutant of every module under `paths`; returns module -> id -> result."""
@@ -604,6 +605,8 @@ def run(
                     and entry["mutants"][m.id]["tests_sha"] != tests_sha
                 )
             ]
+            if report_only:
+                pending = []
             out(f"{name}: {len(found)} mutants, {len(pending)} to run, {len(tests)} test files")
             if pending and entry.get("baseline_tests_sha") != tests_sha:
                 entry["baseline"] = _baseline(path, root, tests, work, pythonpath)
@@ -733,6 +736,7 @@ def _report(name: str, source: str, results: dict[str, tuple[Mutant, Outcome]], 
     for _, outcome in results.values():
         counts[outcome.status] += 1
     scored = counts["killed"] + counts["timeout"] + counts["survived"] + counts["unreached"]
+    out(f"{name}: {sum(counts.values())} mutants measured")
     score = 100.0 * (counts["killed"] + counts["timeout"]) / scored if scored else 100.0
     out(f"{name}: score {score:.1f}% " + " ".join(f"{k}={v}" for k, v in counts.items()))
     lines = source.splitlines()
@@ -779,6 +783,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--preload", default=_PRELOAD, help="modules imported once before forking")
     parser.add_argument("--list", action="store_true", help="print the mutants, run nothing")
+    parser.add_argument("--report", action="store_true", help="print the cached results only")
     args = parser.parse_args(argv)
     if args.list:
         for path in _module_paths(args.paths):
@@ -800,6 +805,7 @@ def main(argv: list[str] | None = None) -> int:
         extra_tests=args.tests,
         cache_path=args.cache,
         fresh=args.fresh,
+        report_only=args.report,
     )
     killed, scored = _totals(results)
     score = 100.0 * killed / scored if scored else 100.0
