@@ -743,7 +743,7 @@ def _report(name: str, source: str, results: dict[str, tuple[Mutant, Outcome]], 
     for mutant, outcome in sorted(results.values(), key=lambda r: (r[0].line, r[0].col)):
         if outcome.status in ("survived", "unreached", "error"):
             out(
-                f"  {outcome.status:9} {name}:{mutant.line}: {mutant.description}"
+                f"  {outcome.status:9} {name}:{mutant.line} [{mutant.id}] {mutant.description}"
                 f"  | {lines[mutant.line - 1].strip()[:100]}"
             )
 

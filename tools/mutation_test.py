@@ -99,7 +99,7 @@ def test_a_tested_mutant_is_killed_an_untested_one_survives_and_a_rerun_resumes(
     statuses = _statuses(cache)
     assert statuses["7:11:binop"] == "killed"  # a + b -> a - b
     assert statuses["18:11:binop"] == "unreached"  # x * 2 -> x / 2: no test runs it
-    assert "unreached pkg/calc.py:18: `*` -> `/`" in done.stdout
+    assert "unreached pkg/calc.py:18 [18:11:binop] `*` -> `/`" in done.stdout
     # i += 1 -> i -= 1 never ends: the child is killed at its timeout, and that kills it.
     assert statuses["13:8:augassign"] == "timeout"
     assert not any(mutant_id.startswith("22:") for mutant_id in statuses)  # pragma: no mutate

@@ -14,7 +14,7 @@ import struct
 from beam_agents._protos import MemoryBlob, TraceEvent
 from beam_agents.runtime import RuntimeConfig, agent
 from beam_agents.runtime.machine import ERRORS
-from beam_agents.runtime.machine_events import event_digests
+from beam_agents.runtime.machine_events import event_digests, marks_problem
 from beam_agents.runtime.machine_state import INT64_MAX
 from beam_agents.testing.machine_harness import (
     SEQ,
@@ -157,6 +157,13 @@ def test_event_digests_are_those_marks_written_by_earlier_binaries_hold():
     assert event_digests(sent) == [by_time]  # no transport key: one mark
     by_key = hashlib.sha256(b"idempotency|kafka:events/0@17").digest()[:16]
     assert event_digests(sent, b"kafka:events/0@17") == [by_time, by_key]
+
+
+def test_marks_of_one_time_are_in_time_order_whatever_their_digests():
+    """Two events stamped alike leave two marks with one time: only the times are ordered."""
+    at = struct.pack(">q", T0)
+    assert marks_problem(at + b"\xff" * 16 + at + b"\x00" * 16) == ""
+    assert marks_problem(struct.pack(">q", T0 + 1) + b"\x00" * 16 + at + b"\xff" * 16) != ""
 
 
 def test_a_digest_matches_only_where_a_mark_holds_one():
