@@ -568,7 +568,7 @@ def run(
     jobs: int = 1,
     timeout_factor: float = 3.0,
     min_timeout: float = 20.0,
-    extra_tests: list[Path] = (),
+    chosen_tests: list[Path] = (),
     cache_path: Path | None = None,
     fresh: bool = False,
     report_only: bool = False,
@@ -592,7 +592,7 @@ def run(
             entry = cache.module(name, hashlib.sha256(source.encode()).hexdigest()[:16])
             if fresh:
                 entry["mutants"] = {}
-            tests = _candidates(path, root, [p.resolve() for p in extra_tests])
+            tests = _candidates(path, root, [p.resolve() for p in chosen_tests])
             tests_sha = _sha(tests)
             found = mutants(source)
             pending = [
@@ -802,7 +802,7 @@ def main(argv: list[str] | None = None) -> int:
         jobs=args.jobs,
         timeout_factor=args.timeout_factor,
         min_timeout=args.min_timeout,
-        extra_tests=args.tests,
+        chosen_tests=args.tests,
         cache_path=args.cache,
         fresh=args.fresh,
         report_only=args.report,
