@@ -5,6 +5,8 @@
 #   bash tools/dev.sh run ARGS...   set up, then run the beam-agents command with ARGS
 #   bash tools/dev.sh test [ARGS]   set up, then run the whole pytest suite (ARGS go to pytest)
 #   bash tools/dev.sh lint          set up, then ruff, buildifier, buf lint, breaking-change gate
+#   bash tools/dev.sh mutation [ARGS]  set up, then mutation-test ARGS (default: runtime/,
+#                                   intents/, state/; see tools/mutation.py's docstring)
 #   bash tools/dev.sh setup         set up only
 #
 # Set-up is idempotent and cheap when nothing changed: .venv/ is rebuilt from the hashed
@@ -66,8 +68,14 @@ case "$cmd" in
   run) setup_python; exec "$venv/bin/beam-agents" "$@" ;;
   test) setup_python; setup_node; exec "$venv/bin/python" -m pytest "$@" ;;
   lint) setup_python; setup_node; lint ;;
+  mutation)
+    setup_python
+    [[ $# -gt 0 ]] || set -- beam_agents/runtime beam_agents/intents beam_agents/state
+    PYTHONPATH="$root:$root/migrations${PYTHONPATH:+:$PYTHONPATH}" \
+      exec "$venv/bin/python" tools/mutation.py "$@"
+    ;;
   *)
-    sed -n '2,9p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2
+    sed -n '2,11p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2
     exit 2
     ;;
 esac

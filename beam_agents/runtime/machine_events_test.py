@@ -7,6 +7,7 @@ busy waits on a timer and keeps its place. Each test drives KeyMachine through
 
 from __future__ import annotations
 
+import hashlib
 import json
 import struct
 
@@ -15,6 +16,8 @@ import pytest
 from beam_agents._protos import MemoryBlob, TraceEvent
 from beam_agents.runtime import RuntimeConfig, agent
 from beam_agents.runtime.machine import ERRORS
+from beam_agents.runtime.machine_events import event_digests, marks_problem
+from beam_agents.runtime.machine_state import INT64_MAX
 from beam_agents.testing.machine_harness import (
     SEQ,
     T0,
@@ -148,6 +151,23 @@ def test_a_queued_event_whose_activation_fails_is_in_its_dead_letter():
     assert failed.reason == "agent_raised" and failed.input.external_event == b"boom"
 
 
+def test_event_digests_are_those_marks_written_by_earlier_binaries_hold():
+    """Marks outlive the binary: a restarted or upgraded job must still recognise the events
+    an earlier one marked, so the digests' bytes are pinned, each under its domain prefix."""
+    sent = event(T0, b"a")
+    by_time = hashlib.sha256(b"event|%d|a" % T0).digest()[:16]
+    assert event_digests(sent) == [by_time]  # no transport key: one mark
+    by_key = hashlib.sha256(b"idempotency|kafka:events/0@17").digest()[:16]
+    assert event_digests(sent, b"kafka:events/0@17") == [by_time, by_key]
+
+
+def test_marks_of_one_time_are_in_time_order_whatever_their_digests():
+    """Two events stamped alike leave two marks with one time: only the times are ordered."""
+    at = struct.pack(">q", T0)
+    assert marks_problem(at + b"\xff" * 16 + at + b"\x00" * 16) == ""
+    assert marks_problem(struct.pack(">q", T0 + 1) + b"\x00" * 16 + at + b"\xff" * 16) != ""
+
+
 def test_a_digest_matches_only_where_a_mark_holds_one():
     from beam_agents.runtime.machine_events import _seen
 
@@ -211,6 +231,20 @@ def test_an_event_stamped_far_ahead_keeps_the_marks_of_the_events_inside_the_win
         b"echo far behind",
     ]
     assert h.values(ERRORS) == []
+
+
+def test_a_key_first_seen_at_the_end_of_time_starts_its_seqs_with_room_to_count():
+    """A first seq is the event's time in microsecond steps, clamped one step short of the
+    largest int64: the key can still count up, and its snapshot restores."""
+    h = Harness(echo)
+    h.send(event(INT64_MAX, b"last"))
+    snapshot = h.export()
+    assert INT64_MAX - 2 * 1000 < snapshot.seq <= INT64_MAX - 1000
+    again = Harness(echo)
+    again.restore(snapshot)
+    again.send(event(INT64_MAX, b"after"))
+    assert again.values("completions") == [b"echo after"]
+    assert again.values(ERRORS) == [] and again.export().seq > snapshot.seq
 
 
 def test_one_event_moves_the_dedupe_clock_by_at_most_max_clock_skew_ms():

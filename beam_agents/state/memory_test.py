@@ -534,6 +534,29 @@ def _duplicate_a_key(blob):
     blob.entries[1].key = blob.entries[0].key
 
 
+def _one_stamp_short(blob):
+    blob.entry_stamps = blob.entry_stamps[:-8]
+
+
+def _one_stamp_for_two_entries(blob):
+    """The first two entries share a stamp and the index is otherwise consistent (key hashes
+    as the index stores them: blake2b, 8 bytes, little-endian): bisection would find one
+    entry for both keys."""
+    count = len(blob.entries)
+    stamps = list(struct.unpack(f"<{count}q", blob.entry_stamps))
+    stamps[1] = stamps[0]
+    hashes = (
+        int.from_bytes(
+            hashlib.blake2b(e.key.encode(), digest_size=8).digest(), "little", signed=True
+        )
+        for e in blob.entries
+    )
+    pairs = sorted(zip(hashes, stamps, strict=True))
+    blob.entry_stamps = struct.pack(f"<{count}q", *stamps)
+    blob.key_hashes = struct.pack(f"<{count}q", *(h for h, _ in pairs))
+    blob.key_stamps = struct.pack(f"<{count}q", *(s for _, s in pairs))
+
+
 def _swap_first_two_with_their_stamps(blob):
     """Entries and their stamps moved together: every key still has its own stamp, but the
     stamps no longer grow along the entries, so bisection would miss keys."""
@@ -550,6 +573,8 @@ def _swap_first_two_with_their_stamps(blob):
         _swap_first_two,
         _duplicate_a_key,
         _swap_first_two_with_their_stamps,
+        _one_stamp_for_two_entries,
+        _one_stamp_short,
     ],
 )
 def test_a_checked_index_is_kept_only_while_it_fits_its_entries(edit):

@@ -1,0 +1,817 @@
+"""Mutation testing: does a test fail when the code is changed a little?
+
+    .venv/bin/python tools/mutation.py [--jobs N] [--min-score PCT] PATHS...
+    bash tools/dev.sh mutation PATHS...
+
+PATHS are modules (`beam_agents/state/memory.py`) or folders (every non-test module under
+them). Each module is parsed with `ast`, and each mutant is one small change of it:
+
+  - an arithmetic, bitwise or augmented-assignment operator swapped (`+` -> `-`, `//` -> `*`),
+  - a comparison moved across its boundary or negated (`<` -> `<=`, `==` -> `!=`, `in` ->
+    `not in`, `is` -> `is not`),
+  - `and` <-> `or`, a `not` or a unary minus dropped,
+  - a constant changed (`n` -> `n + 1`, `True` <-> `False`, `"s"` -> `"XXsXX"`),
+  - a `return EXPR` made `return None`, a call statement or a `raise` replaced by `pass`,
+    `break` <-> `continue`.
+
+Docstrings, annotations, `__all__`, f-strings (whose inner positions Python 3.11 does not
+report) and lines ending in `# pragma: no mutate` are left alone.
+
+Which tests, and how fast. A mutant runs only the tests that execute its lines. One baseline
+run per module collects, under a line tracer restricted to that module's file, which lines each
+test executes; the candidates are the test files beside the module (its package folder) and the
+test files that name it (`beam_agents.x.y` or `from beam_agents.x import y`), or only the
+`--tests` given (faster, and the score is then that of those tests).
+A mutant's tests are those that execute any line of the mutated node, fastest first, with `-x`:
+the first failure kills it. A mutant on a line no test executes is reported as a survivor
+without being run (a line only a subprocess of a test executes counts as unreached: the score is
+conservative, never inflated). Lines that run only at import (module constants, class bodies,
+default values) are attributed to every test that executed the module.
+
+Each mutant runs in a child forked from this process after the heavy third-party imports
+(`--preload`), so a mutant costs its tests' time, not an interpreter start. The child serves the
+mutant's source in place of the module through an import hook (tools/mutation_hook.py; also put
+on the children's PYTHONPATH as `sitecustomize`): the tree is never written. A child that
+outlives `--timeout-factor` times its tests' baseline time (at least `--min-timeout` seconds) is
+killed with its process group, and the mutant counts as killed (an infinite loop is detected);
+the budget includes the baseline's own start-up time, so a loaded machine does not pass slow
+survivors off as timeouts.
+`--jobs` children run at once.
+
+Results are resumable: .cache/mutation/results.json holds each module's mutants by a stable id
+(position, operator, alternative) under the module's source hash. A killed mutant stays killed
+while the module is unchanged; a survivor is rerun when the candidate test files change, so
+adding the missing test and rerunning costs only the survivors.
+
+The score is killed / (killed + survived + unreached), per module and in total; a mutant whose
+tests could not run (`error`) is reported and left out. `--min-score` makes the exit status 1
+below it. benchmarks/results/mutation-<date>.md records each measured run: the score per module
+and every survivor, with why it is equivalent, accepted, or which test now kills it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import contextlib
+import dataclasses
+import functools
+import hashlib
+import importlib.util
+import json
+import os
+import re
+import shutil
+import signal
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+__all__ = ["Mutant", "Outcome", "apply", "main", "mutants", "run"]
+
+_ROOT = Path(__file__).resolve().parent.parent
+_PRAGMA = "# pragma: no mutate"
+_HOOK = Path(__file__).resolve().with_name("mutation_hook.py")
+_PRELOAD = "pytest,google.protobuf,hypothesis,apache_beam"
+
+_BINOPS: dict[type, type] = {
+    ast.Add: ast.Sub,
+    ast.Sub: ast.Add,
+    ast.Mult: ast.Div,
+    ast.Div: ast.Mult,
+    ast.FloorDiv: ast.Mult,
+    ast.Mod: ast.FloorDiv,
+    ast.Pow: ast.Mult,
+    ast.LShift: ast.RShift,
+    ast.RShift: ast.LShift,
+    ast.BitAnd: ast.BitOr,
+    ast.BitOr: ast.BitAnd,
+    ast.BitXor: ast.BitAnd,
+}
+_COMPARES: dict[type, type] = {
+    ast.Lt: ast.LtE,
+    ast.LtE: ast.Lt,
+    ast.Gt: ast.GtE,
+    ast.GtE: ast.Gt,
+    ast.Eq: ast.NotEq,
+    ast.NotEq: ast.Eq,
+    ast.Is: ast.IsNot,
+    ast.IsNot: ast.Is,
+    ast.In: ast.NotIn,
+    ast.NotIn: ast.In,
+}
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Mutant:
+    """One change of a module: the source span it replaces and the text it puts there."""
+
+    id: str
+    line: int
+    end_line: int
+    col: int
+    end_col: int
+    description: str
+    replacement: str
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Outcome:
+    """What the tests did to one mutant: `killed`, `timeout`, `survived`, `unreached` or `error`."""
+
+    status: str
+    seconds: float
+    tests_sha: str
+    detail: str = ""
+
+
+def _op_text(op: ast.AST) -> str:
+    return ast.unparse(ast.BinOp(ast.Name("a"), op, ast.Name("b")))[2:-2]
+
+
+def _cmp_text(op: ast.AST) -> str:
+    return ast.unparse(ast.Compare(ast.Name("a"), [op], [ast.Name("b")]))[2:-2]
+
+
+class _Collector(ast.NodeVisitor):
+    def __init__(self, source: str) -> None:
+        self.found: list[Mutant] = []
+        self._lines = source.splitlines()
+
+    def _add(self, node: ast.AST, kind: str, description: str, replacement: str) -> None:
+        line = node.lineno
+        if any(self._lines[n - 1].rstrip().endswith(_PRAGMA) for n in (line, node.end_lineno)):
+            return
+        self.found.append(
+            Mutant(
+                id=f"{line}:{node.col_offset}:{kind}",
+                line=line,
+                end_line=node.end_lineno,
+                col=node.col_offset,
+                end_col=node.end_col_offset,
+                description=description,
+                replacement=replacement,
+            )
+        )
+
+    def _expr(self, node: ast.AST, kind: str, description: str, new: ast.AST) -> None:
+        self._add(node, kind, description, f"({ast.unparse(new)})")
+
+    # What is never mutated: docstrings, annotations, __all__, f-strings.
+    def _body(self, body: list[ast.stmt]) -> None:
+        start = 0
+        first = body[0] if body else None
+        if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
+            start = int(isinstance(first.value.value, str))
+        for stmt in body[start:]:
+            self.visit(stmt)
+
+    def visit_Module(self, node: ast.Module) -> None:
+        self._body(node.body)
+
+    def visit_ClassDef(self, node: ast.ClassDef) -> None:
+        for item in [*node.decorator_list, *node.bases, *node.keywords]:
+            self.visit(item)
+        self._body(node.body)
+
+    def visit_FunctionDef(self, node: ast.FunctionDef | ast.AsyncFunctionDef) -> None:
+        for item in node.decorator_list:
+            self.visit(item)
+        for default in [*node.args.defaults, *node.args.kw_defaults]:
+            if default is not None:
+                self.visit(default)
+        self._body(node.body)
+
+    visit_AsyncFunctionDef = visit_FunctionDef
+
+    def visit_AnnAssign(self, node: ast.AnnAssign) -> None:
+        if node.value is not None:
+            self.visit(node.value)
+
+    def visit_Assign(self, node: ast.Assign) -> None:
+        if any(isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets):
+            return
+        self.visit(node.value)
+
+    def visit_JoinedStr(self, node: ast.JoinedStr) -> None:
+        return
+
+    def visit_If(self, node: ast.If) -> None:
+        if isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING":
+            return
+        self.generic_visit(node)
+
+    # The mutations.
+    def visit_BinOp(self, node: ast.BinOp) -> None:
+        new = _BINOPS.get(type(node.op))
+        if new is not None:
+            self._expr(
+                node,
+                "binop",
+                f"`{_op_text(node.op)}` -> `{_op_text(new())}`",
+                ast.BinOp(node.left, new(), node.right),
+            )
+        self.generic_visit(node)
+
+    def visit_AugAssign(self, node: ast.AugAssign) -> None:
+        new = _BINOPS.get(type(node.op))
+        if new is not None:
+            self._add(
+                node,
+                "augassign",
+                f"`{_op_text(node.op)}=` -> `{_op_text(new())}=`",
+                ast.unparse(ast.AugAssign(node.target, new(), node.value)),
+            )
+        self.visit(node.value)
+
+    def visit_Compare(self, node: ast.Compare) -> None:
+        for i, op in enumerate(node.ops):
+            new = _COMPARES[type(op)]
+            ops = list(node.ops)
+            ops[i] = new()
+            self._expr(
+                node,
+                f"compare{i}",
+                f"`{_cmp_text(op)}` -> `{_cmp_text(new())}`",
+                ast.Compare(node.left, ops, node.comparators),
+            )
+        self.generic_visit(node)
+
+    def visit_BoolOp(self, node: ast.BoolOp) -> None:
+        new, text = (
+            (ast.Or(), "`and` -> `or`")
+            if isinstance(node.op, ast.And)
+            else (ast.And(), "`or` -> `and`")
+        )
+        self._expr(node, "boolop", text, ast.BoolOp(new, node.values))
+        self.generic_visit(node)
+
+    def visit_UnaryOp(self, node: ast.UnaryOp) -> None:
+        if isinstance(node.op, ast.Not):
+            self._expr(node, "not", "`not` dropped", node.operand)
+        elif isinstance(node.op, ast.USub) and not isinstance(node.operand, ast.Constant):
+            self._expr(node, "neg", "unary `-` dropped", node.operand)
+        elif isinstance(node.op, ast.USub):
+            # `-1` is one constant to a reader: mutate it as one.
+            self._constant(node, -node.operand.value)
+            return
+        self.generic_visit(node)
+
+    def visit_Constant(self, node: ast.Constant) -> None:
+        self._constant(node, node.value)
+
+    def _constant(self, node: ast.AST, value: object) -> None:
+        if isinstance(value, bool):
+            new: object = not value
+        elif isinstance(value, int | float):
+            new = value + 1
+        elif isinstance(value, str | bytes):
+            new = value * 0 + ("XX" if isinstance(value, str) else b"XX") + value
+            new = new + new[:2]
+        else:
+            return
+        self._add(node, "const", f"`{value!r}` -> `{new!r}`", f"({new!r})")
+
+    def visit_Return(self, node: ast.Return) -> None:
+        if node.value is not None and not (
+            isinstance(node.value, ast.Constant) and node.value.value is None
+        ):
+            self._add(node, "return", "`return …` -> `return None`", "return None")
+            self.visit(node.value)
+
+    def visit_Expr(self, node: ast.Expr) -> None:
+        if isinstance(node.value, ast.Call | ast.Await):
+            self._add(node, "stmt", "call statement removed", "pass")
+        self.visit(node.value)
+
+    def visit_Raise(self, node: ast.Raise) -> None:
+        self._add(node, "raise", "`raise` removed", "pass")
+        self.generic_visit(node)
+
+    def visit_Break(self, node: ast.Break) -> None:
+        self._add(node, "break", "`break` -> `continue`", "continue")
+
+    def visit_Continue(self, node: ast.Continue) -> None:
+        self._add(node, "continue", "`continue` -> `break`", "break")
+
+
+def mutants(source: str) -> list[Mutant]:
+    """Every mutant of `source` that compiles, in source order."""
+    collector = _Collector(source)
+    collector.visit(ast.parse(source))
+    valid = []
+    for mutant in collector.found:
+        try:
+            compile(apply(source, mutant), "<mutant>", "exec", dont_inherit=True)
+        except SyntaxError:
+            continue
+        valid.append(mutant)
+    return valid
+
+
+def apply(source: str, mutant: Mutant) -> str:
+    """`source` with `mutant`'s span replaced (ast columns are UTF-8 byte offsets)."""
+    lines = source.splitlines(keepends=True)
+
+    def offset(line: int, col: int) -> int:
+        before = sum(len(text) for text in lines[: line - 1])
+        return before + len(lines[line - 1].encode("utf-8")[:col].decode("utf-8"))
+
+    start = offset(mutant.line, mutant.col)
+    end = offset(mutant.end_line, mutant.end_col)
+    return source[:start] + mutant.replacement + source[end:]
+
+
+# Which tests run a module's lines.
+
+
+def _dotted(path: Path, root: Path) -> str:
+    parts = list(path.relative_to(root).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _candidates(path: Path, root: Path, chosen: list[Path]) -> list[Path]:
+    if chosen:
+        return sorted(chosen)
+    dotted = _dotted(path, root)
+    package, _, name = dotted.rpartition(".")
+    names = re.compile(
+        rf"\b{re.escape(dotted)}\b|from\s+{re.escape(package)}\s+import\s+[^\n]*\b{re.escape(name)}\b"
+    )
+    found = set(path.parent.glob("*_test.py"))
+    for test in root.rglob("*_test.py"):
+        parts = test.relative_to(root).parts
+        if parts[0].startswith(".") or parts[0] in {"node_modules", "build", "dist"}:
+            continue
+        if test not in found and names.search(test.read_text(encoding="utf-8")):
+            found.add(test)
+    return sorted(found)
+
+
+class _Tracer:
+    """Per test id, the lines of one file it executes (a pytest plugin for the baseline)."""
+
+    def __init__(self, filename: str, out: Path) -> None:
+        self.filename = filename
+        self.out = out
+        self.current = "<import>"
+        self.lines: dict[str, set[int]] = {}
+        self.seconds: dict[str, float] = {}
+        self.failed: set[str] = set()
+
+    def _local(self, frame, event, arg):
+        if event in ("line", "call"):
+            self.lines.setdefault(self.current, set()).add(frame.f_lineno)
+        return self._local
+
+    def _global(self, frame, event, arg):
+        if frame.f_code.co_filename == self.filename:
+            return self._local(frame, event, arg)
+        return None
+
+    def start(self) -> None:
+        threading.settrace(self._global)
+        sys.settrace(self._global)
+
+    def pytest_runtest_logstart(self, nodeid, location) -> None:
+        self.current = nodeid
+
+    def pytest_runtest_logreport(self, report) -> None:
+        self.seconds[report.nodeid] = self.seconds.get(report.nodeid, 0.0) + report.duration
+        if report.failed:
+            self.failed.add(report.nodeid)
+
+    def pytest_runtest_logfinish(self, nodeid, location) -> None:
+        self.current = "<import>"
+
+    def pytest_sessionfinish(self, session, exitstatus) -> None:
+        # The tracer lives in a forked child: its findings go back through a file.
+        sys.settrace(None)
+        threading.settrace(None)
+        found = {
+            "lines": {test: sorted(lines) for test, lines in self.lines.items()},
+            "seconds": self.seconds,
+            "failed": sorted(self.failed),
+        }
+        self.out.write_text(json.dumps(found))
+
+
+def _sha(paths: list[Path]) -> str:
+    digest = hashlib.sha256()
+    for path in paths:
+        digest.update(str(path).encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()[:16]
+
+
+# Running children.
+
+
+def _hook():
+    """tools/mutation_hook.py, loaded by its path: the tool also runs on a fixture tree."""
+    spec = importlib.util.spec_from_file_location("mutation_hook", _HOOK)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _fork_pytest(
+    args: list[str], *, root: Path, log: Path, env: dict[str, str], plugin=None
+) -> int:
+    pid = os.fork()
+    if pid:
+        return pid
+    try:
+        os.setpgid(0, 0)
+        fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        os.dup2(fd, 1)
+        os.dup2(fd, 2)
+        os.environ.update(env)
+        os.chdir(root)
+        sys.path[:0] = [str(root), *(p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p)]
+        import pytest
+
+        _hook().install()
+        if plugin is not None:
+            plugin.start()
+        code = pytest.main(
+            ["-q", "-p", "no:cacheprovider", "--no-header", "-rN", *args],
+            plugins=[plugin] if plugin is not None else [],
+        )
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(int(code))
+    except BaseException:
+        import traceback
+
+        traceback.print_exc()
+        sys.stderr.flush()
+        os._exit(99)
+
+
+def _kill(pid: int) -> None:
+    """Kill a child and every process it started (its own process group), and reap it."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+
+
+class _Cache:
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.data = json.loads(path.read_text()) if path.exists() else {}
+
+    def module(self, name: str, source_sha: str) -> dict:
+        entry = self.data.get(name)
+        if not entry or entry.get("source_sha") != source_sha:
+            entry = self.data[name] = {"source_sha": source_sha, "mutants": {}}
+        return entry
+
+    def save(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self.data, indent=1, sort_keys=True))
+        tmp.replace(self.path)
+
+
+def _users(tree: ast.Module, line: int) -> set[int]:
+    """The lines where what a module- or class-level statement at `line` defines is used.
+
+    Such a statement runs once, at import, inside no test: a mutant of a constant or of a
+    default value matters where the name is read, or where the function runs.
+    """
+    body = tree.body
+    while True:
+        stmt = next((s for s in body if s.lineno <= line <= s.end_lineno), None)
+        if isinstance(stmt, ast.ClassDef) and stmt.body[0].lineno <= line:
+            body = stmt.body
+            continue
+        break
+    if isinstance(stmt, ast.FunctionDef | ast.AsyncFunctionDef):
+        return set(range(stmt.body[0].lineno, stmt.end_lineno + 1))
+    if isinstance(stmt, ast.Assign | ast.AnnAssign):
+        targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]
+        names = {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
+        return {
+            node.lineno
+            for node in ast.walk(tree)
+            if (isinstance(node, ast.Name) and node.id in names and node.lineno != stmt.lineno)
+            or (isinstance(node, ast.Attribute) and node.attr in names)
+        }
+    return set()
+
+
+def _select(
+    mutant: Mutant,
+    tree: ast.Module,
+    lines: dict[str, list[int]],
+    seconds: dict[str, float],
+    failed: set[str],
+) -> list[str]:
+    span = set(range(mutant.line, mutant.end_line + 1))
+    tests = [t for t, hit in lines.items() if t != "<import>" and span & set(hit)]
+    if not tests and span & set(lines.get("<import>", [])):
+        users = _users(tree, mutant.line)
+        tests = [t for t, hit in lines.items() if t != "<import>" and users & set(hit)]
+        if not tests:
+            # Used only from other modules, or by no line a test reaches: every test that runs
+            # this module, which is slow but never calls a mutant unreached that is not.
+            tests = [t for t in lines if t != "<import>"]
+    # By test function, not parameter id: an id may name a value of the process that collected
+    # it (a pid, a temporary path), which the mutant's process does not reproduce.
+    cost: dict[str, float] = {}
+    for test in tests:
+        if test not in failed:
+            function = test.split("[", 1)[0]
+            cost[function] = cost.get(function, 0.0) + seconds.get(test, 0.0)
+    return sorted(cost, key=cost.__getitem__)
+
+
+_KILLED = {"killed", "timeout"}
+
+
+def _outcome(code: int | None, seconds: float, tests_sha: str, log: Path) -> Outcome:
+    if code is None:
+        return Outcome(status="timeout", seconds=seconds, tests_sha=tests_sha)
+    if code == 0:
+        return Outcome(status="survived", seconds=seconds, tests_sha=tests_sha)
+    # 1: a test failed; 2: collection failed (the mutant broke an import).
+    if code in (1, 2):
+        return Outcome(status="killed", seconds=seconds, tests_sha=tests_sha)
+    tail = log.read_text(errors="replace")[-2000:] if log.exists() else ""
+    return Outcome(
+        status="error", seconds=seconds, tests_sha=tests_sha, detail=f"exit {code}: {tail}"
+    )
+
+
+def _module_paths(paths: list[Path]) -> list[Path]:
+    found: list[Path] = []
+    for path in paths:
+        if path.is_dir():
+            found.extend(
+                p
+                for p in sorted(path.rglob("*.py"))
+                if not p.name.endswith("_test.py") and "_protos" not in p.parts
+            )
+        else:
+            found.append(path)
+    return found
+
+
+def run(
+    paths: list[Path],
+    *,
+    root: Path,
+    jobs: int = 1,
+    timeout_factor: float = 3.0,
+    min_timeout: float = 20.0,
+    chosen_tests: list[Path] = (),
+    cache_path: Path | None = None,
+    fresh: bool = False,
+    report_only: bool = False,
+    out=print,
+) -> dict[str, dict[str, tuple[Mutant, Outcome]]]:
+    """Run every mutant of every module under `paths`; returns module -> id -> result."""
+    root = root.resolve()
+    cache = _Cache(cache_path or root / ".cache" / "mutation" / "results.json")
+    work = Path(tempfile.mkdtemp(prefix="mutation-"))
+    hookdir = work / "hook"
+    hookdir.mkdir()
+    shutil.copy(_HOOK, hookdir / "sitecustomize.py")
+    pythonpath = os.pathsep.join(
+        p for p in (str(hookdir), str(root), os.environ.get("PYTHONPATH", "")) if p
+    )
+    results: dict[str, dict[str, tuple[Mutant, Outcome]]] = {}
+    try:
+        for path in _module_paths([p.resolve() for p in paths]):
+            name = str(path.relative_to(root))
+            source = path.read_text(encoding="utf-8")
+            entry = cache.module(name, hashlib.sha256(source.encode()).hexdigest()[:16])
+            if fresh:
+                entry["mutants"] = {}
+            tests = _candidates(path, root, [p.resolve() for p in chosen_tests])
+            tests_sha = _sha(tests)
+            found = mutants(source)
+            pending = [
+                m
+                for m in found
+                if m.id not in entry["mutants"]
+                or entry["mutants"][m.id]["status"] == "error"
+                or (
+                    entry["mutants"][m.id]["status"] not in _KILLED
+                    and entry["mutants"][m.id]["tests_sha"] != tests_sha
+                )
+            ]
+            if report_only:
+                pending = []
+            out(f"{name}: {len(found)} mutants, {len(pending)} to run, {len(tests)} test files")
+            if pending and entry.get("baseline_tests_sha") != tests_sha:
+                entry["baseline"] = _baseline(path, root, tests, work, pythonpath)
+                entry["baseline_tests_sha"] = tests_sha
+                cache.save()
+            base = entry.get("baseline", {})
+            _run_pending(
+                pending,
+                source=source,
+                dotted=_dotted(path, root),
+                base=base,
+                root=root,
+                work=work,
+                pythonpath=pythonpath,
+                jobs=jobs,
+                timeout_factor=timeout_factor,
+                min_timeout=min_timeout,
+                tests_sha=tests_sha,
+                record=functools.partial(_record, cache, entry),
+            )
+            results[name] = {
+                m.id: (m, Outcome(**entry["mutants"][m.id]))
+                for m in found
+                if m.id in entry["mutants"]
+            }
+            _report(name, source, results[name], out)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return results
+
+
+def _record(cache: _Cache, entry: dict, mutant: Mutant, outcome: Outcome) -> None:
+    # Saved at once: an interrupted run resumes from here.
+    entry["mutants"][mutant.id] = dataclasses.asdict(outcome)
+    cache.save()
+
+
+def _baseline(path: Path, root: Path, tests: list[Path], work: Path, pythonpath: str) -> dict:
+    found = work / f"baseline-{path.stem}.json"
+    log = work / f"baseline-{path.stem}.log"
+    tracer = _Tracer(str(path), found)
+    started = time.monotonic()
+    pid = _fork_pytest(
+        [str(t) for t in tests], root=root, log=log, env={"PYTHONPATH": pythonpath}, plugin=tracer
+    )
+    try:
+        code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+    except BaseException:
+        _kill(pid)
+        raise
+    if not found.exists():
+        raise SystemExit(
+            f"mutation: the baseline run of {path} failed (exit {code}):\n{log.read_text()[-3000:]}"
+        )
+    base = json.loads(found.read_text())
+    # What a child spends before and after its tests (collection, imports), under this load.
+    base["startup"] = max(0.0, time.monotonic() - started - sum(base["seconds"].values()))
+    if base["failed"]:
+        failed = base["failed"]
+        print(f"mutation: {len(failed)} tests fail without a mutant, not used: {failed[:5]}")
+    return base
+
+
+def _run_pending(
+    pending: list[Mutant],
+    *,
+    source: str,
+    dotted: str,
+    base: dict,
+    root: Path,
+    work: Path,
+    pythonpath: str,
+    jobs: int,
+    timeout_factor: float,
+    min_timeout: float,
+    tests_sha: str,
+    record,
+) -> None:
+    lines = base.get("lines", {})
+    seconds = base.get("seconds", {})
+    failed = set(base.get("failed", []))
+    tree = ast.parse(source)
+    queue = list(pending)
+    running: dict[int, tuple[Mutant, float, float, Path]] = {}
+    try:
+        while queue or running:
+            while queue and len(running) < jobs:
+                mutant = queue.pop(0)
+                tests = _select(mutant, tree, lines, seconds, failed)
+                if not tests:
+                    record(mutant, Outcome(status="unreached", seconds=0.0, tests_sha=tests_sha))
+                    continue
+                file = work / f"mutant-{len(running)}-{os.getpid()}-{time.monotonic_ns()}.py"
+                file.write_text(apply(source, mutant), encoding="utf-8")
+                log = file.with_suffix(".log")
+                env = {
+                    "PYTHONPATH": pythonpath,
+                    "BEAM_AGENTS_MUTANT_MODULE": dotted,
+                    "BEAM_AGENTS_MUTANT_SOURCE": str(file),
+                }
+                pid = _fork_pytest(["-x", *tests], root=root, log=log, env=env)
+                spent = sum(v for t, v in seconds.items() if t.split("[", 1)[0] in tests)
+                budget = max(min_timeout, timeout_factor * (base.get("startup", 0.0) + spent))
+                running[pid] = (mutant, time.monotonic(), time.monotonic() + budget, log)
+            for pid, (mutant, started, deadline, log) in list(running.items()):
+                done, status = os.waitpid(pid, os.WNOHANG)
+                if done:
+                    code: int | None = os.waitstatus_to_exitcode(status)
+                elif time.monotonic() > deadline:
+                    _kill(pid)
+                    code = None
+                else:
+                    continue
+                del running[pid]
+                record(mutant, _outcome(code, time.monotonic() - started, tests_sha, log))
+                log.unlink(missing_ok=True)
+                Path(str(log.with_suffix(".py"))).unlink(missing_ok=True)
+            time.sleep(0.05)
+    finally:
+        # Interrupted (^C, SIGTERM, an error): no child outlives the tool.
+        for pid in running:
+            _kill(pid)
+
+
+def _report(name: str, source: str, results: dict[str, tuple[Mutant, Outcome]], out) -> None:
+    counts = {s: 0 for s in ("killed", "timeout", "survived", "unreached", "error")}
+    for _, outcome in results.values():
+        counts[outcome.status] += 1
+    scored = counts["killed"] + counts["timeout"] + counts["survived"] + counts["unreached"]
+    out(f"{name}: {sum(counts.values())} mutants measured")
+    score = 100.0 * (counts["killed"] + counts["timeout"]) / scored if scored else 100.0
+    out(f"{name}: score {score:.1f}% " + " ".join(f"{k}={v}" for k, v in counts.items()))
+    lines = source.splitlines()
+    for mutant, outcome in sorted(results.values(), key=lambda r: (r[0].line, r[0].col)):
+        if outcome.status in ("survived", "unreached", "error"):
+            out(
+                f"  {outcome.status:9} {name}:{mutant.line} [{mutant.id}] {mutant.description}"
+                f"  | {lines[mutant.line - 1].strip()[:100]}"
+            )
+
+
+def _totals(results: dict[str, dict[str, tuple[Mutant, Outcome]]]) -> tuple[int, int]:
+    killed = scored = 0
+    for module in results.values():
+        for _, outcome in module.values():
+            if outcome.status != "error":
+                scored += 1
+                killed += outcome.status in _KILLED
+    return killed, scored
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("paths", nargs="+", type=Path, help="modules or folders to mutate")
+    parser.add_argument("--jobs", type=int, default=1, help="mutants run at once (default 1)")
+    parser.add_argument("--timeout-factor", type=float, default=3.0)
+    parser.add_argument("--min-timeout", type=float, default=20.0, help="seconds")
+    parser.add_argument(
+        "--tests",
+        type=Path,
+        action="append",
+        default=[],
+        help="test files to use instead of those found beside and naming the module (repeatable)",
+    )
+    parser.add_argument("--root", type=Path, default=_ROOT, help="the tree the paths are in")
+    parser.add_argument(
+        "--cache", type=Path, default=None, help="default ROOT/.cache/mutation/results.json"
+    )
+    parser.add_argument(
+        "--fresh", action="store_true", help="forget cached results of these modules"
+    )
+    parser.add_argument(
+        "--min-score", type=float, default=None, help="exit 1 below this percentage"
+    )
+    parser.add_argument("--preload", default=_PRELOAD, help="modules imported once before forking")
+    parser.add_argument("--list", action="store_true", help="print the mutants, run nothing")
+    parser.add_argument("--report", action="store_true", help="print the cached results only")
+    args = parser.parse_args(argv)
+    if args.list:
+        for path in _module_paths(args.paths):
+            source = path.read_text(encoding="utf-8")
+            for m in mutants(source):
+                print(f"{path}:{m.line}: {m.description}")
+        return 0
+    # A SIGTERM unwinds like ^C, so the children are killed too.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    for name in filter(None, args.preload.split(",")):
+        with contextlib.suppress(ImportError):
+            importlib.import_module(name)
+    results = run(
+        args.paths,
+        root=args.root,
+        jobs=args.jobs,
+        timeout_factor=args.timeout_factor,
+        min_timeout=args.min_timeout,
+        chosen_tests=args.tests,
+        cache_path=args.cache,
+        fresh=args.fresh,
+        report_only=args.report,
+    )
+    killed, scored = _totals(results)
+    score = 100.0 * killed / scored if scored else 100.0
+    print(f"mutation score: {score:.1f}% ({killed} of {scored} mutants killed)")
+    return 1 if args.min_score is not None and score < args.min_score else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
