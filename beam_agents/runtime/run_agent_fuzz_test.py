@@ -318,7 +318,8 @@ def test_a_due_start_run_late_by_the_ttl_timer_emits_no_intent_born_expired(tmp_
     # e1 queued behind it. At the run's end the watermark passes the retry's due time and the
     # key's TTL: both runners fired the TTL first, which ran the retries and drained e1 at the
     # due time, stamping its intent with the TTL's time, days past its expiry (item 9's class:
-    # its call never runs). The due time now runs on its own timer.
+    # its call never runs). The due time now runs on its own timer. (Which timer a runner
+    # fires first varies from run to run: machine_events_test fires both orders.)
     config = RuntimeConfig(
         ttl_ms=10**9, retryable_resume_retries=3, resume_backoff_ms=1000, resume_backoff_max_ms=8000
     )
@@ -336,3 +337,21 @@ def test_a_due_start_run_late_by_the_ttl_timer_emits_no_intent_born_expired(tmp_
         ),
     )
     assert fuzz.check(scenario, fuzz.run_both(scenario, tmp_path)) == []
+
+
+def test_an_event_stamped_past_the_keys_clock_runs_its_call_at_the_keys_clock(tmp_path):
+    # Item 1's decision: an event may move a key's clock by at most ttl_ms; one stamped
+    # further is run at that bound, not refused, and its intents expire from there. Its element
+    # time is its sender's wrong clock, so the harness's Effector runs them at the key's clock
+    # (the oracle had judged them born expired at the sender's).
+    far = T0 + 10**12
+    scenario = Scenario(
+        RuntimeConfig(ttl_ms=10**9),
+        (KeyScript(K, (_event(T0, "e0"), _event(far, "e1", calls=1), Export(far + 1))),),
+    )
+    runs = fuzz.run_both(scenario, tmp_path)
+    assert fuzz.check(scenario, runs) == []
+    for outcome in runs:
+        ((emitted, _, intent),) = outcome.rows["intents"]
+        assert emitted == far > intent.expires_at_ms == T0 + 10**9 + RuntimeConfig().intent_ttl_ms
+        assert [(event, n) for _, event, n in outcome.effects] == [("e1", 0)]

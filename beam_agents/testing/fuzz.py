@@ -19,7 +19,8 @@ each naming the invariant it breaks (`INVARIANTS`):
 * `answer_lost`: every answer not dead-lettered reaches the agent or a dead letter's answers;
 * `told_expired_may_still_run`: the agent is never told EXPIRED for an intent an Effector
   still runs at that time;
-* `born_expired`: no intent is emitted already expired (the Effector refuses it at once);
+* `born_expired`: no intent is emitted already expired (the Effector refuses it at once; an
+  event stamped past the key's clock is judged at the key's clock, `_execute`);
 * `usage_shrank`: a key's usage and budget counters in its exports only grow;
 * `runners_differ`: every output and the exported state are byte-identical on both runners
   (and in another process, when a run is made there).
@@ -45,7 +46,13 @@ from apache_beam.runners.direct.direct_runner import BundleBasedDirectRunner
 from apache_beam.runners.portability.fn_api_runner import FnApiRunner
 from apache_beam.transforms import window
 
-from beam_agents._protos import ActivationErrorRecord, StateSnapshot, ToolIntent, ToolResult
+from beam_agents._protos import (
+    ActivationErrorRecord,
+    StateSnapshot,
+    ToolIntent,
+    ToolResult,
+    TraceEvent,
+)
 from beam_agents.intents.effector import Effector, Route, VerifyMode
 from beam_agents.ops.rounds import OPTIONS_ENV, ManualClock, _AppendLines, _read, env_options
 from beam_agents.runtime import RunAgent
@@ -270,17 +277,42 @@ def _effector(folder: Path, name: str, clock: ManualClock) -> Effector:
     )
 
 
+def _clamped_starts(rows) -> dict[tuple[bytes, int, int], int]:
+    """(key, seq, element time) -> the activation's "now", for each start of an event the
+    runtime took as stamped past the key's clock: its own time is the element's (its trace
+    names it, `beam_agents.event_time_ms`) and it ran earlier, at the key's clock (issue 37
+    item 1: an event may move a key's clock by at most ttl_ms, clamped, not refused)."""
+    clamped = {}
+    for at, key, trace in rows.get("traces", []):
+        own = trace.attributes.get("beam_agents.event_time_ms")
+        if (
+            trace.event_type == TraceEvent.ACTIVATION_START
+            and own == str(at)
+            and trace.start_ms < at
+        ):
+            clamped[(key, trace.seq, at)] = trace.start_ms
+    return clamped
+
+
 def _execute(outcome: Run, folder: Path) -> None:
     """Every intent emitted goes to one real Effector on a real SQLite file at the event time
     it was emitted; one the agent was told had expired also goes, at the time it was told, to
-    a second Effector on a file of its own: whether a call could still act then."""
+    a second Effector on a file of its own: whether a call could still act then.
+
+    But for an intent of an event the runtime took as stamped past the key's clock
+    (`_clamped_starts`): that element's time is its sender's clock, which the runtime rightly
+    does not believe, so no Effector's clock is there; it runs at the key's clock, its
+    activation's "now". (Any other start runs no earlier than the input that emitted it:
+    queued, deferred or held, at the time it is drained or retried; so `born_expired` still
+    judges those by the element's time.)"""
     clock, then = ManualClock(0), ManualClock(0)
     effector, later = _effector(folder, "effector", clock), _effector(folder, "told", then)
     told = _told_expired(outcome.rows)
-    for emitted, _, intent in outcome.rows.get("intents", []):
+    clamped = _clamped_starts(outcome.rows)
+    for emitted, key, intent in outcome.rows.get("intents", []):
         if intent.kind != ToolIntent.TOOL:
             continue
-        clock.now_ms = emitted
+        clock.now_ms = clamped.get((key, intent.seq, emitted), emitted)
         output = effector(intent)
         status = output.result.tool_result.status if output.route is Route.RESULT else None
         ran_when_told = None
