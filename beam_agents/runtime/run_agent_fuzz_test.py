@@ -355,3 +355,27 @@ def test_an_event_stamped_past_the_keys_clock_runs_its_call_at_the_keys_clock(tm
         ((emitted, _, intent),) = outcome.rows["intents"]
         assert emitted == far > intent.expires_at_ms == T0 + 10**9 + RuntimeConfig().intent_ttl_ms
         assert [(event, n) for _, event, n in outcome.effects] == [("e1", 0)]
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="open: a copy of an event stamped far behind, redelivered after a later event, "
+    "runs again (found at BEAM_AGENTS_FUZZ_SEED=38, 60 examples)",
+)
+def test_a_redelivered_event_stamped_zero_does_not_act_twice(tmp_path):
+    # e0 (stamped 0, a transport idempotency key) acts and completes; e1, stamped now, moves
+    # the dedupe clock max_clock_skew_ms (3.6e6) past e0's mark at 0, beyond the 1e6 window,
+    # so the mark is cut; the copy of e0 (same bytes, same idempotency key) then runs again
+    # under a new seq and its call acts twice. Reached without any suspension or timer.
+    config = RuntimeConfig(dedupe_window_ms=10**6, max_clock_skew_ms=3_600_000)
+    e0 = _event(0, "e0", b"0\xf0", calls=1)
+    scenario = Scenario(
+        config,
+        (
+            KeyScript(
+                K,
+                (e0, Answer(1, intent_id(K, 1, 0, 0)), _event(T0 + 1826, "e1"), e0, Export(END)),
+            ),
+        ),
+    )
+    assert fuzz.check(scenario, fuzz.run_both(scenario, tmp_path)) == []
