@@ -235,11 +235,25 @@ def schema_1_release(tmp_path_factory) -> Path:
     return tree
 
 
+@pytest.fixture
+def legacy_signing_loop(engines, tmp_path):
+    """A loop whose effector signs its results on the legacy scheme, as the rollout of the typed
+    one holds signers while a release that knows only the legacy scheme still runs."""
+    opened = Loop(
+        engines, tmp_path, result_keyring="beam_agents.testing.flink_loop:legacy_effector_keyring"
+    )
+    try:
+        yield opened
+    finally:
+        opened.close()
+
+
 def test_a_savepoint_of_the_schema_1_release_restores_in_this_one_and_every_key_migrates(
-    loop, schema_1_release
+    legacy_signing_loop, schema_1_release
 ):
     """The real upgrade, not a synthetic one: job 1 is the release that wrote state schema 1
     (no entry index in its blobs), job 2 this release, restored from job 1's savepoint."""
+    loop = legacy_signing_loop
     topics = loop.topics
     job1 = loop.start_job(state_schema=1, source=schema_1_release)
     loop.send(*(loop.ticket(k, "I was charged twice, refund me") for k in REFUNDS))

@@ -32,11 +32,13 @@ from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 
-from beam_agents._protos import AgentEnvelope, ExecutionRecord, StateSnapshot
+from beam_agents._protos import AgentEnvelope, ExecutionRecord, StateSnapshot, ToolIntent
 from beam_agents.bus import TopicReader, Topics, create_topics, decode_dead_letter, produce
 from beam_agents.bus.flink import FlinkRest, KafkaArrivals, ReadWatchdog
 from beam_agents.errors import ReadStalledError
 from beam_agents.examples.support_triage import ticket
+from beam_agents.intents.signing import Keyring
+from beam_agents.ops.demo import demo_effector_keyring
 from beam_agents.ops.processes import Launched
 from beam_agents.state.migration import CURRENT_STATE_SCHEMA_VERSION
 from beam_agents.testing.chaos import Ledger
@@ -75,6 +77,7 @@ class Loop:
         *,
         logged_tools: bool = False,
         stall_after_s: float = 50.0,
+        result_keyring: str = "beam_agents.ops.demo:demo_effector_keyring",
     ) -> None:
         self.engines = engines
         self.tmp_path = tmp_path
@@ -104,7 +107,7 @@ class Loop:
                 "--topic-prefix", self.topics.prefix, "--store", str(self.effector_store),
                 "--tools", "beam_agents.examples.support_triage:TOOLS",
                 "--keyring", "beam_agents.ops.demo:demo_keyring",
-                "--result-keyring", "beam_agents.ops.demo:demo_effector_keyring",
+                "--result-keyring", result_keyring,
             ]  # fmt: skip
         self._effector_command = (module, args)
         self._effector_runs = 0
@@ -316,3 +319,10 @@ class Loop:
         checkpoints = Path(self.engines.endpoints["FLINK_CHECKPOINTS"])
         for jid in self._jids:
             shutil.rmtree(checkpoints / jid, ignore_errors=True)
+
+
+def legacy_effector_keyring() -> Keyring:
+    """The demo effector's ring held on the legacy signature scheme, as signing.py's rollout
+    holds signers while a binary that knows only that scheme still runs (a job of the release
+    before it verifies results: a typed signature is an unknown scheme to it)."""
+    return dataclasses.replace(demo_effector_keyring(), sign_scheme=ToolIntent.HMAC_SHA256)
