@@ -31,6 +31,7 @@ from beam_agents.runtime.machine_state import Work
 __all__ = [
     "MAX_GRANTS",
     "MAX_STEP",
+    "USAGE_FIELDS",
     "Checks",
     "built_problem",
     "continuation_problem",
@@ -97,7 +98,8 @@ def snapshot_problem(snapshot: StateSnapshot, continuation: Continuation | None)
     return ""
 
 
-_USAGE = (
+#: A key's usage and allowance fields (LlmCacheBlob): counters that only grow.
+USAGE_FIELDS = (
     "input_tokens",
     "output_tokens",
     "cost_micros",
@@ -107,7 +109,7 @@ _USAGE = (
 
 
 def _usage_problem(cache: LlmCacheBlob) -> str:
-    negative = [name for name in _USAGE if getattr(cache, name) < 0]
+    negative = [name for name in USAGE_FIELDS if getattr(cache, name) < 0]
     if negative:
         return f"its llm_cache holds negative {', '.join(negative)}: usage only grows"
     if cache.budget_grants > MAX_GRANTS:
@@ -128,7 +130,7 @@ class Checks:
         if not problem:
             return
         repaired = self._copy(cache)
-        for name in _USAGE:
+        for name in USAGE_FIELDS:
             setattr(repaired, name, max(0, getattr(cache, name)))
         repaired.budget_grants = min(cache.budget_grants, MAX_GRANTS)
         work.dead(

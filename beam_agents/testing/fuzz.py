@@ -57,6 +57,7 @@ from beam_agents.intents.effector import Effector, Route, VerifyMode
 from beam_agents.ops.rounds import OPTIONS_ENV, ManualClock, _AppendLines, _read, env_options
 from beam_agents.runtime import RunAgent
 from beam_agents.runtime.dead_letters import REASONS
+from beam_agents.runtime.machine_inputs import USAGE_FIELDS
 from beam_agents.testing.fuzz_scenarios import OPEN, Answer, Restore, Scenario
 from beam_agents.testing.fuzz_world import (
     EFFECT_TOOL,
@@ -452,14 +453,7 @@ def _lost_answers(scenario: Scenario, outcome: Run) -> list[Finding]:
     return found
 
 
-_USAGE = (
-    "input_tokens",
-    "output_tokens",
-    "cost_micros",
-    "token_allowance",
-    "cost_allowance_micros",
-    "budget_grants",
-)
+_USAGE = (*USAGE_FIELDS, "budget_grants")
 
 
 def _usage_growth(outcome: Run) -> list[Finding]:
