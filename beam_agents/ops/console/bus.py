@@ -228,9 +228,12 @@ class ConsoleBus:
     def send(self, stop: threading.Event) -> None:
         """Produces what is recorded until `stop` is set: at once, when woken (a decision, a
         snapshot request), every RETRY_S, after a failure once its backoff passed, and once
-        more when stopped (what was decided last is not left for the next start)."""
+        more when stopped (what was decided last is not left for the next start): a pass
+        that began before the stop may have missed a decision recorded during it, so the last
+        pass is one that began after."""
         backoff = 0.0
         while True:
+            stopping = stop.is_set()
             self._wake.clear()
             try:
                 self.produce_recorded()
@@ -244,7 +247,7 @@ class ConsoleBus:
             else:
                 backoff = 0.0
                 self._writing.ok()
-            if stop.is_set():
+            if stopping:
                 return
             self._wake.wait(backoff or RETRY_S)
 

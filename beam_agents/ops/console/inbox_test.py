@@ -191,6 +191,38 @@ def test_a_decision_the_broker_refused_is_delivered_once_it_answers_without_anot
     assert AgentEnvelope.FromString(data).approval.intent_id == "a-1"
 
 
+def test_a_decision_recorded_while_the_sender_waits_for_the_broker_is_produced_before_it_stops(
+    tmp_path, clock
+):
+    # Found on the broker (kafka_test): the sender was producing a snapshot request (a first
+    # record waits for the producer and the topic's metadata) when a person decided and the
+    # console was stopped; it saw the stop as that pass ended and returned without another,
+    # so the decision stayed recorded, not sent, until the next start.
+    producing, release = threading.Event(), threading.Event()
+    broker = Recorder()
+
+    def slow_broker(records):
+        producing.set()
+        release.wait(10)
+        broker(records)
+
+    bus, _ = make_bus(tmp_path / "c.sqlite", slow_broker, clock)
+    # The approval read from its topic queues its key's snapshot request.
+    bus.handle(bus.topics.approvals, approval_intent().SerializeToString(deterministic=True))
+    stop = threading.Event()
+    sender = threading.Thread(target=bus.send, args=(stop,), daemon=True)
+    sender.start()
+    assert producing.wait(10)
+    assert _decide(bus)[1]
+    stop.set()
+    release.set()
+    sender.join(30)
+    assert not sender.is_alive()
+    assert bus.inbox.decision("a-1").produced
+    kinds = [AgentEnvelope.FromString(v).WhichOneof("payload") for v in broker.on("loop.events")]
+    assert kinds == ["export_request", "approval"]
+
+
 def test_a_decision_the_broker_did_not_acknowledge_is_produced_on_restart_once(tmp_path, clock):
     path = tmp_path / "c.sqlite"
     broken = Recorder()

@@ -101,11 +101,6 @@ def _decisions(
     )
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="open (found at the merge of issue 38's branches): in about one run in two the "
-    "recorded decision is not on the events topic within 30 s of the console stopping",
-)
 def test_an_approval_on_the_topic_is_listed_and_one_approve_is_one_signed_envelope(
     bootstrap, topics, tmp_path
 ):
@@ -373,14 +368,9 @@ def test_forged_approvals_write_nothing_and_do_not_hold_up_a_real_one(bootstrap,
         running.stop()
     reader = TopicReader(bootstrap, [topics.events])
     try:
-        # The key's export request is on the topic before the decision (the sender produces
-        # it when the approval arrives): wait for an approval, not for any record.
-        reader.read(
-            lambda r: any(
-                AgentEnvelope.FromString(v).HasField("approval") for _, v in r[topics.events]
-            ),
-            30,
-        )
+        # Nothing is decided here: the real approval's export request is all there is to wait
+        # for, and the settle is what would show a forged key's.
+        reader.read(lambda r: r[topics.events], 30)
         events = [AgentEnvelope.FromString(v) for _, v in reader.settle(3)[topics.events]]
     finally:
         reader.close()
