@@ -552,6 +552,7 @@ def create_app(
         completion, _ = observations.completions(key, limit=1)
         letter, _ = observations.dead_letters(key=key, limit=1)
         latest, _ = observations.activations(key, limit=1)
+        decided, _ = inbox.approvals(state="decided", key=key, limit=1)
         return agent_status(
             now=now,
             waiting=decidable[0] if decidable else None,
@@ -559,6 +560,7 @@ def create_app(
             snapshot=trusted,
             completion=completion[0] if completion else None,
             letter=letter[0] if letter else None,
+            decision=decided[0].decision if decided else None,
             last_trace_ms=latest[0].start_ms if latest else 0,
         )
 

@@ -3,8 +3,9 @@
 What a person needs first is whether the agent waits for them. So a key with an approval a
 person can decide now is "waiting for a person", whatever else is known (the most urgent one
 named, with its question and the time left). Otherwise the latest thing known of the key says
-it: the agent's trusted snapshot suspended on answers ("suspended"), its latest completion
-("completed") or dead letter ("failed"), whichever came last, or only its traces ("active").
+it: the agent's trusted snapshot suspended on answers ("suspended"), a person's decision made
+since ("answered": the agent resumes once it reads it), its latest completion ("completed") or
+dead letter ("failed"), whichever came last, or only its traces ("active").
 A snapshot nobody can vouch for (observed.py) says nothing here: the page shows it marked as
 unverified below.
 """
@@ -15,7 +16,7 @@ import dataclasses
 
 from beam_agents._protos import ActivationErrorRecord, StateSnapshot
 from beam_agents.ops.console.display import duration, moment, question
-from beam_agents.ops.console.inbox import Approval
+from beam_agents.ops.console.inbox import Approval, Decision
 
 __all__ = ["Status", "agent_status"]
 
@@ -25,7 +26,8 @@ _QUOTE_CHARS = 120
 
 @dataclasses.dataclass(frozen=True)
 class Status:
-    #: "waiting for a person", "suspended", "completed", "failed", "active" or "unknown".
+    #: "waiting for a person", "suspended", "answered", "completed", "failed", "active" or
+    #: "unknown".
     state: str
     summary: str
 
@@ -43,12 +45,13 @@ def agent_status(
     snapshot: StateSnapshot | None = None,
     completion: tuple[int, bytes] | None = None,
     letter: ActivationErrorRecord | None = None,
+    decision: Decision | None = None,
     last_trace_ms: int = 0,
 ) -> Status:
     """The status of a key from what the console knows of it: `waiting`, the most urgent of
     the `waiting_total` approvals a person can decide now; `snapshot`, its trusted snapshot;
-    `completion` (at_ms, output) and `letter`, its latest; `last_trace_ms`, when its latest
-    trace started (0: none)."""
+    `completion` (at_ms, output), `letter` and the inbox's `decision` on it, its latest;
+    `last_trace_ms`, when its latest trace started (0: none)."""
     if waiting is not None:
         intent = waiting.intent
         more = f" (and {waiting_total - 1} more)" if waiting_total > 1 else ""
@@ -76,6 +79,19 @@ def agent_status(
         at, output = completion
         text = _quote(bytes(output).decode("utf-8", "backslashreplace"))
         latest.append((at, Status("completed", f"Completed at {moment(at)}: {text}")))
+    if decision is not None:
+        what = "Approved" if decision.approved else "Declined"
+        sent = "sent to the agent" if decision.produced else "to be sent once the broker answers"
+        latest.append(
+            (
+                decision.decided_at_ms,
+                Status(
+                    "answered",
+                    f"{what} by {decision.approver} at {moment(decision.decided_at_ms)}, "
+                    f"{sent}: the agent resumes once it reads the answer.",
+                ),
+            )
+        )
     if letter is not None:
         latest.append(
             (

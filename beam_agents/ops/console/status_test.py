@@ -4,7 +4,7 @@ what the console trusts."""
 from __future__ import annotations
 
 from beam_agents._protos import ActivationErrorRecord, StateSnapshot, ToolIntent
-from beam_agents.ops.console.inbox import Approval
+from beam_agents.ops.console.inbox import Approval, Decision
 from beam_agents.ops.console.status import agent_status
 
 NOW = 10_000_000
@@ -47,6 +47,18 @@ def test_otherwise_the_latest_of_suspension_completion_and_dead_letter_says_it()
     assert failed.state == "failed" and failed.summary.endswith("llm_failed: the model was down")
     suspended = agent_status(now=NOW, snapshot=_suspended(NOW), completion=(NOW - 9, b"x"))
     assert suspended.state == "suspended" and "waiting for 1 of 1 answer(s)" in suspended.summary
+
+
+def test_a_decision_since_the_agent_suspended_says_the_agent_will_resume():
+    decision = Decision(
+        "refund-1", b"c-1", True, "alice", "", NOW - 5, "", b"", b"", False
+    )  # fmt: skip
+    status = agent_status(now=NOW, snapshot=_suspended(NOW - 60_000), decision=decision)
+    assert status.state == "answered"
+    assert status.summary.startswith("Approved by alice at ")
+    assert "to be sent once the broker answers" in status.summary
+    later = agent_status(now=NOW, decision=decision, completion=(NOW, b"refunded"))
+    assert later.state == "completed"
 
 
 def test_an_agent_known_only_by_its_traces_or_not_at_all():
