@@ -21,16 +21,29 @@ their own modules: `beam_agents.integrations.llm.openai_chat`, `.anthropic_messa
 `beam_agents.integrations.mcp_tools` and `beam_agents.ops.console`.
 
 The package root is the top of the layers below it (README, "Layout"); importing it installs the
-finder of the module paths the packages had before they were cut by concept (`_moved`).
+finder of the module paths the packages had before they were cut by concept (`_moved`), and
+drops the one warning Beam logs on import about apitools, a Google Cloud client beam_agents
+never uses.
 """
 
 from __future__ import annotations
 
 import importlib
+import logging
 
 from beam_agents import _moved, _protos
 
 _moved.install()
+
+
+def _not_apitools(record: logging.LogRecord) -> bool:
+    return not str(record.msg).startswith("apitools not found")
+
+
+# Importing Beam warns on the root logger that apitools, a Google Cloud client Beam's BigQuery
+# IO uses and beam_agents never does, is missing: noise on every command. Every import of
+# beam_agents passes here before it imports Beam, so that one warning is dropped, and only it.
+logging.getLogger().addFilter(_not_apitools)
 
 #: Each public name and the module that owns it.
 _OWNERS = {

@@ -34,6 +34,7 @@ from apache_beam.typehints import Tuple
 from beam_agents._protos import ActivationErrorRecord
 from beam_agents.bus.records import record_value
 from beam_agents.bus.topics import Topics
+from beam_agents.errors import with_article
 from beam_agents.runtime import ERRORS, RunAgent
 from beam_agents.runtime.dead_letters import RECORD_TOO_LARGE, UNDECODABLE, error_record
 from beam_agents.wire.beam_support import typed
@@ -128,7 +129,7 @@ class _ToRecord(beam.DoFn):
         if isinstance(value, ActivationErrorRecord):
             what = f"dead letter ({value.reason})"
         detail = (
-            f"a {what} record of {size} bytes for {self._topic} is over the loop's "
+            f"{with_article(what)} record of {size} bytes for {self._topic} is over the loop's "
             f"max_record_bytes of {self._max}; it was not written (SHA-256 "
             f"{hashlib.sha256(record).hexdigest()}) and the key's state is unchanged. Make the "
             "key smaller (its memory and cache caps, entries deleted) and ask again, or raise "

@@ -338,13 +338,18 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="beam-agents",
         description="Operator tools for beam_agents state and wire messages.",
-        epilog="Exit codes: 0 success, 1 input rejected or not ready, 2 usage error.",
+        epilog="Exit codes: 0 success, 1 input rejected or not ready, 2 usage error. "
+        "`beam-agents COMMAND --help` describes each command.",
     )
+    parser.add_argument("--version", action="version", version=f"beam-agents {_version()}")
     commands = parser.add_subparsers(dest="command", required=True)
     demo = commands.add_parser(
-        "demo", help="run the support-triage agent end to end on local Beam pipelines"
+        "demo",
+        help="run the support-triage agent end to end on local Beam pipelines",
+        add_help=False,
     )
-    # Beam pipeline options (--runner=...) are whatever else follows `demo`.
+    # Its options, Beam pipeline options among them, are whatever else follows `demo`
+    # (beam_agents.ops.demo.command.main parses them, and answers --help).
     demo.set_defaults(run=_demo, takes_pipeline_options=True)
     inspect = commands.add_parser(
         "inspect", help="decode one serialized beam_agents message and print it as text"
@@ -438,7 +443,8 @@ def _parser() -> argparse.ArgumentParser:
     console = commands.add_parser(
         "console", help="serve the approvals inbox and agent viewer of a Kafka loop", add_help=False
     )
-    # Its own options (beam_agents.ops.console.service.main) are whatever follows `console`.
+    # Its own options and commands (beam_agents.ops.console.service.main, which answers
+    # --help) are whatever follows `console`.
     console.set_defaults(run=_console, takes_pipeline_options=True)
     return parser
 
@@ -461,6 +467,15 @@ def _positive_int(text: str) -> int:
     if value <= 0:
         raise argparse.ArgumentTypeError(f"{value} is not positive")
     return value
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("beam-agents")
+    except PackageNotFoundError:  # a source tree that was never installed
+        return "(not installed)"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
