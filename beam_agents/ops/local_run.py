@@ -55,6 +55,7 @@ from beam_agents._protos import (
 from beam_agents.intents.effector import INQUIRY_TOOL, Effector, Route, Tool, VerifyMode
 from beam_agents.intents.identity import content_digest
 from beam_agents.intents.signing import Keyring, sign
+from beam_agents.ops.prism import with_local_prism
 from beam_agents.ops.rounds import Advance, ManualClock, run_round
 from beam_agents.runtime import (
     COMPLETIONS,
@@ -202,8 +203,10 @@ def run_locally(
     they stay `pending`. `llm_client` answers `ctx.llm` (a `ScriptedLlmClient` in tests, a
     provider's client otherwise). `options` are the pipelines' (default: the DirectRunner, or
     $BEAM_AGENTS_PIPELINE_OPTIONS); `workdir` keeps the rounds' files and the effector's
-    store (default: a temporary folder, removed after). Raises ValueError past `max_rounds`
-    rounds (an agent that never stops calling tools).
+    store (default: a temporary folder, removed after). `--runner=PrismRunner` without
+    `--prism_location` uses the Prism `tools/engines.sh prism` built (PrismNotFoundError, saying
+    how to get it, when there is none). Raises ValueError past `max_rounds` rounds (an agent
+    that never stops calling tools).
     """
     if workdir is None:
         with tempfile.TemporaryDirectory(prefix="beam-agents-local-") as scratch:
@@ -248,7 +251,7 @@ class _LocalLoop:
             clock=self._clock,
         )
         self._approver = approver
-        self._options = options
+        self._options = None if options is None else with_local_prism(options)
         self._workdir = workdir
         self._run = LocalRun()
 
