@@ -2,6 +2,7 @@
 
     beam-agents demo [--bus=kafka --kafka_bootstrap HOST:PORT --expansion_service HOST:PORT]
         [BEAM PIPELINE OPTIONS]
+    beam-agents new NAME [--dir DIR]
     beam-agents inspect FILE [--type NAME] [--max-bytes N]
     beam-agents dry-run DIR [--max-bytes N]
     beam-agents export-traces FILE [--endpoint URL]
@@ -20,6 +21,10 @@ ExecuteIntents, a scripted approver), with no network and no keys, and prints an
 the conversation; with `--bus=kafka`, the same conversation as one streaming job reading Kafka,
 with the effector as its own process (`bash tools/engines.sh flink-demo` runs it on Flink).
 Exit codes: 0 the agent completed; 1 it did not (a dead letter, named); 2 usage error.
+
+`new` writes a small project to start an agent from (beam_agents.ops.scaffold): the agent, its
+test on the DirectRunner, which passes as written, and a launcher for Flink or Dataflow. Exit
+codes: 0 written; 2 usage error (no project name, or the folder exists).
 
 `inspect` decodes one serialized beam_agents message, guessing its type unless --type names
 it, and prints it as protobuf text, then lists any fields this binary's schema does not know.
@@ -204,6 +209,19 @@ def _effector_service(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _new(args: argparse.Namespace) -> int:
+    from beam_agents.ops.scaffold import new_project
+
+    try:
+        folder = new_project(args.name, args.dir)
+    except (ValueError, OSError) as e:
+        print(f"beam-agents new: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    print(f"wrote {folder}: its agent, its test and a launcher. Next:")
+    print(f"  cd {folder} && python -m pytest")
+    return EXIT_OK
+
+
 def _keyring(spec: str | None):
     """The Keyring the loader named MODULE:NAME returns, or None. Raises ValueError when the
     name is no loader, BeamAgentsError (KeyringError) when the loader refuses."""
@@ -351,6 +369,18 @@ def _parser() -> argparse.ArgumentParser:
     # Its options, Beam pipeline options among them, are whatever else follows `demo`
     # (beam_agents.ops.demo.command.main parses them, and answers --help).
     demo.set_defaults(run=_demo, takes_pipeline_options=True)
+    new = commands.add_parser(
+        "new",
+        help="write a small project to start an agent from (its agent, test and launcher)",
+        description="Writes NAME/: NAME's agent module (a model call, a tool call, an "
+        "approval, memory across events), its test on the DirectRunner with a scripted model "
+        "(`python -m pytest` in NAME/ passes as written) and launch.py, the same agent as a "
+        "streaming job on Flink (Kafka) or Dataflow (Pub/Sub). Exit codes: 0 written; 2 the "
+        "name is no project name or the folder exists (nothing is overwritten).",
+    )
+    new.add_argument("name", help="the project's name (letters, digits, '_' and '-')")
+    new.add_argument("--dir", default=".", help="where to write it (default: here)")
+    new.set_defaults(run=_new)
     inspect = commands.add_parser(
         "inspect", help="decode one serialized beam_agents message and print it as text"
     )
