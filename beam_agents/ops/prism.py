@@ -4,8 +4,11 @@ Prism is a Go program. Asked for `--runner=PrismRunner` without `--prism_locatio
 downloads a release of it from the internet, which fails offline (and behind most proxies)
 with a hundred lines of traceback. `bash tools/engines.sh prism` builds it instead, once, from
 the Go module proxy at the Beam version of requirements_lock.txt, into
-`.cache/engines/prism-VERSION/prism` of the checkout (it needs Go 1.21 or later and access to
-proxy.golang.org, or a GOPROXY; it takes a few minutes the first time, then nothing). So
+`.cache/engines/prism-VERSION/prism` of the checkout. It needs Go (Beam 2.77's module asks for
+Go 1.26; an older `go` fetches that toolchain through the proxy) and access to proxy.golang.org
+or a GOPROXY. The first build compiles for about 3 CPU-minutes (measured: 2 min 38 s of CPU,
+15 min of wall time on a busy 2-core machine, with the modules already downloaded), then
+nothing. So
 `with_local_prism` gives such options that Prism, or says in one line how to get it.
 """
 
@@ -29,7 +32,7 @@ ENGINES = Path(__file__).resolve().parents[2] / ".cache" / "engines"
 
 HOW_TO_GET_PRISM = (
     "--runner=PrismRunner needs Prism: run `bash tools/engines.sh prism` in a beam_agents "
-    "checkout (needs Go and the Go module proxy; a few minutes, once) or pass "
+    "checkout (needs Go and the Go module proxy; several minutes, once) or pass "
     "--prism_location=PATH"
 )
 

@@ -33,11 +33,12 @@ agent completed; 1 it did not (a dead letter, named); 2 usage error."""
 _EPILOG = """\
 Any Apache Beam pipeline option is accepted too (--help-beam-options lists them all).
 Prerequisites: Python 3.11 and this package. --runner=PrismRunner needs Prism, Beam's Go
-runner: `bash tools/engines.sh prism` builds it once from the Go module proxy (it needs Go
-1.21+ and access to proxy.golang.org or a GOPROXY; a few minutes the first time), and the
-demo then finds it without --prism_location. --bus kafka needs a Kafka broker and Beam's Java
-expansion service (Java 17 and Maven): `bash tools/engines.sh flink-demo` starts both and a
-Flink cluster, and runs this demo on them."""
+runner: `bash tools/engines.sh prism` builds it once from the Go module proxy (it needs Go,
+1.26 for Beam 2.77, and access to proxy.golang.org or a GOPROXY; about 3 CPU-minutes of
+compiling the first time, up to 15 minutes on a busy 2-core machine), and the demo then finds
+it without --prism_location. --bus kafka needs a Kafka broker and Beam's Java expansion
+service (Java and Maven): `bash tools/engines.sh flink-demo` starts both and a Flink cluster,
+and runs this demo on them."""
 
 
 def _parser() -> argparse.ArgumentParser:
