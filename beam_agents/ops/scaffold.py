@@ -155,15 +155,19 @@ from beam_agents import run_locally
 from @MODULE@.agent import TOOLS, scripted_model, shop
 
 
-def test_two_orders_are_approved_and_counted_across_events(tmp_path):
-    run = run_locally(
+def _run(events, approves: bool, workdir):
+    return run_locally(
         shop,
-        [b"I would like a pen", b"and a notebook please"],
+        events,
         tools=TOOLS,
-        approver=lambda intent: True,
+        approver=lambda intent: approves,  # a person at the console
         llm_client=scripted_model(),
-        workdir=tmp_path,
+        workdir=workdir,
     )
+
+
+def test_two_orders_are_approved_and_counted_across_events(tmp_path):
+    run = _run([b"I would like a pen", b"and a notebook please"], True, tmp_path)
     assert run.dead_letters == []
     assert [json.loads(c) for c in run.completions] == [
         {"item": "pen", "outcome": "ordered", "orders": 1},
@@ -177,14 +181,7 @@ def test_two_orders_are_approved_and_counted_across_events(tmp_path):
 
 
 def test_a_declined_order_is_not_counted_and_nothing_in_stock_asks_nobody(tmp_path):
-    run = run_locally(
-        shop,
-        [b"a pen", b"a stapler"],
-        tools=TOOLS,
-        approver=lambda intent: False,
-        llm_client=scripted_model(),
-        workdir=tmp_path,
-    )
+    run = _run([b"a pen", b"a stapler"], False, tmp_path)
     assert [json.loads(c) for c in run.completions] == [
         {"item": "pen", "outcome": "declined", "orders": 0},
         {"item": "stapler", "outcome": "out of stock", "orders": 0},
