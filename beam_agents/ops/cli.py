@@ -355,7 +355,8 @@ def _dry_run(args: argparse.Namespace) -> int:
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="beam-agents",
-        description="Operator tools for beam_agents state and wire messages.",
+        description="The beam_agents command: start a project (new), run the demo, inspect and "
+        "check keyed state before an update, and serve the effector and the approvals console.",
         epilog="Exit codes: 0 success, 1 input rejected or not ready, 2 usage error. "
         "`beam-agents COMMAND --help` describes each command.",
     )
