@@ -35,6 +35,7 @@ from beam_agents._protos import (
     ToolIntent,
     TraceEvent,
 )
+from beam_agents.errors import with_article
 from beam_agents.intents.signing import Keyring
 from beam_agents.runtime.config import RuntimeConfig
 from beam_agents.runtime.context import Agent, LlmClient
@@ -101,7 +102,7 @@ class _KeyAndTag(beam.DoFn):
                 yield beam.pvalue.TaggedOutput(ERRORS, (b"", record))
                 return
         if not message.entity_key:
-            detail = f"a {self._type.__name__} with no entity_key; an agent needs a key"
+            detail = f"{with_article(self._type.__name__)} with no entity_key; an agent needs a key"
             record = error_record(b"", NO_ENTITY_KEY, detail, timestamp.micros // 1000)
             yield beam.pvalue.TaggedOutput(ERRORS, (b"", record))
             return
