@@ -36,7 +36,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol, runtime_checkable
 
 from beam_agents._protos import AgentEnvelope, Continuation, ToolIntent, ToolResult, TraceEvent
-from beam_agents.errors import AgentContractError, ApprovalEditError, LlmCallError
+from beam_agents.errors import AgentContractError, ApprovalEditError, LlmCallError, with_article
 from beam_agents.intents.approval_edits import approval_args, approved_args
 from beam_agents.intents.identity import canonical_args_json, intent_id
 from beam_agents.intents.signing import Keyring, sign
@@ -317,7 +317,7 @@ def _as_reported(response: object, model: str) -> LlmResponse:
     failure."""
     if not isinstance(response, LlmResponse):
         raise LlmCallError(
-            f"the client answered a {type(response).__name__}, not an LlmResponse",
+            f"the client answered {with_article(type(response).__name__)}, not an LlmResponse",
             model=model,
             retryable=False,
         )

@@ -21,7 +21,7 @@ import dataclasses
 from collections.abc import Iterable
 
 from beam_agents._protos import AgentEnvelope, Continuation, ToolIntent, ToolResult
-from beam_agents.errors import ApprovalEditError
+from beam_agents.errors import ApprovalEditError, with_article
 from beam_agents.intents.approval_edits import parse_edits
 from beam_agents.intents.identity import content_digest
 from beam_agents.intents.signing import Verification, verify
@@ -182,7 +182,7 @@ def _mismatch(key: bytes, intent: ToolIntent, envelope: AgentEnvelope, payload: 
     approval = intent.kind == ToolIntent.APPROVAL
     if approval != (payload == "approval"):
         want = "an approval" if approval else "a tool result"
-        return f"{intent.intent_id} ({intent.tool_name}) wants {want}, got a {payload}"
+        return f"{intent.intent_id} ({intent.tool_name}) wants {want}, got {with_article(payload)}"
     if payload == "tool_result" and envelope.tool_result.entity_key not in (b"", key):
         return f"the result of {intent.intent_id} names another entity"
     if payload == "approval":
