@@ -69,48 +69,60 @@ def loop(engines, tmp_path):
         opened.close()
 
 
-def _tickets(loop: Loop) -> None:
-    loop.send(*(loop.ticket(k, "I was charged twice, refund me") for k in REFUNDS))
-    loop.send(*(loop.ticket(k, "how do I export my invoices?") for k in QUESTIONS))
+def _tickets(loop: Loop, refunds=REFUNDS, questions=QUESTIONS) -> None:
+    loop.send(*(loop.ticket(k, "I was charged twice, refund me") for k in refunds))
+    loop.send(*(loop.ticket(k, "how do I export my invoices?") for k in questions))
 
 
-def _until_suspended(loop: Loop) -> list[ToolIntent]:
-    """Waits for the three approval requests and the three answers; returns the requests."""
+def _until_suspended(
+    loop: Loop, refunds=REFUNDS, questions=QUESTIONS, timeout_s: float = 300
+) -> list[ToolIntent]:
+    """Waits for the refunds' approval requests and the questions' answers; returns the
+    requests."""
     topics = loop.topics
     loop.read(
         lambda r: (
-            len(r[topics.approvals]) == len(REFUNDS)
-            and len(r[topics.completions]) == len(QUESTIONS)
+            len(r[topics.approvals]) == len(refunds)
+            and len(r[topics.completions]) == len(questions)
         ),
-        timeout_s=300,
+        timeout_s=timeout_s,
     )
     return loop.messages(topics.approvals, ToolIntent)
 
 
-def _until_complete(loop: Loop) -> None:
-    loop.read(lambda r: len(r[loop.topics.completions]) == len(KEYS), timeout_s=300)
+def _until_complete(loop: Loop, keys=KEYS, timeout_s: float = 300) -> None:
+    loop.read(lambda r: len(r[loop.topics.completions]) == len(keys), timeout_s=timeout_s)
     loop.reader.settle(5)  # a late copy of anything would be on the topics by now
 
 
 def _assert_exactly_once(
-    loop: Loop, *, rerunnable: frozenset[str] = frozenset(), restarts: int = 0
+    loop: Loop,
+    *,
+    rerunnable: frozenset[str] = frozenset(),
+    restarts: int = 0,
+    refunds: list[bytes] = REFUNDS,
+    questions: list[bytes] = QUESTIONS,
 ) -> None:
     """`rerunnable`: intents of an idempotent tool the effector may have run again after a
     crash inside it (one call more each); `restarts`: the effector deaths the test caused, all
-    its supervisor may have seen."""
+    its supervisor may have seen. Copies on the topics are those the README's table of topics
+    documents, each recognised by its record id (`TopicReader.repeats` counts them): after
+    they are dropped, each key's completion, each intent, request, result and effect is there
+    exactly once."""
     assert loop.effector_restarts == restarts
     topics = loop.topics
     outcomes = Counter((k, c["outcome"]) for k, c in loop.completions())
     assert outcomes == Counter(
-        {**{(k, "refunded"): 1 for k in REFUNDS}, **{(k, "answered"): 1 for k in QUESTIONS}}
+        {**{(k, "refunded"): 1 for k in refunds}, **{(k, "answered"): 1 for k in questions}}
     )
     requests = loop.messages(topics.approvals, ToolIntent)
     # The agents' questions; the effector's about calls it lost are a test's own to count.
-    assert sorted(r.entity_key for r in requests if r.tool_name != INQUIRY_TOOL) == REFUNDS
+    assert sorted(r.entity_key for r in requests if r.tool_name != INQUIRY_TOOL) == sorted(refunds)
     intents = loop.messages(topics.intents, ToolIntent)
     tools = Counter(i.intent_id for i in intents if i.kind == ToolIntent.TOOL)
     # A lookup per key and a refund per approved key, each intent once.
-    assert len(tools) == len(KEYS) + len(REFUNDS) and set(tools.values()) == {1}
+    assert len(tools) == len(refunds) + len(questions) + len(refunds)
+    assert set(tools.values()) == {1}
     envelopes = [AgentEnvelope.FromString(v) for _, v in loop.reader.records[topics.events]]
     results = Counter(e.tool_result.intent_id for e in envelopes if e.HasField("tool_result"))
     assert results == tools  # one result per intent, none lost
@@ -122,6 +134,23 @@ def _assert_exactly_once(
     assert calls - reruns == tools and set(reruns) <= rerunnable and set(reruns.values()) <= {1}
     assert Counter(r.intent_id for r in loop.execution_records()) == Counter(
         i.intent_id for i in intents
+    )
+
+
+def _account(loop: Loop, fault: str, started: float, **facts) -> None:
+    """Prints what a fault test saw: the copies a deduping consumer dropped per topic (all
+    recognised by id), the effects and effector restarts, and how long it took."""
+    print(
+        json.dumps(
+            {
+                "fault": fault,
+                "repeats": loop.reader.repeats,
+                "effects": len(loop.ledger.effects()),
+                "effector_restarts": loop.effector_restarts,
+                "seconds": round(time.monotonic() - started),
+                **facts,
+            }
+        )
     )
 
 
@@ -369,3 +398,51 @@ def test_a_stalled_read_is_reported_within_a_minute_and_its_restored_job_loses_n
     _until_complete(loop)
     _assert_exactly_once(loop)
     print(json.dumps({"caught_s": round(caught_s, 1), "repeats": loop.reader.repeats}))
+
+
+def test_a_broker_sigkilled_before_and_after_the_approvals_loses_and_repeats_nothing(loop, engines):
+    """The broker dies (SIGKILL: no controlled shutdown, no leader handover, its logs
+    recovered at start) and is started again on its data a few seconds later. The process
+    dies, not the machine: what it wrote is in the page cache, as after a JVM crash."""
+    started = time.monotonic()
+
+    def crash() -> None:
+        engines.run("stop", "kafka", "--kill")
+        time.sleep(5)
+        engines.run("start", "kafka", "--keep-data")
+
+    _loop_under(loop, crash)
+    _account(loop, "broker SIGKILL x2", started)
+
+
+def test_two_taskmanager_kills_in_a_row_under_three_hundred_keys_lose_and_repeat_nothing(
+    loop, engines
+):
+    """300 keys (30 refunds, 270 questions) in flight; the task manager SIGKILLed, and its
+    replacement SIGKILLed as soon as it registered, while Flink restores the job onto it;
+    then once more while the 30 approvals are in flight."""
+    started = time.monotonic()
+    refunds = [f"r-{n}".encode() for n in range(30)]
+    questions = [f"q-{n}".encode() for n in range(270)]
+    loop.start_job()
+    _tickets(loop, refunds, questions)
+    loop.read(lambda r: len(r[loop.topics.intents]) >= 20, timeout_s=120)  # under way
+    engines.run("restart-taskmanager", "--kill")
+    engines.run("restart-taskmanager", "--kill")
+    requests = _until_suspended(loop, refunds, questions, timeout_s=600)
+    loop.send(*(approve(r) for r in requests))
+    engines.run("restart-taskmanager", "--kill")
+    _until_complete(loop, refunds + questions, timeout_s=600)
+    _assert_exactly_once(loop, refunds=refunds, questions=questions)
+    _account(loop, "task manager SIGKILL x2 in a row, then x1; 300 keys", started)
+
+
+def test_the_java_harness_sigkilled_before_and_after_the_approvals_loses_and_repeats_nothing(
+    loop, engines
+):
+    """The job's Java SDK harness (the expanded Kafka read and write, a JVM Flink's task
+    manager started for the job) SIGKILLed: the task fails, Flink restarts the job from its
+    last checkpoint with a new harness."""
+    started = time.monotonic()
+    _loop_under(loop, lambda: engines.run("kill-workers"))
+    _account(loop, "Java SDK harness SIGKILL x2", started)
