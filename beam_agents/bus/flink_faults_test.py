@@ -24,12 +24,27 @@ twice), every approval request reached the approvals topic.
 * the Kafka read stalled (`engines.sh freeze-workers` stops the job's Java SDK harness that
   runs it): beam_agents.bus.flink.ReadWatchdog reports it within a minute, and the job restored from
   its latest checkpoint loses and repeats nothing.
+* the broker SIGKILLed and started on its data (`engines.sh stop kafka --kill`), then the
+  job's Java SDK harness SIGKILLed (`engines.sh kill-workers`): Flink restores the job from its
+  last checkpoint with a new harness;
+* 300 keys in flight and the task manager SIGKILLed twice in a row (the second while the job
+  is being restored onto its replacement), then once more under the approvals;
+* the Python launcher SIGKILLed (with LOOPBACK it hosts the job's Python workers: the job is
+  restored from its latest checkpoint with a new launcher), then Beam's job server SIGKILLed
+  (`engines.sh restart-jobserver --kill`; the job and its launcher's workers run on) and a
+  task manager after it.
+
+The new tests print their account as one JSON line: the fault, the copies a deduping consumer
+dropped per topic (each recognised by its record id, on the topics the README's table says
+may carry them), the job failures Flink recovered from, the effects, effector restarts and
+seconds.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import time
 from collections import Counter
 
@@ -139,12 +154,14 @@ def _assert_exactly_once(
 
 def _account(loop: Loop, fault: str, started: float, **facts) -> None:
     """Prints what a fault test saw: the copies a deduping consumer dropped per topic (all
-    recognised by id), the effects and effector restarts, and how long it took."""
+    recognised by id), the failures Flink recovered the job from, the effects and effector
+    restarts, and how long it took."""
     print(
         json.dumps(
             {
                 "fault": fault,
-                "repeats": loop.reader.repeats,
+                "job_failures": len(loop.rest.exceptions(loop.jobs[-1].jid)),
+                "repeats": {t.rpartition(".")[2]: n for t, n in loop.reader.repeats.items()},
                 "effects": len(loop.ledger.effects()),
                 "effector_restarts": loop.effector_restarts,
                 "seconds": round(time.monotonic() - started),
@@ -154,14 +171,16 @@ def _account(loop: Loop, fault: str, started: float, **facts) -> None:
     )
 
 
-def _loop_under(loop: Loop, fault, *, lookups_rerun: bool = False) -> None:
-    """`lookups_rerun`: the fault may land inside a CRM lookup, which is then run again."""
+def _loop_under(loop: Loop, fault, *, then=None, lookups_rerun: bool = False) -> None:
+    """`fault` while the tickets are in flight and, unless `then` is another, while the
+    approvals are; `lookups_rerun`: the fault may land inside a CRM lookup, which is then run
+    again."""
     loop.start_job()
     _tickets(loop)
     fault()
     requests = _until_suspended(loop)
     loop.send(*(approve(r) for r in requests))
-    fault()
+    (then or fault)()
     _until_complete(loop)
     _assert_exactly_once(loop, rerunnable=_lookups(loop) if lookups_rerun else frozenset())
 
@@ -400,19 +419,29 @@ def test_a_stalled_read_is_reported_within_a_minute_and_its_restored_job_loses_n
     print(json.dumps({"caught_s": round(caught_s, 1), "repeats": loop.reader.repeats}))
 
 
-def test_a_broker_sigkilled_before_and_after_the_approvals_loses_and_repeats_nothing(loop, engines):
-    """The broker dies (SIGKILL: no controlled shutdown, no leader handover, its logs
-    recovered at start) and is started again on its data a few seconds later. The process
-    dies, not the machine: what it wrote is in the page cache, as after a JVM crash."""
+def test_a_broker_then_the_java_harness_sigkilled_lose_and_repeat_nothing(loop, engines):
+    """While the tickets are in flight the broker dies (SIGKILL: no controlled shutdown, its
+    logs recovered at start) and is started again on its data 5 s later; the process dies,
+    not the machine, so what it wrote is in the page cache, as after a JVM crash. While the
+    approvals are in flight the job's Java SDK harness (the expanded Kafka read and write, a
+    JVM the task manager started for the job) is SIGKILLed: the task fails and Flink restores
+    the job from its last checkpoint with a new harness."""
     started = time.monotonic()
+    killed: list[str] = []
 
-    def crash() -> None:
+    def broker() -> None:
         engines.run("stop", "kafka", "--kill")
         time.sleep(5)
         engines.run("start", "kafka", "--keep-data")
 
-    _loop_under(loop, crash)
-    _account(loop, "broker SIGKILL x2", started)
+    def harness() -> None:
+        killed.extend(engines.run("harnesses").split())
+        engines.run("kill-workers")
+
+    _loop_under(loop, broker, then=harness)
+    # The kill failed the job (Flink recovered it with a new harness): it did not go unnoticed.
+    assert len(killed) == 1 and loop.rest.exceptions(loop.jobs[-1].jid)
+    _account(loop, "broker SIGKILL, then Java SDK harness SIGKILL", started)
 
 
 def test_two_taskmanager_kills_in_a_row_under_three_hundred_keys_lose_and_repeat_nothing(
@@ -437,12 +466,37 @@ def test_two_taskmanager_kills_in_a_row_under_three_hundred_keys_lose_and_repeat
     _account(loop, "task manager SIGKILL x2 in a row, then x1; 300 keys", started)
 
 
-def test_the_java_harness_sigkilled_before_and_after_the_approvals_loses_and_repeats_nothing(
-    loop, engines
-):
-    """The job's Java SDK harness (the expanded Kafka read and write, a JVM Flink's task
-    manager started for the job) SIGKILLed: the task fails, Flink restarts the job from its
-    last checkpoint with a new harness."""
+def test_the_python_launcher_and_the_job_server_killed_lose_and_repeat_nothing(loop, engines):
+    """The launcher (`python -m beam_agents.testing.triage_loop`) SIGKILLed while the tickets
+    are in flight: with LOOPBACK its process hosts the job's Python workers, so the job cannot
+    run on, and the operator restores it from its latest retained checkpoint with a new
+    launcher (`Loop.restore`). Then Beam's job server SIGKILLed and replaced while the
+    approvals are in flight: the job runs on Flink, and its launcher outlives the lost job
+    state stream with its worker pool (it stopped the pool with the stream: the job restarted
+    forever with nowhere to start its workers), which a task manager killed after it proves
+    by starting the restored job's workers again."""
     started = time.monotonic()
-    _loop_under(loop, lambda: engines.run("kill-workers"))
-    _account(loop, "Java SDK harness SIGKILL x2", started)
+    job = loop.start_job()
+    first = job.jid
+    loop.rest.wait_for_checkpoint_after(job.jid, int(time.time() * 1000))
+    _tickets(loop)
+    os.killpg(job.launcher.process.pid, signal.SIGKILL)
+    job.launcher.stop()
+    time.sleep(5)
+    after_launcher = loop.rest.jobs()[first]
+    loop.restore(job)
+    requests = _until_suspended(loop)
+    loop.send(*(approve(r) for r in requests))
+    engines.run("restart-jobserver", "--kill")
+    job.launcher.wait_for_output("lost the job server")
+    time.sleep(5)
+    job.launcher.check_alive()
+    engines.run("restart-taskmanager", "--kill")
+    _until_complete(loop)
+    _assert_exactly_once(loop)
+    _account(
+        loop,
+        "launcher SIGKILL (restored), then job server SIGKILL, then task manager SIGKILL",
+        started,
+        after_launcher=after_launcher,
+    )
