@@ -343,28 +343,17 @@ restart_taskmanager() {
   echo "tools/engines.sh: task manager $old stopped (SIG$signal), new one ready" >&2
 }
 
-# The job manager alone. A session cluster without HA keeps no job across a job manager's
-# death: the new one starts empty and the task manager registers with it again.
-restart_jobmanager() {
-  local signal=TERM old
-  [[ "${1:-}" == --kill ]] && signal=KILL
+# restart_ready INDEX NAME START [--kill]: the process at line INDEX of flink's PID file
+# (restart_flink_process) stopped with SIGTERM, or SIGKILL, and started again; ready once the
+# cluster is (flink_ready).
+restart_ready() {
+  local index="$1" name="$2" starter="$3" signal=TERM old
+  [[ "${4:-}" == --kill ]] && signal=KILL
   running flink || die "flink is not running"
-  old="$(sed -n 1p "$run/flink.pids")"
-  restart_flink_process 0 "$signal" start_jobmanager
-  wait_for flink "a new job manager with its task manager" flink_ready
-  echo "tools/engines.sh: job manager $old stopped (SIG$signal), new one ready" >&2
-}
-
-# Beam's job server alone (it only submits jobs and answers their launchers; the cluster runs
-# them): ready once it listens again.
-restart_jobserver() {
-  local signal=TERM old
-  [[ "${1:-}" == --kill ]] && signal=KILL
-  running flink || die "flink is not running"
-  old="$(sed -n 3p "$run/flink.pids")"
-  restart_flink_process 2 "$signal" start_jobserver
-  wait_for flink "a new job server" flink_ready
-  echo "tools/engines.sh: job server $old stopped (SIG$signal), new one ready" >&2
+  old="$(sed -n "$((index + 1))p" "$run/flink.pids")"
+  restart_flink_process "$index" "$signal" "$starter"
+  wait_for flink "a new $name" flink_ready
+  echo "tools/engines.sh: $name $old stopped (SIG$signal), new one ready" >&2
 }
 
 # The PIDs of the Java SDK harnesses of these engines' jobs, one a line.
@@ -502,8 +491,12 @@ case "${1:-}" in
   restart-taskmanager) restart_taskmanager "${2:-}" ;;
   add-taskmanager) add_taskmanager ;;
   remove-taskmanager) remove_taskmanager ;;
-  restart-jobmanager) restart_jobmanager "${2:-}" ;;
-  restart-jobserver) restart_jobserver "${2:-}" ;;
+  # The job manager alone. A session cluster without HA keeps no job across a job manager's
+  # death: the new one starts empty and the task manager registers with it again.
+  restart-jobmanager) restart_ready 0 "job manager" start_jobmanager "${2:-}" ;;
+  # Beam's job server alone: it only submits jobs and reports their state to their launchers;
+  # the cluster runs them.
+  restart-jobserver) restart_ready 2 "job server" start_jobserver "${2:-}" ;;
   latest-checkpoint) latest_checkpoint "${2:?which job id}" ;;
   harnesses) harness_pids ;;
   freeze-workers) signal_workers STOP ;;

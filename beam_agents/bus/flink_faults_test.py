@@ -84,9 +84,12 @@ def loop(engines, tmp_path):
         opened.close()
 
 
-def _tickets(loop: Loop, refunds=REFUNDS, questions=QUESTIONS) -> None:
-    loop.send(*(loop.ticket(k, "I was charged twice, refund me") for k in refunds))
-    loop.send(*(loop.ticket(k, "how do I export my invoices?") for k in questions))
+def _tickets(loop: Loop, refunds=REFUNDS, questions=QUESTIONS, *, customers=(None, None)) -> None:
+    """Each key's ticket from the customer named like the key, or from `customers`' (one for
+    the refunds, one for the questions: the CRM knows c-1 to c-6 only)."""
+    refunding, asking = customers
+    loop.send(*(loop.ticket(k, "I was charged twice, refund me", refunding) for k in refunds))
+    loop.send(*(loop.ticket(k, "how do I export my invoices?", asking) for k in questions))
 
 
 def _until_suspended(
@@ -97,8 +100,8 @@ def _until_suspended(
     topics = loop.topics
     loop.read(
         lambda r: (
-            len(r[topics.approvals]) == len(refunds)
-            and len(r[topics.completions]) == len(questions)
+            len(r[topics.approvals]) >= len(refunds)
+            and len(r[topics.completions]) >= len(questions)
         ),
         timeout_s=timeout_s,
     )
@@ -454,7 +457,7 @@ def test_two_taskmanager_kills_in_a_row_under_three_hundred_keys_lose_and_repeat
     refunds = [f"r-{n}".encode() for n in range(30)]
     questions = [f"q-{n}".encode() for n in range(270)]
     loop.start_job()
-    _tickets(loop, refunds, questions)
+    _tickets(loop, refunds, questions, customers=("c-1", "c-2"))
     loop.read(lambda r: len(r[loop.topics.intents]) >= 20, timeout_s=120)  # under way
     engines.run("restart-taskmanager", "--kill")
     engines.run("restart-taskmanager", "--kill")
