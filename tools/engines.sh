@@ -10,7 +10,10 @@
 #                                         server); waits until it is ready
 #   bash tools/engines.sh start kafka --keep-data
 #                                         restart the broker on the data of its last run
-#   bash tools/engines.sh stop SERVICE    stop it by the PIDs its start recorded
+#   bash tools/engines.sh stop SERVICE [--kill]
+#                                         stop it by the PIDs its start recorded (SIGTERM,
+#                                         or SIGKILL: a crash, `stop kafka --kill` then
+#                                         `start kafka --keep-data` a broker that died)
 #   bash tools/engines.sh restart-taskmanager [--kill]
 #                                         stop (SIGTERM, or SIGKILL) the Flink task manager
 #                                         alone and start a new one
@@ -22,7 +25,11 @@
 #                                         alone and start a new one; without HA it forgets
 #                                         its jobs: restore them from their retained
 #                                         checkpoints (`latest-checkpoint JOB_ID`)
+#   bash tools/engines.sh restart-jobserver [--kill]
+#                                         stop (SIGTERM, or SIGKILL) Beam's Flink job server
+#                                         alone and start a new one
 #   bash tools/engines.sh harnesses       the PIDs of the running jobs' Java SDK harnesses
+#   bash tools/engines.sh kill-workers    SIGKILL the running jobs' Java SDK harnesses
 #   bash tools/engines.sh freeze-workers | thaw-workers
 #                                         SIGSTOP / SIGCONT the running jobs' Java SDK
 #                                         harnesses: a Kafka read that emits nothing while
@@ -103,6 +110,12 @@ fetch() {
 
 alive() { [[ -n "$1" ]] && kill -0 "$1" 2>/dev/null; }
 
+# A recorded PID alive and one of these engines' JVMs (their command lines name this cache):
+# a PID file copied with another checkout's cache, or a PID reused, names a process that is
+# not ours to stop or to count as running. (Not for a PID just started: until it execs, it is
+# this script.)
+ours() { alive "$1" && tr '\0' ' ' <"/proc/$1/cmdline" 2>/dev/null | grep -qF -- "$cache/"; }
+
 listening() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 
 # start_java SERVICE LOGNAME MAIN_CLASS ARGS...: one JVM in the background, its PID appended
@@ -133,7 +146,7 @@ wait_for() {
 running() {
   local pid
   [[ -s "$run/$1.pids" ]] || return 1
-  for pid in $(cat "$run/$1.pids"); do alive "$pid" || return 1; done
+  for pid in $(cat "$run/$1.pids"); do ours "$pid" || return 1; done
 }
 
 start() {
@@ -266,14 +279,18 @@ cluster.evenly-spread-out-slots: true
 EOF
   start_jobmanager "$lib"
   start_taskmanager "$lib"
-  # The job server builds each job's graph, checkpoint retention included, from the same
-  # configuration.
-  JAVA_FLAGS="-Xmx512m" start_java flink flink-jobserver "$lib" \
+  start_jobserver "$lib"
+  wait_for flink "task manager and job server" flink_ready
+}
+
+# The job server builds each job's graph, checkpoint retention included, from the cluster's
+# configuration.
+start_jobserver() {
+  JAVA_FLAGS="-Xmx512m" start_java flink flink-jobserver "$1" \
     org.apache.beam.runners.flink.FlinkJobServerDriver --flink-master="127.0.0.1:$flink_rest_port" \
-    --flink-conf-dir="$conf" \
+    --flink-conf-dir="$run/flink-conf" \
     --job-host=127.0.0.1 --job-port="$job_port" --artifact-port="$artifact_port" --expansion-port=0 \
     --artifacts-dir="$run/flink-artifacts"
-  wait_for flink "task manager and job server" flink_ready
 }
 
 start_jobmanager() {
@@ -326,16 +343,17 @@ restart_taskmanager() {
   echo "tools/engines.sh: task manager $old stopped (SIG$signal), new one ready" >&2
 }
 
-# The job manager alone. A session cluster without HA keeps no job across a job manager's
-# death: the new one starts empty and the task manager registers with it again.
-restart_jobmanager() {
-  local signal=TERM old
-  [[ "${1:-}" == --kill ]] && signal=KILL
+# restart_ready INDEX NAME START [--kill]: the process at line INDEX of flink's PID file
+# (restart_flink_process) stopped with SIGTERM, or SIGKILL, and started again; ready once the
+# cluster is (flink_ready).
+restart_ready() {
+  local index="$1" name="$2" starter="$3" signal=TERM old
+  [[ "${4:-}" == --kill ]] && signal=KILL
   running flink || die "flink is not running"
-  old="$(sed -n 1p "$run/flink.pids")"
-  restart_flink_process 0 "$signal" start_jobmanager
-  wait_for flink "a new job manager with its task manager" flink_ready
-  echo "tools/engines.sh: job manager $old stopped (SIG$signal), new one ready" >&2
+  old="$(sed -n "$((index + 1))p" "$run/flink.pids")"
+  restart_flink_process "$index" "$signal" "$starter"
+  wait_for flink "a new $name" flink_ready
+  echo "tools/engines.sh: $name $old stopped (SIG$signal), new one ready" >&2
 }
 
 # The PIDs of the Java SDK harnesses of these engines' jobs, one a line.
@@ -388,17 +406,19 @@ latest_checkpoint() {
 }
 
 stop() {
-  local service="$1" pids pid deadline
+  local service="$1" signal=TERM pids pid deadline
+  [[ -z "${2:-}" || "$2" == --kill ]] || die "stop: unknown option $2"
+  [[ "${2:-}" == --kill ]] && signal=KILL
   [[ -f "$run/$service.pids" ]] || return 0
   pids="$(cat "$run/$service.pids")"
-  for pid in $pids; do alive "$pid" && kill "$pid" 2>/dev/null || true; done
+  for pid in $pids; do ours "$pid" && kill "-$signal" "$pid" 2>/dev/null || true; done
   deadline=$((SECONDS + 30))
   for pid in $pids; do
-    while alive "$pid" && ((SECONDS < deadline)); do sleep 0.2; done
-    alive "$pid" && kill -9 "$pid" 2>/dev/null || true
+    while ours "$pid" && ((SECONDS < deadline)); do sleep 0.2; done
+    ours "$pid" && kill -9 "$pid" 2>/dev/null || true
   done
   rm -f "$run/$service.pids"
-  echo "tools/engines.sh: $service stopped" >&2
+  echo "tools/engines.sh: $service stopped (SIG$signal)" >&2
 }
 
 endpoints() {
@@ -471,12 +491,18 @@ case "${1:-}" in
   restart-taskmanager) restart_taskmanager "${2:-}" ;;
   add-taskmanager) add_taskmanager ;;
   remove-taskmanager) remove_taskmanager ;;
-  restart-jobmanager) restart_jobmanager "${2:-}" ;;
+  # The job manager alone. A session cluster without HA keeps no job across a job manager's
+  # death: the new one starts empty and the task manager registers with it again.
+  restart-jobmanager) restart_ready 0 "job manager" start_jobmanager "${2:-}" ;;
+  # Beam's job server alone: it only submits jobs and reports their state to their launchers;
+  # the cluster runs them.
+  restart-jobserver) restart_ready 2 "job server" start_jobserver "${2:-}" ;;
   latest-checkpoint) latest_checkpoint "${2:?which job id}" ;;
   harnesses) harness_pids ;;
   freeze-workers) signal_workers STOP ;;
   thaw-workers) signal_workers CONT ;;
-  stop) stop "${2:?which service}" ;;
+  kill-workers) signal_workers KILL ;;
+  stop) stop "${2:?which service}" "${3:-}" ;;
   status)
     for service in kafka java flink; do
       if running "$service"; then echo "$service running: $(tr '\n' ' ' <"$run/$service.pids")"
@@ -485,5 +511,5 @@ case "${1:-}" in
   endpoints) endpoints ;;
   flink-options) flink_options ;;
   flink-demo) shift; flink_demo "$@" ;;
-  *) sed -n '2,46p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2; exit 2 ;;
+  *) sed -n '2,56p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2; exit 2 ;;
 esac

@@ -24,12 +24,27 @@ twice), every approval request reached the approvals topic.
 * the Kafka read stalled (`engines.sh freeze-workers` stops the job's Java SDK harness that
   runs it): beam_agents.bus.flink.ReadWatchdog reports it within a minute, and the job restored from
   its latest checkpoint loses and repeats nothing.
+* the broker SIGKILLed and started on its data (`engines.sh stop kafka --kill`), then the
+  job's Java SDK harness SIGKILLed (`engines.sh kill-workers`): Flink restores the job from its
+  last checkpoint with a new harness;
+* 300 keys in flight and the task manager SIGKILLed twice in a row (the second while the job
+  is being restored onto its replacement), then once more under the approvals;
+* the Python launcher SIGKILLed (with LOOPBACK it hosts the job's Python workers: the job is
+  restored from its latest checkpoint with a new launcher), then Beam's job server SIGKILLed
+  (`engines.sh restart-jobserver --kill`; the job and its launcher's workers run on) and a
+  task manager after it.
+
+The new tests print their account as one JSON line: the fault, the copies a deduping consumer
+dropped per topic (each recognised by its record id, on the topics the README's table says
+may carry them), the job failures Flink recovered from, the effects, effector restarts and
+seconds.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import time
 from collections import Counter
 
@@ -69,48 +84,63 @@ def loop(engines, tmp_path):
         opened.close()
 
 
-def _tickets(loop: Loop) -> None:
-    loop.send(*(loop.ticket(k, "I was charged twice, refund me") for k in REFUNDS))
-    loop.send(*(loop.ticket(k, "how do I export my invoices?") for k in QUESTIONS))
+def _tickets(loop: Loop, refunds=REFUNDS, questions=QUESTIONS, *, customers=(None, None)) -> None:
+    """Each key's ticket from the customer named like the key, or from `customers`' (one for
+    the refunds, one for the questions: the CRM knows c-1 to c-6 only)."""
+    refunding, asking = customers
+    loop.send(*(loop.ticket(k, "I was charged twice, refund me", refunding) for k in refunds))
+    loop.send(*(loop.ticket(k, "how do I export my invoices?", asking) for k in questions))
 
 
-def _until_suspended(loop: Loop) -> list[ToolIntent]:
-    """Waits for the three approval requests and the three answers; returns the requests."""
+def _until_suspended(
+    loop: Loop, refunds=REFUNDS, questions=QUESTIONS, timeout_s: float = 300
+) -> list[ToolIntent]:
+    """Waits for the refunds' approval requests and the questions' answers; returns the
+    requests."""
     topics = loop.topics
     loop.read(
         lambda r: (
-            len(r[topics.approvals]) == len(REFUNDS)
-            and len(r[topics.completions]) == len(QUESTIONS)
+            len(r[topics.approvals]) >= len(refunds)
+            and len(r[topics.completions]) >= len(questions)
         ),
-        timeout_s=300,
+        timeout_s=timeout_s,
     )
     return loop.messages(topics.approvals, ToolIntent)
 
 
-def _until_complete(loop: Loop) -> None:
-    loop.read(lambda r: len(r[loop.topics.completions]) == len(KEYS), timeout_s=300)
+def _until_complete(loop: Loop, keys=KEYS, timeout_s: float = 300) -> None:
+    loop.read(lambda r: len(r[loop.topics.completions]) == len(keys), timeout_s=timeout_s)
     loop.reader.settle(5)  # a late copy of anything would be on the topics by now
 
 
 def _assert_exactly_once(
-    loop: Loop, *, rerunnable: frozenset[str] = frozenset(), restarts: int = 0
+    loop: Loop,
+    *,
+    rerunnable: frozenset[str] = frozenset(),
+    restarts: int = 0,
+    refunds: list[bytes] = REFUNDS,
+    questions: list[bytes] = QUESTIONS,
 ) -> None:
     """`rerunnable`: intents of an idempotent tool the effector may have run again after a
     crash inside it (one call more each); `restarts`: the effector deaths the test caused, all
-    its supervisor may have seen."""
+    its supervisor may have seen. Copies on the topics are those the README's table of topics
+    documents, each recognised by its record id (`TopicReader.repeats` counts them): after
+    they are dropped, each key's completion, each intent, request, result and effect is there
+    exactly once."""
     assert loop.effector_restarts == restarts
     topics = loop.topics
     outcomes = Counter((k, c["outcome"]) for k, c in loop.completions())
     assert outcomes == Counter(
-        {**{(k, "refunded"): 1 for k in REFUNDS}, **{(k, "answered"): 1 for k in QUESTIONS}}
+        {**{(k, "refunded"): 1 for k in refunds}, **{(k, "answered"): 1 for k in questions}}
     )
     requests = loop.messages(topics.approvals, ToolIntent)
     # The agents' questions; the effector's about calls it lost are a test's own to count.
-    assert sorted(r.entity_key for r in requests if r.tool_name != INQUIRY_TOOL) == REFUNDS
+    assert sorted(r.entity_key for r in requests if r.tool_name != INQUIRY_TOOL) == sorted(refunds)
     intents = loop.messages(topics.intents, ToolIntent)
     tools = Counter(i.intent_id for i in intents if i.kind == ToolIntent.TOOL)
     # A lookup per key and a refund per approved key, each intent once.
-    assert len(tools) == len(KEYS) + len(REFUNDS) and set(tools.values()) == {1}
+    assert len(tools) == len(refunds) + len(questions) + len(refunds)
+    assert set(tools.values()) == {1}
     envelopes = [AgentEnvelope.FromString(v) for _, v in loop.reader.records[topics.events]]
     results = Counter(e.tool_result.intent_id for e in envelopes if e.HasField("tool_result"))
     assert results == tools  # one result per intent, none lost
@@ -125,14 +155,35 @@ def _assert_exactly_once(
     )
 
 
-def _loop_under(loop: Loop, fault, *, lookups_rerun: bool = False) -> None:
-    """`lookups_rerun`: the fault may land inside a CRM lookup, which is then run again."""
+def _account(loop: Loop, fault: str, started: float, **facts) -> None:
+    """Prints what a fault test saw: the copies a deduping consumer dropped per topic (all
+    recognised by id), the failures Flink recovered the job from, the effects and effector
+    restarts, and how long it took."""
+    print(
+        json.dumps(
+            {
+                "fault": fault,
+                "job_failures": len(loop.rest.exceptions(loop.jobs[-1].jid)),
+                "repeats": {t.rpartition(".")[2]: n for t, n in loop.reader.repeats.items()},
+                "effects": len(loop.ledger.effects()),
+                "effector_restarts": loop.effector_restarts,
+                "seconds": round(time.monotonic() - started),
+                **facts,
+            }
+        )
+    )
+
+
+def _loop_under(loop: Loop, fault, *, then=None, lookups_rerun: bool = False) -> None:
+    """`fault` while the tickets are in flight and, unless `then` is another, while the
+    approvals are; `lookups_rerun`: the fault may land inside a CRM lookup, which is then run
+    again."""
     loop.start_job()
     _tickets(loop)
     fault()
     requests = _until_suspended(loop)
     loop.send(*(approve(r) for r in requests))
-    fault()
+    (then or fault)()
     _until_complete(loop)
     _assert_exactly_once(loop, rerunnable=_lookups(loop) if lookups_rerun else frozenset())
 
@@ -369,3 +420,86 @@ def test_a_stalled_read_is_reported_within_a_minute_and_its_restored_job_loses_n
     _until_complete(loop)
     _assert_exactly_once(loop)
     print(json.dumps({"caught_s": round(caught_s, 1), "repeats": loop.reader.repeats}))
+
+
+def test_a_broker_then_the_java_harness_sigkilled_lose_and_repeat_nothing(loop, engines):
+    """While the tickets are in flight the broker dies (SIGKILL: no controlled shutdown, its
+    logs recovered at start) and is started again on its data 5 s later; the process dies,
+    not the machine, so what it wrote is in the page cache, as after a JVM crash. While the
+    approvals are in flight the job's Java SDK harness (the expanded Kafka read and write, a
+    JVM the task manager started for the job) is SIGKILLed: the task fails and Flink restores
+    the job from its last checkpoint with a new harness."""
+    started = time.monotonic()
+    killed: list[str] = []
+
+    def broker() -> None:
+        engines.run("stop", "kafka", "--kill")
+        time.sleep(5)
+        engines.run("start", "kafka", "--keep-data")
+
+    def harness() -> None:
+        killed.extend(engines.run("harnesses").split())
+        engines.run("kill-workers")
+
+    _loop_under(loop, broker, then=harness)
+    # The kill failed the job (Flink recovered it with a new harness): it did not go unnoticed.
+    assert len(killed) == 1 and loop.rest.exceptions(loop.jobs[-1].jid)
+    _account(loop, "broker SIGKILL, then Java SDK harness SIGKILL", started)
+
+
+def test_two_taskmanager_kills_in_a_row_under_three_hundred_keys_lose_and_repeat_nothing(
+    loop, engines
+):
+    """300 keys (30 refunds, 270 questions) in flight; the task manager SIGKILLed, and its
+    replacement SIGKILLed as soon as it registered, while Flink restores the job onto it;
+    then once more while the 30 approvals are in flight."""
+    started = time.monotonic()
+    refunds = [f"r-{n}".encode() for n in range(30)]
+    questions = [f"q-{n}".encode() for n in range(270)]
+    loop.start_job()
+    _tickets(loop, refunds, questions, customers=("c-1", "c-2"))
+    loop.read(lambda r: len(r[loop.topics.intents]) >= 20, timeout_s=120)  # under way
+    engines.run("restart-taskmanager", "--kill")
+    engines.run("restart-taskmanager", "--kill")
+    requests = _until_suspended(loop, refunds, questions, timeout_s=600)
+    loop.send(*(approve(r) for r in requests))
+    engines.run("restart-taskmanager", "--kill")
+    _until_complete(loop, refunds + questions, timeout_s=600)
+    _assert_exactly_once(loop, refunds=refunds, questions=questions)
+    _account(loop, "task manager SIGKILL x2 in a row, then x1; 300 keys", started)
+
+
+def test_the_python_launcher_and_the_job_server_killed_lose_and_repeat_nothing(loop, engines):
+    """The launcher (`python -m beam_agents.testing.triage_loop`) SIGKILLed while the tickets
+    are in flight: with LOOPBACK its process hosts the job's Python workers, so the job cannot
+    run on, and the operator restores it from its latest retained checkpoint with a new
+    launcher (`Loop.restore`). Then Beam's job server SIGKILLed and replaced while the
+    approvals are in flight: the job runs on Flink, and its launcher outlives the lost job
+    state stream with its worker pool (it stopped the pool with the stream: the job restarted
+    forever with nowhere to start its workers), which a task manager killed after it proves
+    by starting the restored job's workers again."""
+    started = time.monotonic()
+    job = loop.start_job()
+    first = job.jid
+    loop.rest.wait_for_checkpoint_after(job.jid, int(time.time() * 1000))
+    _tickets(loop)
+    os.killpg(job.launcher.process.pid, signal.SIGKILL)
+    job.launcher.stop()
+    time.sleep(5)
+    after_launcher = loop.rest.jobs()[first]
+    loop.restore(job)
+    requests = _until_suspended(loop)
+    loop.send(*(approve(r) for r in requests))
+    engines.run("restart-jobserver", "--kill")
+    job.launcher.wait_for_output("lost the job server")
+    time.sleep(5)
+    job.launcher.check_alive()
+    engines.run("restart-taskmanager", "--kill")
+    _until_complete(loop)
+    _assert_exactly_once(loop)
+    _account(
+        loop,
+        "launcher SIGKILL (restored), then job server SIGKILL, then task manager SIGKILL",
+        started,
+        after_launcher=after_launcher,
+    )

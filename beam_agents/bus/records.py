@@ -182,23 +182,40 @@ class TopicReader:
     loop produced. `read(until, timeout_s)` returns {topic: [(key, value bytes)]} once
     `until(records)` is true, or raises TimeoutError with what it has. A record whose id
     (`record_id_of`) was read before is a repeat of an at-least-once sink: it is counted in
-    `repeats` and, with `dedupe` (the default), left out."""
+    `repeats` and, with `dedupe` (the default), left out.
+
+    It reads every partition of topics that exist when it is made, by assignment: it commits
+    nothing, so it joins no consumer group and needs no group coordinator. A subscribed reader
+    did, and after a broker SIGKILL its coordinator answered `NOT_COORDINATOR` until the
+    session timed out (45 s measured, and one test's reader read nothing in 300 s), while the
+    broker served every fetch (flink_faults_test's broker SIGKILL)."""
 
     def __init__(
         self, bootstrap_servers: str, topics: Iterable[str], *, dedupe: bool = True
     ) -> None:
-        from confluent_kafka import Consumer
+        from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
         self._consumer = Consumer(
             {
                 "bootstrap.servers": bootstrap_servers,
+                # Required by the client; never joined (no subscribe, no commit).
                 "group.id": f"beam-agents-reader-{time.time_ns()}",
-                "auto.offset.reset": "earliest",
                 "enable.auto.commit": False,
             }
         )
         self._topics = list(topics)
-        self._consumer.subscribe(self._topics)
+        known = self._consumer.list_topics(timeout=30).topics
+        missing = [t for t in self._topics if t not in known]
+        if missing:
+            self._consumer.close()
+            raise KafkaBusError(f"no such topics: {missing}")
+        self._consumer.assign(
+            [
+                TopicPartition(topic, partition, OFFSET_BEGINNING)
+                for topic in self._topics
+                for partition in known[topic].partitions
+            ]
+        )
         self.records: dict[str, list[tuple[bytes, bytes]]] = {t: [] for t in self._topics}
         self.repeats: dict[str, int] = dict.fromkeys(self._topics, 0)
         self._dedupe = dedupe

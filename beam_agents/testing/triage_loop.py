@@ -17,9 +17,11 @@ from __future__ import annotations
 
 import argparse
 import sys
+import threading
 from collections.abc import Sequence
 
 import apache_beam as beam
+import grpc
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from beam_agents.bus import Topics
@@ -56,8 +58,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     result = pipeline.run()
     print(f"triage_loop: submitted, state schema {args.state_schema}", file=sys.stderr, flush=True)
-    result.wait_until_finish()
+    # With LOOPBACK this process hosts the pool that starts the job's Python workers, and
+    # Beam's portable result stops that pool when its job state stream ends, which a job
+    # server's death ends too: the job then restarts on Flink forever, with nowhere to start
+    # its workers (flink_faults_test's job server SIGKILL). The pool is stopped here, once
+    # the job has ended, and only then.
+    stop_workers = getattr(result, "_cleanup_callbacks", ())
+    result._cleanup_callbacks = ()
+    try:
+        result.wait_until_finish()
+    except grpc.RpcError as lost:
+        # The job server only submitted the job and reported its state; Flink runs it on.
+        print(
+            f"triage_loop: lost the job server ({lost.code().name}); the job's workers are "
+            "served from here until this process is stopped",
+            file=sys.stderr,
+            flush=True,
+        )
+        threading.Event().wait()
     print(f"triage_loop: the job ended {result.state}", file=sys.stderr, flush=True)
+    for stop in stop_workers:
+        stop()
     return 0
 
 
