@@ -21,7 +21,10 @@ exactly the dead-letter reasons the runtime emits, and the reference exactly `__
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -103,6 +106,20 @@ def test_no_block_is_left_unchecked(page):
         and not _NOT_RUN.fullmatch(_marker(document, region.start))
     ]
     assert not unchecked, "blocks neither run nor marked <!-- not-run: WHY -->: " + str(unchecked)
+
+
+def test_the_guide_builds_strictly(tmp_path):
+    """`mkdocs build --strict`, as tools/dev.sh docs runs it: a broken link or anchor, a page
+    missing from the nav, an API reference to a name that no longer exists fail it."""
+    built = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path)],
+        cwd=ROOT,
+        env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert built.returncode == 0, built.stderr[-4000:]
 
 
 def test_the_readme_is_short():
