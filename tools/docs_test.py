@@ -122,6 +122,13 @@ def test_the_guide_builds_strictly(tmp_path):
     assert built.returncode == 0, built.stderr[-4000:]
 
 
+def test_the_readme_links_to_files_that_exist():
+    """The README is outside the guide's build: its links are checked here."""
+    links = re.findall(r"\]\(([^)#]+)(?:#[^)]*)?\)", (ROOT / "README.md").read_text())
+    assert links
+    assert [link for link in links if not (ROOT / link).is_file()] == []
+
+
 def test_the_readme_is_short():
     assert len((ROOT / "README.md").read_text().splitlines()) <= 200
 
