@@ -24,6 +24,7 @@ __all__ = [
     "MessageDecodeError",
     "MigrationStepError",
     "MissingMigrationError",
+    "PrismNotFoundError",
     "ReadStalledError",
     "RuntimeConfigError",
     "StateSchemaFromFutureError",
@@ -31,7 +32,14 @@ __all__ = [
     "TurnLimitError",
     "UnversionedMessageError",
     "error_text",
+    "with_article",
 ]
+
+
+def with_article(noun: str) -> str:
+    """`noun` after "a" or "an", by its first letter, for text naming a type or a role that is
+    only known at run time ("an AgentEnvelope", "a StateSnapshot", "an approver")."""
+    return f"{'an' if noun[:1].lower() in 'aeiou' else 'a'} {noun}"
 
 
 def error_text(error: BaseException) -> str:
@@ -267,6 +275,11 @@ class TurnLimitError(BeamAgentsError):
 class FlinkRestError(BeamAgentsError):
     """Raised by beam_agents.bus.flink.FlinkRest when Flink's REST API does not answer, answers
     with an HTTP error (a job it does not know: 404), or with bytes that are not JSON."""
+
+
+class PrismNotFoundError(BeamAgentsError):
+    """Raised when a pipeline asks for Beam's PrismRunner without `--prism_location` and no
+    Prism built by `tools/engines.sh` is at hand (Beam would try to download one)."""
 
 
 class ReadStalledError(BeamAgentsError):

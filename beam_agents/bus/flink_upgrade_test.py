@@ -248,12 +248,6 @@ def legacy_signing_loop(engines, tmp_path):
         opened.close()
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="open, release-blocking: this release's AgentLoop (the record size limit of issue 37 "
-    "item 18 added steps after RunAgent) cannot restore the older release's savepoint: Flink "
-    "finds a stateful operator of the old job missing from the new graph",
-)
 def test_a_savepoint_of_the_schema_1_release_restores_in_this_one_and_every_key_migrates(
     legacy_signing_loop, schema_1_release
 ):

@@ -8,22 +8,26 @@ retries for ever, every output of the job stuck behind it. A key near its memory
 caps (by default 1 MiB of memory and 4 MiB of recorded model answers) exports a StateSnapshot
 over that, and a completion, an intent or a dead letter carrying a mailbox can be as large. So
 the loop writes no record whose key and value are over `max_record_bytes` (default 1,000,000,
-under both limits with room for the overhead): in its place it writes a `record_too_large`
-dead letter to the dead_letters topic naming the topic, the size, the limit and the SHA-256 of
-the value it refused. Nothing else changes: the key's state is as it was (export changes no
-state), the key goes on, and an export refused so can be asked again once the key is smaller
-(its memory and cache caps lowered, entries deleted) or the limit raised. `max_record_bytes`
-above the default needs the topics' and the broker's `max.message.bytes` raised to match; the
-loop raises its producers' `max.request.size` itself.
+under both limits with room for the overhead): RunAgent (its `max_output_bytes`) puts in its
+place a `record_too_large` dead letter, written to the dead_letters topic, naming the output,
+the size, the limit and the SHA-256 of the value it refused. Nothing else changes: the key's
+state is as it was (export changes no state), the key goes on, and an export refused so can be
+asked again once the key is smaller (its memory and cache caps lowered, entries deleted) or the
+limit raised. `max_record_bytes` above the default needs the topics' and the broker's
+`max.message.bytes` raised to match; the loop raises its producers' `max.request.size` itself.
+The check is inside RunAgent's DoFn rather than a step of its own: a step added after RunAgent
+changes the ids Flink derives from the graph's shape for the stateful operator, and a savepoint
+of the release before would no longer restore.
 
 Its transform names (ReadEvents, Envelopes, RunAgent, DeadLetters, <Output>Records,
-Write<Output>, TooLarge, WriteTooLarge) and the DoFn class names in them are part of a running
-job's graph: a savepoint restore or `--update` matches them.
+Write<Output>) and the DoFn class names in them are part of a running job's graph: a savepoint
+restore or `--update` matches them. Flink matches more: its operator ids come from the shape
+of the fused graph (each stage's inputs and outputs), which `update-check` does not compare, so
+a change of shape is proven by restoring the last release's savepoint (bus/flink_upgrade_test).
 """
 
 from __future__ import annotations
 
-import hashlib
 from typing import Any
 
 import apache_beam as beam
@@ -35,7 +39,7 @@ from beam_agents._protos import ActivationErrorRecord
 from beam_agents.bus.records import record_value
 from beam_agents.bus.topics import Topics
 from beam_agents.runtime import ERRORS, RunAgent
-from beam_agents.runtime.dead_letters import RECORD_TOO_LARGE, UNDECODABLE, error_record
+from beam_agents.runtime.dead_letters import UNDECODABLE, error_record
 from beam_agents.wire.beam_support import typed
 
 __all__ = ["MAX_RECORD_BYTES", "AgentLoop", "FlinkCheckpointOptions", "topic_records"]
@@ -45,9 +49,6 @@ MAX_RECORD_BYTES = 1_000_000
 # A Java producer's default max.request.size, and what a record batch adds to its records.
 _PRODUCER_REQUEST_BYTES = 1_048_576
 _BATCH_OVERHEAD_BYTES = 64 * 1024
-_TOO_LARGE = "too_large"
-#: The smallest max_record_bytes AgentLoop takes: room for a `record_too_large` dead letter.
-_MIN_RECORD_BYTES = 64 * 1024
 
 
 class FlinkCheckpointOptions(PipelineOptions):
@@ -109,33 +110,11 @@ class _RecordValues(beam.DoFn):
 
 
 class _ToRecord(beam.DoFn):
-    """(entity_key, RunAgent output value) as a Kafka record's (key, value) for the topic
-    `topic`; one over `max_record_bytes` leaves as a `record_too_large` dead letter's record
-    instead, on the `too_large` output."""
+    """(entity_key, RunAgent output value) as a Kafka record's (key, value)."""
 
-    def __init__(self, topic: str, max_record_bytes: int) -> None:
-        self._topic = topic
-        self._max = max_record_bytes
-
-    def process(self, element, timestamp=beam.DoFn.TimestampParam):
+    def process(self, element):
         key, value = element
-        record = record_value(value)
-        size = len(key) + len(record)
-        if size <= self._max:
-            yield (key, record)
-            return
-        what = type(value).__name__
-        if isinstance(value, ActivationErrorRecord):
-            what = f"dead letter ({value.reason})"
-        detail = (
-            f"a {what} record of {size} bytes for {self._topic} is over the loop's "
-            f"max_record_bytes of {self._max}; it was not written (SHA-256 "
-            f"{hashlib.sha256(record).hexdigest()}) and the key's state is unchanged. Make the "
-            "key smaller (its memory and cache caps, entries deleted) and ask again, or raise "
-            "max_record_bytes with the topic's and the broker's max.message.bytes"
-        )
-        letter = error_record(key, RECORD_TOO_LARGE, detail, timestamp.micros // 1000)
-        yield beam.pvalue.TaggedOutput(_TOO_LARGE, (key, record_value(letter)))
+        yield (key, record_value(value))
 
 
 class AgentLoop(beam.PTransform):
@@ -166,23 +145,14 @@ class AgentLoop(beam.PTransform):
         **run_agent: Any,
     ) -> None:
         super().__init__()
-        if isinstance(max_record_bytes, bool) or not (
-            isinstance(max_record_bytes, int) and max_record_bytes >= _MIN_RECORD_BYTES
-        ):
-            # Checked when the pipeline is built: the dead letter that stands in for a record
-            # over the limit must fit under it, or its own write would fail the bundle.
-            raise ValueError(
-                f"max_record_bytes must be an int of at least {_MIN_RECORD_BYTES}, "
-                f"not {max_record_bytes!r}"
-            )
         self._max_record_bytes = max_record_bytes
+        # Made here, so a limit RunAgent refuses is refused when the loop is built.
+        self._run_agent = RunAgent(agent, max_output_bytes=max_record_bytes, **run_agent)
         self._idempotency_header = idempotency_header
-        self._agent = agent
         self._bootstrap_servers = bootstrap_servers
         self._topics = topics
         self._expansion_service = expansion_service
         self._consumer_group = consumer_group
-        self._run_agent = run_agent
 
     def expand(self, pbegin):
         records = pbegin | "ReadEvents" >> ReadFromKafka(
@@ -201,9 +171,7 @@ class AgentLoop(beam.PTransform):
             _RecordValues(self._idempotency_header)
         ).with_outputs(ERRORS, main="envelopes")
         envelope_type = bytes if self._idempotency_header is None else Tuple[bytes, bytes]
-        outputs = typed(values.envelopes, envelope_type) | "RunAgent" >> RunAgent(
-            self._agent, **self._run_agent
-        )
+        outputs = typed(values.envelopes, envelope_type) | "RunAgent" >> self._run_agent
         outputs = {
             **outputs,
             ERRORS: (outputs[ERRORS], typed(values[ERRORS], Tuple[bytes, ActivationErrorRecord]))
@@ -213,29 +181,23 @@ class AgentLoop(beam.PTransform):
         request_bytes = self._max_record_bytes + _BATCH_OVERHEAD_BYTES
         if request_bytes > _PRODUCER_REQUEST_BYTES:
             producer["max.request.size"] = str(request_bytes)
-        records = topic_records(outputs, self._topics, self._max_record_bytes)
-        for output, topic in [*self._topics.for_outputs().items(), (_TOO_LARGE, None)]:
-            name = "TooLarge" if output == _TOO_LARGE else output.capitalize()
-            _ = records[output] | f"Write{name}" >> WriteToKafka(
+        records = topic_records(outputs, self._topics)
+        for output, topic in self._topics.for_outputs().items():
+            _ = records[output] | f"Write{output.capitalize()}" >> WriteToKafka(
                 producer_config=producer,
-                topic=topic or self._topics.dead_letters,
+                topic=topic,
                 expansion_service=self._expansion_service,
             )
         return outputs
 
 
-def topic_records(outputs, topics: Topics, max_record_bytes: int) -> dict:
-    """{RunAgent output tag: its records (key, value) for its topic}, none over
-    `max_record_bytes`, and under "too_large" the `record_too_large` dead letters' records of
-    those that were, for the dead_letters topic. Applied inside the caller's transform."""
-    records, too_large = {}, []
-    for output, topic in topics.for_outputs().items():
-        split = outputs[output] | f"{output.capitalize()}Records" >> beam.ParDo(
-            _ToRecord(topic, max_record_bytes)
-        ).with_outputs(_TOO_LARGE, main="records")
-        records[output] = typed(split.records, Tuple[bytes, bytes])
-        too_large.append(typed(split[_TOO_LARGE], Tuple[bytes, bytes]))
-    records[_TOO_LARGE] = typed(
-        tuple(too_large) | "TooLarge" >> beam.Flatten(), Tuple[bytes, bytes]
-    )
-    return records
+def topic_records(outputs, topics: Topics) -> dict:
+    """{RunAgent output tag: its records (key, value) for its topic}. Applied inside the
+    caller's transform."""
+    return {
+        output: typed(
+            outputs[output] | f"{output.capitalize()}Records" >> beam.ParDo(_ToRecord()),
+            Tuple[bytes, bytes],
+        )
+        for output in topics.for_outputs()
+    }

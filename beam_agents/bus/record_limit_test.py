@@ -1,8 +1,9 @@
 """The records AgentLoop writes, none over its max_record_bytes: a key near its memory and cache
 caps exports a StateSnapshot over Kafka's default limit of about 1 MiB, which would fail the
 write's bundle for good; it is a `record_too_large` dead letter instead and the key goes on.
-RunAgent's outputs through the loop's own write step (`topic_records`) in a real pipeline, and
-its records on a broker of Kafka's default limits (`-m engines`)."""
+RunAgent with the loop's limit (`max_output_bytes`) and the loop's own write step
+(`topic_records`) in a real pipeline, and its records on a broker of Kafka's default limits
+(`-m engines`)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from beam_agents.bus import AgentLoop, KafkaBusError, TopicReader, Topics, decod
 from beam_agents.bus.loop import MAX_RECORD_BYTES, topic_records
 from beam_agents.bus.records import record_value, send
 from beam_agents.ops.rounds import env_options, run_round
-from beam_agents.runtime import COMPLETIONS, SNAPSHOTS, RunAgent, ScriptedLlmClient, agent
+from beam_agents.runtime import ERRORS, SNAPSHOTS, RunAgent, ScriptedLlmClient, agent
 from beam_agents.testing.broker import fresh_topics, kafka_bootstrap, now_ms
 
 KEY = b"c-1"
@@ -46,14 +47,17 @@ def _hoard(ctx, event: bytes) -> bytes:
 
 
 class _LoopsRecords(beam.PTransform):
-    """RunAgent and the loop's write step: {output tag: the records the loop writes for it,
-    "too_large": its `record_too_large` dead letters, "raw_snapshots": RunAgent's own}."""
+    """RunAgent as the loop runs it and the loop's write step: {output tag: the records the
+    loop writes for it, "raw_snapshots": the snapshots of a RunAgent without the limit}."""
 
     def expand(self, envelopes):
         llm = ScriptedLlmClient(lambda request: "a" * 700_000)
-        outputs = envelopes | RunAgent(_hoard, llm_client=llm)
-        records = topic_records(outputs, Topics("fx"), MAX_RECORD_BYTES)
-        return {**records, "raw_snapshots": outputs[SNAPSHOTS]}
+        limited = envelopes | "Limited" >> RunAgent(
+            _hoard, llm_client=llm, max_output_bytes=MAX_RECORD_BYTES
+        )
+        raw = envelopes | "Raw" >> RunAgent(_hoard, llm_client=llm)
+        records = topic_records(limited, Topics("fx"))
+        return {**records, "raw_snapshots": raw[SNAPSHOTS]}
 
 
 _INPUTS = [
@@ -73,28 +77,35 @@ def test_a_snapshot_over_the_loops_record_limit_is_a_dead_letter_and_the_key_goe
     written = [StateSnapshot.FromString(v).request_id for v in outputs.values("snapshots")]
     assert [r for r in written if r != "run_round:end"] == ["after forgetting"]
     assert outputs.values("completions") == [b"aaaa", b"forgot"]
-    (letter,) = [decode_dead_letter(v) for v in outputs.values("too_large")]
+    (letter,) = [decode_dead_letter(v) for v in outputs.values(ERRORS)]
     size = len(KEY) + len(record_value(big))
     assert letter.reason == "record_too_large" and letter.entity_key == KEY
-    assert f"StateSnapshot record of {size} bytes for fx.snapshots" in letter.detail
-    assert f"max_record_bytes of {MAX_RECORD_BYTES}" in letter.detail
+    assert f"StateSnapshot record of {size} bytes on the snapshots output" in letter.detail
+    assert f"max_output_bytes of {MAX_RECORD_BYTES}" in letter.detail
     assert hashlib.sha256(record_value(big)).hexdigest() in letter.detail
     assert not small.memory.entries and small.llm_cache.entries
 
 
+@agent(name="tests.answer/v1")
+def _answer(ctx, event: bytes) -> bytes:
+    return b"c" * int(event)
+
+
 @pytest.mark.parametrize("over", [0, 1])
-def test_a_record_at_the_limit_is_written_and_one_byte_over_is_refused(tmp_path, over):
-    size = len(KEY) + 1000  # a record of the key and a 1000-byte completion
+def test_a_record_at_the_limit_is_written_and_one_byte_over_is_refused(over):
+    length = 100_000
     with beam.Pipeline(options=env_options()) as pipeline:
-        outputs = {
-            tag: pipeline | f"Create{tag}" >> beam.Create([], reshuffle=False)
-            for tag in Topics("fx").for_outputs()
-        }
-        outputs[COMPLETIONS] = pipeline | "Completion" >> beam.Create([(KEY, b"c" * 1000)])
-        records = topic_records(outputs, Topics("fx"), size - over)
-        assert_that(records[COMPLETIONS], equal_to([] if over else [(KEY, b"c" * 1000)]), "Written")
+        outputs = (
+            pipeline
+            | beam.Create([_event(T0, str(length).encode())])
+            | RunAgent(_answer, max_output_bytes=len(KEY) + length - over)
+        )
+        records = topic_records(outputs, Topics("fx"))
         assert_that(
-            records["too_large"] | beam.Map(lambda r: decode_dead_letter(r[1]).reason),
+            records["completions"], equal_to([] if over else [(KEY, b"c" * length)]), "Written"
+        )
+        assert_that(
+            records[ERRORS] | beam.Map(lambda r: decode_dead_letter(r[1]).reason),
             equal_to(["record_too_large"] if over else []),
             "Refused",
         )
@@ -102,7 +113,7 @@ def test_a_record_at_the_limit_is_written_and_one_byte_over_is_refused(tmp_path,
 
 @pytest.mark.parametrize("limit", [0, 1000, True, 2.5e6])
 def test_a_limit_no_dead_letter_fits_under_is_refused_when_the_loop_is_built(limit):
-    with pytest.raises(ValueError, match="max_record_bytes"):
+    with pytest.raises(ValueError, match="max_output_bytes"):
         AgentLoop(
             None,
             bootstrap_servers="127.0.0.1:9",
@@ -132,7 +143,7 @@ def test_on_the_broker_the_loops_records_go_through_and_the_snapshot_it_refused_
     outputs = run_round(_LoopsRecords(), _INPUTS, tmp_path)
     topics = fresh_topics(bootstrap)
     producer = Producer({"bootstrap.servers": bootstrap, "message.max.bytes": 10_000_000})
-    names = {**topics.for_outputs(), "too_large": topics.dead_letters}
+    names = topics.for_outputs()
     send(
         producer,
         [

@@ -44,7 +44,7 @@ from collections.abc import Mapping
 import rfc8785
 
 from beam_agents._protos import ToolIntent
-from beam_agents.errors import CanonicalJsonError
+from beam_agents.errors import CanonicalJsonError, with_article
 from beam_agents.wire.fields import strip_fields
 
 __all__ = [
@@ -270,7 +270,8 @@ def _check(value: object, path: str, depth: int, open_containers: set[int]) -> N
         for key, item in value.items():
             if not isinstance(key, str):
                 raise CanonicalJsonError(
-                    f"object key {key!r} is a {type(key).__name__}, not a string", path=path
+                    f"object key {key!r} is {with_article(type(key).__name__)}, not a string",
+                    path=path,
                 )
             _check(key, f"{path}.{key}", depth, open_containers)
             _check(item, f"{path}.{key}", depth + 1, open_containers)

@@ -199,7 +199,7 @@ def test_dict_order_never_changes_the_canonical_json(args, seed):
         ({"x": b"raw"}, "$.x", "bytes is not a JSON value"),
         ({"x": {1, 2}}, "$.x", "set is not a JSON value"),
         ({"x": (1, 2)}, "$.x", "tuple is not a JSON value"),
-        ({"x": {1: "one"}}, "$.x", "object key 1 is a int"),
+        ({"x": {1: "one"}}, "$.x", "object key 1 is an int"),
         ({"x": "\ud800"}, "$.x", "not valid Unicode"),
         ([1, 2], "$", "must be a JSON object"),
         ({"x": 2**53}, "$.x", "beyond +/-(2^53 - 1)"),

@@ -105,7 +105,7 @@ from pathlib import Path
 from google.protobuf.message import Message
 
 from beam_agents._protos import ToolIntent
-from beam_agents.errors import KeyringError
+from beam_agents.errors import KeyringError, with_article
 from beam_agents.wire.fields import encode_varint, strip_fields
 
 __all__ = [
@@ -223,7 +223,8 @@ class Keyring:
                 )
             if not isinstance(secret, bytes):
                 raise KeyringError(
-                    f"key {key_id!r} is a {type(secret).__name__}, not bytes", source=source
+                    f"key {key_id!r} is {with_article(type(secret).__name__)}, not bytes",
+                    source=source,
                 )
             if len(secret) < MIN_SECRET_BYTES:
                 raise KeyringError(

@@ -1,7 +1,9 @@
 """The operations: everything a person runs against agents, their state and their loop.
 
-It owns the `beam-agents` command line (`cli`: inspect, dry-run, replay, update-check,
-export-traces, effector-service, demo, console) and what its commands are made of: migration
+It owns the `beam-agents` command line (`cli`: new, inspect, dry-run, replay, update-check,
+export-traces, effector-service, demo, console) and what its commands are made of: the
+project `new` writes (`scaffold`), an agent run locally end to end (`local_run`, the public
+`run_locally`), Beam's Prism runner as tools/engines.sh builds it (`prism`), migration
 verdicts and the dry run (`preflight`), one activation re-run offline (`replay`), two builds'
 graphs compared as `--update` matches them (`update_check`) and the committed description of
 the keyed state a running job depends on (`state_manifest`, `state_manifest.json`), scripted

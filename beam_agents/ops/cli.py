@@ -2,6 +2,7 @@
 
     beam-agents demo [--bus=kafka --kafka_bootstrap HOST:PORT --expansion_service HOST:PORT]
         [BEAM PIPELINE OPTIONS]
+    beam-agents new NAME [--dir DIR]
     beam-agents inspect FILE [--type NAME] [--max-bytes N]
     beam-agents dry-run DIR [--max-bytes N]
     beam-agents export-traces FILE [--endpoint URL]
@@ -20,6 +21,10 @@ ExecuteIntents, a scripted approver), with no network and no keys, and prints an
 the conversation; with `--bus=kafka`, the same conversation as one streaming job reading Kafka,
 with the effector as its own process (`bash tools/engines.sh flink-demo` runs it on Flink).
 Exit codes: 0 the agent completed; 1 it did not (a dead letter, named); 2 usage error.
+
+`new` writes a small project to start an agent from (beam_agents.ops.scaffold): the agent, its
+test on the DirectRunner, which passes as written, and a launcher for Flink or Dataflow. Exit
+codes: 0 written; 2 usage error (no project name, or the folder exists).
 
 `inspect` decodes one serialized beam_agents message, guessing its type unless --type names
 it, and prints it as protobuf text, then lists any fields this binary's schema does not know.
@@ -204,6 +209,19 @@ def _effector_service(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _new(args: argparse.Namespace) -> int:
+    from beam_agents.ops.scaffold import new_project
+
+    try:
+        folder = new_project(args.name, args.dir)
+    except (ValueError, OSError) as e:
+        print(f"beam-agents new: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    print(f"wrote {folder}: its agent, its test and a launcher. Next:")
+    print(f"  cd {folder} && python -m pytest")
+    return EXIT_OK
+
+
 def _keyring(spec: str | None):
     """The Keyring the loader named MODULE:NAME returns, or None. Raises ValueError when the
     name is no loader, BeamAgentsError (KeyringError) when the loader refuses."""
@@ -337,15 +355,33 @@ def _dry_run(args: argparse.Namespace) -> int:
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="beam-agents",
-        description="Operator tools for beam_agents state and wire messages.",
-        epilog="Exit codes: 0 success, 1 input rejected or not ready, 2 usage error.",
+        description="The beam_agents command: start a project (new), run the demo, inspect and "
+        "check keyed state before an update, and serve the effector and the approvals console.",
+        epilog="Exit codes: 0 success, 1 input rejected or not ready, 2 usage error. "
+        "`beam-agents COMMAND --help` describes each command.",
     )
+    parser.add_argument("--version", action="version", version=f"beam-agents {_version()}")
     commands = parser.add_subparsers(dest="command", required=True)
     demo = commands.add_parser(
-        "demo", help="run the support-triage agent end to end on local Beam pipelines"
+        "demo",
+        help="run the support-triage agent end to end on local Beam pipelines",
+        add_help=False,
     )
-    # Beam pipeline options (--runner=...) are whatever else follows `demo`.
+    # Its options, Beam pipeline options among them, are whatever else follows `demo`
+    # (beam_agents.ops.demo.command.main parses them, and answers --help).
     demo.set_defaults(run=_demo, takes_pipeline_options=True)
+    new = commands.add_parser(
+        "new",
+        help="write a small project to start an agent from (its agent, test and launcher)",
+        description="Writes NAME/: NAME's agent module (a model call, a tool call, an "
+        "approval, memory across events), its test on the DirectRunner with a scripted model "
+        "(`python -m pytest` in NAME/ passes as written) and launch.py, the same agent as a "
+        "streaming job on Flink (Kafka) or Dataflow (Pub/Sub). Exit codes: 0 written; 2 the "
+        "name is no project name or the folder exists (nothing is overwritten).",
+    )
+    new.add_argument("name", help="the project's name (letters, digits, '_' and '-')")
+    new.add_argument("--dir", default=".", help="where to write it (default: here)")
+    new.set_defaults(run=_new)
     inspect = commands.add_parser(
         "inspect", help="decode one serialized beam_agents message and print it as text"
     )
@@ -438,7 +474,8 @@ def _parser() -> argparse.ArgumentParser:
     console = commands.add_parser(
         "console", help="serve the approvals inbox and agent viewer of a Kafka loop", add_help=False
     )
-    # Its own options (beam_agents.ops.console.service.main) are whatever follows `console`.
+    # Its own options and commands (beam_agents.ops.console.service.main, which answers
+    # --help) are whatever follows `console`.
     console.set_defaults(run=_console, takes_pipeline_options=True)
     return parser
 
@@ -461,6 +498,15 @@ def _positive_int(text: str) -> int:
     if value <= 0:
         raise argparse.ArgumentTypeError(f"{value} is not positive")
     return value
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("beam-agents")
+    except PackageNotFoundError:  # a source tree that was never installed
+        return "(not installed)"
 
 
 def main(argv: Sequence[str] | None = None) -> int:

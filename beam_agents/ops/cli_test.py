@@ -285,3 +285,32 @@ def test_effector_service_names_a_store_it_cannot_open_before_touching_a_broker(
     args = ["effector-service", "--bootstrap-servers", "127.0.0.1:1", "--store", store]
     assert main([*args, *_TRIAGE_TOOLS, "--mode", "off"]) == EXIT_REJECTED
     assert f"effector-service: {store}: OperationalError" in capsys.readouterr().err
+
+
+def test_version_prints_the_installed_version(capsys):
+    with pytest.raises(SystemExit) as raised:
+        main(["--version"])
+    assert raised.value.code == 0
+    assert capsys.readouterr().out.strip() == "beam-agents 0.1.0"
+
+
+def test_console_help_describes_its_commands(capsys):
+    pytest.importorskip("starlette")
+    with pytest.raises(SystemExit) as raised:
+        main(["console", "--help"])
+    assert raised.value.code == 0
+    out = capsys.readouterr().out
+    assert "hash-password" in out and "argon2id" in out and "serve" in out
+    assert "the approvals inbox" in out
+
+
+def test_commands_that_import_beam_print_no_apitools_warning():
+    result = subprocess.run(
+        [sys.executable, "-m", "beam_agents.ops.cli", "demo", "--runner=NoSuchRunner"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == EXIT_USAGE
+    (line,) = result.stderr.strip().splitlines()  # Beam's refusal, and no apitools warning
+    assert line.startswith("beam-agents demo: Unexpected pipeline runner: NoSuchRunner.")

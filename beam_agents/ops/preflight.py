@@ -31,6 +31,7 @@ from beam_agents.errors import (
     MigrationStepError,
     MissingMigrationError,
     StateSchemaFromFutureError,
+    with_article,
 )
 from beam_agents.state.migration import (
     SNAPSHOT_BLOB_FIELDS,
@@ -234,7 +235,9 @@ def dry_run(
             continue
         if not isinstance(message, StateSnapshot):
             what = message.DESCRIPTOR.name
-            reports.append(FileReport(name, f"not a StateSnapshot: it decodes as a {what}"))
+            reports.append(
+                FileReport(name, f"not a StateSnapshot: it decodes as {with_article(what)}")
+            )
             continue
         reports.append(FileReport(name, None, tuple(report(message, registry)), message))
     return reports

@@ -36,7 +36,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol, runtime_checkable
 
 from beam_agents._protos import AgentEnvelope, Continuation, ToolIntent, ToolResult, TraceEvent
-from beam_agents.errors import AgentContractError, LlmCallError
+from beam_agents.errors import AgentContractError, LlmCallError, with_article
 from beam_agents.intents.identity import canonical_args_json, intent_id
 from beam_agents.intents.signing import Keyring, sign
 from beam_agents.runtime.budget import BudgetMeter, reported_tokens
@@ -296,7 +296,7 @@ def _as_reported(response: object, model: str) -> LlmResponse:
     failure."""
     if not isinstance(response, LlmResponse):
         raise LlmCallError(
-            f"the client answered a {type(response).__name__}, not an LlmResponse",
+            f"the client answered {with_article(type(response).__name__)}, not an LlmResponse",
             model=model,
             retryable=False,
         )

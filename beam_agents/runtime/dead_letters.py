@@ -9,6 +9,7 @@ constant says otherwise.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterable
 
 from beam_agents._protos import ActivationErrorRecord, AgentEnvelope
@@ -41,6 +42,7 @@ __all__ = [
     "UNDECODABLE",
     "UNKNOWN_INTENT",
     "error_record",
+    "over_limit",
     "to_envelope",
 ]
 
@@ -123,7 +125,8 @@ REASONS = {
     "(or no one raised it when asked); the call was not made, the event or answers are in the "
     "record",
     RECORD_TOO_LARGE: "an output record (a StateSnapshot of a key near its caps, most likely) "
-    "over the bus loop's max_record_bytes; it was not written, the key's state is unchanged",
+    "over RunAgent's max_output_bytes (the bus loop's max_record_bytes); it was not written, the "
+    "key's state is unchanged",
 }
 
 
@@ -156,3 +159,29 @@ def to_envelope(record: ActivationErrorRecord) -> AgentEnvelope:
         event_time_ms=record.event_time_ms,
         external_event=record.SerializeToString(deterministic=True),
     )
+
+
+def over_limit(
+    output: str, entity_key: bytes, value, limit: int, event_time_ms: int
+) -> ActivationErrorRecord | None:
+    """The `record_too_large` dead letter standing in for the output `value` (bytes, a message,
+    or a dead letter, measured inside its envelope as the errors topic carries it) whose key and
+    value are over `limit` bytes; None when they fit. Measured without serializing: a message's
+    ByteSize is its deterministic serialization's length."""
+    body = to_envelope(value) if isinstance(value, ActivationErrorRecord) else value
+    size = len(entity_key) + (len(body) if isinstance(body, bytes) else body.ByteSize())
+    if size <= limit:
+        return None
+    data = body if isinstance(body, bytes) else body.SerializeToString(deterministic=True)
+    if isinstance(value, ActivationErrorRecord):
+        what = f"dead letter ({value.reason})"
+    else:
+        what = "completion" if isinstance(value, bytes) else type(value).__name__
+    detail = (
+        f"a {what} record of {size} bytes on the {output} output is over max_output_bytes of "
+        f"{limit}; it was not written (SHA-256 {hashlib.sha256(data).hexdigest()}) and the "
+        "key's state is unchanged. Make the key smaller (its memory and cache caps, entries "
+        "deleted) and ask again, or raise the limit (on the bus loop, max_record_bytes with the "
+        "topic's and the broker's max.message.bytes)"
+    )
+    return error_record(entity_key, RECORD_TOO_LARGE, detail, event_time_ms)

@@ -26,6 +26,7 @@ from beam_agents.errors import (
     LlmCallError,
     MemoryBudgetError,
     error_text,
+    with_article,
 )
 from beam_agents.runtime import dead_letters as dl
 from beam_agents.runtime.budget import Budget, BudgetMeter
@@ -127,7 +128,8 @@ class Activations:
                 )
             if isinstance(result, Suspension) and not isinstance(result.continuation, Continuation):
                 raise AgentContractError(
-                    f"suspended with a {type(result.continuation).__name__}, not a Continuation",
+                    f"suspended with {with_article(type(result.continuation).__name__)}, "
+                    "not a Continuation",
                     agent=self._agent.adapter,
                 )
             if isinstance(result, Suspension):

@@ -20,6 +20,7 @@ import dataclasses
 from collections.abc import Iterable
 
 from beam_agents._protos import AgentEnvelope, Continuation, ToolIntent, ToolResult
+from beam_agents.errors import with_article
 from beam_agents.intents.identity import content_digest
 from beam_agents.intents.signing import Verification, verify
 from beam_agents.runtime import dead_letters as dl
@@ -179,7 +180,7 @@ def _mismatch(key: bytes, intent: ToolIntent, envelope: AgentEnvelope, payload: 
     approval = intent.kind == ToolIntent.APPROVAL
     if approval != (payload == "approval"):
         want = "an approval" if approval else "a tool result"
-        return f"{intent.intent_id} ({intent.tool_name}) wants {want}, got a {payload}"
+        return f"{intent.intent_id} ({intent.tool_name}) wants {want}, got {with_article(payload)}"
     if payload == "tool_result" and envelope.tool_result.entity_key not in (b"", key):
         return f"the result of {intent.intent_id} names another entity"
     return ""

@@ -35,10 +35,11 @@ from beam_agents._protos import (
     ToolIntent,
     TraceEvent,
 )
+from beam_agents.errors import with_article
 from beam_agents.intents.signing import Keyring
 from beam_agents.runtime.config import RuntimeConfig
 from beam_agents.runtime.context import Agent, LlmClient
-from beam_agents.runtime.dead_letters import NO_ENTITY_KEY, UNDECODABLE, error_record
+from beam_agents.runtime.dead_letters import NO_ENTITY_KEY, UNDECODABLE, error_record, over_limit
 from beam_agents.runtime.machine import (
     COMPLETIONS,
     ERRORS,
@@ -58,10 +59,14 @@ __all__ = [
     "COMPLETIONS",
     "ERRORS",
     "INTENTS",
+    "MIN_OUTPUT_BYTES",
     "SNAPSHOTS",
     "TRACES",
     "RunAgent",
 ]
+
+#: The smallest max_output_bytes RunAgent takes: room for a `record_too_large` dead letter.
+MIN_OUTPUT_BYTES = 64 * 1024
 
 # The tag of each element between _KeyAndTag and the DoFn: an envelope, an envelope with a
 # transport's idempotency key (varint length, key, envelope), or a snapshot.
@@ -97,7 +102,7 @@ class _KeyAndTag(beam.DoFn):
                 yield beam.pvalue.TaggedOutput(ERRORS, (b"", record))
                 return
         if not message.entity_key:
-            detail = f"a {self._type.__name__} with no entity_key; an agent needs a key"
+            detail = f"{with_article(self._type.__name__)} with no entity_key; an agent needs a key"
             record = error_record(b"", NO_ENTITY_KEY, detail, timestamp.micros // 1000)
             yield beam.pvalue.TaggedOutput(ERRORS, (b"", record))
             return
@@ -138,13 +143,23 @@ class _AgentDoFn(beam.DoFn):
     DEADLINE = TimerSpec("deadline", TimeDomain.WATERMARK)
     TTL = TimerSpec("ttl", TimeDomain.WATERMARK)
 
-    def __init__(self, agent: Agent, llm_client, keyring_loaders, config, registry) -> None:
+    def __init__(
+        self,
+        agent: Agent,
+        llm_client,
+        keyring_loaders,
+        config,
+        registry,
+        *,
+        max_output_bytes: int | None = None,
+    ) -> None:
         self._agent = agent
         self._llm_client = llm_client
         #: Loaders of the rings that sign intents and verify results and approvals.
         self._keyring_loaders = keyring_loaders
         self._config = config
         self._registry = registry
+        self._max_output_bytes = max_output_bytes
         self._machine: KeyMachine | None = None
         self._counters = {
             name: beam.metrics.Metrics.counter("beam_agents.runtime", name) for name in COUNTERS
@@ -203,7 +218,7 @@ class _AgentDoFn(beam.DoFn):
                 arrival_ms=arrival,
                 idempotency_key=idempotency_key,
             )
-        yield from self._apply(effects, stored, states, (deadline, ttl))
+        yield from self._apply(effects, stored, states, (deadline, ttl), arrival)
 
     @on_timer(DEADLINE)
     def at_deadline(
@@ -221,7 +236,7 @@ class _AgentDoFn(beam.DoFn):
         states = (seq, memory, cache, continuation, pending)
         stored = _read(states)
         effects = self._machine.on_deadline_timer(key, stored, _ms(fired))
-        yield from self._apply(effects, stored, states, (deadline, ttl))
+        yield from self._apply(effects, stored, states, (deadline, ttl), _ms(fired))
 
     @on_timer(TTL)
     def at_ttl(
@@ -239,16 +254,22 @@ class _AgentDoFn(beam.DoFn):
         states = (seq, memory, cache, continuation, pending)
         stored = _read(states)
         effects = self._machine.on_ttl_timer(key, stored, _ms(fired))
-        yield from self._apply(effects, stored, states, (deadline, ttl))
+        yield from self._apply(effects, stored, states, (deadline, ttl), _ms(fired))
 
-    def _apply(self, effects: Effects, stored: KeyState, states, timers) -> Iterator:
+    def _apply(self, effects: Effects, stored: KeyState, states, timers, at_ms: int) -> Iterator:
         """Writes what the machine replaced (before any output: Beam commits both with the
-        bundle), sets the timers, counts, and yields the outputs."""
+        bundle), sets the timers, counts, and yields the outputs, each over max_output_bytes
+        as a `record_too_large` dead letter instead."""
         if effects.state is not None:
             _write(effects, stored, states, timers)
         for name in effects.counters:
             self._counters[name].inc()
         for tag, value in effects.outputs:
+            if self._max_output_bytes is not None:
+                key, body = value
+                letter = over_limit(tag, key, body, self._max_output_bytes, at_ms)
+                if letter is not None:
+                    tag, value = ERRORS, (key, letter)
             yield value if tag == COMPLETIONS else beam.pvalue.TaggedOutput(tag, value)
 
 
@@ -330,6 +351,9 @@ class RunAgent(beam.PTransform):
     ring, an answer of its kind that is unsigned or forged is a `bad_answer_signature` dead
     letter, and the key keeps waiting for the genuine one. `registry`
     replaces the default migration registry (tests of a future schema version).
+    `max_output_bytes` bounds each output record (its key and value, a dead letter inside its
+    envelope): one over it is a `record_too_large` dead letter instead, on ERRORS, and the
+    key goes on (a sink such as Kafka fails its bundle for good on a record over its limit).
     """
 
     def __init__(
@@ -342,8 +366,20 @@ class RunAgent(beam.PTransform):
         approval_keyring_loader: Callable[[], Keyring] | None = None,
         config: RuntimeConfig | None = None,
         registry: MigrationRegistry | None = None,
+        max_output_bytes: int | None = None,
     ) -> None:
         super().__init__()
+        if max_output_bytes is not None and (
+            isinstance(max_output_bytes, bool)
+            or not isinstance(max_output_bytes, int)
+            or max_output_bytes < MIN_OUTPUT_BYTES
+        ):
+            # Checked when the pipeline is built: the dead letter that stands in for an output
+            # over the limit must fit under it.
+            raise ValueError(
+                f"max_output_bytes must be None or an int of at least {MIN_OUTPUT_BYTES}, "
+                f"not {max_output_bytes!r}"
+            )
         if not isinstance(agent, Agent):
             raise TypeError(f"{agent!r} has no adapter, start and resume: not an Agent")
         self._agent = agent
@@ -355,6 +391,7 @@ class RunAgent(beam.PTransform):
         }
         self._config = RuntimeConfig() if config is None else config
         self._registry = registry
+        self._max_output_bytes = max_output_bytes
 
     def expand(self, inputs):
         if isinstance(inputs, dict):
@@ -388,6 +425,7 @@ class RunAgent(beam.PTransform):
                 self._keyring_loaders,
                 self._config,
                 self._registry,
+                max_output_bytes=self._max_output_bytes,
             )
         ).with_outputs(INTENTS, TRACES, ERRORS, SNAPSHOTS, main=COMPLETIONS)
         errors.append(typed(outputs[ERRORS], Tuple[bytes, ActivationErrorRecord]))

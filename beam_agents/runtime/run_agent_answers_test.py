@@ -119,6 +119,10 @@ def test_an_envelope_or_snapshot_with_no_entity_key_is_a_dead_letter(tmp_path):
         tmp_path,
     )
     assert sorted(e.reason for e in outputs.values("errors")) == ["no_entity_key"] * 2
+    assert sorted(e.detail.split(" with")[0] for e in outputs.values("errors")) == [
+        "a StateSnapshot",
+        "an AgentEnvelope",
+    ]
     assert outputs.completions == []
 
 

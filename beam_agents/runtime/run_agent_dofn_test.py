@@ -8,9 +8,10 @@ from __future__ import annotations
 import pytest
 from apache_beam.utils.timestamp import Timestamp
 
-from beam_agents._protos import Continuation, LlmCacheBlob, MemoryBlob, StateSnapshot
+from beam_agents._protos import AgentEnvelope, Continuation, LlmCacheBlob, MemoryBlob, StateSnapshot
 from beam_agents.runtime import RuntimeConfig
-from beam_agents.runtime.run_agent import _ENVELOPE, _SNAPSHOT, _AgentDoFn
+from beam_agents.runtime.dead_letters import to_envelope
+from beam_agents.runtime.run_agent import _ENVELOPE, _SNAPSHOT, ERRORS, MIN_OUTPUT_BYTES, _AgentDoFn
 from beam_agents.state.migration import CURRENT_STATE_SCHEMA_VERSION, StateSchemaFromFutureError
 from beam_agents.testing.machine_harness import KEY, T0, Bag, Cell, Timer, echo, event
 
@@ -59,3 +60,37 @@ def test_a_blob_from_a_newer_binary_fails_the_dofn_before_it_writes_or_yields(
     assert yielded == []
     assert [state.writes for state in states] == [0] * 5
     assert [timer.at_ms for timer in timers] == [None, None]
+
+
+def test_a_dead_letter_over_max_output_bytes_leaves_as_a_small_one_naming_it():
+    # An answer for a key that waits for nothing is a no_suspension dead letter holding the
+    # answer: 100 KB of it would be a record the sink refuses, failing its bundle for good.
+    dofn = _AgentDoFn(
+        echo,
+        None,
+        {"intent": None, "result": None, "approval": None},
+        RuntimeConfig(),
+        None,
+        max_output_bytes=MIN_OUTPUT_BYTES,
+    )
+    dofn.setup()
+    big = AgentEnvelope(entity_key=KEY, event_time_ms=T0)
+    big.tool_result.intent_id = "i-1"
+    big.tool_result.payload = b"p" * 100_000
+    cells = dict(
+        zip(
+            ("seq", "memory", "cache", "continuation", "pending", "deadline", "ttl"),
+            [Cell(), Cell(), Cell(), Cell(), Bag(), Timer(), Timer()],
+            strict=True,
+        )
+    )
+    (output,) = dofn.process(
+        (KEY, _ENVELOPE + big.SerializeToString()), timestamp=Timestamp.of(T0 / 1000), **cells
+    )
+    assert output.tag == ERRORS
+    key, letter = output.value
+    assert key == KEY and letter.reason == "record_too_large"
+    assert (
+        "dead letter (no_suspension)" in letter.detail and "on the errors output" in letter.detail
+    )
+    assert to_envelope(letter).ByteSize() < MIN_OUTPUT_BYTES

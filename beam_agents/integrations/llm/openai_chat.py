@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import os
 
-from beam_agents.errors import CanonicalJsonError, LlmCallError
+from beam_agents.errors import CanonicalJsonError, LlmCallError, with_article
 from beam_agents.integrations.llm.resilience import (
     Failure,
     ResilientClient,
@@ -109,7 +109,8 @@ def _read(completion, model: str, usage, paid: dict) -> LlmResponse:
         function = getattr(call, "function", None)
         if function is None:
             raise LlmCallError(
-                f"the model asked for a {call.type} tool call ({call.id}), not a function",
+                f"the model asked for {with_article(call.type)} tool call ({call.id}), "
+                "not a function",
                 model=model,
                 retryable=False,
                 **paid,

@@ -37,7 +37,7 @@ import random
 import time
 from collections.abc import Callable, Iterator
 
-from beam_agents.errors import CanonicalJsonError, LlmCallError
+from beam_agents.errors import CanonicalJsonError, LlmCallError, with_article
 from beam_agents.intents.identity import canonical_args_json
 from beam_agents.runtime.context import LlmRequest, LlmResponse
 
@@ -146,9 +146,8 @@ def _transport_type(httpx, httpcore) -> type:
             found = httpx.Headers(response.headers)
             problem = None
             if found.get("content-encoding", "identity").lower() != "identity":
-                problem = (
-                    f"a {found['content-encoding']} body, whose decoded size cannot be bounded"
-                )
+                encoding = with_article(found["content-encoding"])
+                problem = f"{encoding} body, whose decoded size cannot be bounded"
             elif int(found.get("content-length") or 0) > self._max_bytes:
                 announced, limit = found["content-length"], self._max_bytes
                 problem = f"{announced} bytes announced, over the limit of {limit}"

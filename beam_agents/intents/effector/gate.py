@@ -82,7 +82,10 @@ class Gate:
         inquiry_keyring: Keyring | None = None,
     ) -> None:
         if mode is not VerifyMode.OFF and keyring is None:
-            raise ValueError(f"verify mode {mode.value} needs a keyring")
+            raise ValueError(
+                f"VerifyMode.{mode.name} needs a keyring to verify intents with: pass keyring=, "
+                "or for a local run mode=VerifyMode.OFF"
+            )
         if result_keyring is not None and result_keyring.active is None:
             raise ValueError("result_keyring needs an active key to sign results with")
         if inquiry_keyring is not None and inquiry_keyring.active is None:

@@ -511,7 +511,10 @@ def test_max_result_bytes_must_be_a_non_negative_int():
 
 
 def test_verifying_modes_need_a_keyring():
-    with pytest.raises(ValueError, match="needs a keyring"):
+    with pytest.raises(
+        ValueError,
+        match="needs a keyring to verify intents with: pass keyring=, or for a local run",
+    ):
         Effector({}, mode=VerifyMode.PERMISSIVE, store=":memory:")
     assert Effector({}, mode=VerifyMode.OFF, store=":memory:")(intent()).route is Route.RESULT
 

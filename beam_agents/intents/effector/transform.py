@@ -7,6 +7,7 @@ frozen by beam_agents/ops/state_manifest.json: a running job's `--update` matche
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterable, Iterator, Mapping
 
 import apache_beam as beam
@@ -18,6 +19,7 @@ from apache_beam.typehints import Tuple
 from google.protobuf.message import DecodeError
 
 from beam_agents._protos import ActivationErrorRecord, AgentEnvelope, ExecutionRecord, ToolIntent
+from beam_agents.errors import KeyringError
 from beam_agents.intents.effector.gate import Gate, dead_letter
 from beam_agents.intents.effector.spec import (
     APPROVALS,
@@ -34,7 +36,7 @@ from beam_agents.intents.effector.spec import (
     wall_clock_ms,
 )
 from beam_agents.intents.effector.stores import ExecutionStore
-from beam_agents.intents.signing import Keyring
+from beam_agents.intents.signing import KEYS_ENV, KEYS_FILE_ENV, Keyring
 from beam_agents.wire.beam_support import keep_each_key_in_one_bundle, timer_timestamp, typed
 
 __all__ = ["ExecuteIntents"]
@@ -162,20 +164,36 @@ class ExecuteIntents(beam.PTransform):
     PCollections out, in the global window: RESULTS (entity_key, AgentEnvelope), APPROVALS
     (entity_key, ToolIntent) and DEAD_LETTERS (entity_key, ActivationErrorRecord).
     `result_keyring_loader`, called on the worker, gives the ring whose active key signs every
-    ToolResult. A tool's payload over `max_result_bytes` is not kept, as in `Effector`."""
+    ToolResult. A tool's payload over `max_result_bytes` is not kept, as in `Effector`.
+
+    `keyring_loader`, called on the worker, gives the ring that verifies intents (unless `mode`
+    is VerifyMode.OFF). Without one, it is `Keyring.from_environment`, and the environment of
+    the process building the pipeline must name the keys: a missing key is one KeyringError
+    here, naming the fix, never a failure of every bundle on the workers. Where only the
+    workers hold the key, pass `keyring_loader` (`Keyring.from_environment`, or a function
+    reading a secret store)."""
 
     def __init__(
         self,
         tools: Mapping[str, Tool],
         *,
         mode: VerifyMode,
-        keyring_loader: Callable[[], Keyring] = Keyring.from_environment,
+        keyring_loader: Callable[[], Keyring] | None = None,
         result_keyring_loader: Callable[[], Keyring] | None = None,
         clock: Callable[[], int] = wall_clock_ms,
         retention_ms: int = DEFAULT_RETENTION_MS,
         max_result_bytes: int = DEFAULT_MAX_RESULT_BYTES,
     ) -> None:
         super().__init__()
+        if keyring_loader is None:
+            if mode is not VerifyMode.OFF and not {KEYS_ENV, KEYS_FILE_ENV} & set(os.environ):
+                raise KeyringError(
+                    f"VerifyMode.{mode.name} verifies intents and no key is given: set "
+                    f"{KEYS_ENV} (or {KEYS_FILE_ENV}), pass keyring_loader=, or for a local "
+                    "run pass mode=VerifyMode.OFF",
+                    source="ExecuteIntents",
+                )
+            keyring_loader = Keyring.from_environment
         check_retention(retention_ms)
         self._max_result = check_max_result_bytes(max_result_bytes)
         self._tools = dict(tools)

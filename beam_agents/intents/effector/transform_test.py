@@ -4,9 +4,12 @@ bundles, windows and redeliveries within retention, and the record dropped after
 from __future__ import annotations
 
 import functools
+import subprocess
+import sys
 import time
 
 import apache_beam as beam
+import pytest
 from apache_beam.metrics import MetricsFilter
 from apache_beam.options.pipeline_options import DebugOptions, PipelineOptions, StandardOptions
 from apache_beam.testing.test_pipeline import TestPipeline as BeamPipeline
@@ -15,6 +18,7 @@ from apache_beam.testing.util import assert_that, equal_to
 from apache_beam.transforms import window
 
 from beam_agents._protos import ToolIntent, ToolResult
+from beam_agents.errors import KeyringError
 from beam_agents.intents.effector import (
     APPROVALS,
     DEAD_LETTERS,
@@ -22,7 +26,7 @@ from beam_agents.intents.effector import (
     ExecuteIntents,
     VerifyMode,
 )
-from beam_agents.intents.signing import Keyring
+from beam_agents.intents.signing import KEYS_ENV, KEYS_FILE_ENV, Keyring
 from beam_agents.ops.rounds import ManualClock, env_options
 from beam_agents.testing.effectors import (
     KEYS,
@@ -316,3 +320,42 @@ def test_a_payload_over_max_result_bytes_leaves_the_transform_ok_without_it(tmp_
         ),
     )
     _run_then_check(pipeline, tool, [intent().intent_id])
+
+
+def test_a_missing_signing_key_is_one_line_naming_the_fix_before_the_pipeline_runs(
+    tmp_path, monkeypatch
+):
+    monkeypatch.delenv(KEYS_ENV, raising=False)
+    monkeypatch.delenv(KEYS_FILE_ENV, raising=False)
+    with pytest.raises(KeyringError) as raised:
+        ExecuteIntents({"t": _tool}, mode=VerifyMode.REQUIRE)
+    message = str(raised.value)
+    assert "\n" not in message
+    for fix in (KEYS_ENV, KEYS_FILE_ENV, "keyring_loader=", "VerifyMode.OFF"):
+        assert fix in message, fix
+    # A script that forgets the key fails at once with that line, not in 24 retried bundles.
+    script = tmp_path / "forgot_the_key.py"
+    script.write_text(
+        "import apache_beam as beam\n"
+        "from beam_agents import ExecuteIntents, VerifyMode\n"
+        "with beam.Pipeline() as p:\n"
+        "    _ = p | beam.Create([b'']) | ExecuteIntents({}, mode=VerifyMode.REQUIRE)\n"
+    )
+    result = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 1
+    assert result.stderr.count("Traceback") == 1, result.stderr
+    assert result.stderr.strip().splitlines()[-1] == f"beam_agents.errors.KeyringError: {message}"
+
+
+def test_a_worker_side_key_loader_is_not_checked_in_the_driver(monkeypatch):
+    monkeypatch.delenv(KEYS_ENV, raising=False)
+    monkeypatch.delenv(KEYS_FILE_ENV, raising=False)
+    # Named explicitly, the loader runs where the effector runs (a worker holding the key).
+    ExecuteIntents({"t": _tool}, mode=VerifyMode.REQUIRE, keyring_loader=Keyring.from_environment)
+    ExecuteIntents({"t": _tool}, mode=VerifyMode.OFF)
+
+
+def _tool(args, intent) -> bytes:
+    return b"{}"

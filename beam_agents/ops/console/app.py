@@ -58,6 +58,7 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from beam_agents._protos import ToolIntent
+from beam_agents.errors import with_article
 from beam_agents.intents.effector import INQUIRY_SUFFIX, INQUIRY_TOOL, wall_clock_ms
 from beam_agents.intents.identity import MAX_ARGS_DEPTH
 from beam_agents.ops.console.auth import Auth, RateLimited, Session
@@ -278,7 +279,7 @@ def create_app(
                 what = "decide approvals" if role is Role.APPROVER else "see this page"
                 return message(
                     request, session, 403, "Forbidden",
-                    f"{session.user.name} is a {session.user.role.name.lower()}: only "
+                    f"{session.user.name} is {with_article(session.user.role.name.lower())}: only "
                     f"{role.name.lower()}s may {what}",
                 )  # fmt: skip
             return await handler(request, session)

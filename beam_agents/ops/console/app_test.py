@@ -230,7 +230,9 @@ def test_an_expired_approval_is_refused_with_a_message(console):
 def test_the_audit_log_is_for_admins(console):
     url, bus, *_ = console
     bus.decide("a-1", approved=False, user="alice", comment="no", address="10.1.2.3")
-    assert _signed_in(url, "alice").get("/audit").status == 403
+    refused = _signed_in(url, "alice").get("/audit")
+    assert refused.status == 403
+    assert "alice is an approver: only admins may see this page" in refused.text
     page = _signed_in(url, "ada").get("/audit")
     assert page.status == 200 and "decline" in page.text and "10.1.2.3" in page.text
 

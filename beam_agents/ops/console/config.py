@@ -40,7 +40,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from beam_agents.bus import Topics
-from beam_agents.errors import BeamAgentsError, KeyringError
+from beam_agents.errors import BeamAgentsError, KeyringError, with_article
 from beam_agents.intents.effector import VerifyMode
 from beam_agents.intents.signing import Keyring
 from beam_agents.ops.loading import load_object
@@ -174,7 +174,7 @@ def load_keyring(spec: str, base: Path, fail) -> Keyring:
     except (ValueError, KeyringError) as e:
         raise fail(f"keyring {spec!r}: {e}") from None
     if not isinstance(ring, Keyring):
-        raise fail(f"keyring {spec!r} gave a {type(ring).__name__}, not a Keyring")
+        raise fail(f"keyring {spec!r} gave {with_article(type(ring).__name__)}, not a Keyring")
     return ring
 
 

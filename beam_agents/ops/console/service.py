@@ -96,10 +96,29 @@ def run(config: ConsoleConfig, *, group_id: str | None = None) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     """`beam-agents console --bus=kafka --config FILE`, or `beam-agents console
     hash-password` (reads a password, prints its argon2id hash for the config file)."""
-    parser = argparse.ArgumentParser(prog="beam-agents console")
-    parser.add_argument("action", nargs="?", choices=["serve", "hash-password"], default="serve")
-    parser.add_argument("--bus", choices=["kafka"], default="kafka")
-    parser.add_argument("--config", help="the console's TOML configuration file")
+    parser = argparse.ArgumentParser(
+        prog="beam-agents console",
+        description="Serves the approvals inbox and agent viewer of a Kafka agent loop in the "
+        "browser (the beam-agents[console] extra). Exit codes: 0 stopped; 2 a configuration "
+        "error, named.",
+    )
+    parser.add_argument(
+        "action",
+        nargs="?",
+        choices=["serve", "hash-password"],
+        default="serve",
+        help="serve (default): run the console on the loop --config describes; "
+        "hash-password: read a password from standard input and print its argon2id hash, "
+        "for a user's entry in the config file",
+    )
+    parser.add_argument(
+        "--bus", choices=["kafka"], default="kafka", help="the loop's bus (only kafka)"
+    )
+    parser.add_argument(
+        "--config",
+        metavar="FILE",
+        help="serve: the console's TOML file (the loop's topics, its keys and its users)",
+    )
     args = parser.parse_args(argv)
     if args.action == "hash-password":
         password = getpass.getpass("password: ") if sys.stdin.isatty() else sys.stdin.readline()

@@ -5,6 +5,7 @@ they need."""
 from __future__ import annotations
 
 import pytest
+from apache_beam.options.pipeline_options import PipelineOptions, PrismRunnerOptions
 
 from beam_agents.ops.cli import main
 
@@ -25,3 +26,62 @@ def test_the_kafka_demo_needs_its_broker_and_expansion_service(capsys):
 def test_the_console_is_for_the_kafka_demo(capsys):
     assert main(["demo", "--console"]) == 2
     assert "--console needs --bus kafka" in capsys.readouterr().err
+
+
+def test_demo_help_lists_every_option_it_takes_and_its_prerequisites(capsys):
+    with pytest.raises(SystemExit) as raised:
+        main(["demo", "--help"])
+    assert raised.value.code == 0
+    out = capsys.readouterr().out
+    for option in (
+        "--bus",
+        "--kafka_bootstrap",
+        "--expansion_service",
+        "--console",
+        "--console_port",
+        "--flink_rest",
+        "--runner",
+        "--prism_location",
+        "--help-beam-options",
+    ):
+        assert option in out, option
+    assert "Go" in out and "tools/engines.sh prism" in out
+
+
+def test_demo_help_beam_options_lists_every_beam_pipeline_option(capsys):
+    with pytest.raises(SystemExit) as raised:
+        main(["demo", "--help-beam-options"])
+    assert raised.value.code == 0
+    out = capsys.readouterr().out
+    assert "--flink_master" in out and "--direct_num_workers" in out and "--project" in out
+
+
+def test_an_unknown_demo_option_is_a_usage_error_not_a_run(capsys):
+    for unknown in (["--no_such_option"], ["--runner=DirectRunner", "--bsu=kafka"], ["extra"]):
+        with pytest.raises(SystemExit) as raised:
+            main(["demo", *unknown])
+        assert raised.value.code == 2
+        err = capsys.readouterr().err
+        assert f"unrecognized arguments: {unknown[-1]}" in err
+
+
+def test_prism_without_its_location_uses_the_engines_build_or_says_how_to_get_it(
+    tmp_path, monkeypatch, capsys
+):
+    from beam_agents.ops import prism
+
+    monkeypatch.setattr(prism, "ENGINES", tmp_path)
+    assert main(["demo", "--runner=PrismRunner"]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1, err
+    assert "bash tools/engines.sh prism" in err and "--prism_location" in err
+    built = tmp_path / f"prism-{prism.beam_version()}" / "prism"
+    built.parent.mkdir()
+    built.write_text("#!/bin/sh\n")
+    built.chmod(0o755)
+    options = prism.with_local_prism(PipelineOptions(["--runner=PrismRunner"]))
+    assert options.view_as(PrismRunnerOptions).prism_location == str(built)
+    given = prism.with_local_prism(
+        PipelineOptions(["--runner=PrismRunner", "--prism_location=/elsewhere/prism"])
+    )
+    assert given.view_as(PrismRunnerOptions).prism_location == "/elsewhere/prism"

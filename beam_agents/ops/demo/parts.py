@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from beam_agents._protos import AgentEnvelope, ToolIntent
 from beam_agents.examples.support_triage import scripted_model, ticket, triage
-from beam_agents.intents.identity import content_digest
-from beam_agents.intents.signing import Keyring, sign
+from beam_agents.intents.signing import Keyring
+from beam_agents.ops.local_run import approval_answer
 from beam_agents.runtime import RunAgent
 
 __all__ = [
@@ -65,17 +65,12 @@ def demo_approver_keyring() -> Keyring:
 def approve(intent: ToolIntent) -> AgentEnvelope:
     """The scripted approver's answer to an approval intent: approved, by ops@example.com, a
     millisecond after the intent was made, bound to the intent's content and signed."""
-    decision = AgentEnvelope.Approval(
-        intent_id=intent.intent_id,
+    return approval_answer(
+        intent,
         approved=True,
         approver="ops@example.com",
+        keyring=demo_approver_keyring(),
         decided_at_ms=intent.created_at_ms + 1,
-        intent_digest=content_digest(intent.SerializeToString(deterministic=True)),
-    )
-    return AgentEnvelope(
-        entity_key=intent.entity_key,
-        event_time_ms=intent.created_at_ms + 1,
-        approval=sign(decision, demo_approver_keyring()),
     )
 
 

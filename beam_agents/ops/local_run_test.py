@@ -1,0 +1,77 @@
+"""`run_locally`: an agent end to end on local pipelines, its tool calls executed by the
+effector, its approval requests answered, memory carried across events."""
+
+from __future__ import annotations
+
+import json
+
+from beam_agents import ScriptedLlmClient, agent, run_locally
+
+
+@agent(name="local_run_test/v1")
+def _counter(ctx, event: bytes) -> bytes:
+    seen = int(ctx.memory.get("seen", b"0")) + 1
+    ctx.memory.put("seen", str(seen).encode())
+    word = ctx.llm([{"role": "user", "content": event.decode()}], model="m").text
+    looked = ctx.call_tool("dictionary.lookup", {"word": word})
+    answer = ctx.request_approval(f"Define {word}?", word=word)
+    return json.dumps(
+        {"seen": seen, "ok": looked.ok, "definition": looked.payload.decode(), "yes": answer.ok}
+    ).encode()
+
+
+def _lookup(args: dict, intent) -> bytes:
+    return f"a word: {args['word']}".encode()
+
+
+def _upper(request) -> str:
+    return request.messages[-1]["content"].upper()
+
+
+def test_two_events_run_to_completion_with_tools_approvals_and_memory(tmp_path):
+    asked = []
+
+    def approver(intent):
+        asked.append(json.loads(intent.args_json))
+        return intent.args_json.find("PEN") >= 0
+
+    run = run_locally(
+        _counter,
+        [b"pen", b"pad"],
+        tools={"dictionary.lookup": _lookup},
+        approver=approver,
+        llm_client=ScriptedLlmClient(_upper),
+        workdir=tmp_path,
+    )
+    assert run.dead_letters == []
+    assert [json.loads(c) for c in run.completions] == [
+        {"seen": 1, "ok": True, "definition": "a word: PEN", "yes": True},
+        {"seen": 2, "ok": True, "definition": "a word: PAD", "yes": False},
+    ]
+    assert asked == [
+        {"question": "Define PEN?", "word": "PEN"},
+        {"question": "Define PAD?", "word": "PAD"},
+    ]
+    assert [i.tool_name for i in run.intents] == ["dictionary.lookup", "human.approval"] * 2
+    assert all(i.signature for i in run.intents)  # signed with the run's own key
+    assert run.snapshots.keys() == {b"local"}
+    assert "completion: " in run.transcript() and "approval: declined" in run.transcript()
+
+
+def test_without_an_approver_the_request_waits_and_a_failing_tool_is_an_answer(tmp_path):
+    def broken(args, intent):
+        raise RuntimeError("the dictionary is down")
+
+    run = run_locally(
+        _counter,
+        [(b"k-1", b"ink")],
+        tools={"dictionary.lookup": broken},
+        llm_client=ScriptedLlmClient(_upper),
+        workdir=tmp_path,
+    )
+    assert run.completions == [] and run.dead_letters == []
+    (waiting,) = run.pending
+    assert waiting.entity_key == b"k-1" and json.loads(waiting.args_json)["word"] == "INK"
+    (result,) = [s.message for s in run.conversation if s.kind == "result"]
+    assert "the dictionary is down" in result.tool_result.error_message
+    assert run.rounds == 2
