@@ -9,6 +9,7 @@ from __future__ import annotations
 
 __all__ = [
     "AgentContractError",
+    "ApprovalEditError",
     "BeamAgentsError",
     "BudgetExceededError",
     "CanonicalJsonError",
@@ -143,6 +144,17 @@ class CanonicalJsonError(BeamAgentsError):
         super().__init__(f"{path}: {reason}")
         #: Where the value sits, as a JSONPath ("$.items[2].price").
         self.path = path
+        self.reason = reason
+
+
+class ApprovalEditError(BeamAgentsError, ValueError):
+    """Raised when a person's edit of an approval's arguments is not one its request allows
+    (beam_agents/intents/approval_edits.py), or a request names an argument no one can edit."""
+
+    def __init__(self, reason: str, *, field: str) -> None:
+        super().__init__(reason)
+        #: The argument at fault ("$" for the edits as a whole).
+        self.field = field
         self.reason = reason
 
 

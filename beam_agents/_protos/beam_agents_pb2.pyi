@@ -176,7 +176,7 @@ class TraceEvent(_message.Message):
 class AgentEnvelope(_message.Message):
     __slots__ = ("entity_key", "event_time_ms", "external_event", "tool_result", "approval", "export_request")
     class Approval(_message.Message):
-        __slots__ = ("intent_id", "approved", "approver", "decided_at_ms", "intent_digest", "signature_scheme", "signing_key_id", "signature")
+        __slots__ = ("intent_id", "approved", "approver", "decided_at_ms", "intent_digest", "signature_scheme", "signing_key_id", "signature", "edited_args_json")
         INTENT_ID_FIELD_NUMBER: _ClassVar[int]
         APPROVED_FIELD_NUMBER: _ClassVar[int]
         APPROVER_FIELD_NUMBER: _ClassVar[int]
@@ -185,6 +185,7 @@ class AgentEnvelope(_message.Message):
         SIGNATURE_SCHEME_FIELD_NUMBER: _ClassVar[int]
         SIGNING_KEY_ID_FIELD_NUMBER: _ClassVar[int]
         SIGNATURE_FIELD_NUMBER: _ClassVar[int]
+        EDITED_ARGS_JSON_FIELD_NUMBER: _ClassVar[int]
         intent_id: str
         approved: bool
         approver: str
@@ -193,7 +194,8 @@ class AgentEnvelope(_message.Message):
         signature_scheme: ToolIntent.SignatureScheme
         signing_key_id: str
         signature: bytes
-        def __init__(self, intent_id: _Optional[str] = ..., approved: bool = ..., approver: _Optional[str] = ..., decided_at_ms: _Optional[int] = ..., intent_digest: _Optional[bytes] = ..., signature_scheme: _Optional[_Union[ToolIntent.SignatureScheme, str]] = ..., signing_key_id: _Optional[str] = ..., signature: _Optional[bytes] = ...) -> None: ...
+        edited_args_json: str
+        def __init__(self, intent_id: _Optional[str] = ..., approved: bool = ..., approver: _Optional[str] = ..., decided_at_ms: _Optional[int] = ..., intent_digest: _Optional[bytes] = ..., signature_scheme: _Optional[_Union[ToolIntent.SignatureScheme, str]] = ..., signing_key_id: _Optional[str] = ..., signature: _Optional[bytes] = ..., edited_args_json: _Optional[str] = ...) -> None: ...
     class StateExportRequest(_message.Message):
         __slots__ = ("request_id", "release")
         REQUEST_ID_FIELD_NUMBER: _ClassVar[int]

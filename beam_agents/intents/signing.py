@@ -3,9 +3,10 @@ rotatable keys.
 
 Three messages are signed, each by the party that produces it: a ToolIntent by the runtime that
 emits it, a ToolResult by the effector, an AgentEnvelope.Approval by the approvals channel.
-Each carries the same three fields (signature_scheme, signing_key_id, signature) as its
-highest-numbered ones, so everything below holds for all three; the field numbers are read from
-each message's descriptor.
+Each carries the same three fields (signature_scheme, signing_key_id, signature), its
+highest-numbered ones when they were added (fields added since take higher numbers still, as
+AgentEnvelope.Approval's edited_args_json), so everything below holds for all three; the field
+numbers are read from each message's descriptor.
 
 Signing input. A signature covers the deterministic serialization of the intent with its three
 signature fields (signature_scheme, signing_key_id, signature) cleared, preceded under the
@@ -489,9 +490,8 @@ def verify(
 
 
 def _signing_input_of_signed(intent: Message, envelope: bytes) -> bytes:
-    # The signature fields are the highest-numbered known fields, so a deterministic
-    # serialization ends with them unless unknown (higher) fields follow: then cut them off the
-    # end, else clear them on a copy.
+    # A deterministic serialization ends with the signature fields unless fields numbered above
+    # them follow (known or unknown): then cut them off the end, else clear them on a copy.
     data = intent.SerializeToString(deterministic=True)
     if data.endswith(envelope):
         return data[: len(data) - len(envelope)]

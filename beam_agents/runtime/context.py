@@ -36,7 +36,8 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol, runtime_checkable
 
 from beam_agents._protos import AgentEnvelope, Continuation, ToolIntent, ToolResult, TraceEvent
-from beam_agents.errors import AgentContractError, LlmCallError, with_article
+from beam_agents.errors import AgentContractError, ApprovalEditError, LlmCallError, with_article
+from beam_agents.intents.approval_edits import approval_args, approved_args
 from beam_agents.intents.identity import canonical_args_json, intent_id
 from beam_agents.intents.signing import Keyring, sign
 from beam_agents.runtime.budget import BudgetMeter, reported_tokens
@@ -104,6 +105,15 @@ class Answer:
         return self.result is not None and self.result.status == ToolResult.OK
 
     @property
+    def approved_args(self) -> dict[str, object] | None:
+        """An approved APPROVAL intent's details as the person approved them: the details the
+        agent asked with, each argument they changed at its new value (the request named it
+        `editable`); None unless `ok`. RunAgent refused any edit the request did not allow."""
+        if not self.ok or self.approval is None:
+            return None
+        return approved_args(self.intent, self.approval)
+
+    @property
     def payload_unknown(self) -> bool:
         """The call took effect (`ok`) but what the tool answered is not known: the effector
         kept no payload (over its max_result_bytes), or its effector stopped mid-call and a
@@ -140,6 +150,17 @@ class Answer:
         elif self.result is not None:
             envelope.tool_result.CopyFrom(self.result)
         return envelope
+
+
+def approval_request(
+    question: str, details: Mapping[str, object], editable: Sequence[str], *, agent: str
+) -> dict:
+    """The arguments of an APPROVAL intent (`approval_args`), an agent's mistake in naming
+    editable details being a contract error."""
+    try:
+        return approval_args(question, details, editable)
+    except ApprovalEditError as e:
+        raise AgentContractError(f"request_approval: {e}", agent=agent) from None
 
 
 def _confirmation_only(payload: bytes) -> bool:
@@ -368,11 +389,14 @@ class ActivationContext:
         """Emits several TOOL intents as one step (parallel calls, call_index 0, 1, ...)."""
         return self._emit(calls, ToolIntent.TOOL)
 
-    def request_approval(self, question: str, **details: object) -> ToolIntent:
-        """Emits an APPROVAL intent asking a human `question`; details travel as arguments."""
-        (emitted,) = self._emit(
-            [(APPROVAL_TOOL, {"question": question, **details})], ToolIntent.APPROVAL
-        )
+    def request_approval(
+        self, question: str, *, editable: Sequence[str] = (), **details: object
+    ) -> ToolIntent:
+        """Emits an APPROVAL intent asking a human `question`; details travel as arguments.
+        `editable` names details a person may change before approving (scalars: the answer's
+        `Answer.approved_args` holds what they approved; intents/approval_edits.py)."""
+        args = approval_request(question, details, editable, agent=self.adapter)
+        (emitted,) = self._emit([(APPROVAL_TOOL, args)], ToolIntent.APPROVAL)
         return emitted
 
     def escalate(

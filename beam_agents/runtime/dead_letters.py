@@ -91,8 +91,8 @@ REASONS = {
     UNKNOWN_INTENT: "an answer for an intent that is not pending (or whose pending intent is "
     "missing from the key's state)",
     AFTER_DEADLINE: "an answer whose event time is past the suspension's deadline",
-    ANSWER_MISMATCH: "an approval for a tool intent, a result for an approval, or a result "
-    "naming another entity",
+    ANSWER_MISMATCH: "an approval for a tool intent, a result for an approval, a result "
+    "naming another entity, or an approval editing arguments its request does not allow",
     DEADLINE_EXCEEDED: "no answer by the deadline under the dead-letter policy; the "
     "suspension was ended",
     TTL_WIPED_SUSPENDED: "a suspended key idle past its TTL; its state was cleared",

@@ -41,6 +41,7 @@ from beam_agents.runtime.context import (
     Completion,
     LlmResponse,
     Suspension,
+    approval_request,
 )
 from beam_agents.wire.fields import join_delimited, split_delimited
 
@@ -78,10 +79,11 @@ class _ReplayingContext:
         (answer,) = self.call_tools([(name, args)])
         return answer
 
-    def request_approval(self, question: str, **details: object) -> Answer:
-        (answer,) = self._step_answers(
-            [(APPROVAL_TOOL, {"question": question, **details})], ToolIntent.APPROVAL
-        )
+    def request_approval(
+        self, question: str, *, editable: Sequence[str] = (), **details: object
+    ) -> Answer:
+        args = approval_request(question, details, editable, agent=self._name)
+        (answer,) = self._step_answers([(APPROVAL_TOOL, args)], ToolIntent.APPROVAL)
         return answer
 
     def call_tools(self, calls: Sequence[tuple[str, Mapping[str, object]]]) -> list[Answer]:

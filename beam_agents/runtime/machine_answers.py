@@ -2,13 +2,14 @@
 
 `AnswerChecks`, a mixin of KeyMachine, owns `_answer`. An answer is checked before it is
 recorded: the key must be suspended on that intent, the answer in time and of the intent's
-kind and entity, signed by a key of the answer keyring when one is configured (ToolResults by
-the effectors' ring, Approvals by the approvals channel's), and computed for the pending
-intent's content (`intent_digest`). Each refusal is a dead letter carrying the refused
-envelope, and the key keeps waiting; a copy of an answer already recorded is counted and
-dropped. An accepted answer is recorded in a copy of the Continuation before anything can fail
-with it; the agent resumes when the last of its own intents is answered, and answers to the
-runtime's own questions (escalations, budgets) go to the runtime, never the agent.
+kind and entity (an Approval's edited arguments ones its request allows), signed by a key of
+the answer keyring when one is configured (ToolResults by the effectors' ring, Approvals by the
+approvals channel's), and computed for the pending intent's content (`intent_digest`). Each
+refusal is a dead letter carrying the refused envelope, and the key keeps waiting; a copy of an
+answer already recorded is counted and dropped. An accepted answer is recorded in a copy of the
+Continuation before anything can fail with it; the agent resumes when the last of its own
+intents is answered, and answers to the runtime's own questions (escalations, budgets) go to
+the runtime, never the agent.
 
 The helpers here read answers in the Continuation's intent order (`ordered_answers`,
 `unanswered_intents`), never the order a bag, an export or a restore returns.
@@ -20,7 +21,8 @@ import dataclasses
 from collections.abc import Iterable
 
 from beam_agents._protos import AgentEnvelope, Continuation, ToolIntent, ToolResult
-from beam_agents.errors import with_article
+from beam_agents.errors import ApprovalEditError, with_article
+from beam_agents.intents.approval_edits import parse_edits
 from beam_agents.intents.identity import content_digest
 from beam_agents.intents.signing import Verification, verify
 from beam_agents.runtime import dead_letters as dl
@@ -183,6 +185,14 @@ def _mismatch(key: bytes, intent: ToolIntent, envelope: AgentEnvelope, payload: 
         return f"{intent.intent_id} ({intent.tool_name}) wants {want}, got {with_article(payload)}"
     if payload == "tool_result" and envelope.tool_result.entity_key not in (b"", key):
         return f"the result of {intent.intent_id} names another entity"
+    if payload == "approval":
+        try:
+            parse_edits(intent, envelope.approval)
+        except ApprovalEditError as e:
+            return (
+                f"the approval of {intent.intent_id} edits its arguments as its request does "
+                f"not allow: {e}"
+            )
     return ""
 
 

@@ -6,10 +6,12 @@ runtime made. Each test drives KeyMachine through `testing.machine_harness`.
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from beam_agents._protos import ToolIntent
-from beam_agents.runtime import AtDeadline, DeadlinePolicy, RuntimeConfig
+from beam_agents.runtime import AtDeadline, DeadlinePolicy, RuntimeConfig, agent
 from beam_agents.runtime.machine import ERRORS
 from beam_agents.testing.machine_harness import (
     EFFECTOR,
@@ -21,6 +23,7 @@ from beam_agents.testing.machine_harness import (
     answer,
     approve,
     asks,
+    asks_editable,
     event,
     parallel,
     pending,
@@ -118,6 +121,75 @@ def test_a_signed_approval_resumes_and_a_forged_one_does_not():
     assert [e.reason for e in h.values(ERRORS)] == ["bad_answer_signature"]
     h.send(approve(T0 + 2, question))
     assert h.values("completions") == [b"approved"]
+
+
+def test_an_approval_with_edited_arguments_reaches_the_agent_as_the_arguments_approved():
+    """Issue 38 item 16: a person approves the refund at a lower amount; the agent refunds
+    what was approved, the other details as asked."""
+    h = Harness(asks_editable, verify_answers=True)
+    h.send(event(T0, b"42"))
+    (question,) = pending(h)
+    assert json.loads(question.args_json)["editable"] == ["amount"]
+    h.send(approve(T0 + 1, question, edited_args_json='{"amount":30}'))
+    assert h.values(ERRORS) == []
+    assert h.values("completions") == [b"refunded 30 to c-1"]
+
+
+def test_an_approval_as_asked_gives_the_agent_the_arguments_it_asked_with():
+    h = Harness(asks_editable, verify_answers=True)
+    h.send(event(T0, b"42"))
+    h.send(approve(T0 + 1, pending(h)[0]))
+    assert h.values("completions") == [b"refunded 42 to c-1"]
+
+
+@pytest.mark.parametrize(
+    "edits",
+    [
+        '{"to":"c-2"}',  # not editable
+        '{"amount":"30"}',  # a string for a number
+        '{"amount":true}',  # a boolean for a number
+        '{"question":"refund 1?"}',  # the question is never editable
+        "[30]",  # no object
+    ],
+)
+def test_a_signed_approval_editing_what_its_request_does_not_allow_reaches_no_agent(edits):
+    h = Harness(asks_editable, verify_answers=True)
+    h.send(event(T0, b"42"))
+    (question,) = pending(h)
+    h.send(approve(T0 + 1, question, edited_args_json=edits))
+    (refused,) = h.values(ERRORS)
+    assert refused.reason == "answer_mismatch" and "does not allow" in refused.detail
+    assert h.values("completions") == [] and list(h.continuation.answers) == []
+    h.send(approve(T0 + 2, question, edited_args_json='{"amount":40}'))
+    assert h.values("completions") == [b"refunded 40 to c-1"]
+
+
+def test_edits_on_an_approval_whose_request_named_none_editable_are_refused():
+    h = Harness(asks, verify_answers=True)
+    h.send(event(T0, b"10"))
+    h.send(approve(T0 + 1, pending(h)[0], edited_args_json='{"amount":5}'))
+    assert [e.reason for e in h.values(ERRORS)] == ["answer_mismatch"]
+
+
+def test_a_declined_approval_carrying_edits_is_refused():
+    h = Harness(asks_editable, verify_answers=True)
+    h.send(event(T0, b"42"))
+    h.send(approve(T0 + 1, pending(h)[0], approved=False, edited_args_json='{"amount":1}'))
+    assert [e.reason for e in h.values(ERRORS)] == ["answer_mismatch"]
+
+
+@agent(name="tests.asks_badly/v1")
+def _asks_badly(ctx, event: bytes) -> bytes:
+    ctx.request_approval("refund?", editable=["amont"], amount=int(event))
+    return b"unreachable"
+
+
+def test_a_request_naming_an_editable_argument_it_does_not_hold_is_a_contract_error():
+    h = Harness(_asks_badly)
+    h.send(event(T0, b"42"))
+    (refused,) = h.values(ERRORS)
+    assert refused.reason == "agent_contract" and "'amont'" in refused.detail
+    assert pending(h) == []
 
 
 def test_an_approval_signed_with_the_effectors_key_is_refused():

@@ -8,11 +8,12 @@ import dataclasses
 import http.client
 import re
 import urllib.parse
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from beam_agents._protos import AgentEnvelope, StateSnapshot, ToolIntent
 from beam_agents.bus import KafkaBusError, Topics
+from beam_agents.intents.approval_edits import approval_args
 from beam_agents.intents.effector import VerifyMode
 from beam_agents.intents.identity import canonical_args_json
 from beam_agents.intents.signing import Keyring, sign
@@ -58,15 +59,18 @@ def approval_intent(
     created_at_ms: int = 1_000,
     expires_at_ms: int = 2**62,
     ring: Keyring | None = INTENT_RING,
+    tool: str = "human.approval",
+    editable: Sequence[str] = (),
 ) -> ToolIntent:
-    """An APPROVAL intent asking `question`, signed with `ring` (unsigned for None)."""
+    """An APPROVAL intent of `tool` asking `question` about 42 EUR (`editable` names what a
+    person may change, approval_edits.py), signed with `ring` (unsigned for None)."""
     intent = ToolIntent(
         intent_id=intent_id,
         entity_key=key,
         seq=3,
         step_index=1,
-        tool_name="human.approval",
-        args_json=canonical_args_json({"amount": 42, "question": question}),
+        tool_name=tool,
+        args_json=canonical_args_json(approval_args(question, {"amount": 42}, editable)),
         created_at_ms=created_at_ms,
         expires_at_ms=expires_at_ms,
         kind=ToolIntent.APPROVAL,

@@ -44,6 +44,7 @@ __all__ = [
     "answer",
     "approve",
     "asks",
+    "asks_editable",
     "echo",
     "event",
     "frozen",
@@ -199,13 +200,16 @@ def answer(at: int, intent: ToolIntent, payload=b"ok", *, status=ToolResult.OK, 
     return AgentEnvelope(entity_key=KEY, event_time_ms=at, tool_result=result)
 
 
-def approve(at: int, intent: ToolIntent, approved=True, *, ring=HUMANS) -> AgentEnvelope:
+def approve(
+    at: int, intent: ToolIntent, approved=True, *, ring=HUMANS, edited_args_json: str = ""
+) -> AgentEnvelope:
     decision = AgentEnvelope.Approval(
         intent_id=intent.intent_id,
         approved=approved,
         approver="ops@example.com",
         decided_at_ms=at,
         intent_digest=content_digest(intent.SerializeToString(deterministic=True)),
+        edited_args_json=edited_args_json,
     )
     if ring is not None:
         decision = sign(decision, ring)
@@ -237,6 +241,15 @@ def echo(ctx, event: bytes) -> bytes:
 def asks(ctx, event: bytes) -> bytes:
     decided = ctx.request_approval("refund?", amount=int(event))
     return b"approved" if decided.ok else b"declined"
+
+
+@agent(name="tests.asks_editable/v1")
+def asks_editable(ctx, event: bytes) -> bytes:
+    """Asks to refund `event` EUR, the amount editable; refunds what the person approved."""
+    decided = ctx.request_approval("refund?", editable=["amount"], amount=int(event), to="c-1")
+    if not decided.ok:
+        return b"declined"
+    return f"refunded {decided.approved_args['amount']} to {decided.approved_args['to']}".encode()
 
 
 def summarise(payload: str):

@@ -27,6 +27,14 @@ Text from the loop is shown through display.visible (bidi controls and invisible
 visible escapes), and an approval nobody can decide any more is shown with why, in words
 (display.undecidable), never with buttons that can only be refused.
 
+The inbox (/) lists what waits for a person by urgency, the soonest to expire first, under
+filters that are query parameters (state: pending, decided or refused; tool; key), and what
+was decided with the decision, the approver, the time and the comment. An approval whose
+request names editable arguments offers a field for each ("edit.<name>", read as the asked
+value's JSON type) to approve with changes (inbox.py). An agent's page starts with its status
+in one line (status.py), then its approvals and timelines, where the wait for a person is a
+span and every entry expands to its details (timeline.py).
+
 Health: GET /healthz answers the bus's health (`ConsoleBus.health`: can it read and write its
 broker, is its reader behind, for how long) as JSON, 200 healthy or 503 not, to anyone (a
 monitor signs in nowhere; it holds error codes and durations, no address or secret); every
@@ -59,16 +67,18 @@ from starlette.staticfiles import StaticFiles
 
 from beam_agents._protos import ToolIntent
 from beam_agents.errors import with_article
+from beam_agents.intents.approval_edits import editable, json_type
 from beam_agents.intents.effector import INQUIRY_SUFFIX, INQUIRY_TOOL, wall_clock_ms
 from beam_agents.intents.identity import MAX_ARGS_DEPTH
 from beam_agents.ops.console.auth import Auth, RateLimited, Session
 from beam_agents.ops.console.bus import ConsoleBus
 from beam_agents.ops.console.config import Role
+from beam_agents.ops.console.display import NOT_JSON, question, undecidable, visible
 from beam_agents.ops.console.display import duration as _duration
 from beam_agents.ops.console.display import moment as _ms
-from beam_agents.ops.console.display import undecidable, visible
-from beam_agents.ops.console.inbox import DecisionRefused
-from beam_agents.ops.console.timeline import timeline
+from beam_agents.ops.console.inbox import STATES, DecisionRefused
+from beam_agents.ops.console.status import agent_status
+from beam_agents.ops.console.timeline import span_text, timeline, waits_of
 
 __all__ = ["SESSION_COOKIE", "create_app"]
 
@@ -77,6 +87,8 @@ LOGIN_CSRF_COOKIE = "beam_agents_console_login"
 _LOGIN_TOKEN = re.compile(r"[A-Za-z0-9_-]{43}")  # secrets.token_urlsafe(32)
 PER_PAGE = 20
 AUDIT_PER_PAGE = 50
+#: Most approvals of a key read for one trace's timeline or the key's status line.
+_TRACE_APPROVALS = 100
 #: Highest page number read: any further is past every list, and its offset must still fit
 #: SQLite's 64-bit integers (a larger one made the query raise, a 500).
 MAX_PAGE = 10**9
@@ -113,21 +125,8 @@ def _key(value: bytes) -> str:
     return bytes(value).decode("utf-8", "backslashreplace")
 
 
-# Arguments nested past the parser's recursion limit (anyone may write an unsigned intent to the
-# approvals topic, and it is listed) are shown as text, like any other text that is not JSON.
-_NOT_JSON = (ValueError, RecursionError)
 #: Longest arguments shown indented.
 _PRETTY_MAX_CHARS = 64 * 1024
-
-
-def _question(intent: ToolIntent) -> str:
-    try:
-        args = json.loads(intent.args_json)
-    except _NOT_JSON:
-        return intent.args_json
-    if isinstance(args, dict) and isinstance(args.get("question"), str):
-        return args["question"]
-    return intent.tool_name
 
 
 def _pretty(text: str) -> str:
@@ -138,7 +137,7 @@ def _pretty(text: str) -> str:
         return text
     try:
         value = json.loads(text)
-    except _NOT_JSON:
+    except NOT_JSON:
         return text
     level = [value]
     for _ in range(MAX_ARGS_DEPTH):
@@ -158,9 +157,9 @@ def _environment() -> Environment:
     and `text` show it so themselves, and `visible` shows any other string so."""
     env = Environment(loader=FileSystemLoader(_HERE / "templates"), autoescape=True)
     env.filters.update(
-        ms=_ms, duration=_duration, path_part=_path_part, visible=visible,
+        ms=_ms, duration=_duration, span=span_text, path_part=_path_part, visible=visible,
         key=lambda value: visible(_key(value)),
-        question=lambda intent: visible(_question(intent)),
+        question=lambda intent: visible(question(intent)),
         pretty=lambda text: visible(_pretty(text), lines=True),
         text=lambda value: visible(_key(value), lines=True),
     )  # fmt: skip
@@ -192,6 +191,45 @@ def _unreadable(request: Request) -> Response | None:
     if int(length) > MAX_FORM_BYTES:
         return Response("the form is too large", status_code=413, headers=_HEADERS)
     return None
+
+
+#: A form field naming an argument the approver changed: "edit.<argument>".
+EDIT_FIELD = "edit."
+_INTEGER = re.compile(r"-?[0-9]{1,16}")
+
+
+def _form_value(asked: object, text: str) -> object:
+    """The value a form field's `text` gives an argument asked as `asked`: a number for a
+    number, true or false for a boolean, the text for a string; the text as it is when it is
+    none of these, which the inbox then refuses as a value of the wrong type."""
+    kind, text_ = json_type(asked), text.strip()
+    if kind == "boolean" and text_ in ("true", "false"):
+        return text_ == "true"
+    if kind == "number":
+        if _INTEGER.fullmatch(text_):
+            return int(text_)
+        try:
+            number = float(text_)
+        except ValueError:
+            return text
+        return number if json_type(number) else text
+    return text
+
+
+def _edits(intent: ToolIntent, form) -> dict[str, object]:
+    """The arguments a decision form changes (its "edit." fields), each as `_form_value` reads
+    it against the asked value; a field of an argument that is not editable is kept as text,
+    for the inbox to refuse."""
+    asked = editable(intent)
+    return {
+        name[len(EDIT_FIELD) :]: (
+            _form_value(asked[name[len(EDIT_FIELD) :]], str(value))
+            if name[len(EDIT_FIELD) :] in asked
+            else str(value)
+        )
+        for name, value in form.multi_items()
+        if name.startswith(EDIT_FIELD)
+    }
 
 
 def _page(request: Request, param: str = "page") -> int:
@@ -340,12 +378,26 @@ def create_app(
     # -- inbox ----------------------------------------------------------------------------
 
     def inbox_context(request: Request) -> dict:
-        pending, pager = _paged(request, inbox.pending, path="/")
-        decided, decided_pager = _paged(request, inbox.decided, param="decided_page", path="/")
+        """The inbox under its filters (query parameters): `state` ("": the undecided ones and
+        the decided ones, each a list of its own; or one of "pending", "decided", "refused"),
+        `tool` (a tool name) and `key` (an entity key as text)."""
+        query = request.query_params
+        state = query.get("state", "")
+        state = state if state in STATES else ""
+        tool, key_text = query.get("tool", ""), query.get("key", "")
+        chosen = partial(inbox.approvals, tool=tool, key=key_text.encode() if key_text else None)
+        pending, pager, decided, decided_pager = [], None, [], None
+        if state != "decided":
+            pending, pager = _paged(request, partial(chosen, state=state or "undecided"), path="/")
+        if state in ("", "decided"):
+            decided, decided_pager = _paged(
+                request, partial(chosen, state="decided"), param="decided_page", path="/"
+            )
         return {
             "pending": pending, "pager": pager, "decided": decided, "decided_pager": decided_pager,
             # The page's approvals nobody can decide any more, with why, are listed apart.
             "undecidable": undecidable_among(pending),
+            "filters": {"state": state, "tool": tool, "key": key_text}, "tools": inbox.tools(),
         }  # fmt: skip
 
     # Only a snapshot that answers the console's own request decides anything (observed.py): a
@@ -384,11 +436,20 @@ def create_app(
         if found is None:
             return message(request, session, 404, "Not found", f"no approval {intent_id}")
         trace = observations.activation(found.intent.entity_key, found.intent.trace_id)
+        waits = waits_of(trace_approvals(found.intent.entity_key, found.intent.trace_id),
+                         clock(), why_undecidable)  # fmt: skip
         return render(
             request, "approval.html", session=session, approval=found,
             deadline=deadline_of(found), undecidable=why_undecidable(found),
-            timeline=timeline(trace.events) if trace else None,
+            timeline=timeline(trace.events if trace else [], waits),
+            editable=editable(found.intent) if found.approvable else {},
         )  # fmt: skip
+
+    def trace_approvals(key: bytes, trace_id: bytes) -> list:
+        """The key's approvals asked in the trace `trace_id`, as the inbox keeps them (the
+        approvable ones: a refused copy is nobody's wait)."""
+        found, _ = inbox.approvals(state="all", key=key, limit=_TRACE_APPROVALS)
+        return [a for a in found if a.approvable and a.intent.trace_id == trace_id]
 
     async def decide(request: Request, session: Session) -> Response:
         intent_id = request.path_params["intent_id"]
@@ -398,14 +459,20 @@ def create_app(
             return message(request, session, 400, "Refused", "choose approve or decline")
         address = request.client.host if request.client else ""
         back = f"/approvals/{_path_part(intent_id)}"
+        found = inbox.get(intent_id)
+        # Edits go with an approval only; a decline's form carries the fields as they were.
+        edits = _edits(found.intent, form) if found and verdict == "approve" else {}
         try:
             decision, made = await run_in_threadpool(
-                bus.decide,
-                intent_id,
-                approved=verdict == "approve",
-                user=session.user.name,
-                comment=str(form.get("comment", "")),
-                address=address,
+                partial(
+                    bus.decide,
+                    intent_id,
+                    approved=verdict == "approve",
+                    user=session.user.name,
+                    comment=str(form.get("comment", "")),
+                    address=address,
+                    edits=edits,
+                )
             )
         except DecisionRefused as e:
             # In words with readable times, as the approval's page says it (the refusal's own
@@ -443,6 +510,7 @@ def create_app(
             return rows
 
         activations = page_of(partial(observations.activations, key), "page", 5)
+        now = clock()
         snapshot = observations.snapshot(key)
         state = {}
         if snapshot is not None:
@@ -451,18 +519,51 @@ def create_app(
                 "intents": page_of(_slice(snapshot.pending), "intents_page"),
                 "llm_cache": page_of(_slice(snapshot.llm_cache.entries), "cache_page"),
             }
+        approvals = page_of(partial(inbox.approvals, state="all", key=key), "approvals_page")
+        letters = page_of(partial(observations.dead_letters, key=key), "letters_page")
+        completions = page_of(partial(observations.completions, key), "completions_page")
         return {
             "key": key,
+            "agent_status": key_status(key, now, snapshot),
             "snapshot": snapshot,
             "snapshot_trusted": observations.snapshot_trusted(key),
             **state,
-            "approvals": (approvals := page_of(partial(inbox.for_key, key), "approvals_page")),
+            "approvals": approvals,
             "undecidable": {a.intent_id: why for a, why in undecidable_among(approvals)},
-            "activations": [(a, timeline(a.events)) for a in activations],
-            "letters": page_of(partial(observations.dead_letters, key=key), "letters_page"),
-            "completions": page_of(partial(observations.completions, key), "completions_page"),
+            "activations": [
+                (
+                    a,
+                    timeline(
+                        a.events, waits_of(trace_approvals(key, a.trace_id), now, why_undecidable)
+                    ),
+                )
+                for a in activations
+            ],
+            "letters": letters,
+            "completions": completions,
             "pagers": pagers,
         }
+
+    def key_status(key: bytes, now: int, snapshot):
+        """The key's status line (status.py), from what a person can trust: the inbox's
+        approvals, the key's trusted snapshot, its latest completion and dead letter."""
+        waiting, _ = inbox.approvals(state="pending", key=key, limit=_TRACE_APPROVALS)
+        decidable = [a for a in waiting if not why_undecidable(a)]
+        trusted = snapshot if observations.snapshot_trusted(key) else None
+        completion, _ = observations.completions(key, limit=1)
+        letter, _ = observations.dead_letters(key=key, limit=1)
+        latest, _ = observations.activations(key, limit=1)
+        decided, _ = inbox.approvals(state="decided", key=key, limit=1)
+        return agent_status(
+            now=now,
+            waiting=decidable[0] if decidable else None,
+            waiting_total=len(decidable),
+            snapshot=trusted,
+            completion=completion[0] if completion else None,
+            letter=letter[0] if letter else None,
+            decision=decided[0].decision if decided else None,
+            last_trace_ms=latest[0].start_ms if latest else 0,
+        )
 
     async def agent(request: Request, session: Session) -> Response:
         context = agent_context(request)

@@ -4,8 +4,13 @@ decided while the signed Approval is produced; a viewer sees the request but can
 On a real Kafka broker (also marked engines), the demo's loop end to end: the console and the
 effector service as their own processes, RunAgent in DirectRunner rounds (DemoLoop); the demo
 user approves the agent's refund in the browser and watches the agent complete on the agent's
-page, which updates itself. Screenshots go to $BEAM_AGENTS_ARTIFACTS (default
-.cache/artifacts/console/); the approval page of the end-to-end run is docs/console.png.
+page, which updates itself. Issue 38's items 13-16 in the browser: the broker-down banner, the
+inbox by time left under its filters with what was decided, an agent's page that starts with its
+status and whose timeline draws the wait for a person (its entries expanding, and staying open
+across refreshes), and a refund approved at a lower amount (a value of the wrong type refused).
+Screenshots go to $BEAM_AGENTS_ARTIFACTS (default .cache/artifacts/console/); docs/console.md
+shows copies of some (docs/images/console/), and the approval page of the end-to-end run is
+docs/console.png.
 
 Run with `-m browser` after `bash tools/browser.sh` (.ci/run does both, with Kafka started)."""
 
@@ -112,7 +117,17 @@ def _activation(intent, t0: int) -> list[TraceEvent]:
         event(child, root, TraceEvent.LLM_CALL, 20, 340, **model),
         event(b"\x03" * 8, root, TraceEvent.TOOL_CALL, 350, 420, **{"gen_ai.tool.name": "crm"}),
         event(b"\x06" * 8, root, TraceEvent.LLM_CALL, 425, 580, **model),
-        event(b"\x04" * 8, root, TraceEvent.INTENT_EMITTED, 590, 600, **{"gen_ai.tool.name": "ok"}),
+        event(
+            b"\x04" * 8,
+            root,
+            TraceEvent.INTENT_EMITTED,
+            590,
+            600,
+            **{
+                "gen_ai.tool.name": intent.tool_name,
+                "beam_agents.intent_id": intent.intent_id,
+            },
+        ),
         event(b"\x05" * 8, root, TraceEvent.SUSPENDED, 600, 600),
     ]
 
@@ -288,14 +303,17 @@ def test_a_refresh_keeps_the_keyboard_focus_and_a_text_selection(driver, console
             break
     else:
         pytest.fail("Tab never reached the approval")
-    # A new approval, older, is listed above it: the focused link stays that approval's.
-    _add_approval(bus, "refund-0", question="Refund 7.00 EUR?", created_at_ms=now - 99_000)
+    # A new approval, more urgent, is listed above it: the focused link stays that approval's.
+    _add_approval(
+        bus, "refund-0", question="Refund 7.00 EUR?", created_at_ms=now - 99_000,
+        expires_at_ms=now + 600_000,
+    )  # fmt: skip
     _wait(driver, lambda d: d.find_element(By.PARTIAL_LINK_TEXT, "Refund 7.00 EUR"))
     assert _active_href(driver) == "/approvals/refund-1"
     # Someone selects the approval's id to copy it; the next refreshes leave it selected.
     driver.execute_script(
         """
-        const cell = document.querySelector('a[href="/approvals/refund-1"]').closest('tr').cells[1];
+        const cell = document.querySelector('a[href="/approvals/refund-1"]').closest('tr').cells[2];
         const range = document.createRange();
         range.selectNodeContents(cell);
         getSelection().removeAllRanges();
@@ -337,7 +355,7 @@ def test_a_signed_out_tab_says_so_and_nests_no_sign_in_page(driver, console):
     # However many periods pass: one page, no sign-in form inside it.
     _add_approval(bus, "refund-3", question="Refund 3.00 EUR?")
     with pytest.raises(TimeoutException):
-        _wait(driver, lambda d: d.find_elements(By.CSS_SELECTOR, "main main, main form"), 5)
+        _wait(driver, lambda d: d.find_elements(By.CSS_SELECTOR, "main main, main form.login"), 5)
     assert len(driver.find_elements(By.TAG_NAME, "h1")) == 1
     assert not driver.find_elements(By.PARTIAL_LINK_TEXT, "Refund 3.00 EUR")
 
@@ -382,3 +400,153 @@ def test_an_expired_approval_shows_why_it_cannot_be_decided_and_offers_no_button
     assert reason.text.startswith("This request cannot be decided: it expired at ")
     assert not driver.find_elements(By.ID, "approve") and not driver.find_elements(By.ID, "decline")
     driver.save_screenshot(str(ARTIFACTS / "approval-expired.png"))
+
+
+# -- issue 38 items 14-16: urgency and filters, an agent's status and timeline, edits -------
+
+
+def _rows(driver, table: str) -> list[str]:
+    from selenium.webdriver.common.by import By
+
+    rows = driver.find_elements(By.CSS_SELECTOR, f"#{table} tr[data-key]")
+    return [row.get_attribute("data-key") for row in rows]
+
+
+def test_the_inbox_lists_by_time_left_and_filters_by_state_tool_and_key(driver, console):
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select
+
+    url, bus, _ = console
+    now = wall_clock_ms()
+    # Received after the refund, each with less time left: listed above it.
+    _add_approval(bus, "refund-soon", question="Refund 9.00 EUR?", created_at_ms=now - 50_000,
+                  expires_at_ms=now + 120_000)  # fmt: skip
+    _add_approval(bus, "raise-budget", question="Raise the budget of c-2 by 5 EUR?",
+                  key=b"c-2", tool="budget.raise", created_at_ms=now - 30_000,
+                  expires_at_ms=now + 1_800_000)  # fmt: skip
+    bus.decide("refund-soon", approved=False, user="alice", comment="already refunded by phone",
+               address="10.0.0.7")  # fmt: skip
+    _add_approval(bus, "refund-now", question="Refund 3.00 EUR?", created_at_ms=now - 10_000,
+                  expires_at_ms=now + 300_000)  # fmt: skip
+    _sign_in(driver, url, "alice")
+    _wait(driver, lambda d: _rows(d, "pending") == ["refund-now", "raise-budget", "refund-1"])
+
+    decided = driver.find_element(By.CSS_SELECTOR, '#decided tr[data-key="refund-soon"]').text
+    for shown in ("Refund 9.00 EUR?", "declined", "alice", "already refunded by phone"):
+        assert shown in decided, decided
+    driver.save_screenshot(str(ARTIFACTS / "inbox.png"))
+    Select(driver.find_element(By.ID, "filter-tool")).select_by_value("budget.raise")
+    driver.find_element(By.ID, "filter").click()
+    _wait(driver, lambda d: "tool=budget.raise" in d.current_url)
+    assert _rows(driver, "pending") == ["raise-budget"] and _rows(driver, "decided") == []
+    driver.find_element(By.ID, "filter-clear").click()
+    driver.find_element(By.ID, "filter-key").send_keys("c-1")
+    Select(driver.find_element(By.ID, "filter-state")).select_by_value("decided")
+    driver.find_element(By.ID, "filter").click()
+    _wait(driver, lambda d: "state=decided" in d.current_url)
+    assert not driver.find_elements(By.ID, "pending")
+    assert _rows(driver, "decided") == ["refund-soon"]
+    # The live refresh keeps the filter: a new decision on another key does not show.
+    bus.decide("raise-budget", approved=True, user="alice", comment="", address="")
+    bus.decide("refund-now", approved=True, user="alice", comment="", address="")
+    _wait(driver, lambda d: _rows(d, "decided") == ["refund-now", "refund-soon"])
+    driver.save_screenshot(str(ARTIFACTS / "inbox-decided.png"))
+
+
+def test_an_approver_approves_the_refund_at_a_lower_amount(driver, console):
+    from selenium.webdriver.common.by import By
+
+    url, bus, recorder = console
+    now = wall_clock_ms()
+    _add_approval(bus, "refund-edit", question="Refund 42.00 EUR to customer c-1?",
+                  editable=["amount"], created_at_ms=now - 30_000,
+                  expires_at_ms=now + 3_600_000)  # fmt: skip
+    _sign_in(driver, url, "alice")
+    driver.get(url + "/approvals/refund-edit")
+    amount = _wait(driver, lambda d: d.find_element(By.ID, "edit-amount"))
+    assert amount.get_attribute("value") == "42"
+    # A value of the wrong type is refused, and nothing is decided.
+    amount.clear()
+    amount.send_keys("thirty")
+    driver.find_element(By.ID, "approve").click()
+    refused = _wait(driver, lambda d: d.find_element(By.ID, "message").text)
+    assert "'amount' needs a number, not string" in refused
+    assert bus.inbox.decision("refund-edit") is None
+    driver.get(url + "/approvals/refund-edit")
+    amount = _wait(driver, lambda d: d.find_element(By.ID, "edit-amount"))
+    amount.clear()
+    amount.send_keys("30")
+    driver.find_element(By.ID, "comment").send_keys("the second charge was a hold: 30 EUR")
+    driver.save_screenshot(str(ARTIFACTS / "approval-edit.png"))
+    driver.find_element(By.ID, "approve").click()
+    decided = _wait(driver, lambda d: d.find_element(By.ID, "decision")).text
+    assert decided.startswith("Approved with edited arguments by alice")
+    assert '{"amount":30}' in driver.find_element(By.ID, "edited").text
+    _wait(driver, lambda d: bus.inbox.decision("refund-edit").produced)
+    (data,) = [
+        v for v in recorder.on(bus.topics.events)
+        if AgentEnvelope.FromString(v).approval.intent_id == "refund-edit"
+    ]  # fmt: skip
+    approval = AgentEnvelope.FromString(data).approval
+    assert approval.edited_args_json == '{"amount":30}' and approval.approved
+    assert verify(approval, APPROVALS_RING) is Verification.VALID
+    driver.save_screenshot(str(ARTIFACTS / "approval-edited.png"))
+
+
+def test_the_agent_page_starts_with_its_status_and_its_timeline_draws_the_wait(driver, console):
+    from selenium.webdriver.common.by import By
+
+    url, bus, _ = console
+    _sign_in(driver, url, "vera")
+    driver.get(url + f"/agents/{b'c-1'.hex()}")
+    status = _wait(driver, lambda d: d.find_element(By.ID, "status"))
+    assert status.text.startswith("WAITING FOR A PERSON")  # drawn in capitals
+    assert "Refund 42.00 EUR to customer c-1" in status.text
+    # The first thing on the page after its title.
+    assert driver.execute_script(
+        "return document.querySelector('main h1').nextElementSibling"
+        ".querySelector('#status') !== null"
+    )
+    # The runtime's instants are marks with their time, not bars of "0 ms"; the wait for the
+    # person is a span still open.
+    wait = _wait(driver, lambda d: d.find_element(By.CSS_SELECTOR, "rect.bar.wait.open"))
+    assert wait.size["width"] > 100
+    texts = [t.text for t in driver.find_elements(By.CSS_SELECTOR, "svg text.ms")]
+    assert "0 ms" not in texts and any(t.startswith("at +") for t in texts)
+    # Each entry expands to its details, and stays open across the page's refreshes.
+    entry = driver.find_element(By.CSS_SELECTOR, "ol.events li.wait summary")
+    assert entry.text.startswith("waiting for a person")
+    entry.click()
+    details = entry.find_element(By.XPATH, "..")
+    assert details.get_attribute("open") is not None
+    assert "Refund 42.00 EUR to customer c-1" in details.text
+    # The person decides; the page, refreshed in place, shows who and why.
+    bus.decide("refund-1", approved=True, user="alice", comment="double charge confirmed",
+               address="10.0.0.7")  # fmt: skip
+    _wait(driver, lambda d: "approved by alice" in d.find_element(
+        By.CSS_SELECTOR, "ol.events li.wait summary").text)  # fmt: skip
+    details = driver.find_element(By.CSS_SELECTOR, "ol.events li.wait details")
+    assert details.get_attribute("open") is not None, "a refresh closed the open entry"
+    assert "double charge confirmed" in details.text and "alice" in details.text
+    assert not driver.find_elements(By.CSS_SELECTOR, "rect.bar.wait.open")
+    # A bar links to its entry, which opens.
+    driver.find_element(By.CSS_SELECTOR, "ol.events li:first-child summary")
+    first = driver.find_element(By.CSS_SELECTOR, "svg a.span-link")
+    driver.execute_script("arguments[0].dispatchEvent(new MouseEvent('click', {bubbles: true}))",
+                          first)  # fmt: skip
+    _wait(
+        driver,
+        lambda d: (
+            d.find_element(By.CSS_SELECTOR, "ol.events li:first-child details").get_attribute(
+                "open"
+            )
+            is not None
+        ),
+    )
+    # The page from its top, tall enough to show the status, the timeline and its open entries.
+    driver.set_window_size(1280, 1500)
+    try:
+        driver.execute_script("window.scrollTo(0, 0)")
+        driver.save_screenshot(str(ARTIFACTS / "agent-timeline.png"))
+    finally:
+        driver.set_window_size(1280, 1000)

@@ -46,7 +46,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Protocol
 
 from beam_agents._protos import AgentEnvelope
@@ -171,13 +171,22 @@ class ConsoleBus:
     # -- producing ------------------------------------------------------------------------
 
     def decide(
-        self, intent_id: str, *, approved: bool, user: str, comment: str, address: str
+        self,
+        intent_id: str,
+        *,
+        approved: bool,
+        user: str,
+        comment: str,
+        address: str,
+        edits: Mapping[str, object] | None = None,
     ) -> tuple[Decision, bool]:
-        """Records the decision and wakes the sender, which produces it (module docstring).
-        Returns the decision and whether this call made it; raises DecisionRefused."""
+        """Records the decision (approving with `edits`, Inbox.decide) and wakes the sender,
+        which produces it (module docstring). Returns the decision and whether this call made
+        it; raises DecisionRefused."""
         decision, made = self.inbox.decide(
-            intent_id, approved=approved, user=user, comment=comment, address=address
-        )
+            intent_id, approved=approved, user=user, comment=comment, address=address,
+            edits=edits,
+        )  # fmt: skip
         self._wake.set()
         return decision, made
 

@@ -113,10 +113,15 @@ _SCHEMA = (
 
 #: Columns added since a table was first created: (table, column, definition). The default is
 #: what a row of an older file means: a snapshot kept before trust was recorded is untrusted,
-#: a session opened before its credential was recorded is no session (auth.py).
+#: a session opened before its credential was recorded is no session (auth.py), a decision
+#: recorded before edits existed approved as asked.
 _COLUMNS = (
     ("snapshots", "trusted", "INTEGER NOT NULL DEFAULT 0"),
     ("sessions", "credential", "BLOB NOT NULL DEFAULT x''"),
+    # The inbox filters by tool; an older row's is filled in from its intent (inbox.py).
+    ("approvals", "tool_name", "TEXT NOT NULL DEFAULT ''"),
+    # The arguments an approver changed (an older decision changed none).
+    ("decisions", "edits", "TEXT NOT NULL DEFAULT ''"),
 )
 
 

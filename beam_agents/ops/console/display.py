@@ -28,13 +28,15 @@ from __future__ import annotations
 import datetime
 import functools
 import itertools
+import json
 import unicodedata
 
 from markupsafe import Markup, escape
 
+from beam_agents._protos import ToolIntent
 from beam_agents.ops.console.inbox import Approval
 
-__all__ = ["duration", "moment", "undecidable", "visible"]
+__all__ = ["NOT_JSON", "duration", "moment", "question", "undecidable", "visible"]
 
 #: Default-ignorable code points (Unicode's DerivedCoreProperties) that Python calls printable:
 #: they draw nothing in most fonts.
@@ -88,6 +90,23 @@ def visible(value: object, *, lines: bool = False, tag: str = "span") -> Markup:
     lines_of = text.split("\n") if lines else [text]  # its lines kept, all else escaped
     shown = "\n".join(line.encode("unicode_escape").decode("ascii") for line in lines_of)
     return Markup(_element(notice, tag, "too many hidden characters to show each") + shown)
+
+
+# Arguments nested past the parser's recursion limit (anyone may write an unsigned intent to the
+# approvals topic, and it is listed) are shown as text, like any other text that is not JSON.
+NOT_JSON = (ValueError, RecursionError)
+
+
+def question(intent: ToolIntent) -> str:
+    """What an approval asks: its "question" argument, else its arguments as sent (no JSON),
+    else its tool's name."""
+    try:
+        args = json.loads(intent.args_json)
+    except NOT_JSON:
+        return intent.args_json
+    if isinstance(args, dict) and isinstance(args.get("question"), str):
+        return args["question"]
+    return intent.tool_name
 
 
 def moment(value: int) -> str:

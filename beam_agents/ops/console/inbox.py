@@ -15,8 +15,10 @@ the first. Each process judges the undecided copies kept again when it starts, b
 and keyring (a key added since admits, a key removed refuses).
 
 Anyone may write to the approvals topic, so nothing a refused copy claims orders or bounds the
-inbox: lists show the approvable copies first, each part in the order this console received
-them (its own clock, not the intent's unsigned created_at_ms), and refused copies are kept for
+inbox: lists (`approvals`, filtered by state, tool and key) show the approvable copies first,
+by urgency: those a person can still decide soonest to expire first (an approvable copy's
+expires_at_ms is signed), then those nobody can decide; refused copies after them in the order
+this console received them (its own clock, never a time they claim). Refused copies are kept for
 `REFUSED_KEEP_MS` after they were received and at most `MAX_REFUSED` of them, the newest (a
 copy refused for a key the console lacks is admitted if the key arrives within that).
 
@@ -35,32 +37,63 @@ on start. A copy produced twice carries the same bytes, which RunAgent counts as
 answer: the agent sees one decision, never two, never none.
 
 The comment has no field in the Approval; it is kept in the audit log and the TraceEvent.
+
+Approving with changes. A person may approve with some arguments changed, those the request
+names editable, each to a value of its asked JSON type (intents/approval_edits.py judges it;
+anything else is refused as "edit_refused" before anything is recorded). The changes are
+signed in the Approval (edited_args_json), kept with the decision and in its audit row and
+TraceEvent; a decline carries none.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import hashlib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from google.protobuf.message import DecodeError
 
 from beam_agents._protos import AgentEnvelope, StateSnapshot, ToolIntent, TraceEvent
-from beam_agents.errors import BeamAgentsError
+from beam_agents.errors import ApprovalEditError, BeamAgentsError
+from beam_agents.intents.approval_edits import check_edits, edits_json
 from beam_agents.intents.effector import INQUIRY_SUFFIX, INQUIRY_TOOL, VerifyMode, wall_clock_ms
 from beam_agents.intents.identity import content_digest, effective_kind
 from beam_agents.intents.signing import Keyring, Verification, is_unsigned, sign, verify
 from beam_agents.ops.console.db import Database
 
-__all__ = ["MAX_REFUSED", "REFUSED_KEEP_MS", "Approval", "Decision", "DecisionRefused", "Inbox"]
+__all__ = [
+    "MAX_REFUSED",
+    "REFUSED_KEEP_MS",
+    "STATES",
+    "Approval",
+    "Decision",
+    "DecisionRefused",
+    "Inbox",
+]
 
 #: Longest comment kept; a form field is otherwise unbounded.
 MAX_COMMENT_CHARS = 2000
 #: How long and how many refused copies are kept (module docstring).
 REFUSED_KEEP_MS = 24 * 60 * 60 * 1000
 MAX_REFUSED = 1000
-#: The order of every list of approvals: approvable first, then by this console's receipt.
-_ORDER = "ORDER BY approvable DESC, received_at_ms, intent_id"
+#: What a list of approvals can show (`Inbox.approvals`): the undecided ones (approvable first),
+#: the approvable undecided ones, the decided ones, those refused at receipt, or all.
+STATES = ("undecided", "pending", "decided", "refused", "all")
+_WHERE = {
+    "undecided": "d.intent_id IS NULL",
+    "pending": "d.intent_id IS NULL AND a.approvable = 1",
+    "decided": "d.intent_id IS NOT NULL",
+    "refused": "a.approvable = 0",
+    "all": "1",
+}
+#: The order of a list of approvals by urgency: approvable first, those a person can still
+#: decide first among them, soonest to expire first (a signed time: only approvable copies
+#: are ordered by it), then by this console's receipt. Decided ones: newest decision first.
+_URGENCY = (
+    "ORDER BY a.approvable DESC, (a.approvable = 1 AND a.expires_at_ms > :now) DESC, "
+    "CASE WHEN a.approvable = 1 THEN a.expires_at_ms END, a.received_at_ms, a.intent_id"
+)
+_NEWEST_DECISION = "ORDER BY d.decided_at_ms DESC, a.intent_id"
 
 
 class DecisionRefused(BeamAgentsError):
@@ -100,19 +133,21 @@ class Decision:
     envelope: bytes
     trace: bytes
     produced: bool
+    #: The arguments the approver changed, as the Approval's edited_args_json ("" for none).
+    edits: str = ""
 
 
 _DECISION_COLUMNS = (
     "intent_id, entity_key, approved, approver, comment, decided_at_ms, address, envelope, "
-    "trace, produced"
+    "trace, produced, edits"
 )
 
 
 def _decision(row) -> Decision:
-    intent_id, key, approved, approver, comment, at, address, envelope, trace, produced = row
+    intent_id, key, approved, approver, comment, at, address, envelope, trace, produced, edits = row
     return Decision(
         intent_id, key, bool(approved), approver, comment, at, address, envelope, trace,
-        bool(produced),
+        bool(produced), edits,
     )  # fmt: skip
 
 
@@ -141,6 +176,7 @@ class Inbox:
         self._approvals_keyring = approvals_keyring
         self._clock = clock
         self._max_refused = max_refused
+        self._name_tools()
         self._judge_again()
 
     # -- receiving ------------------------------------------------------------------------
@@ -162,10 +198,12 @@ class Inbox:
             kept = row is None or (admitted and not row[0])
             if kept:
                 db.execute(
-                    "INSERT OR REPLACE INTO approvals VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                    "INSERT OR REPLACE INTO approvals (intent_id, entity_key, intent, "
+                    "verification, approvable, created_at_ms, expires_at_ms, received_at_ms, "
+                    "tool_name) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     (
                         intent.intent_id, intent.entity_key, bytes(data), outcome, int(admitted),
-                        intent.created_at_ms, intent.expires_at_ms, now,
+                        intent.created_at_ms, intent.expires_at_ms, now, intent.tool_name,
                     ),
                 )  # fmt: skip
             if not admitted:
@@ -204,6 +242,21 @@ class Inbox:
         if effective_kind(intent) != ToolIntent.APPROVAL:
             outcome, admitted = f"{outcome}; not an APPROVAL intent", False
         return outcome, admitted
+
+    def _name_tools(self) -> None:
+        """Fills the tool name of the copies a console kept before it had the column (the
+        inbox filters by it), one copy at a time as `_judge_again` reads them."""
+        for (intent_id,) in self._db.read("SELECT intent_id FROM approvals WHERE tool_name = ''"):
+            ((data,),) = self._db.read(
+                "SELECT intent FROM approvals WHERE intent_id = ?", (intent_id,)
+            )
+            name = ToolIntent.FromString(data).tool_name
+            if name:
+                with self._db.transaction() as db:
+                    db.execute(
+                        "UPDATE approvals SET tool_name = ? WHERE intent_id = ? AND intent = ?",
+                        (name, intent_id, data),
+                    )
 
     def _judge_again(self) -> None:
         """Judges every undecided copy kept by this process's mode and keyring: a copy refused
@@ -249,42 +302,49 @@ class Inbox:
         )
         return _decision(rows[0]) if rows else None
 
-    def pending(self, *, offset: int = 0, limit: int = 20) -> tuple[list[Approval], int]:
-        """Undecided approvals, approvable first, each part in the order received, and how
-        many there are in all."""
-        where = "FROM approvals a WHERE NOT EXISTS (SELECT 1 FROM decisions d WHERE d.intent_id = a.intent_id)"  # noqa: E501
-        (total,) = self._db.read(f"SELECT count(*) {where}")[0]
-        rows = self._db.read(
-            f"SELECT intent, verification, approvable, received_at_ms {where} "
-            f"{_ORDER} LIMIT ? OFFSET ?",
-            (limit, offset),
-        )
-        return [self._approval(row, None) for row in rows], total
-
-    def decided(self, *, offset: int = 0, limit: int = 20) -> tuple[list[Decision], int]:
-        """Decisions, newest first, and how many there are in all."""
-        (total,) = self._db.read("SELECT count(*) FROM decisions")[0]
-        rows = self._db.read(
-            f"SELECT {_DECISION_COLUMNS} FROM decisions ORDER BY decided_at_ms DESC, intent_id "
-            "LIMIT ? OFFSET ?",
-            (limit, offset),
-        )
-        return [_decision(row) for row in rows], total
-
-    def for_key(
-        self, entity_key: bytes, *, offset: int = 0, limit: int = 20
+    def approvals(
+        self,
+        *,
+        state: str = "undecided",
+        tool: str = "",
+        key: bytes | None = None,
+        offset: int = 0,
+        limit: int = 20,
     ) -> tuple[list[Approval], int]:
-        """The key's approvals, decided or not, in the order of `pending`, and how many there
-        are in all."""
-        (total,) = self._db.read(
-            "SELECT count(*) FROM approvals WHERE entity_key = ?", (entity_key,)
-        )[0]
-        rows = self._db.read(
-            "SELECT intent, verification, approvable, received_at_ms, intent_id FROM approvals "
-            f"WHERE entity_key = ? {_ORDER} LIMIT ? OFFSET ?",
-            (entity_key, limit, offset),
+        """One page of the approvals in `state` (one of STATES), of the tool `tool` and the key
+        `key` when given, each with its decision, and how many there are in all. Undecided
+        ones come by urgency (`_URGENCY`), decided ones newest decision first."""
+        where, params = [_WHERE[state]], {"now": self._clock(), "limit": limit, "offset": offset}
+        if tool:
+            where.append("a.tool_name = :tool")
+            params["tool"] = tool
+        if key is not None:
+            where.append("a.entity_key = :key")
+            params["key"] = key
+        source = (
+            "FROM approvals a LEFT JOIN decisions d ON d.intent_id = a.intent_id "
+            f"WHERE {' AND '.join(where)}"
         )
-        return [self._approval(row[:4], self.decision(row[4])) for row in rows], total
+        (total,) = self._db.read(f"SELECT count(*) {source}", params)[0]
+        order = _NEWEST_DECISION if state == "decided" else _URGENCY
+        rows = self._db.read(
+            f"SELECT a.intent, a.verification, a.approvable, a.received_at_ms, "
+            f"{', '.join('d.' + c for c in _DECISION_COLUMNS.split(', '))} "
+            f"{source} {order} LIMIT :limit OFFSET :offset",
+            params,
+        )
+        return [
+            self._approval(row[:4], _decision(row[4:]) if row[4] is not None else None)
+            for row in rows
+        ], total
+
+    def tools(self) -> list[str]:
+        """The tool names of the approvable copies kept (a filter's choices: anyone may write a
+        refused copy under any name)."""
+        rows = self._db.read(
+            "SELECT DISTINCT tool_name FROM approvals WHERE approvable = 1 ORDER BY 1"
+        )
+        return [name for (name,) in rows]
 
     @staticmethod
     def _approval(row, decision: Decision | None) -> Approval:
@@ -295,11 +355,27 @@ class Inbox:
     # -- deciding -------------------------------------------------------------------------
 
     def decide(
-        self, intent_id: str, *, approved: bool, user: str, comment: str, address: str
+        self,
+        intent_id: str,
+        *,
+        approved: bool,
+        user: str,
+        comment: str,
+        address: str,
+        edits: Mapping[str, object] | None = None,
     ) -> tuple[Decision, bool]:
-        """Records the one decision of `intent_id` (module docstring). Returns it and whether
-        this call made it; raises DecisionRefused."""
+        """Records the one decision of `intent_id` (module docstring), approving it with the
+        arguments in `edits` changed (values of their JSON types, as a person may change them:
+        `approval_edits.check_edits`). Returns it and whether this call made it; raises
+        DecisionRefused."""
         comment = comment[:MAX_COMMENT_CHARS]
+        if edits and not approved:
+            raise DecisionRefused(
+                f"approval {intent_id} is declined with edited arguments: only an approval "
+                "carries them",
+                reason="edit_refused",
+                intent_id=intent_id,
+            )
         with self._db.transaction() as db:
             known = db.execute(
                 f"SELECT {_DECISION_COLUMNS} FROM decisions WHERE intent_id = ?", (intent_id,)
@@ -322,6 +398,12 @@ class Inbox:
                     intent_id=intent_id,
                 )
             intent = ToolIntent.FromString(data)
+            try:
+                edited = edits_json(check_edits(intent, edits or {}))
+            except ApprovalEditError as e:
+                raise DecisionRefused(
+                    f"approval {intent_id}: {e}", reason="edit_refused", intent_id=intent_id
+                ) from None
             now = self._clock()
             self._check_time(db, intent, now)
             envelope = AgentEnvelope(entity_key=intent.entity_key, event_time_ms=now)
@@ -331,27 +413,30 @@ class Inbox:
                 approver=user,
                 decided_at_ms=now,
                 intent_digest=content_digest(data),
+                edited_args_json=edited,
             )
             envelope.approval.CopyFrom(sign(answer, self._approvals_keyring))
-            trace = _trace(intent, approved, user, comment, address, now)
+            trace = _trace(intent, approved, user, comment, address, now, edited)
             decision = Decision(
                 intent_id, intent.entity_key, approved, user, comment, now, address,
                 envelope.SerializeToString(deterministic=True),
-                trace.SerializeToString(deterministic=True), False,
+                trace.SerializeToString(deterministic=True), False, edited,
             )  # fmt: skip
             db.execute(
-                f"INSERT INTO decisions ({_DECISION_COLUMNS}) VALUES ({', '.join('?' * 10)})",
+                f"INSERT INTO decisions ({_DECISION_COLUMNS}) VALUES ({', '.join('?' * 11)})",
                 (
                     intent_id, intent.entity_key, int(approved), user, comment, now, address,
-                    decision.envelope, decision.trace, 0,
+                    decision.envelope, decision.trace, 0, edited,
                 ),
             )  # fmt: skip
+            action = ("approve edited" if edited else "approve") if approved else "decline"
+            changed = f"; edited: {edited}" if edited else ""
             db.execute(
                 "INSERT INTO audit (at_ms, user, action, intent_id, detail, address) "
                 "VALUES (?, ?, ?, ?, ?, ?)",
                 (
-                    now, user, "approve" if approved else "decline", intent_id,
-                    f"{intent.tool_name} {intent.args_json}; comment: {comment}", address,
+                    now, user, action, intent_id,
+                    f"{intent.tool_name} {intent.args_json}{changed}; comment: {comment}", address,
                 ),
             )  # fmt: skip
         return decision, True
@@ -412,10 +497,18 @@ class Inbox:
 
 
 def _trace(
-    intent: ToolIntent, approved: bool, user: str, comment: str, address: str, now: int
+    intent: ToolIntent,
+    approved: bool,
+    user: str,
+    comment: str,
+    address: str,
+    now: int,
+    edited: str,
 ) -> TraceEvent:
-    """The decision as a span of the activation that asked (same trace id). Its span id comes
-    from the intent id, so a copy produced again is the same event."""
+    """The decision as a span of the activation that asked (same trace id), from the moment it
+    asked to the decision: the wait for a person. Its span id comes from the intent id, so a
+    copy produced again is the same event."""
+    edits = {"beam_agents.approval.edited_args": edited} if edited else {}
     return TraceEvent(
         trace_id=intent.trace_id,
         span_id=hashlib.sha256(f"console-decision|{intent.intent_id}".encode()).digest()[:8],
@@ -431,7 +524,10 @@ def _trace(
             "beam_agents.approval.address": address,
             "beam_agents.approval.comment": comment,
             "beam_agents.source": "console",
+            **edits,
         },
-        start_ms=now,
+        # The intent's created_at_ms is signed (only an approvable copy is decided); a clock
+        # behind the agent's leaves an instant, never a negative span.
+        start_ms=min(intent.created_at_ms, now),
         end_ms=now,
     )

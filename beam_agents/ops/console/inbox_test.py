@@ -426,7 +426,7 @@ def test_refused_copies_are_kept_a_bounded_time_and_number_real_ones_are_not(tmp
     # stays.
     clock.advance(REFUSED_KEEP_MS + 1)
     _received(bus, approval_intent("f-late", ring=None))
-    assert [a.intent_id for a in bus.inbox.pending()[0]] == ["a-1", "f-late"]
+    assert [a.intent_id for a in bus.inbox.approvals()[0]] == ["a-1", "f-late"]
     inbox = Inbox(
         Database(tmp_path / "c.sqlite"), mode=VerifyMode.REQUIRE, intent_keyring=INTENT_RING,
         approvals_keyring=APPROVALS_RING, clock=clock, max_refused=5,
@@ -434,7 +434,7 @@ def test_refused_copies_are_kept_a_bounded_time_and_number_real_ones_are_not(tmp
     for n in range(8):
         clock.advance(1)
         inbox.receive(approval_intent(f"f-{n}", ring=None).SerializeToString())
-    pending, total = inbox.pending()
+    pending, total = inbox.approvals()
     newest = [f"f-{n}" for n in range(3, 8)]
     assert total == 6 and [a.intent_id for a in pending] == ["a-1", *newest]
 
@@ -446,8 +446,9 @@ def test_the_inbox_lists_verified_copies_first_in_the_order_received(tmp_path, c
     clock.advance(1)
     _received(bus, approval_intent("a-2", created_at_ms=8_000))
     _received(bus, approval_intent("f-1", created_at_ms=1, ring=None))
-    assert [a.intent_id for a in bus.inbox.pending(limit=2)[0]] == ["a-1", "a-2"]
-    assert [a.intent_id for a in bus.inbox.for_key(b"c-1")[0]] == ["a-1", "a-2", "f-1"]
+    assert [a.intent_id for a in bus.inbox.approvals(limit=2)[0]] == ["a-1", "a-2"]
+    of_key, _ = bus.inbox.approvals(state="all", key=b"c-1")
+    assert [a.intent_id for a in of_key] == ["a-1", "a-2", "f-1"]
 
 
 def test_only_the_answer_to_the_consoles_own_request_decides(tmp_path, clock):
@@ -509,3 +510,109 @@ def test_a_file_from_before_trust_and_credentials_were_recorded_opens_failing_cl
     assert bus.observations.snapshot(b"c-1") == snapshot
     assert not bus.observations.snapshot_trusted(b"c-1")
     assert auth.session(token) is None
+
+
+# -- issue 38 items 14 and 16: urgency, filters, edited arguments ---------------------------
+
+
+def _ids(approvals) -> list[str]:
+    return [a.intent_id for a in approvals[0]]
+
+
+def test_the_inbox_lists_what_a_person_can_decide_soonest_to_expire_first(tmp_path, clock):
+    # Issue 38 item 14: listed in the order received, a request about to expire sat below
+    # others with hours left.
+    bus, _ = make_bus(tmp_path / "c.sqlite", Recorder(), clock)
+    _received(bus, approval_intent("in-an-hour", expires_at_ms=NOW + 3_600_000))
+    _received(bus, approval_intent("expired", expires_at_ms=NOW - 1))
+    _received(bus, approval_intent("forged-soon", expires_at_ms=NOW + 1, ring=None))
+    _received(bus, approval_intent("in-a-minute", expires_at_ms=NOW + 60_000))
+    _received(bus, approval_intent("no-expiry", expires_at_ms=0))
+    # Decidable ones by time left; then those nobody can decide; refused copies last, by
+    # receipt (their unsigned expiry orders nothing).
+    assert _ids(bus.inbox.approvals()) == [
+        "in-a-minute", "in-an-hour", "no-expiry", "expired", "forged-soon",
+    ]  # fmt: skip
+
+
+def test_the_inbox_filters_by_state_tool_and_key(tmp_path, clock):
+    bus, _ = make_bus(tmp_path / "c.sqlite", Recorder(), clock)
+    _received(bus, approval_intent("a-1"))
+    _received(bus, approval_intent("a-2", key=b"c-2"))
+    _received(bus, approval_intent("a-3", tool="budget.raise"))
+    _received(bus, approval_intent("f-1", ring=None))
+    _decide(bus, "a-1")
+    assert _ids(bus.inbox.approvals(state="pending")) == ["a-2", "a-3"]
+    assert _ids(bus.inbox.approvals(state="undecided")) == ["a-2", "a-3", "f-1"]
+    assert _ids(bus.inbox.approvals(state="decided")) == ["a-1"]
+    assert _ids(bus.inbox.approvals(state="refused")) == ["f-1"]
+    assert _ids(bus.inbox.approvals(state="all", tool="budget.raise")) == ["a-3"]
+    assert _ids(bus.inbox.approvals(state="all", key=b"c-2")) == ["a-2"]
+    assert bus.inbox.approvals(state="all", key=b"c-1")[1] == 3
+    # A decided approval comes with its decision: what, by whom, when, with what comment.
+    ((decided,), _) = bus.inbox.approvals(state="decided")
+    assert decided.decision.approver == "alice" and decided.decision.comment == "ok"
+    # A forger's tool name is no filter choice.
+    assert bus.inbox.tools() == ["budget.raise", "human.approval"]
+
+
+def test_an_older_console_file_gets_its_approvals_tool_names(tmp_path, clock):
+    path = tmp_path / "c.sqlite"
+    bus, _ = make_bus(path, Recorder(), clock)
+    _received(bus, approval_intent("a-1", tool="budget.raise"))
+    _decide(bus, "a-1")
+    with sqlite3.connect(path) as db:  # as a console before the column kept it
+        db.execute("UPDATE approvals SET tool_name = ''")
+    reopened, _ = make_bus(path, Recorder(), clock)
+    assert _ids(reopened.inbox.approvals(state="decided", tool="budget.raise")) == ["a-1"]
+
+
+def test_an_approval_with_edited_arguments_is_signed_with_them(tmp_path, clock):
+    # Issue 38 item 16: a person could only approve or decline the refund as asked.
+    recorder = Recorder()
+    bus, _ = make_bus(tmp_path / "c.sqlite", recorder, clock)
+    intent = approval_intent(editable=["amount"])
+    _received(bus, intent)
+    decision, made = bus.decide(
+        "a-1", approved=True, user="alice", comment="partial refund", address="10.0.0.7",
+        edits={"amount": 30},
+    )  # fmt: skip
+    assert made and decision.edits == '{"amount":30}'
+    bus.produce_recorded()
+    approval = AgentEnvelope.FromString(recorder.on(bus.topics.events)[-1]).approval
+    assert approval.edited_args_json == '{"amount":30}'
+    assert verify(approval, APPROVALS_RING) is Verification.VALID
+    trace = TraceEvent.FromString(recorder.on(bus.topics.traces)[-1])
+    assert trace.attributes["beam_agents.approval.edited_args"] == '{"amount":30}'
+    (row,) = bus.inbox.audit()[0]
+    assert row[2] == "approve edited" and '"amount":30' in row[4]
+    # An edit that changes nothing is no edit.
+    _received(bus, approval_intent("a-2", editable=["amount"]))
+    decision, _ = bus.decide(
+        "a-2", approved=True, user="alice", comment="", address="", edits={"amount": 42}
+    )
+    assert decision.edits == ""
+
+
+@pytest.mark.parametrize(
+    ("editable", "edits", "approved"),
+    [
+        ((), {"amount": 30}, True),  # the request allows no edit
+        (("amount",), {"question": "Refund 1 EUR?"}, True),
+        (("amount",), {"amount": "30"}, True),  # text for a number
+        (("amount",), {"amount": True}, True),
+        (("amount",), {"amount": 30}, False),  # a decline carries no edits
+    ],
+)
+def test_the_inbox_refuses_an_edit_the_request_does_not_allow(
+    tmp_path, clock, editable, edits, approved
+):
+    recorder = Recorder()
+    bus, _ = make_bus(tmp_path / "c.sqlite", recorder, clock)
+    _received(bus, approval_intent(editable=editable))
+    recorder.records.clear()
+    with pytest.raises(DecisionRefused) as refused:
+        bus.decide("a-1", approved=approved, user="alice", comment="", address="", edits=edits)
+    assert refused.value.reason == "edit_refused"
+    assert bus.inbox.decision("a-1") is None and bus.produce_recorded() == 0
+    assert bus.inbox.audit()[1] == 0

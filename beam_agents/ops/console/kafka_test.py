@@ -115,7 +115,9 @@ def test_an_approval_on_the_topic_is_listed_and_one_approve_is_one_signed_envelo
     )
     running = Running(bus, bootstrap, topics)
     try:
-        pending = _until(lambda: bus.inbox.pending()[1] == 2 and bus.inbox.pending()[0], "inbox")
+        pending = _until(
+            lambda: bus.inbox.approvals()[1] == 2 and bus.inbox.approvals()[0], "inbox"
+        )
         # Approvable copies first (issue 38 item 4: a forged copy never buries a real one).
         assert [(a.intent_id, a.approvable) for a in pending] == [
             ("refund-1", True),
@@ -202,7 +204,7 @@ def test_the_demo_agent_resumes_and_completes_on_the_consoles_decision(bootstrap
 
 
 def _pending_ids(bus: ConsoleBus) -> set[str]:
-    return {a.intent_id for a in bus.inbox.pending(limit=1000)[0] if a.approvable}
+    return {a.intent_id for a in bus.inbox.approvals(limit=1000)[0] if a.approvable}
 
 
 def _health(url: str) -> tuple[int, dict]:

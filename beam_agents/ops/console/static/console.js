@@ -9,6 +9,8 @@
 // is added above it), others by position and tag; only attributes and text that changed are
 // written, and a text the user has selected is left as it is until the selection ends.
 //
+// A <details> element's open state is the user's: a refresh neither opens nor closes it.
+//
 // Signed out (in another tab, or the session ended): the fragment's request is redirected to
 // the sign-in page. The redirect is not followed (that page was put inside the list); the page
 // stops polling and says so in one line with a link to sign in again.
@@ -34,17 +36,35 @@
     return false;
   }
 
+  // Whether an attribute is the user's, not the server's: a <details> the user opened or closed
+  // (a timeline's entry) stays so across refreshes.
+  function users(element, name) {
+    return name === "open" && element.nodeName === "DETAILS";
+  }
+
   function mergeAttributes(live, fresh) {
     var i, attribute;
     for (i = live.attributes.length - 1; i >= 0; i--) {
       attribute = live.attributes[i];
-      if (!fresh.hasAttribute(attribute.name)) live.removeAttribute(attribute.name);
+      if (!fresh.hasAttribute(attribute.name) && !users(live, attribute.name)) {
+        live.removeAttribute(attribute.name);
+      }
     }
     for (i = 0; i < fresh.attributes.length; i++) {
       attribute = fresh.attributes[i];
-      if (live.getAttribute(attribute.name) !== attribute.value) {
+      if (live.getAttribute(attribute.name) !== attribute.value && !users(live, attribute.name)) {
         live.setAttribute(attribute.name, attribute.value);
       }
+    }
+  }
+
+  // A timeline's bar links to its entry (#id of a <details>): following it opens the entry.
+  function openLinked() {
+    var id = decodeURIComponent(location.hash.slice(1));
+    var target = id && document.getElementById(id);
+    if (target && target.nodeName === "DETAILS") {
+      target.open = true;
+      target.scrollIntoView({ block: "nearest" });
     }
   }
 
@@ -144,5 +164,7 @@
 
   document.addEventListener("DOMContentLoaded", function () {
     document.querySelectorAll("[data-poll]").forEach(poll);
+    openLinked();
   });
+  window.addEventListener("hashchange", openLinked);
 })();
