@@ -20,7 +20,7 @@ their own modules: `beam_agents.integrations.llm.openai_chat`, `.anthropic_messa
 (LLM clients), `beam_agents.integrations.langgraph`, `beam_agents.integrations.telemetry`,
 `beam_agents.integrations.mcp_tools` and `beam_agents.ops.console`.
 
-The package root is the top of the layers below it (README, "Layout"); importing it installs the
+The package root is the top of the layers below it (the guide, "Layout"); importing it installs the
 finder of the module paths the packages had before they were cut by concept (`_moved`), and
 drops the one warning Beam logs on import about apitools, a Google Cloud client beam_agents
 never uses.

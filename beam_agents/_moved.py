@@ -8,7 +8,7 @@ identical), warning with a DeprecationWarning that names the new path. A package
 has no new home; its old modules each have theirs (`None` in the table), and importing it gives
 an empty package.
 
-Only paths users were told of are here; the README names the new ones.
+Only paths users were told of are here; docs/development.md names the new ones.
 """
 
 from __future__ import annotations

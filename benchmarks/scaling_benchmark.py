@@ -2,7 +2,7 @@
 
 RunAgent's logic driven directly (`driver_benchmark`'s in-memory cells, every written blob
 encoded by its state coder) over N keys, each holding M KiB of memory, each activation putting
-one value (so memory is written: a start always writes it, see the README). Keys are visited
+one value (so memory is written: a start always writes it, see the guide). Keys are visited
 round-robin, so every activation reads what that key's previous one wrote. Printed and written
 as a Markdown report with a matplotlib plot (PNG): time per activation and state bytes per key
 for 10, 1,000 and 100,000 keys at 1, 64 and 1,024 KiB. A cell whose keys times memory exceeds
@@ -19,7 +19,7 @@ glibc serves those from mmap or from the top of the heap and hands them back aft
 happens depends on what else the heap holds. The same 10 keys of 1 MiB measured 0.8 ms or 3.7
 ms an activation from one process to the next. The benchmark sets glibc's M_MMAP_THRESHOLD to
 32 MiB and M_TRIM_THRESHOLD to 64 MiB (`--glibc-default` leaves them), so the cells measure
-the runtime and not the page faults; the README says why a worker with large memories should
+the runtime and not the page faults; the guide says why a worker with large memories should
 do the same.
 
     python benchmarks/scaling_benchmark.py [--out DIR] [--max-mib MIB] [--glibc-default]

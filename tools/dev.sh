@@ -5,6 +5,7 @@
 #   bash tools/dev.sh run ARGS...   set up, then run the beam-agents command with ARGS
 #   bash tools/dev.sh test [ARGS]   set up, then run the whole pytest suite (ARGS go to pytest)
 #   bash tools/dev.sh lint          set up, then ruff, buildifier, buf lint, breaking-change gate
+#   bash tools/dev.sh docs          set up, then build the user guide (mkdocs --strict, .cache/site)
 #   bash tools/dev.sh mutation [ARGS]  set up, then mutation-test ARGS (default: runtime/,
 #                                   intents/, state/; see tools/mutation.py's docstring)
 #   bash tools/dev.sh setup         set up only
@@ -68,6 +69,10 @@ case "$cmd" in
   run) setup_python; exec "$venv/bin/beam-agents" "$@" ;;
   test) setup_python; setup_node; exec "$venv/bin/python" -m pytest "$@" ;;
   lint) setup_python; setup_node; lint ;;
+  # A broken link, a page missing from the nav or an API reference to a name that no longer
+  # exists fails the build (mkdocs.yml: strict); tools/docs_test.py runs the pages' code.
+  # Not --quiet: it drops the warnings before strict mode counts them, and the build passes.
+  docs) setup_python; NO_MKDOCS_2_WARNING=1 exec "$venv/bin/mkdocs" build --strict ;;
   mutation)
     setup_python
     [[ $# -gt 0 ]] || set -- beam_agents/runtime beam_agents/intents beam_agents/state
@@ -75,7 +80,7 @@ case "$cmd" in
       exec "$venv/bin/python" tools/mutation.py "$@"
     ;;
   *)
-    sed -n '2,11p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2
+    sed -n '2,12p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2
     exit 2
     ;;
 esac

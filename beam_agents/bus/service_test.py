@@ -534,7 +534,7 @@ def test_a_static_member_restarted_after_a_crash_serves_without_waiting_out_its_
 ):
     """With a 30 s session timeout, a crashed member's partitions stay assigned to it for
     30 s: a restart without a static id waits that out; one with the same static id takes
-    them back at once. Both times are printed (the README quotes them)."""
+    them back at once. Both times are printed (docs/flink-kafka.md quotes them)."""
     timings = {}
     for name, env in (
         ("dynamic", {"FX_SESSION_TIMEOUT_MS": "30000"}),

@@ -72,7 +72,7 @@ BUDGET_EXCEEDED = "budget_exceeded"
 SEQ_EXHAUSTED = "seq_exhausted"
 RECORD_TOO_LARGE = "record_too_large"
 
-#: Every reason with its meaning (the README's table is this one).
+#: Every reason with its meaning (docs/troubleshooting.md's table lists exactly these).
 REASONS = {
     UNDECODABLE: "the input bytes are no AgentEnvelope (or no StateSnapshot, on the snapshots "
     "input), or an envelope's idempotency key is neither bytes nor str (the envelope is in the "

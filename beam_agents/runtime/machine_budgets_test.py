@@ -263,7 +263,7 @@ def test_a_failed_start_that_paid_is_activity_the_mark_and_the_ttl_move_together
 
 
 def test_a_failed_activation_that_paid_writes_no_blob_the_binary_before_cannot_read():
-    # The migrated view reaches state only at a successful commit (README, state/migration.py),
+    # The migrated view reaches state only at a successful commit (the guide, state/migration.py),
     # so a binary whose agent fails on every event can be rolled back: a commit of a failed
     # activation's usage stamped with the current version would wedge every key it touched
     # for the binary before (StateSchemaFromFutureError).

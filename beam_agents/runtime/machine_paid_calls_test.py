@@ -108,7 +108,7 @@ def _three_then_busy(ctx, event: bytes) -> bytes:
 def test_a_retry_whose_calls_overflow_the_cache_pays_again_and_counts_every_payment():
     # Three calls paid, the fourth busy; the cache keeps two. The retry runs the calls in the
     # order they were made, so LRU evicts each kept answer just before it is needed and every
-    # call is paid again: replay holds within the cache's limits only (README, Budgets). What
+    # call is paid again: replay holds within the cache's limits only (the guide, Budgets). What
     # must hold past them is the count: each payment once in the key's usage.
     model = _Numbered(busy="last")
     config = dataclasses.replace(_config(), cache_max_entries=2)

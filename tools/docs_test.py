@@ -1,0 +1,204 @@
+"""The README and the user guide (docs/) say what the code does: every code block runs here.
+
+Sybil parses the pages' fenced blocks and evaluates each page's Python blocks in order in one
+namespace (a page's later blocks build on its earlier ones), reporting a failure at the page's
+line. It runs inside an ordinary test, not as a pytest plugin collecting .md files, so Bazel's
+py_test runs the same file and a page's blocks can be split by tier. Chosen over
+pytest-markdown-docs, which collects every fence as its own test and needs a fixture or a
+`continuation` fence to share a namespace, and offers no per-block tier marker.
+
+Markers, each an HTML comment on the line before the block's fence (invisible on the site):
+
+* `<!-- engines -->`: the block needs Kafka and Flink (tools/engines.sh); it runs in the
+  engines tier (`pytest -m engines`), with the page's blocks before it;
+* `<!-- not-run: WHY -->`: a block to read, not run (a long command, a config file shown for
+  its fields); the reason is required, and `test_no_block_is_left_unchecked` fails on any
+  block that is neither Python nor marked.
+
+The troubleshooting page and the API reference are checked against the code: the page lists
+exactly the dead-letter reasons the runtime emits, and the reference exactly `__all__`.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from sybil import Document
+from sybil.parsers.markdown import PythonCodeBlockParser
+from sybil.parsers.markdown.lexers import RawFencedCodeBlockLexer
+
+from tools.workspace import source_root
+
+ROOT = source_root()
+PAGES = sorted(
+    [ROOT / "README.md", *(ROOT / "docs").glob("*.md")], key=lambda p: str(p.relative_to(ROOT))
+)
+
+_ENGINES = "<!-- engines -->"
+_NOT_RUN = re.compile(r"<!-- not-run: \S.*? -->")
+_FENCES = RawFencedCodeBlockLexer(
+    info_pattern=re.compile(r"(?P<language>[^\n]*)$\n", re.MULTILINE),
+    mapping={"language": "language", "source": "source"},
+)
+
+
+def _name(page: Path) -> str:
+    return str(page.relative_to(ROOT))
+
+
+def _marker(document: Document, start: int) -> str:
+    """The HTML comment on the line before the fence that opens at `start`, if any."""
+    before = document.text[:start].rstrip(" \t")
+    line = before[: before.rfind("\n")].rsplit("\n", 1)[-1].strip()
+    return line if line.startswith("<!--") else ""
+
+
+def _python_blocks(page: Path) -> tuple[Document, list]:
+    document = Document.parse(str(page), PythonCodeBlockParser())
+    return document, list(document.examples())
+
+
+def _has_engines_blocks(page: Path) -> bool:
+    document, examples = _python_blocks(page)
+    return any(_marker(document, e.region.start) == _ENGINES for e in examples)
+
+
+def _run(page: Path, *, engines: bool) -> int:
+    document, examples = _python_blocks(page)
+    ran = 0
+    for example in examples:
+        marker = _marker(document, example.region.start)
+        if _NOT_RUN.fullmatch(marker):
+            continue
+        if marker == _ENGINES and not engines:
+            continue
+        example.evaluate()
+        ran += 1
+    return ran
+
+
+@pytest.mark.parametrize("page", PAGES, ids=_name)
+def test_the_code_blocks_of_the_page_run(page, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # blocks may write files (an effector's store)
+    _run(page, engines=False)
+
+
+@pytest.mark.engines
+@pytest.mark.parametrize("page", [p for p in PAGES if _has_engines_blocks(p)], ids=_name)
+def test_the_engines_code_blocks_of_the_page_run(page, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert _run(page, engines=True)
+
+
+@pytest.mark.parametrize("page", PAGES, ids=_name)
+def test_no_block_is_left_unchecked(page):
+    """A block runs (Python), or says why not: nothing rots unseen."""
+    document = Document(page.read_text(), str(page))
+    unchecked = [
+        f"{_name(page)}, {document.line_column(region.start)}: ```{region.lexemes['language']}"
+        for region in _FENCES(document)
+        if region.lexemes["language"].strip() != "python"
+        and not _NOT_RUN.fullmatch(_marker(document, region.start))
+    ]
+    assert not unchecked, "blocks neither run nor marked <!-- not-run: WHY -->: " + str(unchecked)
+
+
+def test_the_guide_builds_strictly(tmp_path):
+    """`mkdocs build --strict`, as tools/dev.sh docs runs it: a broken link or anchor, a page
+    missing from the nav, an API reference to a name that no longer exists fail it."""
+    built = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path)],
+        cwd=ROOT,
+        env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert built.returncode == 0, built.stderr[-4000:]
+
+
+def test_the_readme_links_to_files_that_exist():
+    """The README is outside the guide's build: its links are checked here."""
+    links = re.findall(r"\]\(([^)#]+)(?:#[^)]*)?\)", (ROOT / "README.md").read_text())
+    assert links
+    assert [link for link in links if not (ROOT / link).is_file()] == []
+
+
+def test_the_readme_is_short():
+    assert len((ROOT / "README.md").read_text().splitlines()) <= 200
+
+
+def _table_reasons(text: str) -> set[str]:
+    return {
+        reason
+        for row in re.findall(r"^\| (.+?) \|", text, re.MULTILINE)
+        for reason in re.findall(r"`([a-z_]+)`", row)
+    }
+
+
+def _section(page: str, title: str) -> str:
+    text = (ROOT / "docs" / page).read_text()
+    start = text.index(f"\n## {title}\n")
+    end = text.find("\n## ", start + 1)
+    return text[start : end if end != -1 else len(text)]
+
+
+def test_the_troubleshooting_page_lists_every_dead_letter_reason_of_the_runtime():
+    from beam_agents.runtime.dead_letters import REASONS
+
+    assert _table_reasons(_section("troubleshooting.md", "Dead letters of RunAgent")) == set(
+        REASONS
+    )
+
+
+def test_the_troubleshooting_page_lists_every_dead_letter_reason_of_the_effector():
+    from beam_agents.intents import effector
+    from beam_agents.intents.signing import Verification
+
+    signature = {"signature_" + outcome.name.lower() for outcome in Verification}
+    signature.discard("signature_valid")
+    expected = {effector.REASON_UNDECODABLE} | signature
+    assert _table_reasons(_section("troubleshooting.md", "Dead letters of the effector")) == (
+        expected
+    )
+
+
+def test_the_api_reference_documents_exactly_the_public_names_from_their_owners():
+    import beam_agents
+
+    documented = re.findall(r"^::: ([\w.]+)$", (ROOT / "docs/reference.md").read_text(), re.M)
+    assert sorted(documented) == sorted(
+        f"{beam_agents._OWNERS[name]}.{name}" for name in beam_agents.__all__
+    )
+
+
+#: The modules a README or guide snippet may import from: the package's API, the integrations
+#: that need an optional extra, and the scripted rounds of the local loop.
+_IMPORTABLE = (
+    "beam_agents",
+    "beam_agents.ops.console",
+    "beam_agents.ops.rounds",
+    "beam_agents.integrations.langgraph",
+    "beam_agents.integrations.llm.anthropic_messages",
+    "beam_agents.integrations.llm.gemini",
+    "beam_agents.integrations.llm.openai_chat",
+    "beam_agents.integrations.mcp_tools",
+    "beam_agents.integrations.telemetry",
+)
+
+
+@pytest.mark.parametrize("page", PAGES, ids=_name)
+def test_snippets_import_only_the_public_api_and_the_extras_modules(page):
+    import beam_agents
+
+    text = page.read_text()
+    for module, names in re.findall(r"^\s*from (beam_agents[\w.]*) import ([^\n(]+)$", text, re.M):
+        assert module in _IMPORTABLE, f"{_name(page)} imports from {module}"
+        if module == "beam_agents":
+            for name in (n.strip() for n in names.split(",")):
+                assert name in beam_agents.__all__, f"{name} is not in beam_agents.__all__"
