@@ -5,8 +5,10 @@ a real Effector on a real SQLite file, and the invariants are the oracle.
 BEAM_AGENTS_FUZZ_EXAMPLES sets how many scenarios (of one to five keys, one pipeline per runner
 each) the generative test runs: 8 by default, one to two minutes here;
 `BEAM_AGENTS_FUZZ_EXAMPLES=2000 bash tools/dev.sh test beam_agents/runtime/run_agent_fuzz_test.py`
-is the long run. BEAM_AGENTS_FUZZ_SEED sets its seed (37). With $BEAM_AGENTS_PIPELINE_OPTIONS
-(Prism on .ci/run's second pass) each scenario also runs on that runner, its invariants checked.
+is the long run (300 took 13 to 33 minutes here, three seeds at a time: the runs are in
+benchmarks/results/fuzz-2026-12-03.md). BEAM_AGENTS_FUZZ_SEED sets its seed (37). With
+$BEAM_AGENTS_PIPELINE_OPTIONS (Prism on .ci/run's second pass) each scenario also runs on that
+runner, its invariants checked.
 The generator leaves out the inputs of the items of issue 37 still open on this branch
 (`fuzz_scenarios.OPEN`); `tools/fuzz_run_agent.py` searches with them, feature by feature, and
 prints the invariant each finding breaks. Every failing example found is kept below as a plain
