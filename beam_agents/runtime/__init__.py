@@ -49,8 +49,9 @@ firing time in a timer), never the wall clock, taken on the key's clock: at most
 the key's activity mark (a key idle that long is wiped, so only a wrong clock is further
 ahead), and, for an event that waited in a mailbox, no earlier than the time it is drained.
 The time the key's dedupe marks are stamped at moves by at most `max_clock_skew_ms` an input,
-so one event stamped far ahead cuts no mark of the window before it but that step's (see
-`machine_events`). Intent, trace and span ids and replay-cache keys are pure functions of the
+and an input beyond that bound cuts no mark (see `machine_events`): neither one event stamped
+far ahead nor a first event stamped 0 lets a copy of an earlier event run again. Intent, trace
+and span ids and replay-cache keys are pure functions of the
 key, seq, step and call content. A key's first seq is its first event's own time in
 microsecond steps, so a key that starts over in a new job does not re-issue ids either. A
 resume continues its suspended activation's seq and trace.

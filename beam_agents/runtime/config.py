@@ -85,10 +85,11 @@ class RuntimeConfig:
     dedupe_max_events: int = 1024
     #: How far one input may move the key's dedupe clock (the time its marks are stamped at,
     #: which the window counts back from) past the latest mark. An event stamped further ahead
-    #: is handled all the same, its marks stamped at this bound: so one event with a wrong
-    #: clock cuts only the marks older than the window less this step, and a mark leaves the
-    #: window only after dedupe_window_ms / max_clock_skew_ms such inputs at the least. Keep
-    #: it well below dedupe_window_ms; 0 stops the clock (marks then go by count alone).
+    #: is handled all the same, its marks stamped at this bound; such an input cuts no mark by
+    #: time and takes the marks it keeps as made at the bound (its clock or the key's is
+    #: wrong), so a mark leaves the window only after inputs within the bound have moved the
+    #: clock dedupe_window_ms past it. Keep it well below dedupe_window_ms; 0 stops the clock
+    #: (marks then go by count alone).
     #: (The key's activity, which the TTL counts from, and its activations' "now" move by at
     #: most ttl_ms an input: a key idle that long is wiped.)
     max_clock_skew_ms: int = 60 * 60 * 1000

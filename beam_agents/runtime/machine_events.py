@@ -11,16 +11,28 @@ restored so are made whole on an event's read, once, with an `invalid_state` dea
 
 Two clocks, each moved by one input only so far, since an event's time is its sender's word.
 The dedupe clock (the latest mark's time, which the window counts back from) moves by at most
-`max_clock_skew_ms` an input: an event stamped ten years ahead is stamped that step ahead, so
-it cuts no mark of the window before it but that step's, and no copy of an earlier event runs
-again under a new seq. The key's activity mark (the TTL's anchor) and an activation's "now"
-move by at most `ttl_ms` (`_on_clock`): a key idle that long is wiped, so only a wrong clock is
-further ahead, and one cannot pin the TTL or its suspension's deadline far ahead. Such an event
-is clamped, not refused: its content is the sender's, only its clock is wrong, and a dead
-letter would drop a real request. A key with no mark takes the time as it is (there is nothing
-to cut). An event taken in earlier (queued, or deferred) runs no earlier than the time it is
-drained or retried, so its intents are not born expired, and no later than the key's mark;
-its own time stays in its mark, its first seq, its dead letter and its activation's trace.
+`max_clock_skew_ms` an input. A mark's time is the key's, not its sender's: the time the key
+accepted the event on that clock. An event stamped behind the clock is marked at the clock; one
+stamped beyond the bound is marked at the bound. Such an input (or the first that finds marks
+at no time, 0, or none) says that its own clock or the key's is wrong, and the key cannot tell
+which: an event ten years ahead, or a first event stamped 0 (or far behind) followed by events
+stamped now, which then all look far ahead. So it cuts no mark by time, and the marks it keeps
+are taken as made at the clock it moves to. Marked at its own stamp, a first event stamped 0
+fell out of the window as soon as later events moved the clock on from 0 a step each, and its
+copy ran again under a new seq (a tool effect twice). Only an input within the bound moves the
+clock as it says and cuts the marks the window has passed. So a copy of any accepted event
+does nothing until the clock has moved `dedupe_window_ms` past its mark by inputs within the
+bound; a key whose inputs keep disagreeing with its clock keeps its marks longer than the
+window, `dedupe_max_events` at most.
+
+The key's activity mark (the TTL's anchor) and an activation's "now" move by at most `ttl_ms`
+(`_on_clock`): a key idle that long is wiped, so only a wrong clock is further ahead, and one
+cannot pin the TTL or its suspension's deadline far ahead; a key with no activity mark takes
+the time as it is. Such an event is clamped, not refused: its content is the sender's, only its
+clock is wrong, and a dead letter would drop a real request. An event taken in earlier (queued,
+or deferred) runs no earlier than the time it is drained or retried, so its intents are not
+born expired, and no later than the key's mark; its own time stays in its mark's digest, its
+first seq, its dead letter and its activation's trace.
 
 `Intake`, a mixin of KeyMachine, owns what happens to an event: a duplicate is counted and
 dropped; for a suspended key it waits in the Continuation's mailbox (bounded in events and
@@ -139,29 +151,33 @@ class Intake:
         marks = blob.event_marks
         if digests or marks:
             config = self._config
-            # The dedupe clock (the latest mark's time, else the activity mark) moves by at
-            # most max_clock_skew_ms an input: one event stamped far ahead cuts no mark made in
-            # the window before it (less that step), and none of its copies runs again.
-            last = (len(marks) // _MARK - 1) * _MARK
-            if last >= 0:
-                clock = _TIME.unpack_from(marks, last)[0]
-            else:  # nothing to cut: a first mark takes the activity mark's time, if any
-                clock = before if before > 0 else latest
-            at = max(clock, min(latest, clock + config.max_clock_skew_ms))
+            # The dedupe clock (the latest mark's time) moves by at most max_clock_skew_ms an
+            # input; marks at no time (0 or less) give no clock: the activity mark's, if any.
+            last = len(marks) - _MARK
+            stamped = _TIME.unpack_from(marks, last)[0] if last >= 0 else 0
+            clock = stamped if stamped > 0 else (before if before > 0 else latest)
+            bound = clock + config.max_clock_skew_ms
+            at = max(clock, min(now, bound))
             stamp = _TIME.pack(at)
             added = b"".join([stamp + digest for digest in digests])
             # The new marks are the latest, so the window and the cap cut only old ones (or,
             # with a cap below the new marks, some of those); one copy of what stays.
-            start = max(
-                _first_after(marks, at - config.dedupe_window_ms),
-                len(marks) + len(added) - config.dedupe_max_events * _MARK,
-            )
+            start = max(0, len(marks) + len(added) - config.dedupe_max_events * _MARK)
+            # An input past the bound (or a key with no clock) says the key's clock or the
+            # input's is wrong, and which is unknown: it cuts no mark by time, and a mark it
+            # keeps is taken as made at the clock it moves to, never older than that.
+            trusted = stamped > 0 and now <= bound
+            if trusted:
+                start = max(start, _first_after(marks, at - config.dedupe_window_ms))
             if start or added:
-                blob.event_marks = (
-                    b"".join((memoryview(marks)[start:], added))
-                    if start <= len(marks)
-                    else added[start - len(marks) :]
-                )
+                if start > len(marks):
+                    blob.event_marks = added[start - len(marks) :]
+                elif trusted or not added:
+                    blob.event_marks = b"".join((memoryview(marks)[start:], added))
+                else:
+                    kept = range(start + 8, len(marks), _MARK)
+                    blob.event_marks = b"".join([stamp + marks[d : d + _DIGEST] for d in kept])
+                    blob.event_marks += added
         return blob
 
     def _on_clock(self, state: KeyState, at: int, *, taken_in: bool = False) -> int:

@@ -247,6 +247,11 @@ def test_a_key_first_seen_at_the_end_of_time_starts_its_seqs_with_room_to_count(
     assert again.values(ERRORS) == [] and again.export().seq > snapshot.seq
 
 
+def _mark_times(h: Harness) -> list[int]:
+    marks = h.memory.event_marks
+    return [struct.unpack_from(">q", marks, at)[0] for at in range(0, len(marks), 24)]
+
+
 def test_one_event_moves_the_dedupe_clock_by_at_most_max_clock_skew_ms():
     config = RuntimeConfig(dedupe_window_ms=1000, max_clock_skew_ms=100)
     h = Harness(echo, config=config)
@@ -254,10 +259,51 @@ def test_one_event_moves_the_dedupe_clock_by_at_most_max_clock_skew_ms():
     h.send(event(T0 + 10**9, b"ahead"))  # stamped T0 + 100: "a" is still inside the window
     h.send(event(T0, b"a"))
     assert h.values("completions") == [b"echo a", b"echo ahead"]
-    for n in range(10):  # ten inputs move it ten steps: the window has passed "a"
+    assert _mark_times(h) == [T0 + 100, T0 + 100]
+    # Ten more inputs that far ahead move the clock ten steps, and take every mark as made at
+    # the clock: the key cannot tell whether they or "a" had the wrong clock.
+    for n in range(10):
         h.send(event(T0 + 10**9 + n + 1, b"%d" % n))
     h.send(event(T0, b"a"))
+    assert h.values("completions")[-1] == b"echo 9" and _mark_times(h)[0] == T0 + 1100
+    # Inputs within a step of the clock move it as they say: past the window, "a" is cut.
+    for n in range(1, 12):
+        h.send(event(T0 + 1100 + 100 * n, b"on time %d" % n))
+    h.send(event(T0, b"a"))
     assert h.values("completions")[-1] == b"echo a"
+
+
+@pytest.mark.parametrize("first", [0, T0 - YEAR], ids=["stamped_zero", "far_behind"])
+def test_a_copy_of_a_first_event_stamped_behind_does_not_run_again_after_later_events(first):
+    """Found by the harness (run_agent_fuzz_test, seed 38): the first event's mark was made at
+    its own time, so every later event moved the clock a full step from there, and after
+    dedupe_window_ms / max_clock_skew_ms of them (here less than one) its mark was cut and its
+    copy ran again under a new seq: a tool effect twice."""
+    config = RuntimeConfig(dedupe_window_ms=1000, max_clock_skew_ms=300)
+    h = Harness(echo, config=config)
+    h.send(event(first, b"first"), idempotency_key=b"transport-1")
+    for n in range(10):
+        h.send(event(T0 + n, b"%d" % n))
+        h.send(event(first, b"first"), idempotency_key=b"transport-1")
+        h.send(event(first, b"first"))
+    assert h.values("completions") == [b"echo first"] + [b"echo %d" % n for n in range(10)]
+    assert h.values(ERRORS) == []
+
+
+def test_an_event_far_ahead_cuts_no_mark_and_keeps_its_own_until_the_clock_passes_it():
+    """It was marked a step ahead and cut the marks that step took out of the window: events
+    inside the window by their own times ran again."""
+    config = RuntimeConfig(dedupe_window_ms=1000, max_clock_skew_ms=300)
+    h = Harness(echo, config=config)
+    on_time = [event(T0 + 250 * n, b"%d" % n) for n in range(4)]
+    far = event(T0 + 10 * YEAR, b"far ahead")  # marked at T0 + 1050
+    for sent in [*on_time, far, *on_time, far]:
+        h.send(sent)
+    assert h.values("completions") == [b"echo %d" % n for n in range(4)] + [b"echo far ahead"]
+    for n in range(1, 5):  # on time: the clock passes the window after its mark
+        h.send(event(T0 + 1050 + 300 * n, b"later %d" % n))
+    h.send(far)
+    assert h.values("completions")[-1] == b"echo far ahead"
 
 
 def test_an_event_stamped_far_ahead_does_not_pin_the_ttl():
