@@ -123,8 +123,9 @@ def editable(intent: ToolIntent) -> dict[str, object]:
 
 def check_edits(intent: ToolIntent, edits: Mapping[str, object]) -> dict[str, object]:
     """The edits of `intent`'s arguments a person asks for, without those that change nothing;
-    raises ApprovalEditError naming the first argument that may not be changed or whose new
-    value is not of its asked value's JSON type."""
+    raises ApprovalEditError naming the first argument that may not be changed, whose new
+    value canonical JSON cannot carry, or whose new value is not of its asked value's JSON
+    type."""
     allowed = editable(intent)
     changed = {}
     for name, value in edits.items():
@@ -133,6 +134,15 @@ def check_edits(intent: ToolIntent, edits: Mapping[str, object]) -> dict[str, ob
             raise ApprovalEditError(
                 f"{name!r} may not be changed in this approval (editable: {what})", field=name
             )
+        try:
+            canonical_args_json({name: value})
+        except CanonicalJsonError as e:
+            # 1e16 is a finite float, a number to json_type, yet one that canonical JSON
+            # refuses to write (it would read back as an integer past 2^53): refused here,
+            # naming the field, not when the decision or the agent's arguments are signed.
+            raise ApprovalEditError(
+                f"{name!r} cannot be {value!r}: {e.reason}", field=name
+            ) from None
         want, got = json_type(allowed[name]), json_type(value)
         if got != want:
             raise ApprovalEditError(

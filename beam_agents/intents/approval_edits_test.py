@@ -92,6 +92,19 @@ def test_an_edit_keeps_only_what_changed_and_a_number_may_lose_or_gain_its_fract
     assert edits_json({}) == "" and edits_json({"amount": 30}) == '{"amount":30}'
 
 
+@pytest.mark.parametrize(
+    "value", [12345678901234567, -(2**53), 1e16, 9007199254740992.0, "lone \ud800 surrogate"]
+)
+def test_an_edit_canonical_json_cannot_carry_is_refused_naming_its_field(value):
+    # Review 38: 1e16 is a finite float, so it passed the type check and the signer's
+    # canonical JSON raised CanonicalJsonError, a 500 in the console.
+    intent = _request(amount=42, note="hi", editable=["amount", "note"])
+    name = "note" if isinstance(value, str) else "amount"
+    with pytest.raises(ApprovalEditError) as refused:
+        check_edits(intent, {name: value})
+    assert refused.value.field == name and repr(name) in str(refused.value)
+
+
 def test_the_edits_are_signed_with_the_decision_and_old_approvals_read_as_approved_as_asked():
     intent = _request(amount=42, to="c-1", editable=["amount"])
     edited = AgentEnvelope.Approval(
