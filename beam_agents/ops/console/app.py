@@ -66,7 +66,7 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from beam_agents._protos import ToolIntent
-from beam_agents.errors import with_article
+from beam_agents.errors import ApprovalEditError, with_article
 from beam_agents.intents.approval_edits import editable, json_type
 from beam_agents.intents.effector import INQUIRY_SUFFIX, INQUIRY_TOOL, wall_clock_ms
 from beam_agents.intents.identity import MAX_ARGS_DEPTH
@@ -195,41 +195,42 @@ def _unreadable(request: Request) -> Response | None:
 
 #: A form field naming an argument the approver changed: "edit.<argument>".
 EDIT_FIELD = "edit."
-_INTEGER = re.compile(r"-?[0-9]{1,16}")
+# JSON's number grammar (RFC 8259 section 6): float() also reads "+40", "4_0", "inf" and
+# fullwidth digits, which no person means as the number JSON would write.
+_JSON_NUMBER = re.compile(r"-?(?:0|[1-9][0-9]*)(?P<float>(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?)")
 
 
 def _form_value(asked: object, text: str) -> object:
     """The value a form field's `text` gives an argument asked as `asked`: a number for a
-    number, true or false for a boolean, the text for a string; the text as it is when it is
-    none of these, which the inbox then refuses as a value of the wrong type."""
+    number (written as JSON writes one), true or false for a boolean, the text for a string;
+    the text as it is when it is none of these, which the inbox then refuses as a value of the
+    wrong type (and a number JSON cannot carry exactly, `check_edits`)."""
     kind, text_ = json_type(asked), text.strip()
     if kind == "boolean" and text_ in ("true", "false"):
         return text_ == "true"
-    if kind == "number":
-        if _INTEGER.fullmatch(text_):
-            return int(text_)
-        try:
-            number = float(text_)
-        except ValueError:
-            return text
-        return number if json_type(number) else text
-    return text
+    number = _JSON_NUMBER.fullmatch(text_) if kind == "number" else None
+    if number is None:
+        return text
+    # int() refuses thousands of digits (CPython's limit on int from str); a number that long
+    # is past 2^53 either way, and check_edits refuses it as a float as well.
+    return float(text_) if number["float"] or len(text_) > 64 else int(text_)
 
 
 def _edits(intent: ToolIntent, form) -> dict[str, object]:
     """The arguments a decision form changes (its "edit." fields), each as `_form_value` reads
     it against the asked value; a field of an argument that is not editable is kept as text,
-    for the inbox to refuse."""
+    for the inbox to refuse. Raises ApprovalEditError for an argument the form edits twice
+    (which of two values was meant is not the console's to guess)."""
     asked = editable(intent)
-    return {
-        name[len(EDIT_FIELD) :]: (
-            _form_value(asked[name[len(EDIT_FIELD) :]], str(value))
-            if name[len(EDIT_FIELD) :] in asked
-            else str(value)
-        )
-        for name, value in form.multi_items()
-        if name.startswith(EDIT_FIELD)
-    }
+    edits: dict[str, object] = {}
+    for field, value in form.multi_items():
+        if not field.startswith(EDIT_FIELD):
+            continue
+        name = field[len(EDIT_FIELD) :]
+        if name in edits:
+            raise ApprovalEditError(f"{name!r} is edited twice in one form", field=name)
+        edits[name] = _form_value(asked[name], str(value)) if name in asked else str(value)
+    return edits
 
 
 def _page(request: Request, param: str = "page") -> int:
@@ -461,7 +462,10 @@ def create_app(
         back = f"/approvals/{_path_part(intent_id)}"
         found = inbox.get(intent_id)
         # Edits go with an approval only; a decline's form carries the fields as they were.
-        edits = _edits(found.intent, form) if found and verdict == "approve" else {}
+        try:
+            edits = _edits(found.intent, form) if found and verdict == "approve" else {}
+        except ApprovalEditError as e:
+            return message(request, session, 400, "Refused", str(e), back)
         try:
             decision, made = await run_in_threadpool(
                 partial(
