@@ -23,14 +23,17 @@ from pathlib import Path
 
 import pytest
 
-from beam_agents._protos import AgentEnvelope, StateSnapshot, TraceEvent
+from beam_agents._protos import AgentEnvelope, StateSnapshot, ToolIntent, TraceEvent
+from beam_agents.intents.approval_edits import approval_args
 from beam_agents.intents.effector import wall_clock_ms
-from beam_agents.intents.signing import Verification, verify
+from beam_agents.intents.identity import canonical_args_json
+from beam_agents.intents.signing import Verification, sign, verify
 from beam_agents.ops.console.app import create_app
 from beam_agents.ops.console.service import serving
 from beam_agents.ops.demo import DEMO_PASSWORD, DEMO_USER, demo_approver_keyring
 from beam_agents.testing.console import (
     APPROVALS_RING,
+    INTENT_RING,
     PASSWORD,
     Recorder,
     approval_intent,
@@ -491,6 +494,36 @@ def test_an_approver_approves_the_refund_at_a_lower_amount(driver, console):
     assert approval.edited_args_json == '{"amount":30}' and approval.approved
     assert verify(approval, APPROVALS_RING) is Verification.VALID
     driver.save_screenshot(str(ARTIFACTS / "approval-edited.png"))
+
+
+def test_approving_untouched_signs_no_edit_of_a_string_an_input_cannot_hold(driver, console):
+    # Review 38: the form offered each editable string as an <input>, whose value a browser
+    # strips of CR and LF (HTML's value sanitization): approving as asked signed an edit of
+    # every multi-line string.
+    from selenium.webdriver.common.by import By
+
+    url, bus, _recorder = console
+    now = wall_clock_ms()
+    details = {"amount": 42, "note": "line one\nline two", "memo": "a\r\nb", "to": " c-1 "}
+    details["tag"] = "nul\x00"  # the page's parser would read it as U+FFFD
+    intent = ToolIntent(
+        intent_id="multi-line", entity_key=b"c-1", seq=3, step_index=1,
+        tool_name="human.approval", kind=ToolIntent.APPROVAL,
+        args_json=canonical_args_json(approval_args("Pay?", details, list(details))),
+        created_at_ms=now - 1_000, expires_at_ms=now + 3_600_000,
+    )  # fmt: skip
+    bus.handle(bus.topics.approvals, sign(intent, INTENT_RING).SerializeToString())
+    _sign_in(driver, url, "alice")
+    driver.get(url + "/approvals/multi-line")
+    _wait(driver, lambda d: d.find_element(By.ID, "edit-amount"))
+    assert driver.find_element(By.ID, "edit-to").get_attribute("value") == " c-1 "
+    assert not driver.find_elements(By.NAME, "edit.note")
+    assert not driver.find_elements(By.NAME, "edit.memo")
+    assert not driver.find_elements(By.NAME, "edit.tag")
+    assert "cannot be changed here" in driver.find_element(By.ID, "fixed-note").text
+    driver.find_element(By.ID, "approve").click()
+    _wait(driver, lambda d: d.find_element(By.ID, "decision"))
+    assert bus.inbox.decision("multi-line").edits == ""
 
 
 def test_the_agent_page_starts_with_its_status_and_its_timeline_draws_the_wait(driver, console):
