@@ -165,7 +165,8 @@ class Browser:
     127.0.0.1, which browsers treat as a secure origin). `source` is the address it connects
     from (any of 127.0.0.0/8). With `plain_http_host`, it is a browser that loaded the console
     over plain HTTP by that host name: it names the host, sends that origin with its forms, and
-    keeps no Secure cookie (as browsers do on a page that is no secure context)."""
+    keeps no Secure cookie (as browsers do on a page that is no secure context). With
+    `forwarded_for`, it is a proxy forwarding a client of that address (X-Forwarded-For)."""
 
     def __init__(
         self,
@@ -173,19 +174,21 @@ class Browser:
         *,
         source: str = "",
         plain_http_host: str = "",
+        forwarded_for: str = "",
         cookies: dict[str, str] | None = None,
     ) -> None:
         parsed = urllib.parse.urlsplit(base_url)
         self._host, self._port = parsed.hostname, parsed.port
         self._source = (source, 0) if source else None
         self._plain_http_host = plain_http_host
+        self._forwarded_for = forwarded_for
         self.cookies: dict[str, str] = dict(cookies or {})
 
     def request(self, method: str, path: str, form: dict | None = None) -> Reply:
         connection = http.client.HTTPConnection(
             self._host, self._port, timeout=30, source_address=self._source
         )
-        headers = {}
+        headers = {"X-Forwarded-For": self._forwarded_for} if self._forwarded_for else {}
         if self._plain_http_host:
             headers["Host"] = f"{self._plain_http_host}:{self._port}"
             if method == "POST":

@@ -806,6 +806,34 @@ def test_the_address_audited_and_rate_limited_is_the_peers_not_a_forwarded_for_h
     assert row[5] == "127.0.0.1"
 
 
+def test_behind_a_trusted_proxy_clients_are_throttled_apart_and_a_forged_header_is_ignored(
+    tmp_path,
+):
+    # Review 38: behind the TLS proxy config.py recommends, every client had the proxy's
+    # address, so five wrong passwords from anyone locked the owner out (and the audit log
+    # recorded the proxy). 127.0.0.9 plays the trusted proxy.
+    clock = ManualClock(NOW)
+    bus, auth = make_bus(tmp_path / "console.sqlite", Recorder(), clock)
+    bus.inbox.receive(approval_intent().SerializeToString(deterministic=True))
+    proxy = "127.0.0.9"
+    with serving(create_app(bus, auth, clock=clock), trusted_proxies=[proxy]) as url:
+        for _ in range(MAX_FAILURES):
+            stranger = Browser(url, source=proxy, forwarded_for="198.51.100.7")
+            assert stranger.sign_in("alice", "guess").status == 401
+        assert stranger.sign_in("alice", "guess").status == 429
+        owner = Browser(url, source=proxy, forwarded_for="203.0.113.5, 198.51.100.8")
+        assert owner.sign_in("alice").status == 303
+        form = {"csrf": owner.get("/approvals/a-1").csrf(), "decision": "approve"}
+        assert owner.post("/approvals/a-1", form).status == 303
+        (row,), _ = bus.inbox.audit()
+        assert row[5] == "198.51.100.8"  # the proxy's client, not what the client forwarded
+        # A peer that is no trusted proxy is its own client, whatever it forwards.
+        for i in range(MAX_FAILURES):
+            forger = Browser(url, source="127.0.0.10", forwarded_for=f"192.0.2.{i}")
+            assert forger.sign_in("bob", "guess").status == 401
+        assert forger.sign_in("bob", "guess").status == 429
+
+
 def test_concurrent_wrong_passwords_get_no_more_tries_than_the_limit(console):
     # Review: the limit was checked before the password and the failure written after it, so
     # sign-ins verified at once (the thread pool, or two console processes) all passed the

@@ -9,6 +9,7 @@
     host = "127.0.0.1"
     port = 8080
     secure_cookies = true                # false only when served over plain HTTP (below)
+    trusted_proxies = ["127.0.0.1"]      # the TLS proxy's address(es); default: none (below)
     verify_mode = "require"              # how APPROVAL intents are verified (as the effector)
     intent_keyring = "intent-keys.json"  # verifies them: a keyring file, or MODULE:NAME
     approvals_keyring = "approval-keys.json"  # its active key signs every decision
@@ -22,7 +23,14 @@ The console serves plain HTTP and is meant to be reached over HTTPS, through a T
 proxy: its cookies are Secure by default, and a browser keeps a Secure cookie only from an
 HTTPS page (or from localhost). Served over plain HTTP by a host name (a LAN name, a proxy that
 does not terminate TLS), sign-in cannot work until `secure_cookies = false`, and the sign-in
-page says so. Passwords are kept only as argon2id hashes (argon2-cffi); changing a user's
+page says so. Behind that proxy every request comes from the proxy's address, which the
+audit log would record and the sign-in limit would throttle (five wrong passwords from anyone
+would lock everyone out): `trusted_proxies` names the proxy's addresses (IP addresses or
+networks, "10.0.0.0/8"), and from those peers only the client is taken from X-Forwarded-For
+(the nearest address in it that is no trusted proxy; uvicorn's proxy headers) and the scheme
+from X-Forwarded-Proto. Name only proxies that set X-Forwarded-For themselves: a peer named
+here chooses the address it forwards. A request from any other peer is its own client,
+whatever it forwards. Passwords are kept only as argon2id hashes (argon2-cffi); changing a user's
 password_hash ends that user's sessions once the console is restarted on the file. A keyring
 given as MODULE:NAME is a callable returning a Keyring (as `effector-service --keyring`), e.g.
 the demo's key.
@@ -35,6 +43,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import ipaddress
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
@@ -84,6 +93,7 @@ class ConsoleConfig:
     host: str = "127.0.0.1"
     port: int = 8080
     secure_cookies: bool = True
+    trusted_proxies: tuple[str, ...] = ()
 
     @classmethod
     def from_file(cls, path: str | Path) -> ConsoleConfig:
@@ -149,6 +159,12 @@ class ConsoleConfig:
         secure_cookies = console.get("secure_cookies", True)
         if not isinstance(secure_cookies, bool):
             raise fail("console.secure_cookies must be true or false")
+        proxies = console.get("trusted_proxies", [])
+        if not isinstance(proxies, list) or not all(_ip_or_network(p) for p in proxies):
+            raise fail(
+                "console.trusted_proxies must be a list of IP addresses or networks "
+                '(e.g. ["127.0.0.1", "10.0.0.0/8"])'
+            )
         return cls(
             users=users,
             database=base / text(console, "console", "database", "console.sqlite"),
@@ -161,6 +177,7 @@ class ConsoleConfig:
             host=text(console, "console", "host", "127.0.0.1"),
             port=port,
             secure_cookies=secure_cookies,
+            trusted_proxies=tuple(proxies),
         )
 
 
@@ -176,6 +193,19 @@ def load_keyring(spec: str, base: Path, fail) -> Keyring:
     if not isinstance(ring, Keyring):
         raise fail(f"keyring {spec!r} gave {with_article(type(ring).__name__)}, not a Keyring")
     return ring
+
+
+def _ip_or_network(entry: object) -> bool:
+    """Whether `entry` is an address or a network as uvicorn reads them: anything else (a
+    host name, "*", "10.0.0.1/8") it would keep as a literal that matches no peer's address,
+    or as trust in every peer."""
+    try:
+        if isinstance(entry, str):
+            (ipaddress.ip_network if "/" in entry else ipaddress.ip_address)(entry)
+            return True
+    except ValueError:
+        pass
+    return False
 
 
 def _table(document: Mapping, name: str, fail) -> Mapping:

@@ -41,6 +41,17 @@ def test_cookies_are_secure_unless_the_file_says_the_console_is_served_over_plai
     assert not ConsoleConfig.from_document(plain, base=tmp_path, source="c.toml").secure_cookies
 
 
+def test_trusted_proxies_are_none_unless_the_file_names_their_addresses(tmp_path):
+    # Review 38: behind the recommended TLS proxy every client had the proxy's address, and
+    # nothing in the file could name the proxy.
+    (tmp_path / "keys.json").write_text(_KEYS)
+    config = ConsoleConfig.from_document(_document(), base=tmp_path, source="console.toml")
+    assert config.trusted_proxies == ()
+    named = _document("console", "trusted_proxies", ["127.0.0.1", "10.0.0.0/8", "::1"])
+    config = ConsoleConfig.from_document(named, base=tmp_path, source="console.toml")
+    assert config.trusted_proxies == ("127.0.0.1", "10.0.0.0/8", "::1")
+
+
 def test_the_effectors_inquiry_ring_is_read_from_the_file(tmp_path):
     (tmp_path / "keys.json").write_text(_KEYS)
     document = _document("console", "inquiry_keyring", "beam_agents.ops.demo:demo_inquiry_keyring")
@@ -59,6 +70,11 @@ def test_the_effectors_inquiry_ring_is_read_from_the_file(tmp_path):
         ("console", "host", []),
         ("console", "port", True),
         ("console", "secure_cookies", "no"),
+        ("console", "trusted_proxies", "127.0.0.1"),
+        ("console", "trusted_proxies", ["*"]),
+        ("console", "trusted_proxies", ["proxy.lan"]),
+        ("console", "trusted_proxies", ["10.0.0.1/8"]),
+        ("console", "trusted_proxies", [1]),
         ("kafka", "topic_prefix", 5),
         ("kafka", "bootstrap_servers", {"host": "x"}),
     ],

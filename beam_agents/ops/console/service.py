@@ -30,10 +30,16 @@ from beam_agents.ops.console.observed import Observations
 
 __all__ = ["build", "main", "run", "serving"]
 
-# The client is the peer: uvicorn believes X-Forwarded-For from 127.0.0.1 by default, so anyone
-# reaching the console through the loopback (a local user, an SSH tunnel) chose the address the
-# audit log records and escaped the per-address sign-in limit.
-_PEER = {"proxy_headers": False}
+
+def _client(trusted_proxies: Sequence[str]) -> dict:
+    """uvicorn's settings for who the client is: the peer, unless the peer is one of
+    `trusted_proxies` (config.py), whose X-Forwarded-For names it. Never uvicorn's default,
+    which believes X-Forwarded-For from 127.0.0.1: anyone reaching the console through the
+    loopback (a local user, an SSH tunnel) would choose the address the audit log records and
+    escape the per-address sign-in limit."""
+    if not trusted_proxies:
+        return {"proxy_headers": False}
+    return {"proxy_headers": True, "forwarded_allow_ips": list(trusted_proxies)}
 
 
 def build(config: ConsoleConfig, publish) -> tuple[ConsoleBus, Auth]:
@@ -53,10 +59,13 @@ def build(config: ConsoleConfig, publish) -> tuple[ConsoleBus, Auth]:
 
 
 @contextlib.contextmanager
-def serving(app, host: str = "127.0.0.1", port: int = 0) -> Iterator[str]:
+def serving(
+    app, host: str = "127.0.0.1", port: int = 0, *, trusted_proxies: Sequence[str] = ()
+) -> Iterator[str]:
     """Serves `app` in a thread; yields its base URL and stops it on exit."""
+    client = _client(trusted_proxies)
     server = uvicorn.Server(
-        uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="off", **_PEER)
+        uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="off", **client)
     )
     thread = threading.Thread(target=server.run, name="console-http", daemon=True)
     thread.start()
@@ -86,7 +95,7 @@ def run(config: ConsoleConfig, *, group_id: str | None = None) -> None:
             host=config.host,
             port=config.port,
             log_level="info",
-            **_PEER,
+            **_client(config.trusted_proxies),
         )
     finally:
         stop.set()
