@@ -354,16 +354,22 @@ def test_the_form_refuses_an_edit_not_allowed_or_of_the_wrong_type(
     assert bus.inbox.decision(intent_id).edits == ""
 
 
+def _approve_amount_typed(console, typed: str):
+    """(bus, alice's browser, the form without edits, the reply) of alice approving e-1, whose
+    amount is editable, with `typed` as its amount."""
+    url, bus, *_ = console
+    bus.inbox.receive(approval_intent("e-1", editable=["amount"]).SerializeToString())
+    browser = _signed_in(url, "alice")
+    form = {"csrf": browser.get("/approvals/e-1").csrf(), "decision": "approve"}
+    return bus, browser, form, browser.post("/approvals/e-1", {**form, "edit.amount": typed})
+
+
 @pytest.mark.parametrize(
     "typed", ["12345678901234567", "1e16", "9007199254740993.0", "1e999", "9" * 5000]
 )
 def test_an_edit_to_a_number_json_cannot_carry_is_refused_naming_the_field(console, typed):
     # Review 38: the signer's canonical JSON raised on it, uncaught: a 500.
-    url, bus, *_ = console
-    bus.inbox.receive(approval_intent("e-1", editable=["amount"]).SerializeToString())
-    browser = _signed_in(url, "alice")
-    form = {"csrf": browser.get("/approvals/e-1").csrf(), "decision": "approve"}
-    reply = browser.post("/approvals/e-1", {**form, "edit.amount": typed})
+    bus, browser, form, reply = _approve_amount_typed(console, typed)
     assert reply.status == 409 and "&#39;amount&#39;" in reply.text, reply.text[-600:]
     assert bus.inbox.decision("e-1") is None
     assert browser.post("/approvals/e-1", form).status == 303  # nothing half-recorded
@@ -372,11 +378,7 @@ def test_an_edit_to_a_number_json_cannot_carry_is_refused_naming_the_field(conso
 @pytest.mark.parametrize("typed", ["\uff14\uff10", "4_0", "+40", "040", "0x28", "40.", ".5e2"])
 def test_an_edited_number_is_read_only_in_json_number_syntax(console, typed):
     # Review 38: float() read fullwidth digits, underscores and a plus sign as a number.
-    url, bus, *_ = console
-    bus.inbox.receive(approval_intent("e-1", editable=["amount"]).SerializeToString())
-    browser = _signed_in(url, "alice")
-    form = {"csrf": browser.get("/approvals/e-1").csrf(), "decision": "approve"}
-    reply = browser.post("/approvals/e-1", {**form, "edit.amount": typed})
+    bus, browser, form, reply = _approve_amount_typed(console, typed)
     assert reply.status == 409 and "needs a number, not string" in reply.text, typed
     assert bus.inbox.decision("e-1") is None
     assert browser.post("/approvals/e-1", {**form, "edit.amount": " -4.5E1 "}).status == 303
