@@ -73,7 +73,7 @@ from beam_agents.intents.identity import MAX_ARGS_DEPTH
 from beam_agents.ops.console.auth import Auth, RateLimited, Session
 from beam_agents.ops.console.bus import ConsoleBus
 from beam_agents.ops.console.config import Role
-from beam_agents.ops.console.display import NOT_JSON, question, undecidable, visible
+from beam_agents.ops.console.display import NOT_JSON, key_of_text, question, undecidable, visible
 from beam_agents.ops.console.display import duration as _duration
 from beam_agents.ops.console.display import moment as _ms
 from beam_agents.ops.console.inbox import STATES, DecisionRefused
@@ -385,7 +385,10 @@ def create_app(
         state = query.get("state", "")
         state = state if state in STATES else ""
         tool, key_text = query.get("tool", ""), query.get("key", "")
-        chosen = partial(inbox.approvals, tool=tool, key=key_text.encode() if key_text else None)
+        # The key as the page shows it (display.key_of_text): a byte that is not UTF-8 or a
+        # hidden character, typed as shown, finds the key.
+        key = key_of_text(key_text) if key_text else None
+        chosen = partial(inbox.approvals, tool=tool, key=key)
         pending, pager, decided, decided_pager = [], None, [], None
         if state != "decided":
             pending, pager = _paged(request, partial(chosen, state=state or "undecided"), path="/")
