@@ -554,7 +554,7 @@ def create_app(
         decidable = [a for a in waiting if not why_undecidable(a)]
         trusted = snapshot if observations.snapshot_trusted(key) else None
         completion, _ = observations.completions(key, limit=1)
-        letter, _ = observations.dead_letters(key=key, limit=1)
+        letter = observations.latest_dead_letter(key)
         latest, _ = observations.activations(key, limit=1)
         decided, _ = inbox.approvals(state="decided", key=key, limit=1)
         return agent_status(
@@ -563,7 +563,8 @@ def create_app(
             waiting_total=len(decidable),
             snapshot=trusted,
             completion=completion[0] if completion else None,
-            letter=letter[0] if letter else None,
+            letter=letter[1] if letter else None,
+            letter_at_ms=letter[0] if letter else None,
             decision=decided[0].decision if decided else None,
             last_trace_ms=latest[0].start_ms if latest else 0,
         )
