@@ -22,6 +22,10 @@ own clock, and is ordered by its claimed time clamped to that (`_at`): a real re
 never later than its receipt, a forged far-future one counts as received (and among traces
 received at once, one claiming a time past `MAX_CLOCK_SKEW_MS` ahead sorts last). A row kept
 before receipt times were recorded (received_at_ms 0, db.py) is timed by its claim.
+
+Size. One trace is anyone's to fill (its id is in every event and intent of it): a trace is read
+and drawn up to `MAX_TRACE_EVENTS` events, the first received, and the page says how many more
+were not drawn (`Activation.omitted`).
 """
 
 from __future__ import annotations
@@ -39,12 +43,17 @@ from beam_agents.ops.console.db import Database
 __all__ = [
     "EXPORT_ANSWER_MS",
     "MAX_CLOCK_SKEW_MS",
+    "MAX_TRACE_EVENTS",
     "Activation",
     "Observations",
 ]
 
 #: How long after an export request its answer is trusted; requests older are forgotten.
 EXPORT_ANSWER_MS = 24 * 60 * 60 * 1000
+#: Most events of one trace read and drawn (the first received): an activation of the runtime
+#: writes a few per agent step, and five timelines of this many events are about 0.7 MB of a
+#: page refreshed every few seconds.
+MAX_TRACE_EVENTS = 200
 #: How far ahead of this console's clock a writer's clock may be (the runtime's default
 #: max_clock_skew_ms): a trace claiming a time further ahead sorts after those received with it.
 MAX_CLOCK_SKEW_MS = 60 * 60 * 1000
@@ -61,7 +70,10 @@ class Activation:
     """The TraceEvents of one trace (one activation and its resumes) of a key."""
 
     trace_id: bytes
+    #: In start order; at most MAX_TRACE_EVENTS, the first received.
     events: list[TraceEvent]
+    #: How many more events of the trace were received and are not drawn.
+    omitted: int = 0
 
     @property
     def start_ms(self) -> int:
@@ -203,15 +215,19 @@ class Observations:
         return [self.activation(key, trace_id) for (trace_id,) in trace_ids], total
 
     def activation(self, key: bytes, trace_id: bytes) -> Activation | None:
-        """One trace of the key with all its events in start order (None when none is known):
-        the approval page looks its trace up by id, not among the latest few."""
+        """One trace of the key, its first MAX_TRACE_EVENTS events received in start order (None
+        when none is known): the approval page looks its trace up by id, not among the latest
+        few."""
+        where = "WHERE entity_key = ? AND trace_id = ?"
         rows = self._db.read(
-            "SELECT event FROM traces WHERE entity_key = ? AND trace_id = ? ORDER BY start_ms, id",
-            (key, trace_id),
+            f"SELECT event FROM traces {where} ORDER BY id LIMIT ?",
+            (key, trace_id, MAX_TRACE_EVENTS),
         )
         if not rows:
             return None
-        return Activation(bytes(trace_id), [TraceEvent.FromString(r[0]) for r in rows])
+        (total,) = self._db.read(f"SELECT count(*) FROM traces {where}", (key, trace_id))[0]
+        events = sorted((TraceEvent.FromString(r[0]) for r in rows), key=lambda e: e.start_ms)
+        return Activation(bytes(trace_id), events, total - len(rows))
 
     def completions(
         self, key: bytes, *, offset: int = 0, limit: int = 20

@@ -1,6 +1,7 @@
 """What the agent viewer reads from the loop's topics (observed.py), over real HTTP on 127.0.0.1
 with a real SQLite file: the times a record claims are anyone's, so records are ordered by
-their claim clamped to when the console received them."""
+their claim clamped to when the console received them, and one trace is drawn up to
+MAX_TRACE_EVENTS events however many anyone writes into it."""
 
 from __future__ import annotations
 
@@ -11,10 +12,10 @@ import pytest
 from beam_agents._protos import TraceEvent
 from beam_agents.ops.console import db as console_db
 from beam_agents.ops.console.db import Database
-from beam_agents.ops.console.observed import MAX_CLOCK_SKEW_MS, Observations
+from beam_agents.ops.console.observed import MAX_CLOCK_SKEW_MS, MAX_TRACE_EVENTS, Observations
 from beam_agents.ops.rounds import ManualClock
 from beam_agents.runtime.dead_letters import error_record, to_envelope
-from beam_agents.testing.console import signed_in
+from beam_agents.testing.console import approval_intent, signed_in
 from beam_agents.testing.samples import TRACE_ID
 
 NOW = 1_000_000
@@ -71,6 +72,28 @@ def test_traces_claiming_far_future_times_do_not_bury_a_later_activation(console
     (first, *_), total = bus.observations.activations(b"c-1")
     assert first.trace_id == TRACE_ID and total == 6
     assert "activation seq 1" in browser.get("/agents/" + b"c-1".hex()).text
+
+
+def test_a_trace_is_drawn_up_to_its_first_events_received_and_says_how_many_more(console):
+    browser, bus, _ = console
+    bus.inbox.receive(approval_intent().SerializeToString(deterministic=True))
+    bus.observations.add_trace(
+        _event(TRACE_ID, b"realspan", NOW, seq=1, event_type=TraceEvent.ACTIVATION_START)
+    )
+    # Anyone's, into the real trace: later times, and one claiming to come first.
+    for i in range(MAX_TRACE_EVENTS + 300):
+        bus.observations.add_trace(
+            _event(TRACE_ID, b"s%07d" % i, NOW - 1 if i == 0 else NOW + i,
+                   event_type=TraceEvent.TOOL_CALL, attributes={"k": "v" * 50})
+        )  # fmt: skip
+    trace = bus.observations.activation(b"c-1", TRACE_ID)
+    assert len(trace.events) == MAX_TRACE_EVENTS and trace.omitted == 301
+    assert b"realspan" in {e.span_id for e in trace.events}
+    assert [e.start_ms for e in trace.events] == sorted(e.start_ms for e in trace.events)
+    page = browser.get("/fragments/agents/" + b"c-1".hex()).text
+    assert len(page) < 400_000
+    assert f'id="omitted-{TRACE_ID.hex()}">301 more event(s) of this trace not drawn' in page
+    assert page.count('class="span-link"') == MAX_TRACE_EVENTS + 1  # its spans and the wait
 
 
 def test_a_console_file_from_before_receipt_times_opens_and_times_its_rows_by_their_claims(
