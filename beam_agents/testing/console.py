@@ -4,11 +4,12 @@ browser does (cookies, the CSRF token from the page) with the standard library o
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import http.client
 import re
 import urllib.parse
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 
 from beam_agents._protos import AgentEnvelope, StateSnapshot, ToolIntent
@@ -17,12 +18,14 @@ from beam_agents.intents.approval_edits import approval_args
 from beam_agents.intents.effector import VerifyMode
 from beam_agents.intents.identity import canonical_args_json
 from beam_agents.intents.signing import Keyring, sign
+from beam_agents.ops.console.app import create_app
 from beam_agents.ops.console.auth import Auth, hash_password
 from beam_agents.ops.console.bus import ConsoleBus
 from beam_agents.ops.console.config import Role, User
 from beam_agents.ops.console.db import Database
 from beam_agents.ops.console.inbox import Inbox
 from beam_agents.ops.console.observed import Observations
+from beam_agents.ops.console.service import serving
 from beam_agents.testing.samples import TRACE_ID
 
 __all__ = [
@@ -35,6 +38,7 @@ __all__ = [
     "approval_intent",
     "export_answer",
     "make_bus",
+    "signed_in",
 ]
 
 INTENT_RING = Keyring(
@@ -224,3 +228,18 @@ class Browser:
     def sign_in(self, user: str, password: str = PASSWORD) -> Reply:
         page = self.get("/login")
         return self.post("/login", {"csrf": page.csrf(), "user": user, "password": password})
+
+
+@contextlib.contextmanager
+def signed_in(
+    path: Path, clock: Callable[[], int], user: str = "alice"
+) -> Iterator[tuple[Browser, ConsoleBus, Recorder]]:
+    """A console over real HTTP on 127.0.0.1, its SQLite file at `path`, on `clock`: a Browser
+    signed in as `user`, the console's bus and the recorder of what it produces."""
+    recorder = Recorder()
+    bus, auth = make_bus(path, recorder, clock)
+    with serving(create_app(bus, auth, clock=clock)) as url:
+        browser = Browser(url)
+        if browser.sign_in(user).status != 303:
+            raise AssertionError(f"{user} could not sign in")
+        yield browser, bus, recorder

@@ -73,7 +73,7 @@ from beam_agents.intents.identity import MAX_ARGS_DEPTH
 from beam_agents.ops.console.auth import Auth, RateLimited, Session
 from beam_agents.ops.console.bus import ConsoleBus
 from beam_agents.ops.console.config import Role
-from beam_agents.ops.console.display import NOT_JSON, question, undecidable, visible
+from beam_agents.ops.console.display import NOT_JSON, key_of_text, question, undecidable, visible
 from beam_agents.ops.console.display import duration as _duration
 from beam_agents.ops.console.display import moment as _ms
 from beam_agents.ops.console.inbox import STATES, DecisionRefused
@@ -386,7 +386,10 @@ def create_app(
         state = query.get("state", "")
         state = state if state in STATES else ""
         tool, key_text = query.get("tool", ""), query.get("key", "")
-        chosen = partial(inbox.approvals, tool=tool, key=key_text.encode() if key_text else None)
+        # The key as the page shows it (display.key_of_text): a byte that is not UTF-8 or a
+        # hidden character, typed as shown, finds the key.
+        key = key_of_text(key_text) if key_text else None
+        chosen = partial(inbox.approvals, tool=tool, key=key)
         pending, pager, decided, decided_pager = [], None, [], None
         if state != "decided":
             pending, pager = _paged(request, partial(chosen, state=state or "undecided"), path="/")
@@ -555,7 +558,7 @@ def create_app(
         decidable = [a for a in waiting if not why_undecidable(a)]
         trusted = snapshot if observations.snapshot_trusted(key) else None
         completion, _ = observations.completions(key, limit=1)
-        letter, _ = observations.dead_letters(key=key, limit=1)
+        letter = observations.latest_dead_letter(key)
         latest, _ = observations.activations(key, limit=1)
         decided, _ = inbox.approvals(state="decided", key=key, limit=1)
         return agent_status(
@@ -564,7 +567,8 @@ def create_app(
             waiting_total=len(decidable),
             snapshot=trusted,
             completion=completion[0] if completion else None,
-            letter=letter[0] if letter else None,
+            letter=letter[1] if letter else None,
+            letter_at_ms=letter[0] if letter else None,
             decision=decided[0].decision if decided else None,
             last_trace_ms=latest[0].start_ms if latest else 0,
         )

@@ -114,7 +114,8 @@ _SCHEMA = (
 #: Columns added since a table was first created: (table, column, definition). The default is
 #: what a row of an older file means: a snapshot kept before trust was recorded is untrusted,
 #: a session opened before its credential was recorded is no session (auth.py), a decision
-#: recorded before edits existed approved as asked.
+#: recorded before edits existed approved as asked, a record received before receipt times
+#: were recorded is timed by what it claims.
 _COLUMNS = (
     ("snapshots", "trusted", "INTEGER NOT NULL DEFAULT 0"),
     ("sessions", "credential", "BLOB NOT NULL DEFAULT x''"),
@@ -122,6 +123,11 @@ _COLUMNS = (
     ("approvals", "tool_name", "TEXT NOT NULL DEFAULT ''"),
     # The arguments an approver changed (an older decision changed none).
     ("decisions", "edits", "TEXT NOT NULL DEFAULT ''"),
+    # When this console received a record, on its own clock: the times a record claims are
+    # anyone's (observed.py). An older row's is not known (0): its claimed time stands.
+    ("traces", "received_at_ms", "INTEGER NOT NULL DEFAULT 0"),
+    ("dead_letters", "received_at_ms", "INTEGER NOT NULL DEFAULT 0"),
+    ("completions", "received_at_ms", "INTEGER NOT NULL DEFAULT 0"),
 )
 
 

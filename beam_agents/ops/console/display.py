@@ -29,6 +29,7 @@ import datetime
 import functools
 import itertools
 import json
+import re
 import unicodedata
 
 from markupsafe import Markup, escape
@@ -36,7 +37,15 @@ from markupsafe import Markup, escape
 from beam_agents._protos import ToolIntent
 from beam_agents.ops.console.inbox import Approval
 
-__all__ = ["NOT_JSON", "duration", "moment", "question", "undecidable", "visible"]
+__all__ = [
+    "NOT_JSON",
+    "duration",
+    "key_of_text",
+    "moment",
+    "question",
+    "undecidable",
+    "visible",
+]
 
 #: Default-ignorable code points (Unicode's DerivedCoreProperties) that Python calls printable:
 #: they draw nothing in most fonts.
@@ -110,14 +119,37 @@ def question(intent: ToolIntent) -> str:
 
 
 def moment(value: int) -> str:
-    """An epoch time in ms as a UTC date and time ("-" for none)."""
+    """An epoch time in ms as a UTC date and time ("-" for none). The loop writes no time
+    before 1970: one there (anyone's, or a default) is shown as the number it is, so said."""
     if not value:
         return "-"
+    if value < 0:
+        return f"{value} ms (before 1970)"
     try:
         at = datetime.datetime.fromtimestamp(value / 1000, datetime.UTC)
     except (ValueError, OverflowError, OSError):  # beyond year 9999: "never" in practice
         return f"{value} ms (beyond year 9999)"
     return at.strftime("%Y-%m-%d %H:%M:%S.%f")[:-3] + " UTC"
+
+
+#: What a page shows for a character of a key it cannot show as itself: a hidden character's
+#: escape (`visible`) or a byte that is not UTF-8 (the key decoded with backslashreplace).
+_SHOWN = re.compile(r"⟨U\+([0-9A-F]{4,6})⟩|\\x([89a-f][0-9a-f])")
+
+
+def key_of_text(text: str) -> bytes:
+    """The key a person means by `text` typed as a page shows it: each ⟨U+202E⟩ escape is the
+    character, each \\xff the byte that is not UTF-8 (a key whose own text holds such an
+    escape is shown the same, and is found by its bytes only through its page's link)."""
+
+    def back(found: re.Match) -> str:
+        if found[2]:
+            return chr(0xDC00 + int(found[2], 16))  # surrogateescape's stand-in for the byte
+        code = int(found[1], 16)
+        # A surrogate or past Unicode is no character the escape can stand for: kept as typed.
+        return found[0] if 0xD800 <= code <= 0xDFFF or code > 0x10FFFF else chr(code)
+
+    return _SHOWN.sub(back, text).encode("utf-8", "surrogateescape")
 
 
 def duration(ms: int) -> str:

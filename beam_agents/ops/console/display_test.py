@@ -14,19 +14,11 @@ import pytest
 
 from beam_agents._protos import StateSnapshot
 from beam_agents.bus import Topics
-from beam_agents.ops.console.app import create_app
 from beam_agents.ops.console.display import MAX_ESCAPES, moment, undecidable, visible
 from beam_agents.ops.console.inbox import Approval
-from beam_agents.ops.console.service import serving
 from beam_agents.ops.rounds import ManualClock
 from beam_agents.runtime.dead_letters import error_record, to_envelope
-from beam_agents.testing.console import (
-    Browser,
-    Recorder,
-    approval_intent,
-    export_answer,
-    make_bus,
-)
+from beam_agents.testing.console import approval_intent, export_answer, signed_in
 
 NOW = 1_000_000
 #: Draws as "customer-1042": the override reverses "2401" until the pop.
@@ -36,13 +28,8 @@ HIDDEN = ("\u202e", "\u202c", "\u200b", "\u2066", "\u2069", "\u00a0", "\u2028", 
 
 @pytest.fixture
 def console(tmp_path):
-    clock = ManualClock(NOW)
-    recorder = Recorder()
-    bus, auth = make_bus(tmp_path / "console.sqlite", recorder, clock)
-    with serving(create_app(bus, auth, clock=clock)) as url:
-        browser = Browser(url)
-        assert browser.sign_in("alice").status == 303
-        yield browser, bus, recorder
+    with signed_in(tmp_path / "console.sqlite", ManualClock(NOW)) as console:
+        yield console
 
 
 def _table(page: str, table_id: str) -> str:
@@ -180,3 +167,22 @@ def test_undecidable_mirrors_the_inboxs_refusals_at_their_edges():
     refused = Approval(approval_intent(), "unsigned", False, 0)
     assert undecidable(refused, NOW) == "its intent is unsigned"
     assert moment(0) == "-" and moment(NOW) == "1970-01-01 00:16:40.000 UTC"
+
+
+def test_a_time_before_1970_is_said_to_be_so():
+    assert moment(-5) == "-5 ms (before 1970)"
+    assert moment(-(2**63)) == "-9223372036854775808 ms (before 1970)"
+    assert moment(2**62).endswith("(beyond year 9999)")
+
+
+def test_a_key_is_found_by_typing_it_as_the_inbox_shows_it(console):
+    browser, bus, _ = console
+    keys = {"nu": b"c-\xff", "bidi": SPOOFED_KEY, "plain": b"c-1"}
+    for intent_id, key in keys.items():
+        bus.inbox.receive(approval_intent(intent_id, key=key).SerializeToString())
+    page = browser.get("/").text
+    for intent_id, shown in (("nu", "c-\\xff"), ("bidi", "customer-⟨U+202E⟩2401⟨U+202C⟩")):
+        assert re.sub("<[^>]*>", "", page).count(shown) >= 1
+        found = browser.get("/?state=pending&key=" + quote(shown)).text
+        assert f"/approvals/{intent_id}" in found, shown
+        assert all(f"/approvals/{other}" not in found for other in keys if other != intent_id)

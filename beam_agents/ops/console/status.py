@@ -5,7 +5,11 @@ person can decide now is "waiting for a person", whatever else is known (the mos
 named, with its question and the time left). Otherwise the latest thing known of the key says
 it: the agent's trusted snapshot suspended on answers ("suspended"), a person's decision made
 since ("answered": the agent resumes once it reads it), its latest completion ("completed") or
-dead letter ("failed"), whichever came last, or only its traces ("active").
+dead letter ("failed"), whichever came last, or only its traces ("active"). "Last" is by times
+on the console's clock or clamped to it: a decision's and a trusted snapshot's are the
+console's own, a completion's and a dead letter's are what they claim, never later than when
+the console received them (observed.py), so a forged dead letter from the far future does not
+pin the status to "failed".
 A snapshot nobody can vouch for (observed.py) says nothing here: the page shows it marked as
 unverified below.
 """
@@ -45,13 +49,16 @@ def agent_status(
     snapshot: StateSnapshot | None = None,
     completion: tuple[int, bytes] | None = None,
     letter: ActivationErrorRecord | None = None,
+    letter_at_ms: int | None = None,
     decision: Decision | None = None,
     last_trace_ms: int = 0,
 ) -> Status:
     """The status of a key from what the console knows of it: `waiting`, the most urgent of
     the `waiting_total` approvals a person can decide now; `snapshot`, its trusted snapshot;
-    `completion` (at_ms, output), `letter` and the inbox's `decision` on it, its latest;
-    `last_trace_ms`, when its latest trace started (0: none)."""
+    `completion` (at_ms, output), `letter` and the inbox's `decision` on it, its latest, the
+    completion's at_ms and `letter_at_ms` (None: the letter's event_time_ms) clamped to when
+    the console received them (module docstring); `last_trace_ms`, when its latest trace
+    started (0: none)."""
     if waiting is not None:
         intent = waiting.intent
         more = f" (and {waiting_total - 1} more)" if waiting_total > 1 else ""
@@ -95,7 +102,7 @@ def agent_status(
     if letter is not None:
         latest.append(
             (
-                letter.event_time_ms,
+                letter.event_time_ms if letter_at_ms is None else letter_at_ms,
                 Status(
                     "failed",
                     f"Dead-lettered at {moment(letter.event_time_ms)}: {letter.reason}: "

@@ -14,8 +14,12 @@ between a suspension and its resume, above all the wait for a person. Each APPRO
 holds for the trace is a `Wait` (`waits_of`): a span from the moment the agent asked (the
 intent's signed created_at_ms) to the decision, or to now while nobody has decided, or to the
 intent's expiry once nobody can; drawn under the INTENT_EMITTED span that asked when the trace
-has it. Who decided and why comes from the inbox's own record of the decision, never from the
-traces topic (anyone's): the console's decision events read back from that topic are left out.
+has exactly one naming the intent and that span hangs under a root, else at the top level: the
+traces topic is anyone's, and no event written to it hides or misplaces the wait for a person.
+Spans whose parent ids form a cycle reach no root: each cycle is drawn from its earliest span,
+so every span is drawn exactly once. Who decided and why comes from the inbox's own record of
+the decision, never from the traces topic (anyone's): the console's decision events read back
+from that topic are left out.
 
 Each bar carries its details (`Bar.details`: each event's kind, times and attributes, or the
 wait's question and decision), which the page lists under the timeline, each expanding.
@@ -154,19 +158,20 @@ def timeline(events: Sequence[TraceEvent], waits: Sequence[Wait] = ()) -> Timeli
             children.setdefault(parent, []).append(span)
         else:
             roots.append(span)
-    # A wait hangs under the span that emitted its intent, when the trace has it.
-    asked_in = {
-        e.attributes["beam_agents.intent_id"]: e.span_id
-        for e in events
-        if e.event_type == TraceEvent.INTENT_EMITTED and "beam_agents.intent_id" in e.attributes
-    }
+    # Which span asked for each intent, by the INTENT_EMITTED events naming it. Anyone can
+    # write such an event, so a wait hangs under the span only when exactly one names it;
+    # whether that span is reached from a root is known once the tree is drawn.
+    named: dict[str, list[bytes]] = {}
+    for e in events:
+        if e.event_type == TraceEvent.INTENT_EMITTED and "beam_agents.intent_id" in e.attributes:
+            asking = named.setdefault(e.attributes["beam_agents.intent_id"], [])
+            if e.span_id not in asking:
+                asking.append(e.span_id)
+    asked_in = {intent_id: spans_[0] for intent_id, spans_ in named.items() if len(spans_) == 1}
     waits_under: dict[bytes, list[Wait]] = {}
-    loose = []
     for wait in waits:
         if wait.intent_id in asked_in:
             waits_under.setdefault(asked_in[wait.intent_id], []).append(wait)
-        else:
-            loose.append(wait)
 
     def first(span: bytes) -> tuple[int, bytes]:
         return (min(e.start_ms for e in spans[span]), span)
@@ -189,28 +194,43 @@ def timeline(events: Sequence[TraceEvent], waits: Sequence[Wait] = ()) -> Timeli
         )  # fmt: skip
 
     rows: dict[bytes, int] = {}
-    # Depth-first with a stack of its own, not recursion: a trace nesting spans deeper than
-    # Python's recursion limit (anyone may write to the traces topic) is drawn, not a 500.
-    stack = [(root, 0, -1) for root in sorted(roots, key=first, reverse=True)]
-    while stack:
-        span, depth, parent_row = stack.pop()
-        if span in rows:  # a cycle of parent ids in a damaged trace: draw each span once
-            continue
-        evs = spans[span]
-        rows[span] = len(bars)
-        place(
-            min(e.start_ms for e in evs), max(max(e.end_ms, e.start_ms) for e in evs),
-            depth=depth, label=_label(evs),
-            kinds=", ".join(sorted({_kind(e.event_type) for e in evs})),
-            parent_row=parent_row, error=any(e.event_type == TraceEvent.ERROR for e in evs),
-            details=_details(evs),
-        )  # fmt: skip
-        for wait in waits_under.get(span, []):
-            place_wait(wait, depth + 1, rows[span])
-        for child in sorted(children.get(span, []), key=first, reverse=True):
-            stack.append((child, depth + 1, rows[span]))
-    for wait in loose:
-        place_wait(wait, 0, -1)
+    placed_waits: set[str] = set()
+
+    def draw(tops: list[bytes], trusted: bool) -> None:
+        """Draws `tops` and the spans under them depth-first, with a stack of its own, not
+        recursion: a trace nesting spans deeper than Python's recursion limit (anyone may
+        write to the traces topic) is drawn, not a 500. Each span is drawn once; under an
+        untrusted top (a cycle's) no wait is hung."""
+        stack = [(top, 0, -1) for top in sorted(tops, key=first, reverse=True)]
+        while stack:
+            span, depth, parent_row = stack.pop()
+            if span in rows:
+                continue
+            evs = spans[span]
+            rows[span] = len(bars)
+            place(
+                min(e.start_ms for e in evs), max(max(e.end_ms, e.start_ms) for e in evs),
+                depth=depth, label=_label(evs),
+                kinds=", ".join(sorted({_kind(e.event_type) for e in evs})),
+                parent_row=parent_row, error=any(e.event_type == TraceEvent.ERROR for e in evs),
+                details=_details(evs),
+            )  # fmt: skip
+            for wait in waits_under.get(span, []) if trusted else []:
+                placed_waits.add(wait.intent_id)
+                place_wait(wait, depth + 1, rows[span])
+            for child in sorted(children.get(span, []), key=first, reverse=True):
+                stack.append((child, depth + 1, rows[span]))
+
+    draw(roots, trusted=True)
+    # Spans whose parent ids form a cycle (a damaged or forged trace) reach no root: each
+    # cycle is drawn from its earliest span as a root, so every span is drawn exactly once.
+    while len(rows) < len(spans):
+        draw([min((s for s in spans if s not in rows), key=first)], trusted=False)
+    # A wait whose asking span is unknown, ambiguous or in a cycle is drawn at the top level:
+    # no trace event can hide the wait for a person.
+    for wait in waits:
+        if wait.intent_id not in placed_waits:
+            place_wait(wait, 0, -1)
     return Timeline(start, end - start, bars)
 
 

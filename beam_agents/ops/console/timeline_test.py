@@ -92,3 +92,54 @@ def test_span_text_reads_milliseconds_seconds_minutes_and_hours():
     assert [span_text(ms) for ms in (0, 320, 65_000, 185_000, 7_500_000)] == [
         "0 ms", "320 ms", "65 s", "3 min 5 s", "2 h 5 min",
     ]  # fmt: skip
+
+
+def _cycle(intent_id: str = "refund-1") -> list[TraceEvent]:
+    """Anyone's events in the trace: two spans whose parents are each other, one naming the
+    approval as the intent it emitted, and one under the cycle."""
+
+    def event(span, parent, kind, **attributes):
+        return TraceEvent(
+            trace_id=b"t" * 16, span_id=span, parent_span_id=parent, entity_key=b"c-1",
+            event_type=kind, attributes=attributes, start_ms=T0, end_ms=T0,
+        )  # fmt: skip
+
+    return [
+        event(b"cyc00001", b"cyc00002", TraceEvent.INTENT_EMITTED,
+              **{"beam_agents.intent_id": intent_id}),
+        event(b"cyc00002", b"cyc00001", TraceEvent.ERROR),
+        event(b"under001", b"cyc00002", TraceEvent.TOOL_CALL),
+    ]  # fmt: skip
+
+
+def test_spans_whose_parents_form_a_cycle_are_each_drawn_once_and_the_wait_still_shows():
+    tl = timeline(_events() + _cycle(), waits_of([_approval()], T0 + 1_000, lambda a: ""))
+    spans = [bar for bar in tl.bars if not bar.wait]
+    assert len(spans) == 5  # the activation, the real ask, the cycle's two and the one under
+    assert len({(bar.label, bar.kinds, bar.details) for bar in spans}) == 5
+    (wait,) = [bar for bar in tl.bars if bar.wait]
+    # Two spans name the intent (the real one and the cycle's): the wait hangs under neither.
+    assert wait.parent_row == -1 and wait.depth == 0 and wait.label == "waiting for a person"
+    cycle_top = next(bar for bar in spans if bar.depth == 0 and bar.parent_row == -1
+                     and "intent_emitted" in bar.kinds)  # fmt: skip
+    assert cycle_top.row > tl.bars[0].row  # drawn after the trace's true root
+
+
+def test_a_wait_is_not_hung_under_a_span_in_a_cycle():
+    tl = timeline(_cycle(), waits_of([_approval()], T0 + 1_000, lambda a: ""))
+    (wait,) = [bar for bar in tl.bars if bar.wait]
+    assert wait.parent_row == -1 and len(tl.bars) == 4
+
+
+def test_a_trace_nesting_spans_past_pythons_recursion_limit_is_drawn_whole():
+    depth = 1200  # the page reads fewer (observed.MAX_TRACE_EVENTS); the timeline draws any
+    events = []
+    for n in range(depth):
+        events.append(TraceEvent(
+            trace_id=b"t" * 16, span_id=n.to_bytes(8, "big"), entity_key=b"c-1",
+            parent_span_id=(n - 1).to_bytes(8, "big") if n else b"",
+            event_type=TraceEvent.TOOL_CALL, start_ms=T0 + n, end_ms=T0 + n + 1,
+        ))  # fmt: skip
+    bars = timeline(events).bars
+    assert [bar.depth for bar in bars] == list(range(depth))
+    assert [bar.parent_row for bar in bars] == list(range(-1, depth - 1))
