@@ -47,23 +47,32 @@ _METRICS = "beam_agents.effector"
 
 class _Serialize(beam.DoFn):
     """Intents as bytes keyed by intent_id; message inputs serialized deterministically (what
-    a signer did), bytes kept as received so the signature covers them exactly."""
+    a signer did), bytes kept as received so the signature covers them exactly. A keyed pair,
+    (entity_key, intent) as RunAgent's INTENTS output emits it, is its intent: the pair's key
+    is dropped, for the signed intent names its own entity_key and its answer goes there."""
 
     def __init__(self, clock: Callable[[], int]) -> None:
         self._clock = clock
 
-    def process(self, element: bytes | ToolIntent) -> Iterator:
+    def process(self, element: bytes | ToolIntent | tuple[bytes, bytes | ToolIntent]) -> Iterator:
+        if isinstance(element, tuple) and len(element) == 2:
+            element = element[1]
         if isinstance(element, ToolIntent):
             yield (element.intent_id, element.SerializeToString(deterministic=True))
+            return
+        if not isinstance(element, bytes):
+            yield self._undecodable(f"a {type(element).__name__} is not a ToolIntent")
             return
         try:
             intent_id = ToolIntent.FromString(element).intent_id
         except DecodeError as e:
-            detail = f"{len(element)} bytes are not a ToolIntent: {e}"
-            letter = dead_letter(b"", REASON_UNDECODABLE, detail, self._clock()).dead_letter
-            yield beam.pvalue.TaggedOutput(DEAD_LETTERS, (b"", letter))
+            yield self._undecodable(f"{len(element)} bytes are not a ToolIntent: {e}")
             return
         yield (intent_id, bytes(element))
+
+    def _undecodable(self, detail: str) -> beam.pvalue.TaggedOutput:
+        letter = dead_letter(b"", REASON_UNDECODABLE, detail, self._clock()).dead_letter
+        return beam.pvalue.TaggedOutput(DEAD_LETTERS, (b"", letter))
 
 
 class _StateStore(ExecutionStore):
@@ -160,7 +169,8 @@ class _ExecuteOnce(beam.DoFn):
 
 
 class ExecuteIntents(beam.PTransform):
-    """ToolIntents (messages or serialized bytes, in any windowing) in; a dict of three keyed
+    """ToolIntents (messages or serialized bytes, in any windowing, alone or keyed as RunAgent's
+    INTENTS output emits them: `run[INTENTS] | ExecuteIntents(...)`) in; a dict of three keyed
     PCollections out, in the global window: RESULTS (entity_key, AgentEnvelope), APPROVALS
     (entity_key, ToolIntent) and DEAD_LETTERS (entity_key, ActivationErrorRecord).
     `result_keyring_loader`, called on the worker, gives the ring whose active key signs every

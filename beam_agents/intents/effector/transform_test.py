@@ -16,6 +16,7 @@ from apache_beam.testing.test_pipeline import TestPipeline as BeamPipeline
 from apache_beam.testing.test_stream import TestStream as EventStream
 from apache_beam.testing.util import assert_that, equal_to
 from apache_beam.transforms import window
+from apache_beam.typehints import Tuple
 
 from beam_agents._protos import ToolIntent, ToolResult
 from beam_agents.errors import KeyringError
@@ -35,7 +36,7 @@ from beam_agents.testing.effectors import (
     tampered,
 )
 from beam_agents.testing.samples import intent
-from beam_agents.wire.beam_support import NO_PRISM_SPLITS
+from beam_agents.wire.beam_support import NO_PRISM_SPLITS, typed
 
 LOAD_RING = functools.partial(Keyring, KEYS, "k1")
 
@@ -359,3 +360,27 @@ def test_a_worker_side_key_loader_is_not_checked_in_the_driver(monkeypatch):
 
 def _tool(args, intent) -> bytes:
     return b"{}"
+
+
+def test_runagents_keyed_intents_go_into_the_transform_as_they_are(tmp_path):
+    """RunAgent's INTENTS output is (entity_key, ToolIntent): wired straight in, its intents
+    run, with no beam.Values() in between."""
+    tool = AppendingTool(tmp_path / "executions.log")
+    approval = signed(intent_id="approval-1", kind=ToolIntent.APPROVAL)
+    pairs = [(b"customer-42", signed()), (b"customer-42", approval)]
+    pipeline = BeamPipeline(options=env_options())
+    keyed = typed(pipeline | beam.Create(pairs, reshuffle=False), Tuple[bytes, ToolIntent])
+    outputs = keyed | ExecuteIntents(
+        {"crm.lookup": tool}, mode=VerifyMode.REQUIRE, keyring_loader=LOAD_RING,
+        clock=ManualClock(NOW),
+    )  # fmt: skip
+    assert_that(
+        outputs[RESULTS] | beam.Map(_summary),
+        equal_to([(b"customer-42", intent().intent_id, "OK")]),
+    )
+    assert_that(
+        outputs[APPROVALS] | "A" >> beam.Map(lambda kv: (kv[0], kv[1].intent_id)),
+        equal_to([(b"customer-42", "approval-1")]),
+        label="approvals",
+    )
+    _run_then_check(pipeline, tool, [intent().intent_id])
