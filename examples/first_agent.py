@@ -11,7 +11,9 @@ def shop(ctx, event: bytes) -> bytes:
     reply = ctx.llm([{"role": "user", "content": event.decode()}], model="shop-model")
     item = reply.text
     stock = ctx.call_tool("stock.lookup", {"item": item})  # suspends until answered
-    if not stock.ok or json.loads(stock.payload)["in_stock"] == 0:
+    if not stock.ok or stock.payload_unknown:  # failed, or took effect with no answer
+        return json.dumps({"item": item, "outcome": "stock unknown"}).encode()
+    if json.loads(stock.payload)["in_stock"] == 0:
         return json.dumps({"item": item, "outcome": "out of stock"}).encode()
     if not ctx.request_approval(f"Order one {item}?", item=item).ok:
         return json.dumps({"item": item, "outcome": "declined"}).encode()

@@ -202,3 +202,26 @@ def test_snippets_import_only_the_public_api_and_the_extras_modules(page):
         if module == "beam_agents":
             for name in (n.strip() for n in names.split(",")):
                 assert name in beam_agents.__all__, f"{name} is not in beam_agents.__all__"
+
+
+#: The README's and the guide's agents, and the examples they are copied from.
+_AGENT_SOURCES = [
+    *PAGES,
+    *sorted((ROOT / "examples").glob("*.py")),
+    *sorted((ROOT / "beam_agents/examples").glob("*.py")),
+    ROOT / "beam_agents/ops/scaffold.py",
+]
+
+
+@pytest.mark.parametrize("source", _AGENT_SOURCES, ids=_name)
+def test_an_answers_payload_is_read_only_after_its_payload_unknown_is_checked(source):
+    """A call can take effect with its answer unknown (`Answer.payload_unknown`, its payload
+    then empty): an example that reads a tool's payload unchecked teaches a crash."""
+    text = source.read_text()
+    unchecked = [
+        f"{_name(source)}: {name}.payload"
+        for name in set(re.findall(r"(\w+) = ctx\.call_tool\(", text))
+        for read in re.finditer(rf"\b{name}\.payload\b(?!_)", text)
+        if f"{name}.payload_unknown" not in text[: read.start()]
+    ]
+    assert not unchecked, unchecked
