@@ -45,10 +45,17 @@ def beam_version() -> str:
 def with_local_prism(options: PipelineOptions) -> PipelineOptions:
     """`options`, with `--prism_location` set to the Prism `tools/engines.sh` built when they
     ask for the PrismRunner and name none. Raises PrismNotFoundError (HOW_TO_GET_PRISM) when
-    there is none; other runners, or a given location, pass unchanged."""
+    there is none, or when the location they name is a path to no file; other runners, or a
+    given location (a file, or a URL for Beam to fetch), pass unchanged."""
     runner = options.view_as(StandardOptions).runner or ""
     prism = options.view_as(PrismRunnerOptions)
-    if runner.rsplit(".", 1)[-1] != "PrismRunner" or prism.prism_location:
+    if runner.rsplit(".", 1)[-1] != "PrismRunner":
+        return options
+    given = prism.prism_location
+    if given:
+        # A URL is Beam's to fetch; a path that is no file would fail deep in the runner.
+        if "://" not in given and not Path(given).expanduser().is_file():
+            raise PrismNotFoundError(f"--prism_location={given} is not a file; {HOW_TO_GET_PRISM}")
         return options
     built = ENGINES / f"prism-{beam_version()}" / "prism"
     if not built.is_file():

@@ -41,6 +41,7 @@ from apache_beam.testing.test_stream import TestStream
 from apache_beam.transforms import window
 
 from beam_agents._protos import AgentEnvelope, StateSnapshot
+from beam_agents.ops.prism import with_local_prism
 from beam_agents.wire.decoding import message_type
 
 __all__ = ["OPTIONS_ENV", "Advance", "ManualClock", "Outputs", "env_options", "run_round"]
@@ -55,8 +56,10 @@ _round_numbers = itertools.count()
 
 def env_options() -> PipelineOptions:
     """The pipeline options $BEAM_AGENTS_PIPELINE_OPTIONS gives (none: the DirectRunner), for
-    any test's pipeline that should run on whichever runner the suite runs on."""
-    return PipelineOptions(shlex.split(os.environ.get(OPTIONS_ENV, "")))
+    any test's pipeline that should run on whichever runner the suite runs on. The PrismRunner
+    without `--prism_location` is the Prism `tools/engines.sh` built (`with_local_prism`), or
+    PrismNotFoundError saying how to get it: Beam never downloads one."""
+    return with_local_prism(PipelineOptions(shlex.split(os.environ.get(OPTIONS_ENV, ""))))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from beam_agents.ops.rounds import Advance, run_round
 from beam_agents.runtime import LlmResponse, RunAgent
 from beam_agents.testing.probe import DAY, KEY, PROBE_CONFIG, T0, Probe, command, result
@@ -57,3 +59,24 @@ def test_a_round_ends_at_its_clock_and_carries_the_keys_state_to_the_next(tmp_pa
     ]
     assert second.values("errors") == []
     assert not second.carried[KEY].HasField("continuation")
+
+
+def test_the_environments_prism_runner_uses_the_engines_build_or_says_how_to_get_it(
+    tmp_path, monkeypatch
+):
+    """$BEAM_AGENTS_PIPELINE_OPTIONS=--runner=PrismRunner never lets Beam download Prism."""
+    from apache_beam.options.pipeline_options import PrismRunnerOptions
+
+    from beam_agents.errors import PrismNotFoundError
+    from beam_agents.ops import prism
+    from beam_agents.ops.rounds import OPTIONS_ENV, env_options
+
+    monkeypatch.setattr(prism, "ENGINES", tmp_path)
+    monkeypatch.setenv(OPTIONS_ENV, "--runner=PrismRunner")
+    with pytest.raises(PrismNotFoundError, match=r"bash tools/engines\.sh prism"):
+        env_options()
+    built = tmp_path / f"prism-{prism.beam_version()}" / "prism"
+    built.parent.mkdir()
+    built.write_text("#!/bin/sh\n")
+    built.chmod(0o755)
+    assert env_options().view_as(PrismRunnerOptions).prism_location == str(built)

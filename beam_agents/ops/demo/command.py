@@ -95,10 +95,12 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _beam_parser(args: list[str]) -> argparse.ArgumentParser:
-    """Beam's own parser of every pipeline option (handed out by its public hook)."""
+def _beam_parser() -> argparse.ArgumentParser:
+    """Beam's own parser of every pipeline option (handed out by its public hook). Built from
+    no arguments: given the command line, Beam would log a warning discarding its unknown
+    options before our usage error names them."""
     parsers: list[argparse.ArgumentParser] = []
-    PipelineOptions(args).get_all_options(add_extra_args_fn=parsers.append)
+    PipelineOptions([]).get_all_options(add_extra_args_fn=parsers.append)
     return parsers[0]
 
 
@@ -109,9 +111,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
     args, rest = parser.parse_known_args(argv)
     if args.help_beam_options:
-        _beam_parser([]).print_help()
+        _beam_parser().print_help()
         parser.exit()
-    _, unknown = _beam_parser(rest).parse_known_args(rest)
+    _, unknown = _beam_parser().parse_known_args(rest)
     if unknown:
         parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     # The Beam options the group above names are Beam's: pass them on with the rest.

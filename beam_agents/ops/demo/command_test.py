@@ -81,7 +81,32 @@ def test_prism_without_its_location_uses_the_engines_build_or_says_how_to_get_it
     built.chmod(0o755)
     options = prism.with_local_prism(PipelineOptions(["--runner=PrismRunner"]))
     assert options.view_as(PrismRunnerOptions).prism_location == str(built)
+    elsewhere = tmp_path / "elsewhere-prism"
+    elsewhere.write_text("#!/bin/sh\n")
     given = prism.with_local_prism(
-        PipelineOptions(["--runner=PrismRunner", "--prism_location=/elsewhere/prism"])
+        PipelineOptions(["--runner=PrismRunner", f"--prism_location={elsewhere}"])
     )
-    assert given.view_as(PrismRunnerOptions).prism_location == "/elsewhere/prism"
+    assert given.view_as(PrismRunnerOptions).prism_location == str(elsewhere)
+
+
+def test_an_unknown_option_is_a_usage_error_without_beams_discarding_warning():
+    import subprocess
+    import sys
+
+    run = subprocess.run(
+        [sys.executable, "-m", "beam_agents.ops.cli", "demo", "--no_such_option"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert run.returncode == 2
+    assert "Discarding" not in run.stderr, run.stderr
+    assert run.stderr.splitlines()[-1].endswith("unrecognized arguments: --no_such_option")
+
+
+def test_a_prism_location_that_is_no_file_is_one_line_before_anything_runs(tmp_path, capsys):
+    missing = tmp_path / "no" / "prism"
+    assert main(["demo", "--runner=PrismRunner", f"--prism_location={missing}"]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1, err
+    assert str(missing) in err and "bash tools/engines.sh prism" in err
