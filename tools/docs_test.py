@@ -225,3 +225,25 @@ def test_an_answers_payload_is_read_only_after_its_payload_unknown_is_checked(so
         if f"{name}.payload_unknown" not in text[: read.start()]
     ]
     assert not unchecked, unchecked
+
+
+def _row(page: str, reason: str) -> str:
+    (row,) = [
+        line
+        for line in (ROOT / "docs" / page).read_text().splitlines()
+        if line.startswith(f"| `{reason}`")
+    ]
+    return row
+
+
+@pytest.mark.parametrize(
+    ("reason", "fixes"),
+    [
+        ("signature_unsigned", ["keyring_loader=", "VerifyMode.OFF"]),
+        ("llm_failed", ["llm_client="]),
+    ],
+)
+def test_the_troubleshooting_row_names_the_fix_the_error_names(reason, fixes):
+    """The dead letter's detail names the option to set; its row says the same."""
+    row = _row("troubleshooting.md", reason)
+    assert [fix for fix in fixes if fix not in row] == []

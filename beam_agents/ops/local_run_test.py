@@ -75,3 +75,10 @@ def test_without_an_approver_the_request_waits_and_a_failing_tool_is_an_answer(t
     (result,) = [s.message for s in run.conversation if s.kind == "result"]
     assert "the dictionary is down" in result.tool_result.error_message
     assert run.rounds == 2
+
+
+def test_a_model_call_without_a_client_is_a_dead_letter_naming_llm_client(tmp_path):
+    run = run_locally(_counter, [b"pen"], tools={"dictionary.lookup": _lookup}, workdir=tmp_path)
+    (letter,) = run.dead_letters
+    assert letter.reason == "llm_failed"
+    assert "llm_client=" in letter.detail and "\n" not in letter.detail, letter.detail

@@ -301,6 +301,11 @@ def llm_cache_key(entity_key: bytes, seq: int, position: int | str, canonical: s
     ).hexdigest()
 
 
+_NO_CLIENT = (
+    "no LLM client is configured: give RunAgent (or run_locally) llm_client=, a provider's "
+    "client or a ScriptedLlmClient"
+)
+
 #: The request params that bound an answer's tokens, by provider: OpenAI's (and Anthropic's),
 #: OpenAI's reasoning models', Gemini's. A budget's estimate of a call counts the one given.
 _OUTPUT_LIMITS = ("max_tokens", "max_completion_tokens", "max_output_tokens")
@@ -470,7 +475,7 @@ class ActivationContext:
             response, replayed = LlmResponse.from_bytes(recorded), True
         else:
             if self._llm_client is None:
-                raise LlmCallError("no LLM client is configured", model=model, retryable=False)
+                raise LlmCallError(_NO_CLIENT, model=model, retryable=False)
             if self.meter is not None:
                 limit = next((params[n] for n in _OUTPUT_LIMITS if n in params), None)
                 self.meter.check(model, canonical, limit)

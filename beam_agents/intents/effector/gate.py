@@ -54,6 +54,21 @@ from beam_agents.intents.signing import Keyring, Verification, sign, verify
 __all__ = ["Effector", "Gate", "dead_letter"]
 
 
+#: What to do about a refused signature, on the dead letter's line: who signs what.
+_SIGNATURE_FIXES = {
+    Verification.UNSIGNED: (
+        "; RunAgent signs intents only when given RunAgent(keyring_loader=...), the keys this "
+        "effector verifies with; for a local run, give the effector VerifyMode.OFF"
+    ),
+    Verification.UNKNOWN_KEY: (
+        "; RunAgent's keyring_loader= and the effector's keyring must hold the same intent "
+        "keys (during a rotation, add the new key to every ring before making it active)"
+    ),
+}
+#: How many tool names an unknown tool's rejection lists.
+_TOOLS_LISTED = 20
+
+
 def _spec(tool: Tool | ToolSpec) -> ToolSpec:
     return tool if isinstance(tool, ToolSpec) else ToolSpec(tool)
 
@@ -134,6 +149,7 @@ class Gate:
                 detail = (
                     f"intent {intent.intent_id} ({intent.tool_name}) refused in "
                     f"{self.mode.value} mode: {outcome.value} (key id {intent.signing_key_id!r})"
+                    f"{_SIGNATURE_FIXES.get(outcome, '')}"
                 )
                 reason = "signature_" + outcome.name.lower()
                 return dead_letter(intent.entity_key, reason, detail, at)
@@ -215,6 +231,16 @@ class Gate:
             entity_key=result.entity_key, event_time_ms=result.completed_at_ms, tool_result=result
         )
 
+    def _unknown_tool(self, intent: ToolIntent) -> str:
+        """The rejection of a tool this effector lacks, naming the tools it has (a typo, or
+        an effector given another agent's tools)."""
+        names = sorted(self.tools)
+        listed = ", ".join(repr(name) for name in names[:_TOOLS_LISTED])
+        more = f" and {len(names) - _TOOLS_LISTED} more" if len(names) > _TOOLS_LISTED else ""
+        return (
+            f"unknown tool {intent.tool_name!r}; the effector's tools are {listed or 'none'}{more}"
+        )
+
     def _refusal(self, intent: ToolIntent, digest: bytes, now: int):
         """(outcome, result) of steps 3 to 5, or None when the tool is to run."""
         if intent.expires_at_ms <= now:
@@ -230,7 +256,7 @@ class Gate:
             return ExecutionRecord.OUTCOME_APPROVAL, None
         if intent.tool_name not in self.tools:
             return _decided(
-                intent, digest, ToolResult.REJECTED, now, error=f"unknown tool {intent.tool_name!r}"
+                intent, digest, ToolResult.REJECTED, now, error=self._unknown_tool(intent)
             )
         try:
             parse_args_json(intent.args_json)

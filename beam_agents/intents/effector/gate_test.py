@@ -626,3 +626,24 @@ def test_a_copy_never_moves_the_expiry_back_that_another_copy_moved_forward(tmp_
     assert gate(signed()).route is Route.RESULT
     assert [copy.route for copy in copies] == [Route.IN_FLIGHT]
     assert store.get(intent().intent_id).latest_expires_at_ms == latest
+
+
+@pytest.mark.parametrize("mode", [VerifyMode.PERMISSIVE, VerifyMode.REQUIRE], ids=str)
+def test_a_refused_signature_names_the_fix(mode):
+    """An unsigned intent (RunAgent given no keyring_loader) names that option and the local
+    run's VerifyMode.OFF; a key the effector lacks names the keys both sides must share."""
+    if mode is VerifyMode.REQUIRE:
+        detail = effector(mode)(intent()).dead_letter.detail
+        assert "RunAgent(keyring_loader=" in detail and "VerifyMode.OFF" in detail, detail
+    detail = effector(mode)(_unknown_key()).dead_letter.detail
+    assert "RunAgent's keyring_loader=" in detail and "the effector's keyring" in detail, detail
+    assert "\n" not in detail
+
+
+def test_an_unknown_tool_is_rejected_naming_the_registered_tools():
+    gate = effector(**{"crm.lookup": lookup, "crm.update": lookup})
+    result = gate(signed(tool_name="crm.delete")).result.tool_result
+    assert result.status == ToolResult.REJECTED
+    assert result.error_message == (
+        "unknown tool 'crm.delete'; the effector's tools are 'crm.lookup', 'crm.update'"
+    )
