@@ -100,7 +100,15 @@ _OWNERS = {
     **dict.fromkeys(("AgentLoop", "EffectorService", "Topics"), "beam_agents.bus"),
     # The local loop: an agent end to end on local pipelines, answers fed back round by round.
     **dict.fromkeys(
-        ("Approver", "LocalRun", "Step", "approval_answer", "run_locally"),
+        (
+            "Approver",
+            "Completed",
+            "LocalRun",
+            "ModelCall",
+            "Step",
+            "approval_answer",
+            "run_locally",
+        ),
         "beam_agents.ops.local_run",
     ),
     "BeamAgentsError": "beam_agents.errors",

@@ -11,6 +11,8 @@ Markers, each an HTML comment on the line before the block's fence (invisible on
 
 * `<!-- engines -->`: the block needs Kafka and Flink (tools/engines.sh); it runs in the
   engines tier (`pytest -m engines`), with the page's blocks before it;
+* `<!-- output -->`: a block showing what the page's Python blocks before it printed; each of
+  its lines but `...` must have been printed, in that order;
 * `<!-- not-run: WHY -->`: a block to read, not run (a long command, a config file shown for
   its fields); the reason is required, and `test_no_block_is_left_unchecked` fails on any
   block that is neither Python nor marked.
@@ -21,6 +23,8 @@ exactly the dead-letter reasons the runtime emits, and the reference exactly `__
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import re
 import subprocess
@@ -40,6 +44,7 @@ PAGES = sorted(
 )
 
 _ENGINES = "<!-- engines -->"
+_OUTPUT = "<!-- output -->"
 _NOT_RUN = re.compile(r"<!-- not-run: \S.*? -->")
 _FENCES = RawFencedCodeBlockLexer(
     info_pattern=re.compile(r"(?P<language>[^\n]*)$\n", re.MULTILINE),
@@ -70,16 +75,41 @@ def _has_engines_blocks(page: Path) -> bool:
 
 def _run(page: Path, *, engines: bool) -> int:
     document, examples = _python_blocks(page)
-    ran = 0
+    outputs = [
+        (region.start, region.lexemes["source"])
+        for region in _FENCES(document)
+        if _marker(document, region.start) == _OUTPUT
+    ]
+    printed, skipped, ran = io.StringIO(), False, 0
+
+    def check_outputs_before(position: int) -> None:
+        nonlocal printed, skipped
+        while outputs and outputs[0][0] < position:
+            start, shown = outputs.pop(0)
+            if not skipped:  # what a block left to another tier would have printed
+                where = f"{_name(page)}, {document.line_column(start)}"
+                _assert_printed(shown, printed.getvalue(), where)
+            printed, skipped = io.StringIO(), False
+
     for example in examples:
+        check_outputs_before(example.region.start)
         marker = _marker(document, example.region.start)
-        if _NOT_RUN.fullmatch(marker):
+        if _NOT_RUN.fullmatch(marker) or (marker == _ENGINES and not engines):
+            skipped = True
             continue
-        if marker == _ENGINES and not engines:
-            continue
-        example.evaluate()
+        with contextlib.redirect_stdout(printed):
+            example.evaluate()
         ran += 1
+    check_outputs_before(len(document.text))
     return ran
+
+
+def _assert_printed(shown: str, printed: str, where: str) -> None:
+    """Every line of `shown` but `...` is a line of `printed`, in the same order."""
+    lines = iter(printed.splitlines())
+    for line in shown.splitlines():
+        if line.strip() != "..." and not any(line == out for out in lines):
+            raise AssertionError(f"{where}: the output block shows {line!r}, never printed")
 
 
 @pytest.mark.parametrize("page", PAGES, ids=_name)
@@ -104,6 +134,7 @@ def test_no_block_is_left_unchecked(page):
         for region in _FENCES(document)
         if region.lexemes["language"].strip() != "python"
         and not _NOT_RUN.fullmatch(_marker(document, region.start))
+        and _marker(document, region.start) != _OUTPUT
     ]
     assert not unchecked, "blocks neither run nor marked <!-- not-run: WHY -->: " + str(unchecked)
 

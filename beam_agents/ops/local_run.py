@@ -16,6 +16,14 @@ run by `beam_agents.ops.rounds.run_round` on a manual clock:
 3. The run stops when a round produces nothing to feed back: every key completed, failed, or
    waits for an answer nobody gives (`LocalRun.pending`).
 
+The transcript shows the model calls too (`ModelCall`: what was asked, what was answered, and
+whether the key's replay cache answered it). The model's words are nowhere in RunAgent's
+outputs (its traces carry the model and the token counts only, as a production trace should),
+so the run hands RunAgent a recording wrapper of `llm_client` that writes each paid call's
+request and answer to a file of the working folder; each LLM_CALL trace event is then matched
+to its request exactly, by recomputing the event's span id from the request (the id is a pure
+function of the key, the activation and the call's replay-cache key).
+
 Signing is real: the run makes three keys of its own (intents, results, approvals), RunAgent
 signs intents and verifies answers with them and the effector verifies intents in
 `VerifyMode.REQUIRE`, so an agent that runs here signs and verifies as it will in production;
@@ -26,6 +34,7 @@ bytes` (or a `ToolSpec`), run in this process, so it may be a closure.
                       tools={"stock.lookup": stock_lookup}, approver=lambda intent: True,
                       llm_client=ScriptedLlmClient(lambda request: "pen"))
     run.completions, run.dead_letters, print(run.transcript())
+    run.completions[0].entity_key  # each completion is the agent's bytes, with its key
 
 The pipeline options default to $BEAM_AGENTS_PIPELINE_OPTIONS (`rounds.env_options`), so the
 same code runs on Prism with `options=PipelineOptions(["--runner=PrismRunner",
@@ -36,6 +45,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
 import os
 import tempfile
 import time
@@ -64,11 +74,23 @@ from beam_agents.runtime import (
     TRACES,
     Agent,
     LlmClient,
+    LlmRequest,
+    LlmResponse,
     RunAgent,
     RuntimeConfig,
 )
+from beam_agents.runtime.context import llm_cache_key
+from beam_agents.runtime.trace_ids import span_id
 
-__all__ = ["Approver", "LocalRun", "Step", "approval_answer", "run_locally"]
+__all__ = [
+    "Approver",
+    "Completed",
+    "LocalRun",
+    "ModelCall",
+    "Step",
+    "approval_answer",
+    "run_locally",
+]
 
 #: The stand-in for the person at the console: an approval intent in, approved or not out.
 #: `json.loads(intent.args_json)` holds the question and the details the agent gave.
@@ -79,12 +101,38 @@ _ROUND_MS = 1000
 _ANSWER_DELAY_MS = 10
 
 
+class Completed(bytes):
+    """What the agent returned for one activation (its bytes, as they are: `json.loads` reads
+    them), and `entity_key`, the key it completed for."""
+
+    entity_key: bytes
+
+    def __new__(cls, output: bytes, entity_key: bytes) -> Completed:
+        completed = super().__new__(cls, output)
+        completed.entity_key = entity_key
+        return completed
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelCall:
+    """One `ctx.llm` call: the `model`, what it was `asked` (the last message's content), what
+    it `answered` (its text, and the tools it asked to call), and whether the key's replay
+    cache answered it (`cached`: a rerun after an answer, not paid again). `asked` and
+    `answered` are "?" for a call the run cannot match to a request it recorded (one given a
+    `replay_key`)."""
+
+    model: str
+    asked: str
+    answered: str
+    cached: bool
+
+
 @dataclasses.dataclass(frozen=True)
 class Step:
     """One line of a local run's conversation: in `round` (1, 2, ...), for `entity_key`, a
-    `kind` of message: "event" (an AgentEnvelope in), "intent" (a ToolIntent out), "result"
-    and "approval" (the answers fed back, AgentEnvelopes), "completion" (the agent's bytes)
-    or "dead_letter" (an ActivationErrorRecord)."""
+    `kind` of message: "event" (an AgentEnvelope in), "model" (a `ModelCall`), "intent" (a
+    ToolIntent out), "result" and "approval" (the answers fed back, AgentEnvelopes),
+    "completion" (the agent's bytes) or "dead_letter" (an ActivationErrorRecord)."""
 
     round: int
     kind: str
@@ -96,6 +144,9 @@ class Step:
         m = self.message
         if self.kind == "event":
             what = _text(m.external_event)
+        elif self.kind == "model":
+            asked, answered = (json.dumps(t, ensure_ascii=False) for t in (m.asked, m.answered))
+            what = f"{m.model} asked {asked}, answered {answered}" + (" (cached)" * m.cached)
         elif self.kind == "intent":
             what = f"{m.tool_name} {m.args_json}"
         elif self.kind == "result":
@@ -134,9 +185,19 @@ class LocalRun:
     rounds: int = 0
 
     @property
-    def completions(self) -> list[bytes]:
-        """What the agent returned, one per completed activation, in order."""
-        return self._of("completion")
+    def completions(self) -> list[Completed]:
+        """What the agent returned, one per completed activation, in order: each the agent's
+        bytes, with the key it completed for (`Completed.entity_key`)."""
+        return [
+            Completed(step.message, step.entity_key)
+            for step in self.conversation
+            if step.kind == "completion"
+        ]
+
+    @property
+    def model_calls(self) -> list[ModelCall]:
+        """Every `ctx.llm` call, paid or answered from the replay cache, in order."""
+        return self._of("model")
 
     @property
     def dead_letters(self) -> list[ActivationErrorRecord]:
@@ -152,7 +213,8 @@ class LocalRun:
         return [step.message for step in self.conversation if step.kind == kind]
 
     def transcript(self) -> str:
-        """The conversation as text, one line per step."""
+        """The conversation as text, one line per step: events, model calls (asked, answered,
+        cached), intents, answers, completions and dead letters, round by round."""
         return "\n".join(step.describe() for step in self.conversation)
 
 
@@ -230,6 +292,9 @@ class _LocalLoop:
             name: functools.partial(Keyring, ring.keys, active=ring.active)
             for name, ring in self._rings.items()
         }
+        self._asked = Path(workdir) / "model-calls.jsonl"
+        if llm_client is not None:
+            llm_client = _RecordingClient(llm_client, str(self._asked))
         # A transform belongs to the pipeline it was applied in: one RunAgent a round.
         self._run_agent = functools.partial(
             RunAgent,
@@ -277,7 +342,12 @@ class _LocalLoop:
             self._run_agent(), [*inputs, Advance(now)], self._workdir, options=self._options
         )
         run.snapshots = dict(outputs.carried)
-        run.traces.extend(outputs.values(TRACES))
+        traces = outputs.values(TRACES)
+        run.traces.extend(traces)
+        run.conversation.extend(
+            Step(number, "model", event.entity_key, call)
+            for event, call in _model_calls(traces, _recorded(self._asked))
+        )
         for tag, kind in ((COMPLETIONS, "completion"), (ERRORS, "dead_letter")):
             rows = outputs.rows.get(tag, [])
             run.conversation.extend(Step(number, kind, key, value) for _, key, value in rows)
@@ -335,3 +405,76 @@ def _envelope(event, key: bytes, at_ms: int) -> AgentEnvelope:
             f"not {type(event).__name__}"
         )
     return AgentEnvelope(entity_key=key, event_time_ms=at_ms, external_event=event)
+
+
+class _RecordingClient:
+    """`client`, writing each call's canonical request, question and answer as a line of JSON
+    to the file `path` (DoFns run on copies: only a file reaches the run). Picklable when
+    `client` is."""
+
+    def __init__(self, client: LlmClient, path: str) -> None:
+        self._client = client
+        self._path = path
+
+    def complete(self, request: LlmRequest) -> LlmResponse:
+        response = self._client.complete(request)
+        line = {
+            "canonical": request.canonical(),
+            "asked": _asked(request),
+            "answered": _answered(response),
+        }
+        with open(self._path, "a") as calls:
+            calls.write(json.dumps(line) + "\n")
+        return response
+
+
+def _asked(request: LlmRequest) -> str:
+    content = request.messages[-1].get("content", "") if request.messages else ""
+    return content if isinstance(content, str) else json.dumps(content)
+
+
+def _answered(response: object) -> str:
+    text = getattr(response, "text", "")
+    calls = [getattr(call, "name", "?") for call in getattr(response, "tool_calls", ())]
+    if not calls:
+        return text if isinstance(text, str) else repr(text)
+    return f"{text} (calls {', '.join(calls)})" if text else f"(calls {', '.join(calls)})"
+
+
+def _recorded(path: Path) -> dict[str, dict]:
+    """The recorded calls by canonical request (the same request gets the same answer)."""
+    if not path.exists():
+        return {}
+    calls = (json.loads(line) for line in path.read_text().splitlines())
+    return {call["canonical"]: call for call in calls}
+
+
+def _model_calls(traces: list[TraceEvent], recorded: dict[str, dict]):
+    """(trace event, ModelCall) for each LLM_CALL event of `traces`, in order."""
+    calls = [e for e in traces if e.event_type == TraceEvent.LLM_CALL]
+    in_activation: dict[bytes, int] = {}
+    for event in calls:
+        in_activation[event.parent_span_id] = in_activation.get(event.parent_span_id, 0) + 1
+    for event in calls:
+        found = _match(event, recorded, in_activation[event.parent_span_id])
+        yield (
+            event,
+            ModelCall(
+                model=event.attributes.get("gen_ai.request.model", ""),
+                asked=found["asked"] if found else "?",
+                answered=found["answered"] if found else "?",
+                cached=event.attributes.get("beam_agents.replayed") == "true",
+            ),
+        )
+
+
+def _match(event: TraceEvent, recorded: dict[str, dict], calls: int) -> dict | None:
+    """The recorded call whose request made `event`: its span id is a function of the key, the
+    activation and the call's replay-cache key (position in the activation, request)."""
+    parent = event.parent_span_id.hex()
+    for position in range(calls):
+        for canonical, call in recorded.items():
+            cache_key = llm_cache_key(event.entity_key, event.seq, position, canonical)
+            if span_id(event.entity_key, event.seq, "llm", parent, cache_key) == event.span_id:
+                return call
+    return None

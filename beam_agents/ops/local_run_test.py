@@ -82,3 +82,29 @@ def test_a_model_call_without_a_client_is_a_dead_letter_naming_llm_client(tmp_pa
     (letter,) = run.dead_letters
     assert letter.reason == "llm_failed"
     assert "llm_client=" in letter.detail and "\n" not in letter.detail, letter.detail
+
+
+def test_the_transcript_shows_each_model_call_and_each_completion_its_key(tmp_path):
+    """What the model was asked and answered, and whether from the key's replay cache; and
+    which key each completion is for."""
+    run = run_locally(
+        _counter,
+        [(b"k-1", b"pen"), (b"k-2", b"ink")],
+        tools={"dictionary.lookup": _lookup},
+        approver=lambda intent: True,
+        llm_client=ScriptedLlmClient(_upper),
+        workdir=tmp_path,
+    )
+    assert sorted((c.entity_key, json.loads(c)["definition"]) for c in run.completions) == [
+        (b"k-1", "a word: PEN"),
+        (b"k-2", "a word: INK"),
+    ]
+    calls = [(s.entity_key, s.message) for s in run.conversation if s.kind == "model"]
+    # Each key asks once (paid), then its reruns after each answer replay the cached answer.
+    for key, word in ((b"k-1", "pen"), (b"k-2", "ink")):
+        mine = [call for k, call in calls if k == key]
+        assert [(c.model, c.asked, c.answered) for c in mine] == [("m", word, word.upper())] * 3
+        assert [c.cached for c in mine] == [False, True, True]
+    transcript = run.transcript()
+    assert 'k-1  model: m asked "pen", answered "PEN"\n' in transcript
+    assert 'k-1  model: m asked "pen", answered "PEN" (cached)\n' in transcript
