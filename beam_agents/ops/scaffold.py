@@ -10,6 +10,8 @@ The project is what the tutorial (docs/tutorial.md) walks through:
       MODULE/__init__.py
       tests/test_agent.py   the agent end to end on the DirectRunner (`run_locally`), with the
                             scripted model: two events, the second remembering the first
+      tests/test_launch.py  launch.py's job: keys from the environment, a Pub/Sub message
+                            delivered twice run once (its message id is the idempotency key)
       launch.py             the same agent as one streaming job on Kafka (Flink) or Pub/Sub
                             (Dataflow), with keys from the environment
 
@@ -188,6 +190,59 @@ def test_a_declined_order_is_not_counted_and_nothing_in_stock_asks_nobody(tmp_pa
     ]
 '''
 
+_TEST_LAUNCH = '''\
+"""launch.py's job on the DirectRunner: its keys read from the environment, intents signed
+and answers verified, and a Pub/Sub message delivered twice run once (its message id)."""
+
+from __future__ import annotations
+
+import base64
+import json
+import time
+
+import apache_beam as beam
+from apache_beam.io.gcp.pubsub import PubsubMessage
+from apache_beam.testing.test_pipeline import TestPipeline
+from apache_beam.testing.util import assert_that, equal_to
+
+from beam_agents import INTENTS, AgentEnvelope, RunAgent
+
+import launch
+from @MODULE@.agent import shop
+
+
+def _ring(name: str) -> str:
+    return json.dumps({"active": name, "keys": {name: base64.b64encode(bytes(32)).decode()}})
+
+
+def test_a_message_delivered_twice_runs_once_with_intents_signed(monkeypatch):
+    monkeypatch.setenv("BEAM_AGENTS_SIGNING_KEYS", _ring("intents-1"))
+    monkeypatch.setenv(launch.RESULT_KEYS, _ring("results-1"))
+    monkeypatch.setenv(launch.APPROVAL_KEYS, _ring("approvals-1"))
+    now = int(time.time() * 1000)
+    event = AgentEnvelope(entity_key=b"customer-1", event_time_ms=now, external_event=b"a pen")
+    again = AgentEnvelope(entity_key=b"customer-1", event_time_ms=now + 5, external_event=b"a pen")
+    messages = [  # the same message id: Pub/Sub delivering one message twice
+        PubsubMessage(event.SerializeToString(), {}, message_id="m-1"),
+        PubsubMessage(again.SerializeToString(), {}, message_id="m-1"),
+    ]
+    with TestPipeline() as pipeline:
+        events = pipeline | beam.Create(messages) | beam.Map(launch.keyed_by_message_id)
+        outputs = events | RunAgent(shop, llm_client=launch.model(), **launch.keyrings())
+        signed = outputs[INTENTS] | beam.MapTuple(lambda key, i: (i.tool_name, i.signing_key_id))
+        assert_that(signed, equal_to([("stock.lookup", "intents-1")]))
+
+
+def test_a_missing_answer_ring_names_its_variable(monkeypatch):
+    monkeypatch.delenv(launch.RESULT_KEYS, raising=False)
+    try:
+        launch.ring(launch.RESULT_KEYS)
+    except Exception as e:  # BeamAgentsError
+        assert launch.RESULT_KEYS in str(e)
+    else:
+        raise AssertionError("a missing ring was read")
+'''
+
 _LAUNCH = '''\
 """@NAME@'s agent as one streaming job: RunAgent keyed by customer, its intents signed.
 
@@ -205,14 +260,24 @@ On Dataflow, events come from Pub/Sub and each output goes to its topic:
         --project=P --region=R --temp_location=gs://B/tmp --streaming \\\\
         --extra_package=dist/@MODULE@-0.1.0-py3-none-any.whl
 
-The signing keys come from the environment of the workers ($BEAM_AGENTS_SIGNING_KEYS, JSON
-{"active": ID, "keys": {ID: base64}}). The model here is the scripted stand-in: put your
-provider's client in `model()`.
+The keys are read on the workers, from their environment, and never pickled into the job
+graph; each variable holds a ring as JSON, {"active": ID, "keys": {ID: base64}}:
+
+    BEAM_AGENTS_SIGNING_KEYS   signs the agent's intents (the ring the effector verifies with)
+    RESULT_SIGNING_KEYS        verifies the effector's results (the ring it signs them with)
+    APPROVAL_SIGNING_KEYS      verifies people's approvals (the ring the console signs with)
+
+An answer unsigned or signed by another key is then a `bad_answer_signature` dead letter, and
+the key waits for the genuine one. On Pub/Sub, each event's message id is its idempotency key,
+so a message Pub/Sub delivers twice runs the agent once. The model here is the scripted
+stand-in: put your provider's client in `model()`.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
+import os
 import sys
 
 import apache_beam as beam
@@ -225,6 +290,7 @@ from beam_agents import (
     SNAPSHOTS,
     TRACES,
     AgentLoop,
+    BeamAgentsError,
     Keyring,
     RunAgent,
     Topics,
@@ -233,10 +299,34 @@ from beam_agents import (
 from @MODULE@.agent import scripted_model, shop
 
 OUTPUTS = (INTENTS, COMPLETIONS, ERRORS, TRACES, SNAPSHOTS)
+RESULT_KEYS = "RESULT_SIGNING_KEYS"
+APPROVAL_KEYS = "APPROVAL_SIGNING_KEYS"
 
 
 def model():
     return scripted_model()  # e.g. OpenAIChatClient(...) of beam_agents.integrations.llm
+
+
+def ring(variable: str) -> Keyring:
+    """The ring $VARIABLE holds; called on the workers."""
+    if variable not in os.environ:
+        raise BeamAgentsError(f"${variable} is not set: the workers need it (see launch.py)")
+    return Keyring.from_json(os.environ[variable], source=f"${variable}")
+
+
+def keyrings() -> dict:
+    """RunAgent's key loaders: intents signed, results and approvals verified."""
+    return {
+        "keyring_loader": Keyring.from_environment,
+        "result_keyring_loader": functools.partial(ring, RESULT_KEYS),
+        "approval_keyring_loader": functools.partial(ring, APPROVAL_KEYS),
+    }
+
+
+def keyed_by_message_id(message) -> tuple[bytes, str | None]:
+    """A Pub/Sub message as RunAgent's (envelope, idempotency key): its message id, the same
+    on every delivery of the message."""
+    return message.data, message.message_id or None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -250,7 +340,7 @@ def main(argv: list[str] | None = None) -> int:
     args, beam_args = parser.parse_known_args(argv)
     options = PipelineOptions(beam_args)
     options.view_as(StandardOptions).streaming = True
-    keys = {"keyring_loader": Keyring.from_environment, "llm_client": model()}
+    keys = {**keyrings(), "llm_client": model()}
     with beam.Pipeline(options=options) as pipeline:
         if args.bus == "kafka":
             _ = pipeline | "Loop" >> AgentLoop(
@@ -264,7 +354,10 @@ def main(argv: list[str] | None = None) -> int:
         else:
             from apache_beam.io.gcp.pubsub import ReadFromPubSub, WriteToPubSub
 
-            events = pipeline | ReadFromPubSub(subscription=args.input_subscription)
+            messages = pipeline | ReadFromPubSub(
+                subscription=args.input_subscription, with_attributes=True
+            )
+            events = messages | "ByMessageId" >> beam.Map(keyed_by_message_id)
             outputs = events | "RunAgent" >> RunAgent(shop, **keys)
             for tag in OUTPUTS:
                 _ = (
@@ -289,6 +382,7 @@ _FILES = {
     "@MODULE@/__init__.py": _INIT,
     "@MODULE@/agent.py": _AGENT,
     "tests/test_agent.py": _TEST,
+    "tests/test_launch.py": _TEST_LAUNCH,
     "launch.py": _LAUNCH,
 }
 

@@ -35,10 +35,11 @@ def test_the_new_project_passes_its_own_test(tmp_path, capsys):
         "order_desk/agent.py",
         "pyproject.toml",
         "tests/test_agent.py",
+        "tests/test_launch.py",
     ]
     tested = _run(["-m", "pytest", "-q", "-p", "no:cacheprovider"], project)
     assert tested.returncode == 0, tested.stdout[-3000:] + tested.stderr[-3000:]
-    assert "2 passed" in tested.stdout
+    assert "4 passed" in tested.stdout
     launcher = _run(["launch.py", "--help"], project)
     assert launcher.returncode == 0 and "--bus" in launcher.stdout, launcher.stderr[-2000:]
 
