@@ -278,3 +278,15 @@ def test_the_troubleshooting_row_names_the_fix_the_error_names(reason, fixes):
     """The dead letter's detail names the option to set; its row says the same."""
     row = _row("troubleshooting.md", reason)
     assert [fix for fix in fixes if fix not in row] == []
+
+
+def test_each_reference_section_names_its_entries_in_a_table_readable_without_the_site():
+    """On GitHub, `::: name` lines render as bare text: each section's table says, one line
+    a name, what each of its rendered entries is."""
+    text = (ROOT / "docs/reference.md").read_text()
+    sections = re.split(r"^## ", text, flags=re.M)[1:]
+    assert sections
+    for section in sections:
+        rendered = [n.rsplit(".", 1)[1] for n in re.findall(r"^::: ([\w.]+)$", section, re.M)]
+        tabled = re.findall(r"^\| `(\w+)` \| \S.* \|$", section, re.M)
+        assert tabled == rendered, section.splitlines()[0]
