@@ -9,8 +9,13 @@ pytest-markdown-docs, which collects every fence as its own test and needs a fix
 
 Markers, each an HTML comment on the line before the block's fence (invisible on the site):
 
-* `<!-- engines -->`: the block needs Kafka and Flink (tools/engines.sh); it runs in the
-  engines tier (`pytest -m engines`), with the page's blocks before it;
+* `<!-- engines -->`: the block needs what tools/engines.sh builds and starts (Kafka, Flink,
+  Prism); it runs in the engines tier (`pytest -m engines`), with the page's blocks before it.
+  A shell block so marked runs in the checkout (its commands are the checkout's `tools/`);
+* `<!-- run -->`: a shell block (`sh`) that runs, with `bash -euo pipefail`, in the page's
+  temporary folder (where its Python blocks ran, so it reads the files they wrote), with
+  `python` (this Python) and `beam-agents` first on PATH, the checkout first on PYTHONPATH,
+  and the checkout's `examples/` linked in;
 * `<!-- output -->`: a block showing what the page's Python blocks before it printed; each of
   its lines but `...` must have been printed, in that order;
 * `<!-- not-run: WHY -->`: a block to read, not run (a long command, a config file shown for
@@ -45,6 +50,8 @@ PAGES = sorted(
 
 _ENGINES = "<!-- engines -->"
 _OUTPUT = "<!-- output -->"
+_RUN = "<!-- run -->"
+_SHELL = "sh"
 _NOT_RUN = re.compile(r"<!-- not-run: \S.*? -->")
 _FENCES = RawFencedCodeBlockLexer(
     info_pattern=re.compile(r"(?P<language>[^\n]*)$\n", re.MULTILINE),
@@ -68,9 +75,56 @@ def _python_blocks(page: Path) -> tuple[Document, list]:
     return document, list(document.examples())
 
 
+def _shell_blocks(document: Document) -> list[tuple[int, str, str]]:
+    """(start, marker, source) of each shell block marked to run, in either tier."""
+    return [
+        (region.start, _marker(document, region.start), region.lexemes["source"])
+        for region in _FENCES(document)
+        if region.lexemes["language"].strip() == _SHELL
+        and _marker(document, region.start) in (_RUN, _ENGINES)
+    ]
+
+
 def _has_engines_blocks(page: Path) -> bool:
     document, examples = _python_blocks(page)
-    return any(_marker(document, e.region.start) == _ENGINES for e in examples)
+    starts = [e.region.start for e in examples] + [s for s, _, _ in _shell_blocks(document)]
+    return any(_marker(document, start) == _ENGINES for start in starts)
+
+
+def _commands(folder: Path) -> Path:
+    """A bin/ of the commands a reader has after installing beam_agents, made from this
+    Python (a Bazel test has no console scripts): `python` and `beam-agents`."""
+    folder.mkdir(exist_ok=True)
+    # Scripts, not links: a link to a virtualenv's python is no longer in the virtualenv.
+    for name, run in (("python", ""), ("beam-agents", " -m beam_agents.ops.cli")):
+        command = folder / name
+        command.write_text(f'#!/bin/sh\nexec "{sys.executable}"{run} "$@"\n')
+        command.chmod(0o755)
+    return folder
+
+
+def _run_shell(source: str, *, in_checkout: bool, where: str) -> None:
+    """Runs a shell block as a reader would, in the page's folder (or the checkout)."""
+    if not in_checkout and not Path("examples").exists():
+        Path("examples").symlink_to(ROOT / "examples")
+    commands = _commands(Path.cwd() / ".docs-bin")
+    paths = [str(ROOT), str(ROOT / "migrations"), os.environ.get("PYTHONPATH", "")]
+    env = {
+        **os.environ,
+        "PATH": f"{commands}{os.pathsep}{os.environ.get('PATH', '')}",
+        "PYTHONPATH": os.pathsep.join(filter(None, paths)),
+    }
+    done = subprocess.run(
+        ["bash", "-euo", "pipefail", "-c", source],
+        cwd=ROOT if in_checkout else None,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
+    assert done.returncode == 0, (
+        f"{where}: exit {done.returncode}\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    )
 
 
 def _run(page: Path, *, engines: bool) -> int:
@@ -80,6 +134,7 @@ def _run(page: Path, *, engines: bool) -> int:
         for region in _FENCES(document)
         if _marker(document, region.start) == _OUTPUT
     ]
+    shells = _shell_blocks(document)
     printed, skipped, ran = io.StringIO(), False, 0
 
     def check_outputs_before(position: int) -> None:
@@ -91,7 +146,20 @@ def _run(page: Path, *, engines: bool) -> int:
                 _assert_printed(shown, printed.getvalue(), where)
             printed, skipped = io.StringIO(), False
 
+    def run_shells_before(position: int) -> int:
+        count = 0
+        while shells and shells[0][0] < position:
+            start, marker, source = shells.pop(0)
+            check_outputs_before(start)
+            if marker == _ENGINES and not engines:
+                continue
+            where = f"{_name(page)}, {document.line_column(start)}"
+            _run_shell(source, in_checkout=marker == _ENGINES, where=where)
+            count += 1
+        return count
+
     for example in examples:
+        ran += run_shells_before(example.region.start)
         check_outputs_before(example.region.start)
         marker = _marker(document, example.region.start)
         if _NOT_RUN.fullmatch(marker) or (marker == _ENGINES and not engines):
@@ -100,6 +168,7 @@ def _run(page: Path, *, engines: bool) -> int:
         with contextlib.redirect_stdout(printed):
             example.evaluate()
         ran += 1
+    ran += run_shells_before(len(document.text))
     check_outputs_before(len(document.text))
     return ran
 
@@ -135,6 +204,10 @@ def test_no_block_is_left_unchecked(page):
         if region.lexemes["language"].strip() != "python"
         and not _NOT_RUN.fullmatch(_marker(document, region.start))
         and _marker(document, region.start) != _OUTPUT
+        and not (
+            region.lexemes["language"].strip() == _SHELL
+            and _marker(document, region.start) in (_RUN, _ENGINES)
+        )
     ]
     assert not unchecked, "blocks neither run nor marked <!-- not-run: WHY -->: " + str(unchecked)
 
