@@ -16,6 +16,9 @@ Markers, each an HTML comment on the line before the block's fence (invisible on
   temporary folder (where its Python blocks ran, so it reads the files they wrote), with
   `python` (this Python) and `beam-agents` first on PATH, the checkout first on PYTHONPATH,
   and the checkout's `examples/` linked in;
+* `<!-- console-config -->`: a fragment of the console's TOML file; it is read by the
+  console's own loader (`ConsoleConfig.from_document`, completed with a user and a keyring)
+  and each of its `[console]` settings must come out as the fragment gives it;
 * `<!-- output -->`: a block showing what the page's Python blocks before it printed; each of
   its lines but `...` must have been printed, in that order;
 * `<!-- not-run: WHY -->`: a block to read, not run (a long command, a config file shown for
@@ -51,6 +54,7 @@ PAGES = sorted(
 _ENGINES = "<!-- engines -->"
 _OUTPUT = "<!-- output -->"
 _RUN = "<!-- run -->"
+_CONSOLE_CONFIG = "<!-- console-config -->"
 _SHELL = "sh"
 _NOT_RUN = re.compile(r"<!-- not-run: \S.*? -->")
 _FENCES = RawFencedCodeBlockLexer(
@@ -203,7 +207,7 @@ def test_no_block_is_left_unchecked(page):
         for region in _FENCES(document)
         if region.lexemes["language"].strip() != "python"
         and not _NOT_RUN.fullmatch(_marker(document, region.start))
-        and _marker(document, region.start) != _OUTPUT
+        and _marker(document, region.start) not in (_OUTPUT, _CONSOLE_CONFIG)
         and not (
             region.lexemes["language"].strip() == _SHELL
             and _marker(document, region.start) in (_RUN, _ENGINES)
@@ -363,3 +367,40 @@ def test_each_reference_section_names_its_entries_in_a_table_readable_without_th
         rendered = [n.rsplit(".", 1)[1] for n in re.findall(r"^::: ([\w.]+)$", section, re.M)]
         tabled = re.findall(r"^\| `(\w+)` \| \S.* \|$", section, re.M)
         assert tabled == rendered, section.splitlines()[0]
+
+
+def _console_config_blocks(page: Path) -> list[str]:
+    document = Document(page.read_text(), str(page))
+    return [
+        region.lexemes["source"]
+        for region in _FENCES(document)
+        if _marker(document, region.start) == _CONSOLE_CONFIG
+    ]
+
+
+@pytest.mark.parametrize(
+    "fragment",
+    [block for page in PAGES for block in _console_config_blocks(page)],
+    ids=lambda fragment: fragment.splitlines()[1].split("=")[0].strip(),
+)
+def test_a_console_configuration_fragment_is_read_as_the_page_says(fragment, tmp_path):
+    import base64
+    import json
+    import tomllib
+
+    from beam_agents.ops.console.config import ConsoleConfig
+
+    (tmp_path / "approvals.json").write_text(
+        json.dumps({"active": "a1", "keys": {"a1": base64.b64encode(bytes(32)).decode()}})
+    )
+    given = tomllib.loads(fragment)
+    document = {
+        "users": {"ada": {"role": "admin", "password_hash": "$argon2id$v=19$stand-in"}},
+        "console": {"approvals_keyring": "approvals.json", "verify_mode": "off"},
+    }
+    for table, settings in given.items():
+        document[table] = {**document.get(table, {}), **settings}
+    config = ConsoleConfig.from_document(document, base=tmp_path, source="the page")
+    for name, value in given.get("console", {}).items():
+        got = getattr(config, name)
+        assert (list(got) if isinstance(got, tuple) else got) == value, name
