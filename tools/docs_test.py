@@ -404,3 +404,27 @@ def test_a_console_configuration_fragment_is_read_as_the_page_says(fragment, tmp
     for name, value in given.get("console", {}).items():
         got = getattr(config, name)
         assert (list(got) if isinstance(got, tuple) else got) == value, name
+
+
+#: Commands of our CLI that serve until stopped: shown, never run to an end.
+_SERVICES = ("beam-agents effector-service", "beam-agents console")
+
+
+def test_the_engines_tier_has_blocks_to_run():
+    """Blocks that need the engines are marked and run there, not left unrun."""
+    assert [p for p in PAGES if _has_engines_blocks(p)], "no page has an <!-- engines --> block"
+
+
+@pytest.mark.parametrize("page", PAGES, ids=_name)
+def test_a_shell_block_running_our_cli_runs(page):
+    """A `beam-agents` command that ends runs in the suite, as the reader would type it."""
+    document = Document(page.read_text(), str(page))
+    unrun = [
+        f"{_name(page)}, {document.line_column(region.start)}"
+        for region in _FENCES(document)
+        if region.lexemes["language"].strip() == _SHELL
+        and "beam-agents " in region.lexemes["source"]
+        and not any(service in region.lexemes["source"] for service in _SERVICES)
+        and _marker(document, region.start) not in (_RUN, _ENGINES)
+    ]
+    assert not unrun, unrun
