@@ -388,6 +388,8 @@ def test_a_console_configuration_fragment_is_read_as_the_page_says(fragment, tmp
     import json
     import tomllib
 
+    if os.environ.get("RUNFILES_DIR"):
+        pytest.skip("//beam_agents/ops/console is not visible to //tools; pytest reads it")
     from beam_agents.ops.console.config import ConsoleConfig
 
     (tmp_path / "approvals.json").write_text(
