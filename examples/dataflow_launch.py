@@ -38,7 +38,9 @@ import sys
 import apache_beam as beam
 from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
 
+from beam_agents.errors import PrismNotFoundError
 from beam_agents.examples.support_triage import scripted_model, triage
+from beam_agents.ops.prism import with_local_prism
 from beam_agents.ops.update_check import write_graph
 from beam_agents.runtime import COMPLETIONS, ERRORS, INTENTS, SNAPSHOTS, TRACES, RunAgent
 from beam_agents.runtime.dead_letters import to_envelope
@@ -121,7 +123,13 @@ class _HexCoder(beam.coders.Coder):
 
 
 def main(argv: list[str] | None = None) -> int:
-    return run(PipelineOptions(argv if argv is not None else sys.argv[1:]))
+    try:
+        # --runner=PrismRunner without --prism_location: the Prism tools/engines.sh built.
+        options = with_local_prism(PipelineOptions(argv if argv is not None else sys.argv[1:]))
+    except PrismNotFoundError as e:
+        print(e, file=sys.stderr)
+        return 2
+    return run(options)
 
 
 def run(options: PipelineOptions) -> int:

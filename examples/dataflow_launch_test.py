@@ -72,3 +72,10 @@ def test_the_built_pipeline_has_the_committed_step_names(tmp_path):
 def test_without_an_input_the_launcher_is_a_usage_error(capsys):
     assert dataflow_launch.main([]) == 2
     assert "--input_subscription" in capsys.readouterr().err
+
+
+def test_prism_at_no_file_is_one_line_before_anything_is_built(tmp_path, capsys):
+    missing = tmp_path / "no-prism"
+    assert dataflow_launch.main(["--runner=PrismRunner", f"--prism_location={missing}"]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "bash tools/engines.sh prism" in err, err

@@ -32,6 +32,7 @@ exactly the dead-letter reasons the runtime emits, and the reference exactly `__
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import io
 import os
 import re
@@ -79,19 +80,40 @@ def _python_blocks(page: Path) -> tuple[Document, list]:
     return document, list(document.examples())
 
 
-def _shell_blocks(document: Document) -> list[tuple[int, str, str]]:
-    """(start, marker, source) of each shell block marked to run, in either tier."""
+@dataclasses.dataclass(frozen=True)
+class _Fence:
+    """A fenced block of a page: where it starts, its language, its marker and its text."""
+
+    start: int
+    language: str
+    marker: str
+    source: str
+
+    @property
+    def runs_in_a_shell(self) -> bool:
+        return self.language == _SHELL and self.marker in (_RUN, _ENGINES)
+
+
+def _fences(document: Document) -> list[_Fence]:
     return [
-        (region.start, _marker(document, region.start), region.lexemes["source"])
+        _Fence(
+            region.start,
+            region.lexemes["language"].strip(),
+            _marker(document, region.start),
+            region.lexemes["source"],
+        )
         for region in _FENCES(document)
-        if region.lexemes["language"].strip() == _SHELL
-        and _marker(document, region.start) in (_RUN, _ENGINES)
     ]
+
+
+def _shell_blocks(document: Document) -> list[_Fence]:
+    """Each shell block marked to run, in either tier."""
+    return [fence for fence in _fences(document) if fence.runs_in_a_shell]
 
 
 def _has_engines_blocks(page: Path) -> bool:
     document, examples = _python_blocks(page)
-    starts = [e.region.start for e in examples] + [s for s, _, _ in _shell_blocks(document)]
+    starts = [e.region.start for e in examples] + [f.start for f in _shell_blocks(document)]
     return any(_marker(document, start) == _ENGINES for start in starts)
 
 
@@ -133,11 +155,7 @@ def _run_shell(source: str, *, in_checkout: bool, where: str) -> None:
 
 def _run(page: Path, *, engines: bool) -> int:
     document, examples = _python_blocks(page)
-    outputs = [
-        (region.start, region.lexemes["source"])
-        for region in _FENCES(document)
-        if _marker(document, region.start) == _OUTPUT
-    ]
+    outputs = [(f.start, f.source) for f in _fences(document) if f.marker == _OUTPUT]
     shells = _shell_blocks(document)
     printed, skipped, ran = io.StringIO(), False, 0
 
@@ -153,12 +171,12 @@ def _run(page: Path, *, engines: bool) -> int:
     def run_shells_before(position: int) -> int:
         count = 0
         while shells and shells[0][0] < position:
-            start, marker, source = shells.pop(0)
-            check_outputs_before(start)
-            if marker == _ENGINES and not engines:
+            shell = shells.pop(0)
+            check_outputs_before(shell.start)
+            if shell.marker == _ENGINES and not engines:
                 continue
-            where = f"{_name(page)}, {document.line_column(start)}"
-            _run_shell(source, in_checkout=marker == _ENGINES, where=where)
+            where = f"{_name(page)}, {document.line_column(shell.start)}"
+            _run_shell(shell.source, in_checkout=shell.marker == _ENGINES, where=where)
             count += 1
         return count
 
@@ -203,15 +221,12 @@ def test_no_block_is_left_unchecked(page):
     """A block runs (Python), or says why not: nothing rots unseen."""
     document = Document(page.read_text(), str(page))
     unchecked = [
-        f"{_name(page)}, {document.line_column(region.start)}: ```{region.lexemes['language']}"
-        for region in _FENCES(document)
-        if region.lexemes["language"].strip() != "python"
-        and not _NOT_RUN.fullmatch(_marker(document, region.start))
-        and _marker(document, region.start) not in (_OUTPUT, _CONSOLE_CONFIG)
-        and not (
-            region.lexemes["language"].strip() == _SHELL
-            and _marker(document, region.start) in (_RUN, _ENGINES)
-        )
+        f"{_name(page)}, {document.line_column(fence.start)}: ```{fence.language}"
+        for fence in _fences(document)
+        if fence.language != "python"
+        and not _NOT_RUN.fullmatch(fence.marker)
+        and fence.marker not in (_OUTPUT, _CONSOLE_CONFIG)
+        and not fence.runs_in_a_shell
     ]
     assert not unchecked, "blocks neither run nor marked <!-- not-run: WHY -->: " + str(unchecked)
 
@@ -371,11 +386,7 @@ def test_each_reference_section_names_its_entries_in_a_table_readable_without_th
 
 def _console_config_blocks(page: Path) -> list[str]:
     document = Document(page.read_text(), str(page))
-    return [
-        region.lexemes["source"]
-        for region in _FENCES(document)
-        if _marker(document, region.start) == _CONSOLE_CONFIG
-    ]
+    return [fence.source for fence in _fences(document) if fence.marker == _CONSOLE_CONFIG]
 
 
 @pytest.mark.parametrize(
@@ -422,11 +433,11 @@ def test_a_shell_block_running_our_cli_runs(page):
     """A `beam-agents` command that ends runs in the suite, as the reader would type it."""
     document = Document(page.read_text(), str(page))
     unrun = [
-        f"{_name(page)}, {document.line_column(region.start)}"
-        for region in _FENCES(document)
-        if region.lexemes["language"].strip() == _SHELL
-        and "beam-agents " in region.lexemes["source"]
-        and not any(service in region.lexemes["source"] for service in _SERVICES)
-        and _marker(document, region.start) not in (_RUN, _ENGINES)
+        f"{_name(page)}, {document.line_column(fence.start)}"
+        for fence in _fences(document)
+        if fence.language == _SHELL
+        and "beam-agents " in fence.source
+        and not any(service in fence.source for service in _SERVICES)
+        and not fence.runs_in_a_shell
     ]
     assert not unrun, unrun

@@ -119,7 +119,8 @@ class ModelCall:
     it `answered` (its text, and the tools it asked to call), and whether the key's replay
     cache answered it (`cached`: a rerun after an answer, not paid again). `asked` and
     `answered` are "?" for a call the run cannot match to a request it recorded (one given a
-    `replay_key`)."""
+    `replay_key`); a request the model answered differently at two places of the run shows
+    its latest answer."""
 
     model: str
     asked: str
