@@ -170,7 +170,7 @@ def _run(page: Path, *, engines: bool) -> int:
 
     def run_shells_before(position: int) -> int:
         count = 0
-        while shells and shells[0][0] < position:
+        while shells and shells[0].start < position:
             shell = shells.pop(0)
             check_outputs_before(shell.start)
             if shell.marker == _ENGINES and not engines:
