@@ -19,7 +19,7 @@ from apache_beam.typehints import Tuple
 from google.protobuf.message import DecodeError
 
 from beam_agents._protos import ActivationErrorRecord, AgentEnvelope, ExecutionRecord, ToolIntent
-from beam_agents.errors import KeyringError
+from beam_agents.errors import KeyringError, with_article
 from beam_agents.intents.effector.gate import Gate, dead_letter
 from beam_agents.intents.effector.spec import (
     APPROVALS,
@@ -61,7 +61,7 @@ class _Serialize(beam.DoFn):
             yield (element.intent_id, element.SerializeToString(deterministic=True))
             return
         if not isinstance(element, bytes):
-            yield self._undecodable(f"a {type(element).__name__} is not a ToolIntent")
+            yield self._undecodable(f"{with_article(type(element).__name__)} is not a ToolIntent")
             return
         try:
             intent_id = ToolIntent.FromString(element).intent_id

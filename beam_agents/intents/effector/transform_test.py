@@ -16,7 +16,7 @@ from apache_beam.testing.test_pipeline import TestPipeline as BeamPipeline
 from apache_beam.testing.test_stream import TestStream as EventStream
 from apache_beam.testing.util import assert_that, equal_to
 from apache_beam.transforms import window
-from apache_beam.typehints import Tuple
+from apache_beam.typehints import Any, Tuple
 
 from beam_agents._protos import ToolIntent, ToolResult
 from beam_agents.errors import KeyringError
@@ -384,3 +384,22 @@ def test_runagents_keyed_intents_go_into_the_transform_as_they_are(tmp_path):
         label="approvals",
     )
     _run_then_check(pipeline, tool, [intent().intent_id])
+
+
+def test_an_input_that_is_no_intent_is_a_dead_letter_not_a_failed_bundle(tmp_path):
+    tool = AppendingTool(tmp_path / "executions.log")
+    pipeline = BeamPipeline(options=env_options())
+    inputs = pipeline | beam.Create(["a str", (b"k", 42)]).with_output_types(Any)
+    outputs = inputs | ExecuteIntents(
+        {"crm.lookup": tool}, mode=VerifyMode.OFF, clock=ManualClock(NOW)
+    )
+    assert_that(
+        outputs[DEAD_LETTERS] | beam.Map(lambda kv: (kv[1].reason, kv[1].detail)),
+        equal_to(
+            [
+                ("undecodable_intent", "a str is not a ToolIntent"),
+                ("undecodable_intent", "an int is not a ToolIntent"),
+            ]
+        ),
+    )
+    _run_then_check(pipeline, tool, [])
