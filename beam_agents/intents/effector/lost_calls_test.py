@@ -135,7 +135,11 @@ def test_a_claim_is_in_flight_until_its_lease_expires_and_a_lost_call_from_then(
 LEGACY_CLAIMS = ["4242:1234567:0123abcd", f"{os.getpid()}:1:0123abcd", "not-a-pid"]
 
 
-@pytest.mark.parametrize("claimed_by", LEGACY_CLAIMS)
+# Ids without the pid: every process that collects the suite (parallel workers, the mutation
+# tool's children) must see the same test names.
+@pytest.mark.parametrize(
+    "claimed_by", LEGACY_CLAIMS, ids=["other-host", "this-process", "not-a-pid"]
+)
 def test_a_claim_written_before_leases_is_in_flight_for_one_lease_then_a_lost_call(
     tmp_path, claimed_by
 ):
