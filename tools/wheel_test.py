@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import importlib.metadata
 import os
-import shutil
 import subprocess
 import sys
 import tomllib
@@ -28,7 +27,7 @@ import pytest
 from packaging.requirements import Requirement
 
 from beam_agents._protos import __all__ as MESSAGE_NAMES
-from tools.workspace import data_root
+from tools.workspace import build_wheel, data_root
 
 REPO = Path(__file__).resolve().parent.parent
 PROJECT = tomllib.loads((data_root() / "pyproject.toml").read_text())["project"]
@@ -64,20 +63,7 @@ def wheel(tmp_path_factory) -> Path:
     given = os.environ.get("BEAM_AGENTS_WHEEL")
     if given:
         return Path(given).resolve()
-    # setuptools builds in the source folder; a copy keeps build/ out of the work tree.
-    source = tmp_path_factory.mktemp("source") / "beam_agents"
-    shutil.copytree(
-        REPO,
-        source,
-        ignore=shutil.ignore_patterns(".*", "node_modules", "build", "*.egg-info"),
-    )
-    out = tmp_path_factory.mktemp("dist")
-    pip_wheel = [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps"]
-    subprocess.run(
-        [*pip_wheel, "--no-build-isolation", "--wheel-dir", str(out), str(source)], check=True
-    )
-    (built,) = out.glob("beam_agents-*.whl")
-    return built
+    return build_wheel(REPO, tmp_path_factory.mktemp("wheel"))
 
 
 @pytest.fixture(scope="module")
