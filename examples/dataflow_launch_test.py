@@ -12,7 +12,9 @@ from apache_beam.options.pipeline_options import PipelineOptions
 
 from beam_agents._protos import AgentEnvelope, ToolIntent
 from beam_agents.examples.support_triage import ticket
+from beam_agents.ops.cli import main as beam_agents
 from beam_agents.ops.state_manifest import MANIFEST
+from beam_agents.ops.update_check import read_graph
 from beam_agents.wire.fields import join_delimited
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -79,3 +81,38 @@ def test_prism_at_no_file_is_one_line_before_anything_is_built(tmp_path, capsys)
     assert dataflow_launch.main(["--runner=PrismRunner", f"--prism_location={missing}"]) == 2
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and "bash tools/engines.sh prism" in err, err
+
+
+#: The guide's Dataflow command (docs/dataflow.md), up to the wheel.
+DATAFLOW = [
+    "--runner=DataflowRunner",
+    "--project=project",
+    "--region=us-central1",
+    "--streaming",
+    "--temp_location=gs://bucket/tmp",
+    "--job_name=support-triage",
+    "--input_subscription=projects/project/subscriptions/agent-envelopes",
+    "--intents_topic=projects/project/topics/tool-intents",
+    "--completions_topic=projects/project/topics/completions",
+    "--errors_topic=projects/project/topics/agent-errors",
+]
+
+
+def test_the_dataflow_job_graph_has_the_committed_names_and_state_specs(
+    tmp_path, monkeypatch, capsys
+):
+    """The graph the launcher builds for the DataflowRunner, as the runner rewrites it before it
+    submits the job, written offline (no project, no credentials) and checked by
+    `beam-agents update-check --manifest`: the names --update matches on are Dataflow's."""
+    monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(tmp_path / "none.json"))
+    graph = tmp_path / "dataflow.binpb"
+    assert dataflow_launch.main([*DATAFLOW, f"--graph_out={graph}"]) == 0
+    transforms = read_graph(graph.read_bytes()).components.transforms.values()
+    # DataflowRunner's streaming override made the Pub/Sub writes its native sink: this is the
+    # runner's graph, not the one the pipeline was built as.
+    assert {
+        t.spec.urn for t in transforms if t.unique_name.endswith("ParDo(_PubSubWriteDoFn)")
+    } == {"beam:transform:pubsub_write:v1"}
+    capsys.readouterr()
+    assert beam_agents(["update-check", "--manifest", str(graph)]) == 0
+    assert "compatible: --update keeps every step and its state" in capsys.readouterr().out

@@ -5,6 +5,11 @@
 #   bash tools/engines.sh fetch           fetch and cache everything below (Go module, Maven jars)
 #   bash tools/engines.sh prism           build Beam's Prism runner, print its path
 #   bash tools/engines.sh prism-options   the pipeline options that run a pipeline on Prism
+#   bash tools/engines.sh worker          build a Dataflow-like Python SDK worker, print the
+#                                         command that starts one
+#   bash tools/engines.sh worker-options  the pipeline options that run a job's Python code in
+#                                         that worker (a PROCESS environment) instead of
+#                                         LOOPBACK: staged packages installed as on Dataflow
 #   bash tools/engines.sh start SERVICE   start kafka, java (the expansion service; each
 #                                         job starts its own Java harness) or flink (session cluster and Beam job
 #                                         server); waits until it is ready
@@ -44,6 +49,14 @@
 #                                         ARGS` on Flink, stop what it started (`--console`:
 #                                         a person approves in beam-agents console)
 #
+# The worker is what a Dataflow worker runs, without its container: Beam's own Python boot
+# program (github.com/apache/beam/sdks/v2/python/container, the container's
+# /opt/apache/beam/boot, built like Prism) over a virtual environment that holds apache-beam
+# and its dependencies at the versions and hashes of requirements_lock.txt and nothing else.
+# Each worker runs in a fresh environment layered over that one and deleted when it stops, as
+# the boot program makes one per worker on Dataflow; the boot program installs the job's
+# staged artifacts there with pip (--requirements_file, then --extra_package, then
+# --setup_file's tarball) before it starts the SDK harness.
 # Prism is github.com/apache/beam/sdks/v2/go/cmd/prism at the Beam version of
 # requirements_lock.txt, built from the Go module proxy; `go install` checks every module
 # against the Go checksum database. Pipelines start and stop Prism themselves.
@@ -86,6 +99,111 @@ prism() {
   echo "$home/prism"
 }
 
+# The lock's requirements that apache-beam needs: apache-beam and, transitively, every
+# requirement whose "# via" names one already needed (the lock is uv's, annotated).
+beam_closure() {
+  python3 - "$root/requirements_lock.txt" <<'PY'
+import re
+import sys
+
+entries = {}
+for block in re.split(r"\n(?=[^\s#])", open(sys.argv[1]).read()):
+    head = re.match(r"([A-Za-z0-9._-]+)==", block)
+    if head:
+        via = re.findall(r"#\s+(?:via\s+)?([A-Za-z0-9._-]+)\s*$", block, re.M)
+        entries[head.group(1).lower()] = (block.rstrip(), {name.lower() for name in via})
+needed, grew = {"apache-beam"}, True
+while grew:
+    grew = False
+    for name, (_, via) in entries.items():
+        if name not in needed and via & needed:
+            needed.add(name)
+            grew = True
+print("\n".join(entries[name][0] for name in sorted(needed)))
+PY
+}
+
+# The interpreter the project's .venv was made from (tools/dev.sh), so pickles cross one
+# Python version.
+interpreter() {
+  if [[ -x "$root/.venv/bin/python" ]]; then
+    "$root/.venv/bin/python" -c 'import sys; print(sys._base_executable)'
+  else
+    command -v python3
+  fi
+}
+
+worker() {
+  local home="$cache/worker-$beam_version" want
+  want="$({ cat "$root/requirements_lock.txt"; declare -f beam_closure worker_script; } |
+    sha256sum | cut -d' ' -f1)"
+  if [[ "$(cat "$home/.stamp" 2>/dev/null)" != "$want" ]]; then
+    echo "tools/engines.sh: building the Python worker of Beam $beam_version (once)" >&2
+    rm -rf "$home"
+    mkdir -p "$home"
+    GOBIN="$home/bin" GOFLAGS=-mod=mod \
+      go install "github.com/apache/beam/sdks/v2/python/container@v$beam_version" >&2
+    mv "$home/bin/container" "$home/boot"
+    rmdir "$home/bin"
+    beam_closure >"$home/requirements.txt"
+    "$(interpreter)" -m venv "$home/env"
+    "$home/env/bin/python" -m pip install --quiet --disable-pip-version-check --no-deps \
+      --require-hashes -r "$home/requirements.txt" >&2
+    worker_script >"$home/worker"
+    chmod +x "$home/worker"
+    echo "$want" >"$home/.stamp"
+  fi
+  echo "$home/worker"
+}
+
+# The PROCESS environment's command. The runner starts it with the boot program's flags (--id,
+# --provision_endpoint, ...) and stops it with SIGTERM (Flink) or SIGKILL (Prism).
+worker_script() {
+  cat <<'SH'
+#!/usr/bin/env bash
+# One SDK worker: Beam's boot program in a fresh virtual environment over the Beam-only one
+# beside this script, removed when the worker stops. Written by tools/engines.sh worker.
+set -euo pipefail
+home="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+# BEAM_AGENTS_WORKER_HOME holds the workers' folders (each named by its wrapper's PID);
+# BEAM_AGENTS_WORKER_KEEP=1 keeps them after the job, to look at what a worker installed.
+workers="${BEAM_AGENTS_WORKER_HOME:-$home/workers}"
+mkdir -p "$workers"
+if [[ -z "${BEAM_AGENTS_WORKER_KEEP:-}" ]]; then
+  # Prism stops a worker with SIGKILL, which leaves its folder behind: the next one clears it.
+  for stale in "$workers"/*/; do
+    [[ -d "$stale" ]] && ! kill -0 "$(basename "$stale")" 2>/dev/null && rm -rf "$stale"
+  done
+fi
+work="$workers/$$"
+mkdir "$work"
+"$home/env/bin/python" -m venv --without-pip "$work/venv"
+purelib='import sysconfig; print(sysconfig.get_path("purelib"))'
+# The Beam-only environment's packages (pip among them) show behind the fresh ones, as the
+# image's packages show through --system-site-packages in the boot program's venv on Dataflow.
+"$home/env/bin/python" -c "$purelib" >"$("$work/venv/bin/python" -c "$purelib")/beam-worker.pth"
+export PATH="$work/venv/bin:$PATH" VIRTUAL_ENV="$work/venv" RUN_PYTHON_SDK_IN_DEFAULT_ENVIRONMENT=1
+unset PYTHONPATH PYTHONHOME PYTHONSAFEPATH
+args=()
+for arg in "$@"; do
+  # Prism 2.77 writes --id='ID' as for a shell but starts the command without one; the quotes
+  # would make the id one its provisioning service does not know.
+  [[ "$arg" == --id=\'*\' ]] && arg="--id=${arg:6:-1}"
+  args+=("$arg")
+done
+cd "$work"
+"$home/boot" "${args[@]}" --semi_persist_dir="$work" &
+boot=$!
+trap 'kill -TERM "$boot" 2>/dev/null || true' TERM INT
+status=0
+wait "$boot" || status=$?
+# A TERM ends the first wait early; this one waits for the boot program to stop its workers.
+wait "$boot" 2>/dev/null || true
+[[ -n "${BEAM_AGENTS_WORKER_KEEP:-}" ]] || rm -rf "$work"
+exit "$status"
+SH
+}
+
 # The runtime jars of tools/engines/NAME/pom.xml in .cache/engines/NAME/lib, fetched again
 # only when the POM changes.
 jars() {
@@ -105,6 +223,7 @@ jars() {
 
 fetch() {
   prism >/dev/null
+  worker >/dev/null
   for name in flink kafka beam-java; do jars "$name" >/dev/null; done
 }
 
@@ -487,6 +606,10 @@ case "${1:-}" in
   # and the Prism run of the suite is what proves they do.
   prism-options)
     echo "--runner=PrismRunner --prism_location=$(prism) --environment_type=LOOPBACK" ;;
+  worker) worker ;;
+  # The command as JSON: a path under the checkout, without quotes or backslashes.
+  worker-options)
+    echo "--environment_type=PROCESS --environment_config={\"command\": \"$(worker)\"}" ;;
   start) start "${2:?which service}" "${3:-}" ;;
   restart-taskmanager) restart_taskmanager "${2:-}" ;;
   add-taskmanager) add_taskmanager ;;

@@ -17,7 +17,6 @@ or import every test module (this module's test) need the @pypi packages of ever
 from __future__ import annotations
 
 import concurrent.futures
-import importlib.metadata
 import re
 import subprocess
 import sys
@@ -25,6 +24,7 @@ import tempfile
 from pathlib import Path
 
 from tools.build_files import Target, Workspace, _normalize, _parse_label
+from tools.distributions import installed_distributions, link_distribution, pypi_closure
 
 __all__ = ["check", "pypi_closure", "runfiles"]
 
@@ -61,49 +61,6 @@ def runfiles(ws: Workspace, target: Target) -> tuple[set[str], set[str]]:
     return files, pypi
 
 
-def _installed() -> dict[str, importlib.metadata.Distribution]:
-    found: dict[str, importlib.metadata.Distribution] = {}
-    for dist in importlib.metadata.distributions():
-        found.setdefault(_normalize(dist.metadata["Name"]), dist)
-    return found
-
-
-def pypi_closure(names: set[str], installed: dict) -> tuple[set[str], set[str]]:
-    """(distributions `names` bring with their requirements, names not installed here).
-
-    Requirements behind an extra are left out, as the hub's wheels leave them out; markers on
-    the platform are kept (a wheel absent here is simply skipped)."""
-    closure: set[str] = set()
-    missing = {name for name in names if name not in installed}
-    todo = [name for name in names if name in installed]
-    while todo:
-        name = todo.pop()
-        if name in closure:
-            continue
-        closure.add(name)
-        for requirement in installed[name].requires or []:
-            requirement_name, _, marker = requirement.partition(";")
-            if "extra" in marker:
-                continue
-            match = re.match(r"\s*([A-Za-z0-9][A-Za-z0-9._-]*)", requirement_name)
-            dependency = _normalize(match.group(1))
-            if dependency in installed:
-                todo.append(dependency)
-    return closure, missing
-
-
-def _link_distribution(dist: importlib.metadata.Distribution, folder: Path) -> None:
-    for file in dist.files or []:
-        if file.parts and file.parts[0] == "..":
-            continue  # scripts and data outside site-packages
-        source = Path(dist.locate_file(file))
-        if source.exists():
-            target = folder / file
-            target.parent.mkdir(parents=True, exist_ok=True)
-            if not target.exists():
-                target.symlink_to(source)
-
-
 def _module_name(test_file: str) -> str:
     return test_file.removesuffix(".py").replace("/", ".")
 
@@ -131,7 +88,7 @@ def _import(python_path: list[Path], modules: list[str]) -> str | None:
 def check(ws: Workspace, names: list[str] | None = None) -> list[str]:
     """Problems of the py_tests and py_libraries named `names` (every one by default), each
     naming the target."""
-    installed = _installed()
+    installed = installed_distributions()
     tests = [
         target
         for targets in ws.packages.values()
@@ -189,7 +146,7 @@ def check(ws: Workspace, names: list[str] | None = None) -> list[str]:
             closure, _ = pypi_closure({name}, installed)
             for dist in closure - linked.keys():
                 linked[dist] = Path(tmp) / "pypi" / dist
-                _link_distribution(installed[dist], linked[dist])
+                link_distribution(installed[dist], linked[dist])
         with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
             for found in pool.map(job, tests):
                 problems.extend(found)

@@ -14,9 +14,11 @@ sets the same variables the launcher would, so that both paths prove the isolati
 
 from __future__ import annotations
 
+import ast
+import functools
 import importlib.metadata
+import json
 import os
-import shutil
 import subprocess
 import sys
 import tomllib
@@ -26,9 +28,11 @@ from pathlib import Path
 
 import pytest
 from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
 
 from beam_agents._protos import __all__ as MESSAGE_NAMES
-from tools.workspace import data_root
+from tools.distributions import installed_closure, link_closure
+from tools.workspace import build_wheel, data_root
 
 REPO = Path(__file__).resolve().parent.parent
 PROJECT = tomllib.loads((data_root() / "pyproject.toml").read_text())["project"]
@@ -64,20 +68,7 @@ def wheel(tmp_path_factory) -> Path:
     given = os.environ.get("BEAM_AGENTS_WHEEL")
     if given:
         return Path(given).resolve()
-    # setuptools builds in the source folder; a copy keeps build/ out of the work tree.
-    source = tmp_path_factory.mktemp("source") / "beam_agents"
-    shutil.copytree(
-        REPO,
-        source,
-        ignore=shutil.ignore_patterns(".*", "node_modules", "build", "*.egg-info"),
-    )
-    out = tmp_path_factory.mktemp("dist")
-    pip_wheel = [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps"]
-    subprocess.run(
-        [*pip_wheel, "--no-build-isolation", "--wheel-dir", str(out), str(source)], check=True
-    )
-    (built,) = out.glob("beam_agents-*.whl")
-    return built
+    return build_wheel(REPO, tmp_path_factory.mktemp("wheel"))
 
 
 @pytest.fixture(scope="module")
@@ -186,7 +177,7 @@ def test_the_wheel_holds_every_non_test_module_of_the_source_tree(wheel):
     sources = {
         path.relative_to(REPO).as_posix()
         for path in (REPO / "beam_agents").rglob("*.py")
-        if not path.name.endswith("_test.py")
+        if not path.name.endswith("_test.py") and "testing" not in path.relative_to(REPO).parts
     } | {
         path.relative_to(REPO / "migrations").as_posix()
         for path in (REPO / "migrations" / "beam_agents_migrations").rglob("*.py")
@@ -222,3 +213,158 @@ def test_the_wheel_metadata_names_the_project_and_its_licence(wheel):
         for line in lines
         if line.startswith("Provides-Extra: ")
     } == set(PROJECT["optional-dependencies"])
+
+
+#: The packages a Dataflow worker running RunAgent or ExecuteIntents imports: the layers below
+#: bus/integrations/ops, the worked example's agent, and the migration steps restore runs.
+WORKER_PACKAGES = (
+    "beam_agents._protos",
+    "beam_agents.wire",
+    "beam_agents.state",
+    "beam_agents.intents",
+    "beam_agents.runtime",
+    "beam_agents.examples",
+    "beam_agents_migrations",
+)
+
+
+def _is_worker_module(name: str) -> bool:
+    return name in ("beam_agents", "beam_agents.errors", "beam_agents._moved") or any(
+        name == package or name.startswith(package + ".") for package in WORKER_PACKAGES
+    )
+
+
+def _wheel_modules(wheel: Path) -> dict[str, str]:
+    """Module name -> source, of every module in the wheel."""
+    with zipfile.ZipFile(wheel) as archive:
+        return {
+            name.removesuffix(".py").removesuffix("/__init__").replace("/", "."): archive.read(
+                name
+            ).decode()
+            for name in archive.namelist()
+            if name.endswith(".py")
+        }
+
+
+def _imported(source: str) -> set[str]:
+    """Every module a module's source imports by absolute name, function bodies included (a
+    deferred import is one the module needs when it runs); `from a import b` counts a.b too."""
+    found = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            found.add(node.module)
+            found.update(f"{node.module}.{alias.name}" for alias in node.names)
+    return found
+
+
+def _third_party_imports(source: str) -> set[str]:
+    """The modules a module imports (their first two names), stdlib and beam_agents left out."""
+    return {
+        ".".join(name.split(".")[:2])
+        for name in _imported(source)
+        if name.split(".")[0] not in sys.stdlib_module_names
+        and name.split(".")[0] not in ("beam_agents", "beam_agents_migrations", "__future__")
+    }
+
+
+@functools.cache
+def _packages() -> dict[str, list[str]]:
+    return importlib.metadata.packages_distributions()
+
+
+@functools.cache
+def _distributions(module: str) -> frozenset[str]:
+    """The distributions (normalized names) installed here that provide `module`. Of a
+    namespace package several do (google: protobuf, google-auth, ...): those whose files hold
+    the module's own package."""
+    top = module.split(".")[0]
+    names = _packages().get(top, [])
+    if len(names) > 1 and "." in module:
+        package = "/".join(module.split(".")[:2])
+        names = [
+            name
+            for name in names
+            if any(
+                str(f).startswith(package + "/") or str(f) == package + ".py"
+                for f in importlib.metadata.distribution(name).files or []
+            )
+        ]
+    return frozenset(canonicalize_name(name) for name in names)
+
+
+def _requires(wheel: Path) -> dict[str | None, set[str]]:
+    """The wheel's Requires-Dist: extra (None: the runtime) -> distribution names."""
+    found: dict[str | None, set[str]] = {}
+    for line in _metadata(wheel).splitlines():
+        if line.startswith("Requires-Dist: "):
+            requirement = Requirement(line.removeprefix("Requires-Dist: "))
+            marker = str(requirement.marker or "")
+            extra = marker.split('"')[1] if "extra ==" in marker else None
+            found.setdefault(extra, set()).add(canonicalize_name(requirement.name))
+    return found
+
+
+def test_the_wheel_holds_no_test_support(wheel):
+    """A worker installs the wheel: test modules and the test-support package stay out, and no
+    module in it imports them (a DoFn pickled from one would drag it along)."""
+    modules = _wheel_modules(wheel)
+    assert not [m for m in modules if m.endswith("_test") or m.startswith("beam_agents.testing")]
+    importing = [
+        module
+        for module, source in modules.items()
+        if any(name.startswith("beam_agents.testing") for name in _imported(source))
+    ]
+    assert not importing
+
+
+def test_the_runtime_dependencies_are_what_the_worker_modules_import(wheel):
+    """Requires-Dist without an extra is exactly the distributions the worker's modules import;
+    everything any other module of the wheel imports is declared, by an extra at least (or is
+    what a declared distribution requires)."""
+    requires = _requires(wheel)
+    modules = _wheel_modules(wheel)
+    worker = set().union(
+        *(_third_party_imports(s) for m, s in modules.items() if _is_worker_module(m))
+    )
+    assert set().union(*map(_distributions, worker)) == requires[None]
+    everything = set().union(*(_third_party_imports(s) for s in modules.values()))
+    # A module may import what a declared distribution brings (jinja2's markupsafe).
+    declared = {canonicalize_name(n) for n in installed_closure(set().union(*requires.values()))}
+    undeclared = {name for name in everything if not _distributions(name) & declared}
+    assert not undeclared, f"imported by the wheel's modules, declared by no extra: {undeclared}"
+
+
+def test_the_worker_modules_import_from_the_wheel_and_its_declared_dependencies(wheel, tmp_path):
+    """Every worker module imports from the unpacked wheel with only the wheel's runtime
+    dependencies and theirs beside it (the installed files of those distributions linked into a
+    site-packages of their own, as pip puts them on a worker), no source tree, no editable
+    finder, no other package: an undeclared import fails here as on the worker."""
+    unpacked, site = tmp_path / "wheel", tmp_path / "site-packages"
+    with zipfile.ZipFile(wheel) as archive:
+        archive.extractall(unpacked)
+    link_closure(_requires(wheel)[None], site)
+    worker = sorted(m for m in _wheel_modules(wheel) if _is_worker_module(m))
+    code = (
+        "import importlib, json, sys\n"
+        f"sys.path[:] = [p for p in sys.path if p] + {[str(unpacked), str(site)]!r}\n"
+        f"for name in {worker!r}:\n"
+        "    importlib.import_module(name)\n"
+        "print(json.dumps({n: getattr(m, '__file__', None) for n, m in sys.modules.items()}))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-S", "-E", "-s", "-c", code],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env=_isolated_env(),
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    ours = {
+        name: path
+        for name, path in json.loads(done.stdout).items()
+        if name.split(".")[0] in ("beam_agents", "beam_agents_migrations")
+    }
+    assert set(worker) <= set(ours)
+    assert all(path is None or path.startswith(str(unpacked)) for path in ours.values()), ours

@@ -1,11 +1,15 @@
-"""Where the source tree is, for tests that read it (BUILD files, the whole workspace)."""
+"""Where the source tree is, for tests that read it (BUILD files, the whole workspace), and
+the wheel `pip wheel` builds from it."""
 
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
-__all__ = ["data_root", "source_root"]
+__all__ = ["build_wheel", "data_root", "source_root"]
 
 
 def source_root() -> Path:
@@ -29,3 +33,22 @@ def data_root() -> Path:
     if runfiles:
         return Path(runfiles) / "_main"
     return Path(__file__).resolve().parent.parent
+
+
+def build_wheel(tree: Path, scratch: Path) -> Path:
+    """`pip wheel --no-deps` of a copy of the source tree `tree` (setuptools builds in the source
+    folder; the copy keeps build/ out of the work tree and leaves out what is not the
+    project's: dot folders, node_modules, earlier builds). The wheel lands in scratch/dist."""
+    source = scratch / "source"
+    shutil.copytree(
+        tree,
+        source,
+        ignore=shutil.ignore_patterns(".*", "node_modules", "build", "dist", "*.egg-info"),
+    )
+    out = scratch / "dist"
+    pip_wheel = [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps"]
+    subprocess.run(
+        [*pip_wheel, "--no-build-isolation", "--wheel-dir", str(out), str(source)], check=True
+    )
+    (built,) = out.glob("beam_agents-*.whl")
+    return built

@@ -9,6 +9,7 @@
     beam-agents replay SNAPSHOT ENVELOPE --agent MODULE:NAME [--recorded-intents FILE]
         [--recorded-traces FILE]
     beam-agents update-check OLD NEW
+    beam-agents update-check --manifest GRAPH
     beam-agents effector-service --bootstrap-servers HOST:PORT --topic-prefix PREFIX
         --store FILE --tools MODULE:NAME [--keyring MODULE:NAME] [--result-keyring MODULE:NAME]
         [--approval-keyring MODULE:NAME] [--inquiry-keyring MODULE:NAME] [--mode MODE]
@@ -44,8 +45,9 @@ codes: 0 reproduced; 1 diverged (with a diff); 3 could not be reproduced (a cach
 digest-only entry, state this binary cannot read); 2 usage error.
 
 `update-check` compares two builds' pipeline graphs (beam_agents.ops.update_check) and names every
-difference that would make Dataflow refuse an --update or lose state. Exit codes: 0
-compatible; 1 not; 2 usage error.
+difference that would make Dataflow refuse an --update or lose state; with --manifest, one
+graph with the committed state manifest (beam_agents/ops/state_manifest.json), on the
+composites of it the graph applies. Exit codes: 0 compatible; 1 not; 2 usage error.
 
 `effector-service` runs the effector of beam_agents.intents.effector on a Kafka loop's intents topic
 (beam_agents.bus.EffectorService), with its records in the SQLite store FILE, until
@@ -82,6 +84,7 @@ named); 2 usage error (DIR is not a folder or holds nothing).
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -288,10 +291,22 @@ def _update_check(args: argparse.Namespace) -> int:
     # Deferred: reading graphs imports Beam's runner API, which the other commands do not need.
     from google.protobuf.message import DecodeError
 
-    from beam_agents.ops.update_check import describe_graph, differences, read_graph
+    from beam_agents.ops.state_manifest import MANIFEST
+    from beam_agents.ops.update_check import (
+        against_manifest,
+        describe_graph,
+        differences,
+        read_graph,
+    )
 
+    if args.manifest == (args.new is not None):
+        print(
+            "beam-agents update-check: give two graphs (OLD NEW), or one with --manifest",
+            file=sys.stderr,
+        )
+        return EXIT_USAGE
     graphs = []
-    for path in (args.old, args.new):
+    for path in (args.old, args.new) if args.new is not None else (args.old,):
         try:
             graphs.append(describe_graph(read_graph(read_input(path))))
         except (BeamAgentsError, DecodeError) as e:
@@ -301,6 +316,17 @@ def _update_check(args: argparse.Namespace) -> int:
                 file=sys.stderr,
             )
             return EXIT_USAGE
+    if args.manifest:
+        manifest = json.loads(MANIFEST.read_text())
+        cut = against_manifest(graphs[0], manifest)
+        if cut is None:
+            print(
+                f"beam-agents update-check: {printable(args.old)} applies none of the "
+                f"manifest's composites ({', '.join(manifest['transform_names'])})",
+                file=sys.stderr,
+            )
+            return EXIT_USAGE
+        graphs = list(cut)
     found = differences(*graphs)
     for difference in found:
         print(difference)
@@ -424,7 +450,12 @@ def _parser() -> argparse.ArgumentParser:
         "update-check", help="would Dataflow --update take NEW over a job running OLD?"
     )
     update.add_argument("old", help="the running build's pipeline graph (update_check.write_graph)")
-    update.add_argument("new", help="the new build's pipeline graph")
+    update.add_argument("new", nargs="?", help="the new build's pipeline graph")
+    update.add_argument(
+        "--manifest",
+        action="store_true",
+        help="compare the one graph given with the committed state manifest",
+    )
     update.set_defaults(run=_update_check)
     service = commands.add_parser(
         "effector-service", help="execute a Kafka agent loop's intents, each at most once"

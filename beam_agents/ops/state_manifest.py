@@ -31,7 +31,7 @@ def describe() -> dict:
     import apache_beam as beam
 
     from beam_agents.intents.effector import ExecuteIntents, VerifyMode
-    from beam_agents.ops.update_check import describe_graph
+    from beam_agents.ops.update_check import describe_graph, manifest_view
     from beam_agents.runtime import RunAgent, agent
 
     @agent(name="state_manifest.names_only")
@@ -46,15 +46,7 @@ def describe() -> dict:
     created = pipeline | "Inputs" >> beam.Create([b""])
     for label, composite in composites.items():
         _ = created | label >> composite
-    graph = describe_graph(pipeline.to_runner_api())
-    names = graph.pop("transform_names")["pipeline"]
-    return {
-        "transform_names": {
-            label: sorted(n.removeprefix(label + "/") for n in names if n.startswith(label + "/"))
-            for label in composites
-        },
-        **graph,
-    }
+    return manifest_view(describe_graph(pipeline.to_runner_api()), composites)
 
 
 def main(argv: list[str] | None = None) -> int:

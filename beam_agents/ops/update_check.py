@@ -2,7 +2,14 @@
 
 OLD and NEW are two builds' pipeline graphs: Beam's runner-API Pipeline protos, serialized, as
 `write_graph` (or `examples/dataflow_launch.py --graph_out=FILE`) writes them from the job a
-launcher builds. Dataflow matches the running job's steps by transform name, and each stateful
+launcher builds. For a pipeline whose options name the DataflowRunner, `write_graph` first
+applies the rewrites DataflowRunner.run_pipeline applies before it serializes the job (its
+visitors and transform overrides, the streaming Pub/Sub one among them), offline: the graph is
+the one Dataflow receives, with no Google Cloud project or credentials. (Beam's own
+`--dry_run` stops after those same steps, but needs the apache-beam[gcp] client libraries.)
+`beam-agents update-check --manifest GRAPH` compares one graph with the committed state
+manifest instead (`manifest_view`): the names and specs of each composite of the manifest the
+graph applies. Dataflow matches the running job's steps by transform name, and each stateful
 step's state by spec id, decoding it with the new coder; a timer keeps its time domain. So the
 check names every transform of OLD missing from NEW (Dataflow refuses the update unless
 `--transform_name_mapping` maps it), and for every stateful step each state spec added,
@@ -21,10 +28,21 @@ import os
 
 import apache_beam as beam
 from apache_beam.coders import coders
+from apache_beam.options.pipeline_options import StandardOptions, TypeOptions
 from apache_beam.portability.api import beam_runner_api_pb2
 from apache_beam.runners import pipeline_context
+from apache_beam.runners.dataflow.dataflow_runner import DataflowRunner
+from apache_beam.runners.dataflow.ptransform_overrides import get_dataflow_transform_overrides
 
-__all__ = ["describe_graph", "differences", "read_graph", "write_graph"]
+__all__ = [
+    "against_manifest",
+    "describe_graph",
+    "differences",
+    "manifest_view",
+    "read_graph",
+    "runner_graph",
+    "write_graph",
+]
 
 _PARDO = "beam:transform:pardo:v1"
 _PICKLED_PYTHON = "beam:coder:pickled_python:v1"
@@ -33,7 +51,32 @@ _PICKLED_PYTHON = "beam:coder:pickled_python:v1"
 def write_graph(pipeline: beam.Pipeline, path: str | os.PathLike) -> None:
     """Writes the pipeline's graph (without running it) for `beam-agents update-check`."""
     with open(path, "wb") as out:
-        out.write(pipeline.to_runner_api().SerializeToString(deterministic=True))
+        out.write(runner_graph(pipeline).SerializeToString(deterministic=True))
+
+
+def runner_graph(pipeline: beam.Pipeline) -> beam_runner_api_pb2.Pipeline:
+    """The pipeline's graph as its runner submits it. For the DataflowRunner that is the graph
+    after the rewrites of DataflowRunner.run_pipeline, in its order, up to where it serializes
+    the pipeline (it then asks Google Cloud for the job, which is not done here); for other
+    runners, the graph as built. It rewrites `pipeline`: build a fresh one to run."""
+    if not isinstance(pipeline.runner, DataflowRunner):
+        return pipeline.to_runner_api()
+    options = pipeline._options
+    runner = DataflowRunner()
+    pipeline.visit(runner.combinefn_visitor())
+    pipeline.visit(
+        runner.side_input_visitor(
+            deterministic_key_coders=not options.view_as(
+                TypeOptions
+            ).allow_non_deterministic_key_coders
+        )
+    )
+    pipeline.replace_all(DataflowRunner._PTRANSFORM_OVERRIDES)
+    overrides = get_dataflow_transform_overrides(options)
+    if overrides:
+        pipeline.replace_all(overrides)
+    runner._adjust_pipeline_for_dataflow_v2(pipeline)
+    return pipeline.to_runner_api()
 
 
 def read_graph(data: bytes) -> beam_runner_api_pb2.Pipeline:
@@ -89,6 +132,43 @@ def describe_graph(graph: beam_runner_api_pb2.Pipeline) -> dict:
             "timers": dict(sorted(timers.items())),
         }
     return described
+
+
+def manifest_view(described: dict, labels) -> dict:
+    """A graph's description (describe_graph) in the state manifest's shape, for the composites
+    `labels`: the names under each label, relative to it, and the stateful steps under them."""
+    names = described["transform_names"]["pipeline"]
+    return {
+        "transform_names": {
+            label: sorted(n.removeprefix(label + "/") for n in names if n.startswith(label + "/"))
+            for label in labels
+        },
+        **_under(described, labels),
+    }
+
+
+def against_manifest(described: dict, manifest: dict) -> tuple[dict, dict] | None:
+    """The manifest and the graph's description, both cut to the manifest's composites the
+    graph applies (a launcher applies RunAgent without ExecuteIntents), for `differences`;
+    None when it applies none of them."""
+    names = set(described["transform_names"]["pipeline"])
+    labels = [label for label in manifest["transform_names"] if label in names]
+    if not labels:
+        return None
+    committed = {
+        "transform_names": {label: manifest["transform_names"][label] for label in labels},
+        **_under(manifest, labels),
+    }
+    return committed, manifest_view(described, labels)
+
+
+def _under(described: dict, labels) -> dict:
+    return {
+        transform: specs
+        for transform, specs in described.items()
+        if transform != "transform_names"
+        and any(transform.startswith(label + "/") for label in labels)
+    }
 
 
 def differences(committed: dict, current: dict) -> list[str]:

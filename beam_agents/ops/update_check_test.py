@@ -126,3 +126,31 @@ def test_a_state_spec_or_timer_domain_this_beam_does_not_name_is_compared_not_a_
     assert main(["update-check", str(tmp_path / "old"), str(tmp_path / "new")]) == 1
     out = capsys.readouterr().out
     assert "'memory' changed from" in out and "TimeDomain 77" in out
+
+
+def test_against_the_manifest_a_graph_of_runagent_alone_is_compatible(tmp_path, capsys):
+    # ExecuteIntents is in the manifest but not in this graph: only RunAgent's part compares.
+    assert main(["update-check", "--manifest", str(_graph(tmp_path, "g"))]) == 0
+    assert "compatible" in capsys.readouterr().out
+
+
+def test_against_the_manifest_a_renamed_stateful_step_is_refused(tmp_path, capsys):
+    graph = _graph(tmp_path, "g")
+    _edited(
+        graph,
+        lambda payload, components: payload.state_specs["renamed"].CopyFrom(
+            payload.state_specs.pop("memory")
+        ),
+    )
+    assert main(["update-check", "--manifest", str(graph)]) == 1
+    out = capsys.readouterr().out
+    assert f"{ACTIVATE} state 'memory' removed" in out
+    assert f"{ACTIVATE} state 'renamed' added" in out
+
+
+def test_against_the_manifest_one_graph_is_given_and_applies_a_composite(tmp_path, capsys):
+    graph, other = _graph(tmp_path, "g"), _graph(tmp_path, "h", label="Agent")
+    assert main(["update-check", "--manifest", str(graph), str(graph)]) == 2
+    assert main(["update-check", str(graph)]) == 2
+    assert main(["update-check", "--manifest", str(other)]) == 2
+    assert "applies none of the manifest's composites" in capsys.readouterr().err
