@@ -13,22 +13,33 @@ The workers keep their folders (BEAM_AGENTS_WORKER_KEEP) so the test can show wh
 beam_agents came from: the staged artifact, installed into the worker's own environment, and
 not the Beam-only environment beneath it, nor this checkout (no PYTHONPATH reaches the worker
 and it runs in its own folder).
+
+The guide's other way to reach the workers, a `--requirements_file` for the extras the user's
+code imports, runs the same way with the `otel` extra: a requirements.txt pins its packages (the
+ones Beam does not bring) at requirements_lock.txt's versions, as `pip freeze` would; Beam's
+stager `pip download`s each of them at launch and stages the files, and the boot program
+installs them from there into the worker's environment before the wheel.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
+from packaging.requirements import Requirement
 
 from beam_agents._protos import AgentEnvelope
 from beam_agents.examples.support_triage import ticket
 from beam_agents.testing.engines import Engines
 from beam_agents.wire.fields import join_delimited
+from tools.build_files import _normalize
+from tools.distributions import installed_closure
 from tools.workspace import build_wheel, source_root
 
 pytestmark = pytest.mark.engines
@@ -115,7 +126,17 @@ def _isolated(python: Path, code: str, cwd: Path) -> str:
     return done.stdout.strip()
 
 
-def test_the_staged_wheel_runs_in_a_dataflow_like_worker_as_on_loopback(engines, staged, tmp_path):
+@pytest.fixture(scope="module")
+def loopback(staged, tmp_path_factory) -> dict[str, list[bytes]]:
+    """The messages the launcher writes with LOOPBACK workers, which import this checkout."""
+    out = tmp_path_factory.mktemp("loopback") / "out"
+    _launch(staged, out, "--environment_type=LOOPBACK")
+    return _messages(out)
+
+
+def _run_on_worker(engines: Engines, staged: Path, tmp_path: Path, *options: str) -> Path:
+    """Launches on PROCESS workers made like Dataflow's, which keep their folders; returns the
+    folder of the one worker Prism started (the job writes to tmp_path/process)."""
     command = engines.run("worker")
     workers = tmp_path / "workers"
     config = {
@@ -127,25 +148,94 @@ def test_the_staged_wheel_runs_in_a_dataflow_like_worker_as_on_loopback(engines,
         tmp_path / "process",
         "--environment_type=PROCESS",
         f"--environment_config={json.dumps(config)}",
+        *options,
     )
-    _launch(staged, tmp_path / "loopback", "--environment_type=LOOPBACK")
+    (worker,) = workers.iterdir()
+    return worker
 
-    process, loopback = _messages(tmp_path / "process"), _messages(tmp_path / "loopback")
+
+def _in_worker(worker: Path, code: str) -> list:
+    """What `code` prints as JSON, run by the Python of the worker's own environment."""
+    return json.loads(_isolated(worker / "venv" / "bin" / "python", code, worker))
+
+
+def _beam_only(engines: Engines) -> Path:
+    """The Python of the Beam-only environment beneath every worker's own."""
+    return Path(engines.run("worker")).parent / "env" / "bin" / "python"
+
+
+def test_the_staged_wheel_runs_in_a_dataflow_like_worker_as_on_loopback(
+    engines, staged, loopback, tmp_path
+):
+    worker = _run_on_worker(engines, staged, tmp_path)
+
+    process = _messages(tmp_path / "process")
     assert process == loopback
     assert process["intents"] and process["errors"] and process["traces"]
 
     # Where the worker's beam_agents came from: the staged wheel, installed by the boot
     # program into the worker's own environment with the dependencies the wheel declares.
-    base = Path(command).parent / "env" / "bin" / "python"
     spec = "import importlib.util as u; print(u.find_spec('beam_agents'), u.find_spec('rfc8785'))"
-    assert _isolated(base, spec, workers) == "None None"
-    (worker,) = workers.iterdir()
+    assert _isolated(_beam_only(engines), spec, worker.parent) == "None None"
     code = (
         "import beam_agents, rfc8785, importlib.metadata as m, json\n"
         "d = m.distribution('beam-agents')\n"
         "print(json.dumps([beam_agents.__file__, rfc8785.__file__,"
         " json.loads(d.read_text('direct_url.json'))['url']]))\n"
     )
-    module, rfc, url = json.loads(_isolated(worker / "venv" / "bin" / "python", code, worker))
+    module, rfc, url = _in_worker(worker, code)
     assert module.startswith(str(worker / "venv")) and rfc.startswith(str(worker / "venv"))
     assert url == f"file://{worker}/staged/beam_agents-0.1.0-py3-none-any.whl"
+
+
+def _pins(requirements: Path) -> dict[str, str]:
+    """A requirements file's `name==version` lines, by normalized name."""
+    found = re.findall(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==(\S+)", requirements.read_text(), re.M)
+    return {_normalize(name): version for name, version in found}
+
+
+def _extra_requirements(extra: str, beam_closure: Path) -> dict[str, str]:
+    """The distributions the project's `extra` brings beyond the Beam-only worker's
+    (`beam_closure`, its requirements file), each at its requirements_lock.txt version."""
+    project = tomllib.loads((source_root() / "pyproject.toml").read_text())["project"]
+    named = {Requirement(line).name for line in project["optional-dependencies"][extra]}
+    pins = _pins(source_root() / "requirements_lock.txt")
+    beyond_beam = installed_closure(named) - _pins(beam_closure).keys()
+    return {name: pins[name] for name in sorted(beyond_beam)}
+
+
+def test_a_requirements_file_installs_an_extra_on_the_worker_as_the_guide_says(
+    engines, staged, loopback, tmp_path
+):
+    wanted = _extra_requirements("otel", Path(engines.run("worker")).parent / "requirements.txt")
+    assert {"opentelemetry_sdk", "opentelemetry_exporter_otlp_proto_http"} <= wanted.keys()
+    requirements = tmp_path / "requirements.txt"
+    requirements.write_text("".join(f"{name}=={version}\n" for name, version in wanted.items()))
+
+    worker = _run_on_worker(
+        engines,
+        staged,
+        tmp_path,
+        f"--requirements_file={requirements}",
+        f"--requirements_cache={tmp_path / 'requirements-cache'}",
+    )
+    assert _messages(tmp_path / "process") == loopback
+
+    # The stager downloaded each pinned distribution at launch and staged its file beside the
+    # wheel; the boot program installed them into the worker's own environment, where the
+    # extra's modules import (and not into the Beam-only one beneath it).
+    staged_files = {_normalize(f.name.split("-")[0]) for f in (worker / "staged").iterdir()}
+    assert wanted.keys() <= staged_files
+    spec = "import importlib.util as u; print(u.find_spec('opentelemetry'))"
+    assert _isolated(_beam_only(engines), spec, worker.parent) == "None"
+    code = (
+        "import json, importlib.metadata as m\n"
+        "import opentelemetry.sdk.trace as sdk\n"
+        "import opentelemetry.exporter.otlp.proto.http.trace_exporter as http\n"
+        f"names = {sorted(wanted)!r}\n"
+        "print(json.dumps([sdk.__file__, http.__file__,"
+        " {n: m.distribution(n).version for n in names}]))\n"
+    )
+    sdk, http, versions = _in_worker(worker, code)
+    assert sdk.startswith(str(worker / "venv")) and http.startswith(str(worker / "venv"))
+    assert versions == wanted
