@@ -54,6 +54,7 @@ _OWNERS = {
             "COMPLETIONS",
             "ERRORS",
             "INTENTS",
+            "RECORDS",
             "SNAPSHOTS",
             "TRACES",
             "ActivationContext",
@@ -68,6 +69,7 @@ _OWNERS = {
             "LlmResponse",
             "OnBudget",
             "Price",
+            "Recording",
             "RefusingLlmClient",
             "RunAgent",
             "RuntimeConfig",
@@ -102,6 +104,18 @@ _OWNERS = {
     **dict.fromkeys(
         ("Approver", "LocalRun", "Step", "approval_answer", "run_locally"),
         "beam_agents.ops.local_run",
+    ),
+    # Backtest: a candidate agent over a recorded history (RunAgent's RECORDS).
+    **dict.fromkeys(
+        (
+            "Backtest",
+            "BacktestOptions",
+            "backtest_markdown",
+            "run_backtest",
+            "backtest_summary",
+            "tool_changes",
+        ),
+        "beam_agents.ops.backtest",
     ),
     "BeamAgentsError": "beam_agents.errors",
 }
