@@ -8,10 +8,9 @@ import json
 import apache_beam as beam
 import pytest
 
-from beam_agents._protos import ActivationRecord, BacktestKeyReport, ToolIntent
+from beam_agents._protos import ActivationRecord, BacktestKeyReport
 from beam_agents.examples.support_triage import (
     MODEL,
-    SYSTEM,
     TOOLS,
     scripted_model,
     ticket,
@@ -32,64 +31,16 @@ from beam_agents.ops.cli import main
 from beam_agents.ops.local_run import run_locally
 from beam_agents.ops.rounds import env_options
 from beam_agents.runtime import LlmResponse, Price, Recording, ScriptedLlmClient, agent
-from beam_agents.testing.recorded_history import record_history, triage_tickets
+from beam_agents.testing.recorded_history import (
+    expected_refund_changes,
+    gold_only_refunds,
+    record_history,
+    triage_approver,
+    triage_tickets,
+)
 from beam_agents.wire.fields import join_delimited, split_delimited
 
 Divergence = BacktestKeyReport.Divergence
-TIERS = {"c-1": "gold", "c-2": "silver", "c-3": "bronze", "c-4": "gold", "c-5": "silver"}
-TIERS["c-6"] = "bronze"
-
-
-def approver(intent: ToolIntent) -> bool:
-    """The people who approved refunds in the recording: every one but a bronze customer's."""
-    return "(bronze)" not in json.loads(intent.args_json)["question"]
-
-
-def _done(summary: dict, **fields) -> bytes:
-    return json.dumps({**summary, **fields}, sort_keys=True).encode()
-
-
-@agent(name="candidate.gold_only_refunds/v2")
-def gold_only(ctx, event: bytes) -> bytes:
-    """The triage agent with a changed refund rule: only gold customers get one (and only they
-    are put before a person); everything else as before, the model asked the same."""
-    request = json.loads(event)
-    summary = {"ticket_id": request["ticket_id"], "customer_id": request["customer_id"]}
-    customer = ctx.call_tool("crm.lookup", {"customer_id": request["customer_id"]})
-    if not customer.ok:
-        return _done(summary, outcome="lookup_failed", detail=customer.result.error_message)
-    profile = json.loads(customer.payload)
-    ctx.memory.put(f"customer:{request['customer_id']}", customer.payload)
-    reply = ctx.llm(
-        [{"role": "system", "content": SYSTEM}, {"role": "user", "content": request["text"]}],
-        model=MODEL,
-        temperature=0,
-    )
-    decision = json.loads(reply.text)
-    summary["category"] = decision["category"]
-    amount = int(decision.get("refund_cents", 0))
-    if decision["category"] != "refund" or amount <= 0:
-        return _done(summary, outcome="answered")
-    if profile["tier"] != "gold":
-        return _done(summary, outcome="refund_not_offered", amount_cents=amount)
-    approval = ctx.request_approval(
-        f"Refund {amount / 100:.2f} to {profile['name']} ({profile['tier']})?",
-        ticket_id=request["ticket_id"],
-        customer_id=request["customer_id"],
-        amount_cents=amount,
-    )
-    if not approval.ok:
-        return _done(summary, outcome="refund_declined", amount_cents=amount)
-    refund = ctx.call_tool(
-        "payments.refund",
-        {
-            "customer_id": request["customer_id"],
-            "amount_cents": amount,
-            "ticket_id": request["ticket_id"],
-        },
-    )
-    receipt = json.loads(refund.payload)["receipt"] if refund.ok else None
-    return _done(summary, outcome="refunded", amount_cents=amount, receipt=receipt)
 
 
 @agent(name="candidate.new_prompt/v2")
@@ -112,37 +63,20 @@ def _history(count: int, **kwargs) -> list[ActivationRecord]:
         triage,
         triage_tickets(count),
         tools=TOOLS,
-        approver=approver,
+        approver=triage_approver,
         llm_client=scripted_model(),
         **kwargs,
     )
-
-
-def _expected_refund_changes(count: int) -> tuple[set[bytes], set[bytes]]:
-    """Ground truth from the tickets alone, not from any record: the keys whose refund is no
-    longer paid (refund tickets of silver customers: approved before, never asked now), and
-    those no longer put before a person (silver and bronze refund tickets)."""
-    paid, asked = set(), set()
-    for event in triage_tickets(count):
-        request = json.loads(event.external_event)
-        text = request["text"].lower()
-        refund = "refund" in text or "charged twice" in text
-        tier = TIERS[request["customer_id"]]
-        if refund and tier != "gold":
-            asked.add(event.entity_key)
-            if tier == "silver":
-                paid.add(event.entity_key)
-    return paid, asked
 
 
 def test_a_changed_refund_rule_reports_exactly_the_keys_whose_refunds_change():
     count = 1_200
     history = _history(count)
     assert len({r.entity_key for r in history}) == count
-    paid, asked = _expected_refund_changes(count)
+    paid, asked = expected_refund_changes(count)
     assert paid and asked - paid  # both kinds of change occur
 
-    reports, letters = run_backtest(history, gold_only)
+    reports, letters = run_backtest(history, gold_only_refunds)
     assert letters == []
     assert len(reports) == count
     changes = {r.entity_key: tool_changes(r) for r in reports}
@@ -182,7 +116,7 @@ def test_a_history_runagent_recorded_backtests_without_divergence_in_a_pipeline(
         triage,
         [ticket("t-1", "c-2", "I was charged twice this month")],
         tools=TOOLS,
-        approver=approver,
+        approver=triage_approver,
         llm_client=scripted_model(),
         options=env_options(),
         recording=Recording(),
@@ -192,7 +126,7 @@ def test_a_history_runagent_recorded_backtests_without_divergence_in_a_pipeline(
     assert letters == []
     (report,) = reports
     assert not report.HasField("divergence") and report.candidate_activations == 4
-    (report,) = run_backtest(run.records, gold_only)[0]
+    (report,) = run_backtest(run.records, gold_only_refunds)[0]
     assert report.divergence.kind == Divergence.KIND_APPROVAL
     assert tool_changes(report) == {"human.approval": NO_LONGER, "payments.refund": NO_LONGER}
     assert json.loads(report.divergence.candidate_output)["outcome"] == "refund_not_offered"
@@ -284,13 +218,13 @@ def test_the_command_prints_a_markdown_report_and_writes_each_keys_report(tmp_pa
     records = tmp_path / "records.binpb"
     records.write_bytes(join_delimited(history))
     out = tmp_path / "reports.binpb"
-    paid, asked = _expected_refund_changes(60)
+    paid, asked = expected_refund_changes(60)
     code = main(
         [
             "backtest",
             str(records),
             "--agent",
-            f"{__name__}:gold_only",
+            CANDIDATE,
             "--report",
             str(out),
             "--price-per-million",
@@ -307,9 +241,10 @@ def test_the_command_prints_a_markdown_report_and_writes_each_keys_report(tmp_pa
     assert {r.entity_key for r in reports if r.HasField("divergence")} == asked
     assert main(["backtest", str(records), "--agent", f"{__name__}:triage_again"]) == 0
     records.write_bytes(records.read_bytes()[:-3])
-    assert main(["backtest", str(records), "--agent", f"{__name__}:gold_only"]) == 2
+    assert main(["backtest", str(records), "--agent", CANDIDATE]) == 2
     assert "beam-agents backtest:" in capsys.readouterr().err
 
 
-#: The unchanged agent, as a command line names it.
+#: The candidate and the unchanged agent, as a command line names them.
+CANDIDATE = "beam_agents.testing.recorded_history:gold_only_refunds"
 triage_again = triage

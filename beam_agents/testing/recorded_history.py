@@ -6,22 +6,34 @@ of recording itself (beam_agents/runtime/recording_test.py) proves RunAgent emit
 records.
 
 `triage_tickets` makes tickets for the triage agent (beam_agents/examples/support_triage.py):
-refund requests, bugs and questions, from the six customers of its CRM stand-in.
+refund requests, bugs and questions, from the six customers of its CRM stand-in;
+`triage_approver` is the people who decided its refunds, `gold_only_refunds` a candidate with a
+changed refund rule, and `expected_refund_changes` what that rule changes, from the tickets
+alone.
 """
 
 from __future__ import annotations
 
 import collections
+import json
 from collections.abc import Callable, Iterable, Mapping
 
 from beam_agents._protos import ActivationRecord, AgentEnvelope, ToolIntent, ToolResult
-from beam_agents.examples.support_triage import ticket
+from beam_agents.examples.support_triage import MODEL, SYSTEM, ticket
 from beam_agents.intents.identity import content_digest, parse_args_json
-from beam_agents.runtime import INTENTS, RECORDS, LlmClient, Recording, RuntimeConfig
+from beam_agents.runtime import INTENTS, RECORDS, LlmClient, Recording, RuntimeConfig, agent
 from beam_agents.runtime.context import Agent
 from beam_agents.runtime.key_driver import KeyDriver, recording_machine
 
-__all__ = ["T0", "record_history", "triage_tickets"]
+__all__ = [
+    "T0",
+    "TIERS",
+    "expected_refund_changes",
+    "gold_only_refunds",
+    "record_history",
+    "triage_approver",
+    "triage_tickets",
+]
 
 T0 = 1_764_460_800_000
 #: How long after an intent its answer comes.
@@ -109,3 +121,86 @@ def _answer(intent: ToolIntent, tools, approver) -> AgentEnvelope:
         result.error_message = f"{type(e).__name__}: {e}"
     envelope.tool_result.CopyFrom(result)
     return envelope
+
+
+# -- the triage agent's recorded history and a changed refund rule -----------------------
+
+
+#: The customers' tiers, written out here: the ground truth must not come from the code tested.
+TIERS = {
+    "c-1": "gold",
+    "c-2": "silver",
+    "c-3": "bronze",
+    "c-4": "gold",
+    "c-5": "silver",
+    "c-6": "bronze",
+}
+
+
+def triage_approver(intent: ToolIntent) -> bool:
+    """The people who approved refunds in the recording: every one but a bronze customer's."""
+    return "(bronze)" not in json.loads(intent.args_json)["question"]
+
+
+def _done(summary: dict, **fields) -> bytes:
+    return json.dumps({**summary, **fields}, sort_keys=True).encode()
+
+
+@agent(name="candidate.gold_only_refunds/v2")
+def gold_only_refunds(ctx, event: bytes) -> bytes:
+    """The triage agent with a changed refund rule: only gold customers get one (and only they
+    are put before a person); everything else as before, the model asked the same."""
+    request = json.loads(event)
+    summary = {"ticket_id": request["ticket_id"], "customer_id": request["customer_id"]}
+    customer = ctx.call_tool("crm.lookup", {"customer_id": request["customer_id"]})
+    if not customer.ok:
+        return _done(summary, outcome="lookup_failed", detail=customer.result.error_message)
+    profile = json.loads(customer.payload)
+    ctx.memory.put(f"customer:{request['customer_id']}", customer.payload)
+    reply = ctx.llm(
+        [{"role": "system", "content": SYSTEM}, {"role": "user", "content": request["text"]}],
+        model=MODEL,
+        temperature=0,
+    )
+    decision = json.loads(reply.text)
+    summary["category"] = decision["category"]
+    amount = int(decision.get("refund_cents", 0))
+    if decision["category"] != "refund" or amount <= 0:
+        return _done(summary, outcome="answered")
+    if profile["tier"] != "gold":
+        return _done(summary, outcome="refund_not_offered", amount_cents=amount)
+    approval = ctx.request_approval(
+        f"Refund {amount / 100:.2f} to {profile['name']} ({profile['tier']})?",
+        ticket_id=request["ticket_id"],
+        customer_id=request["customer_id"],
+        amount_cents=amount,
+    )
+    if not approval.ok:
+        return _done(summary, outcome="refund_declined", amount_cents=amount)
+    refund = ctx.call_tool(
+        "payments.refund",
+        {
+            "customer_id": request["customer_id"],
+            "amount_cents": amount,
+            "ticket_id": request["ticket_id"],
+        },
+    )
+    receipt = json.loads(refund.payload)["receipt"] if refund.ok else None
+    return _done(summary, outcome="refunded", amount_cents=amount, receipt=receipt)
+
+
+def expected_refund_changes(count: int) -> tuple[set[bytes], set[bytes]]:
+    """Ground truth from the tickets alone, not from any record: the keys whose refund is no
+    longer paid (refund tickets of silver customers: approved before, never asked now), and
+    those no longer put before a person (silver and bronze refund tickets)."""
+    paid, asked = set(), set()
+    for event in triage_tickets(count):
+        request = json.loads(event.external_event)
+        text = request["text"].lower()
+        refund = "refund" in text or "charged twice" in text
+        tier = TIERS[request["customer_id"]]
+        if refund and tier != "gold":
+            asked.add(event.entity_key)
+            if tier == "silver":
+                paid.add(event.entity_key)
+    return paid, asked
