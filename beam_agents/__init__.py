@@ -117,6 +117,7 @@ _OWNERS = {
         ),
         "beam_agents.ops.backtest",
     ),
+    "ShadowAgent": "beam_agents.ops.shadow",
     "BeamAgentsError": "beam_agents.errors",
 }
 
