@@ -225,7 +225,11 @@ class _RecordedModel:
             if not call.digest_only:
                 return LlmResponse.from_bytes(call.response)
             self.misses.append((digest, True))
-            raise LlmCallError("the recorded answer was kept as a digest only", model=request.model)
+            raise LlmCallError(
+                "the recorded answer was kept as a digest only",
+                model=request.model,
+                retryable=False,
+            )
         self.misses.append((digest, False))
         if self._fallback is not None and self._left > 0:
             response = self._fallback.complete(request)
