@@ -11,7 +11,9 @@ and `_failed` dead-letters it with one ERROR trace event. `_resume` resumes the 
 every answer accepted so far: a resume that fails keeps them, dead-letters the failure (with
 the answers) and is tried again on the deadline timer with backoff, until its retries are spent
 and the suspension ends (`_end_suspension`) with its answers inside a `resume_failed` dead
-letter.
+letter. With recording on (`beam_agents.runtime.recording`), `_record` emits the
+ActivationRecord of each activation committed or dead-lettered; an attempt deferred (a busy
+model) or put to a person (its budget) has none, its retry does.
 """
 
 from __future__ import annotations

@@ -26,7 +26,7 @@ from collections.abc import Sequence
 
 from beam_agents._protos import ActivationRecord, AgentEnvelope, ToolIntent
 
-__all__ = ["RECORDS", "ModelCallLog", "Recording", "request_digest"]
+__all__ = ["RECORDS", "ModelCallLog", "Outcome", "Recording", "request_digest"]
 
 #: RunAgent's output of ActivationRecords, when recording is on.
 RECORDS = "records"
