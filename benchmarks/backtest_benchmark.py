@@ -25,15 +25,16 @@ from beam_agents.ops.backtest import backtest_key, run_backtest
 from beam_agents.testing.recorded_history import record_history, triage_approver, triage_tickets
 
 GOAL = 0.3
-#: Activations per ticket of the triage history (its tickets cycle through four texts).
-_PER_TICKET = 3
+#: Activations per 12 tickets of the triage history (its texts cycle by 4, its customers by
+#: 6): 4 approved refunds of 4 activations, 2 declined of 3, 6 other tickets of 2.
+_PER_12_TICKETS = 34
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--activations", type=int, default=100_000)
     args = parser.parse_args()
-    tickets = triage_tickets(max(1, args.activations // _PER_TICKET))
+    tickets = triage_tickets(-(-args.activations * 12 // _PER_12_TICKETS))
     began = time.perf_counter()
     history = record_history(
         triage, tickets, tools=TOOLS, approver=triage_approver, llm_client=scripted_model()
