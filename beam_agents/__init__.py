@@ -54,6 +54,7 @@ _OWNERS = {
             "COMPLETIONS",
             "ERRORS",
             "INTENTS",
+            "RECORDS",
             "SNAPSHOTS",
             "TRACES",
             "ActivationContext",
@@ -68,6 +69,7 @@ _OWNERS = {
             "LlmResponse",
             "OnBudget",
             "Price",
+            "Recording",
             "RefusingLlmClient",
             "RunAgent",
             "RuntimeConfig",
@@ -111,6 +113,19 @@ _OWNERS = {
         ),
         "beam_agents.ops.local_run",
     ),
+    # Backtest: a candidate agent over a recorded history (RunAgent's RECORDS).
+    **dict.fromkeys(
+        (
+            "Backtest",
+            "BacktestOptions",
+            "backtest_markdown",
+            "run_backtest",
+            "backtest_summary",
+            "tool_changes",
+        ),
+        "beam_agents.ops.backtest",
+    ),
+    "ShadowAgent": "beam_agents.ops.shadow",
     "BeamAgentsError": "beam_agents.errors",
 }
 

@@ -16,7 +16,9 @@ from google.protobuf.message import Message
 from beam_agents._protos import beam_agents_pb2
 from beam_agents._protos.beam_agents_pb2 import (
     ActivationErrorRecord,
+    ActivationRecord,
     AgentEnvelope,
+    BacktestKeyReport,
     Continuation,
     ExecutionRecord,
     LlmCacheBlob,
@@ -29,7 +31,9 @@ from beam_agents._protos.beam_agents_pb2 import (
 
 __all__ = [
     "ActivationErrorRecord",
+    "ActivationRecord",
     "AgentEnvelope",
+    "BacktestKeyReport",
     "Continuation",
     "ExecutionRecord",
     "LlmCacheBlob",

@@ -359,3 +359,132 @@ class ExecutionRecord(_message.Message):
     lease_expires_at_ms: int
     lease_owner: str
     def __init__(self, intent_id: _Optional[str] = ..., entity_key: _Optional[bytes] = ..., content_digest: _Optional[bytes] = ..., outcome: _Optional[_Union[ExecutionRecord.Outcome, str]] = ..., result: _Optional[_Union[ToolResult, _Mapping]] = ..., latest_expires_at_ms: _Optional[int] = ..., claimed_by: _Optional[str] = ..., lease_expires_at_ms: _Optional[int] = ..., lease_owner: _Optional[str] = ...) -> None: ...
+
+class ActivationRecord(_message.Message):
+    __slots__ = ("entity_key", "seq", "first_step", "now_ms", "adapter", "event", "answers", "model_calls", "intents", "outcome", "output", "reason")
+    class Outcome(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+        __slots__ = ()
+        OUTCOME_UNSPECIFIED: _ClassVar[ActivationRecord.Outcome]
+        OUTCOME_COMPLETED: _ClassVar[ActivationRecord.Outcome]
+        OUTCOME_SUSPENDED: _ClassVar[ActivationRecord.Outcome]
+        OUTCOME_FAILED: _ClassVar[ActivationRecord.Outcome]
+    OUTCOME_UNSPECIFIED: ActivationRecord.Outcome
+    OUTCOME_COMPLETED: ActivationRecord.Outcome
+    OUTCOME_SUSPENDED: ActivationRecord.Outcome
+    OUTCOME_FAILED: ActivationRecord.Outcome
+    class ModelCall(_message.Message):
+        __slots__ = ("cache_key", "request_digest", "response", "response_digest", "digest_only", "replayed", "model", "input_tokens", "output_tokens")
+        CACHE_KEY_FIELD_NUMBER: _ClassVar[int]
+        REQUEST_DIGEST_FIELD_NUMBER: _ClassVar[int]
+        RESPONSE_FIELD_NUMBER: _ClassVar[int]
+        RESPONSE_DIGEST_FIELD_NUMBER: _ClassVar[int]
+        DIGEST_ONLY_FIELD_NUMBER: _ClassVar[int]
+        REPLAYED_FIELD_NUMBER: _ClassVar[int]
+        MODEL_FIELD_NUMBER: _ClassVar[int]
+        INPUT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+        OUTPUT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+        cache_key: str
+        request_digest: bytes
+        response: bytes
+        response_digest: bytes
+        digest_only: bool
+        replayed: bool
+        model: str
+        input_tokens: int
+        output_tokens: int
+        def __init__(self, cache_key: _Optional[str] = ..., request_digest: _Optional[bytes] = ..., response: _Optional[bytes] = ..., response_digest: _Optional[bytes] = ..., digest_only: bool = ..., replayed: bool = ..., model: _Optional[str] = ..., input_tokens: _Optional[int] = ..., output_tokens: _Optional[int] = ...) -> None: ...
+    ENTITY_KEY_FIELD_NUMBER: _ClassVar[int]
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    FIRST_STEP_FIELD_NUMBER: _ClassVar[int]
+    NOW_MS_FIELD_NUMBER: _ClassVar[int]
+    ADAPTER_FIELD_NUMBER: _ClassVar[int]
+    EVENT_FIELD_NUMBER: _ClassVar[int]
+    ANSWERS_FIELD_NUMBER: _ClassVar[int]
+    MODEL_CALLS_FIELD_NUMBER: _ClassVar[int]
+    INTENTS_FIELD_NUMBER: _ClassVar[int]
+    OUTCOME_FIELD_NUMBER: _ClassVar[int]
+    OUTPUT_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    entity_key: bytes
+    seq: int
+    first_step: int
+    now_ms: int
+    adapter: str
+    event: AgentEnvelope
+    answers: _containers.RepeatedCompositeFieldContainer[AgentEnvelope]
+    model_calls: _containers.RepeatedCompositeFieldContainer[ActivationRecord.ModelCall]
+    intents: _containers.RepeatedCompositeFieldContainer[ToolIntent]
+    outcome: ActivationRecord.Outcome
+    output: bytes
+    reason: str
+    def __init__(self, entity_key: _Optional[bytes] = ..., seq: _Optional[int] = ..., first_step: _Optional[int] = ..., now_ms: _Optional[int] = ..., adapter: _Optional[str] = ..., event: _Optional[_Union[AgentEnvelope, _Mapping]] = ..., answers: _Optional[_Iterable[_Union[AgentEnvelope, _Mapping]]] = ..., model_calls: _Optional[_Iterable[_Union[ActivationRecord.ModelCall, _Mapping]]] = ..., intents: _Optional[_Iterable[_Union[ToolIntent, _Mapping]]] = ..., outcome: _Optional[_Union[ActivationRecord.Outcome, str]] = ..., output: _Optional[bytes] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class BacktestKeyReport(_message.Message):
+    __slots__ = ("entity_key", "baseline_activations", "candidate_activations", "divergence", "stopped", "tool_calls", "baseline_input_tokens", "baseline_output_tokens", "candidate_input_tokens", "candidate_output_tokens")
+    class Divergence(_message.Message):
+        __slots__ = ("kind", "activation", "seq", "now_ms", "detail", "baseline_intents", "candidate_intents", "baseline_outcome", "candidate_outcome", "baseline_output", "candidate_output")
+        class Kind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+            __slots__ = ()
+            KIND_UNSPECIFIED: _ClassVar[BacktestKeyReport.Divergence.Kind]
+            KIND_MODEL_REQUEST: _ClassVar[BacktestKeyReport.Divergence.Kind]
+            KIND_TOOL_CALL: _ClassVar[BacktestKeyReport.Divergence.Kind]
+            KIND_APPROVAL: _ClassVar[BacktestKeyReport.Divergence.Kind]
+            KIND_OUTCOME: _ClassVar[BacktestKeyReport.Divergence.Kind]
+        KIND_UNSPECIFIED: BacktestKeyReport.Divergence.Kind
+        KIND_MODEL_REQUEST: BacktestKeyReport.Divergence.Kind
+        KIND_TOOL_CALL: BacktestKeyReport.Divergence.Kind
+        KIND_APPROVAL: BacktestKeyReport.Divergence.Kind
+        KIND_OUTCOME: BacktestKeyReport.Divergence.Kind
+        KIND_FIELD_NUMBER: _ClassVar[int]
+        ACTIVATION_FIELD_NUMBER: _ClassVar[int]
+        SEQ_FIELD_NUMBER: _ClassVar[int]
+        NOW_MS_FIELD_NUMBER: _ClassVar[int]
+        DETAIL_FIELD_NUMBER: _ClassVar[int]
+        BASELINE_INTENTS_FIELD_NUMBER: _ClassVar[int]
+        CANDIDATE_INTENTS_FIELD_NUMBER: _ClassVar[int]
+        BASELINE_OUTCOME_FIELD_NUMBER: _ClassVar[int]
+        CANDIDATE_OUTCOME_FIELD_NUMBER: _ClassVar[int]
+        BASELINE_OUTPUT_FIELD_NUMBER: _ClassVar[int]
+        CANDIDATE_OUTPUT_FIELD_NUMBER: _ClassVar[int]
+        kind: BacktestKeyReport.Divergence.Kind
+        activation: int
+        seq: int
+        now_ms: int
+        detail: str
+        baseline_intents: _containers.RepeatedCompositeFieldContainer[ToolIntent]
+        candidate_intents: _containers.RepeatedCompositeFieldContainer[ToolIntent]
+        baseline_outcome: ActivationRecord.Outcome
+        candidate_outcome: ActivationRecord.Outcome
+        baseline_output: bytes
+        candidate_output: bytes
+        def __init__(self, kind: _Optional[_Union[BacktestKeyReport.Divergence.Kind, str]] = ..., activation: _Optional[int] = ..., seq: _Optional[int] = ..., now_ms: _Optional[int] = ..., detail: _Optional[str] = ..., baseline_intents: _Optional[_Iterable[_Union[ToolIntent, _Mapping]]] = ..., candidate_intents: _Optional[_Iterable[_Union[ToolIntent, _Mapping]]] = ..., baseline_outcome: _Optional[_Union[ActivationRecord.Outcome, str]] = ..., candidate_outcome: _Optional[_Union[ActivationRecord.Outcome, str]] = ..., baseline_output: _Optional[bytes] = ..., candidate_output: _Optional[bytes] = ...) -> None: ...
+    class ToolCalls(_message.Message):
+        __slots__ = ("tool_name", "baseline", "candidate")
+        TOOL_NAME_FIELD_NUMBER: _ClassVar[int]
+        BASELINE_FIELD_NUMBER: _ClassVar[int]
+        CANDIDATE_FIELD_NUMBER: _ClassVar[int]
+        tool_name: str
+        baseline: int
+        candidate: int
+        def __init__(self, tool_name: _Optional[str] = ..., baseline: _Optional[int] = ..., candidate: _Optional[int] = ...) -> None: ...
+    ENTITY_KEY_FIELD_NUMBER: _ClassVar[int]
+    BASELINE_ACTIVATIONS_FIELD_NUMBER: _ClassVar[int]
+    CANDIDATE_ACTIVATIONS_FIELD_NUMBER: _ClassVar[int]
+    DIVERGENCE_FIELD_NUMBER: _ClassVar[int]
+    STOPPED_FIELD_NUMBER: _ClassVar[int]
+    TOOL_CALLS_FIELD_NUMBER: _ClassVar[int]
+    BASELINE_INPUT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    BASELINE_OUTPUT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    CANDIDATE_INPUT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    CANDIDATE_OUTPUT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    entity_key: bytes
+    baseline_activations: int
+    candidate_activations: int
+    divergence: BacktestKeyReport.Divergence
+    stopped: bool
+    tool_calls: _containers.RepeatedCompositeFieldContainer[BacktestKeyReport.ToolCalls]
+    baseline_input_tokens: int
+    baseline_output_tokens: int
+    candidate_input_tokens: int
+    candidate_output_tokens: int
+    def __init__(self, entity_key: _Optional[bytes] = ..., baseline_activations: _Optional[int] = ..., candidate_activations: _Optional[int] = ..., divergence: _Optional[_Union[BacktestKeyReport.Divergence, _Mapping]] = ..., stopped: bool = ..., tool_calls: _Optional[_Iterable[_Union[BacktestKeyReport.ToolCalls, _Mapping]]] = ..., baseline_input_tokens: _Optional[int] = ..., baseline_output_tokens: _Optional[int] = ..., candidate_input_tokens: _Optional[int] = ..., candidate_output_tokens: _Optional[int] = ...) -> None: ...

@@ -8,6 +8,9 @@
     beam-agents export-traces FILE [--endpoint URL]
     beam-agents replay SNAPSHOT ENVELOPE --agent MODULE:NAME [--recorded-intents FILE]
         [--recorded-traces FILE]
+    beam-agents backtest RECORDS --agent MODULE:NAME [--report FILE] [--max-keys N]
+        [--continue-with MODULE:NAME --max-tokens N] [--price-per-million IN OUT]
+        [BEAM PIPELINE OPTIONS]
     beam-agents update-check OLD NEW
     beam-agents update-check --manifest GRAPH
     beam-agents effector-service --bootstrap-servers HOST:PORT --topic-prefix PREFIX
@@ -43,6 +46,17 @@ codes: 0 exported; 1 not a trace file, or the endpoint refused; 2 usage error.
 that refuses every call, and compares it with what was recorded (beam_agents.ops.replay). Exit
 codes: 0 reproduced; 1 diverged (with a diff); 3 could not be reproduced (a cache miss, a
 digest-only entry, state this binary cannot read); 2 usage error.
+
+`backtest` runs a candidate agent over a recorded history (ActivationRecords, length-delimited, as
+RunAgent's RECORDS output holds them) in a batch pipeline, each key's model answers, tool
+results and approvals taken from the recording, no tool ever run (beam_agents.ops.backtest). It
+prints a Markdown report (divergences by kind, the tools now or no longer called per key, tokens
+and, with --price-per-million, their cost) and, with --report, writes each key's
+BacktestKeyReport (length-delimited). --continue-with names a model client that answers, within
+--max-tokens per key, the requests the recording lacks, so a key's run goes on past its first
+divergence. Exit codes: 0 no key diverged; 1 some did; 3 none did, but some histories could not
+be backtested (dead letters, counted in the report); 2 usage error (a recording whose framing is
+truncated, an agent that is none).
 
 `update-check` compares two builds' pipeline graphs (beam_agents.ops.update_check) and names every
 difference that would make Dataflow refuse an --update or lose state; with --manifest, one
@@ -108,6 +122,8 @@ __all__ = ["EXIT_OK", "EXIT_REJECTED", "EXIT_USAGE", "main"]
 EXIT_OK = 0
 EXIT_REJECTED = 1
 EXIT_USAGE = 2
+#: `backtest`: no key diverged, but some histories could not be backtested.
+EXIT_UNREPRODUCIBLE = 3
 
 
 def _verdict_line(blob: BlobReport) -> str:
@@ -287,6 +303,44 @@ def _replay(args: argparse.Namespace) -> int:
     return result.verdict
 
 
+def _backtest(args: argparse.Namespace) -> int:
+    # Deferred: the backtest runs a Beam pipeline, which the other commands do not need.
+    from apache_beam.options.pipeline_options import PipelineOptions
+
+    from beam_agents.ops.backtest import (
+        BacktestOptions,
+        backtest_markdown,
+        backtest_summary,
+        run_backtest,
+    )
+    from beam_agents.ops.loading import load_object
+    from beam_agents.ops.replay import load_agent
+    from beam_agents.runtime.budget import Price
+    from beam_agents.wire.fields import join_delimited, split_delimited
+
+    try:
+        agent = load_agent(args.agent)
+        records = list(split_delimited(read_input(args.records)))
+        options = BacktestOptions(
+            stop_at_divergence=args.continue_with is None,
+            continue_with=None if args.continue_with is None else load_object(args.continue_with),
+            max_tokens=args.max_tokens,
+        )
+    except (ValueError, BeamAgentsError) as e:
+        print(f"beam-agents backtest: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    pipeline_options = PipelineOptions(args.pipeline_args) if args.pipeline_args else None
+    reports, letters = run_backtest(records, agent, options, pipeline_options=pipeline_options)
+    price = None if args.price_per_million is None else Price(*args.price_per_million)
+    summary = backtest_summary(reports, letters, price=price)
+    sys.stdout.write(backtest_markdown(summary, max_keys=args.max_keys))
+    if args.report:
+        Path(args.report).write_bytes(join_delimited(reports))
+    if summary.diverged:
+        return EXIT_REJECTED
+    return EXIT_UNREPRODUCIBLE if letters else EXIT_OK
+
+
 def _update_check(args: argparse.Namespace) -> int:
     # Deferred: reading graphs imports Beam's runner API, which the other commands do not need.
     from google.protobuf.message import DecodeError
@@ -446,6 +500,30 @@ def _parser() -> argparse.ArgumentParser:
     again.add_argument("--recorded-intents", help="the ToolIntents it emitted (length-delimited)")
     again.add_argument("--recorded-traces", help="the TraceEvents it emitted (length-delimited)")
     again.set_defaults(run=_replay)
+    backtest = commands.add_parser(
+        "backtest", help="run a changed agent over a recorded history; report what it changes"
+    )
+    backtest.add_argument("records", help="the ActivationRecords (length-delimited)")
+    backtest.add_argument("--agent", required=True, help="the candidate agent, as MODULE:NAME")
+    backtest.add_argument("--report", help="write each key's BacktestKeyReport here")
+    backtest.add_argument(
+        "--max-keys", type=int, default=20, help="diverged keys listed in the table (20)"
+    )
+    backtest.add_argument(
+        "--continue-with",
+        help="a model client, as MODULE:NAME, answering what the recording lacks",
+    )
+    backtest.add_argument(
+        "--max-tokens", type=int, default=0, help="tokens --continue-with may spend per key"
+    )
+    backtest.add_argument(
+        "--price-per-million",
+        type=int,
+        nargs=2,
+        metavar=("IN", "OUT"),
+        help="the price of a million input and output tokens, in micros, for the cost rows",
+    )
+    backtest.set_defaults(run=_backtest, takes_pipeline_options=True)
     update = commands.add_parser(
         "update-check", help="would Dataflow --update take NEW over a job running OLD?"
     )

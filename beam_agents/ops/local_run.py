@@ -56,6 +56,7 @@ from apache_beam.options.pipeline_options import PipelineOptions
 
 from beam_agents._protos import (
     ActivationErrorRecord,
+    ActivationRecord,
     AgentEnvelope,
     StateSnapshot,
     ToolIntent,
@@ -71,11 +72,13 @@ from beam_agents.runtime import (
     COMPLETIONS,
     ERRORS,
     INTENTS,
+    RECORDS,
     TRACES,
     Agent,
     LlmClient,
     LlmRequest,
     LlmResponse,
+    Recording,
     RunAgent,
     RuntimeConfig,
 )
@@ -184,6 +187,8 @@ class LocalRun:
     traces: list[TraceEvent] = dataclasses.field(default_factory=list)
     #: How many rounds (pipelines) ran.
     rounds: int = 0
+    #: With `recording`: an ActivationRecord per activation, in order (RunAgent's RECORDS).
+    records: list[ActivationRecord] = dataclasses.field(default_factory=list)
 
     @property
     def completions(self) -> list[Completed]:
@@ -256,27 +261,30 @@ def run_locally(
     config: RuntimeConfig | None = None,
     workdir: str | os.PathLike | None = None,
     max_rounds: int = 16,
+    recording: Recording | None = None,
 ) -> LocalRun:
     """Runs `agent` on `events` round by round until nothing is left to answer.
 
-    `events`: bytes or str (an external event for `key`), (entity_key, bytes) pairs, or
-    AgentEnvelopes; they arrive a millisecond apart in this order. `tools` maps tool names to
-    `tool(args, intent) -> bytes` callables or `ToolSpec`s, run once per intent by an
-    in-process `Effector`. `approver(intent) -> bool` answers approval requests; without one
-    they stay `pending`. `llm_client` answers `ctx.llm` (a `ScriptedLlmClient` in tests, a
-    provider's client otherwise). `options` are the pipelines' (default: the DirectRunner, or
-    $BEAM_AGENTS_PIPELINE_OPTIONS); `workdir` keeps the rounds' files and the effector's
-    store (default: a temporary folder, removed after). `--runner=PrismRunner` without
-    `--prism_location` uses the Prism `tools/engines.sh prism` built (PrismNotFoundError, saying
-    how to get it, when there is none). Raises ValueError past `max_rounds` rounds (an agent
-    that never stops calling tools).
+        `events`: bytes or str (an external event for `key`), (entity_key, bytes) pairs, or
+        AgentEnvelopes; they arrive a millisecond apart in this order. `tools` maps tool names to
+        `tool(args, intent) -> bytes` callables or `ToolSpec`s, run once per intent by an
+        in-process `Effector`. `approver(intent) -> bool` answers approval requests; without one
+        they stay `pending`. `llm_client` answers `ctx.llm` (a `ScriptedLlmClient` in tests, a
+        provider's client otherwise). `options` are the pipelines' (default: the DirectRunner, or
+        $BEAM_AGENTS_PIPELINE_OPTIONS); `workdir` keeps the rounds' files and the effector's
+        store (default: a temporary folder, removed after). `recording` turns RunAgent's recording
+    on: the run's `records` hold an ActivationRecord per activation, what `beam-agents backtest`
+    runs a changed agent over. `--runner=PrismRunner` without
+        `--prism_location` uses the Prism `tools/engines.sh prism` built (PrismNotFoundError, saying
+        how to get it, when there is none). Raises ValueError past `max_rounds` rounds (an agent
+        that never stops calling tools).
     """
     if workdir is None:
         with tempfile.TemporaryDirectory(prefix="beam-agents-local-") as scratch:
-            return _LocalLoop(agent, tools, approver, llm_client, options, config, scratch).run(
-                events, key, max_rounds
-            )
-    return _LocalLoop(agent, tools, approver, llm_client, options, config, workdir).run(
+            return _LocalLoop(
+                agent, tools, approver, llm_client, options, config, scratch, recording
+            ).run(events, key, max_rounds)
+    return _LocalLoop(agent, tools, approver, llm_client, options, config, workdir, recording).run(
         events, key, max_rounds
     )
 
@@ -286,7 +294,9 @@ def _ring(name: str) -> Keyring:
 
 
 class _LocalLoop:
-    def __init__(self, agent, tools, approver, llm_client, options, config, workdir) -> None:
+    def __init__(
+        self, agent, tools, approver, llm_client, options, config, workdir, recording
+    ) -> None:
         self._rings = {name: _ring(f"local-{name}") for name in ("intent", "result", "approval")}
         # Loaders, not rings: RunAgent loads its keys on the worker (a partial pickles).
         loaders = {
@@ -305,6 +315,7 @@ class _LocalLoop:
             result_keyring_loader=loaders["result"],
             approval_keyring_loader=loaders["approval"],
             config=config,
+            recording=recording,
         )
         self._clock = ManualClock(int(time.time() * 1000))
         self._effector = Effector(
@@ -345,6 +356,7 @@ class _LocalLoop:
         run.snapshots = dict(outputs.carried)
         traces = outputs.values(TRACES)
         run.traces.extend(traces)
+        run.records.extend(outputs.values(RECORDS))
         run.conversation.extend(
             Step(number, "model", event.entity_key, call)
             for event, call in _model_calls(traces, _recorded(self._asked))

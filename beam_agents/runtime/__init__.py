@@ -90,10 +90,12 @@ from beam_agents.runtime.context import (
 )
 from beam_agents.runtime.function_agent import FunctionAgent, agent
 from beam_agents.runtime.react import react_agent
+from beam_agents.runtime.recording import Recording
 from beam_agents.runtime.run_agent import (
     COMPLETIONS,
     ERRORS,
     INTENTS,
+    RECORDS,
     SNAPSHOTS,
     TRACES,
     RunAgent,
@@ -108,6 +110,7 @@ __all__ = [
     "COMPLETIONS",
     "ERRORS",
     "INTENTS",
+    "RECORDS",
     "SNAPSHOTS",
     "TRACES",
     "ActivationContext",
@@ -124,6 +127,7 @@ __all__ = [
     "Memory",
     "OnBudget",
     "Price",
+    "Recording",
     "RefusingLlmClient",
     "ReplayCache",
     "RunAgent",

@@ -41,6 +41,7 @@ from beam_agents.intents.approval_edits import approval_args, approved_args
 from beam_agents.intents.identity import canonical_args_json, intent_id
 from beam_agents.intents.signing import Keyring, sign
 from beam_agents.runtime.budget import BudgetMeter, reported_tokens
+from beam_agents.runtime.recording import ModelCallLog
 from beam_agents.runtime.tool_calling import ToolCall, ToolDefinition
 from beam_agents.runtime.trace_ids import span_id, trace_id
 from beam_agents.state.memory import Memory, ReplayCache
@@ -373,6 +374,9 @@ class ActivationContext:
         self._llm_calls = 0
         #: Calls the model answered (not the cache): paid, whatever becomes of the activation.
         self.model_calls = 0
+        #: Every model call with the answer it used, when the runtime records activations
+        #: (`beam_agents.runtime.recording`); None: not recorded.
+        self.model_log: list[ModelCallLog] | None = None
         self._closed = False
         #: ToolIntents emitted, in order.
         self.intents: list[ToolIntent] = []
@@ -472,7 +476,7 @@ class ActivationContext:
         recorded = self.cache.get(key)
         cost = 0
         if recorded is not None:
-            response, replayed = LlmResponse.from_bytes(recorded), True
+            response, replayed, answer = LlmResponse.from_bytes(recorded), True, recorded
         else:
             if self._llm_client is None:
                 raise LlmCallError(_NO_CLIENT, model=model, retryable=False)
@@ -494,9 +498,22 @@ class ActivationContext:
             response = _as_reported(response, model)
             replayed = False
             self.model_calls += 1
-            self.cache.put(key, response.to_bytes())
+            answer = response.to_bytes()
+            self.cache.put(key, answer)
             if self.meter is not None:
                 cost = self.meter.record(model, response.input_tokens, response.output_tokens)
+        if self.model_log is not None:
+            self.model_log.append(
+                ModelCallLog(
+                    cache_key=key,
+                    canonical=canonical,
+                    response=answer,
+                    replayed=replayed,
+                    model=model,
+                    input_tokens=response.input_tokens,
+                    output_tokens=response.output_tokens,
+                )
+            )
         attributes = {
             "gen_ai.operation.name": "chat",
             "gen_ai.request.model": model,

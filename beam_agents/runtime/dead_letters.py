@@ -25,6 +25,8 @@ __all__ = [
     "CHECKPOINT_REJECTED",
     "DEADLINE_EXCEEDED",
     "EMPTY_ENVELOPE",
+    "HISTORY_INCOMPLETE",
+    "HISTORY_OUT_OF_ORDER",
     "INVALID_SNAPSHOT",
     "INVALID_STATE",
     "LLM_FAILED",
@@ -33,6 +35,8 @@ __all__ = [
     "NO_ENTITY_KEY",
     "NO_SUSPENSION",
     "REASONS",
+    "RECORDED_ANSWER_WITHHELD",
+    "RECORDING_UNDECODABLE",
     "RECORD_TOO_LARGE",
     "RESTORE_CONFLICT",
     "RESUME_FAILED",
@@ -71,6 +75,11 @@ CHECKPOINT_REJECTED = "checkpoint_rejected"
 BUDGET_EXCEEDED = "budget_exceeded"
 SEQ_EXHAUSTED = "seq_exhausted"
 RECORD_TOO_LARGE = "record_too_large"
+# A backtest's (beam_agents/ops/backtest.py): a recording it cannot run.
+RECORDING_UNDECODABLE = "recording_undecodable"
+HISTORY_INCOMPLETE = "history_incomplete"
+HISTORY_OUT_OF_ORDER = "history_out_of_order"
+RECORDED_ANSWER_WITHHELD = "recorded_answer_withheld"
 
 #: Every reason with its meaning (docs/troubleshooting.md's table lists exactly these).
 REASONS = {
@@ -127,6 +136,14 @@ REASONS = {
     RECORD_TOO_LARGE: "an output record (a StateSnapshot of a key near its caps, most likely) "
     "over RunAgent's max_output_bytes (the bus loop's max_record_bytes); it was not written, the "
     "key's state is unchanged",
+    RECORDING_UNDECODABLE: "a backtest's input is no ActivationRecord (truncated bytes, or "
+    "another message type): that record is skipped",
+    HISTORY_INCOMPLETE: "a backtest's history of a key lacks its start, or holds answers to "
+    "intents no record emitted: the key is not backtested",
+    HISTORY_OUT_OF_ORDER: "a backtest's history of a key whose activations go back in time "
+    "along their seq order (records of two histories mixed): the key is not backtested",
+    RECORDED_ANSWER_WITHHELD: "a backtest's candidate needs a recorded model answer that was "
+    "over the recording's max_answer_bytes, kept as a digest only: the key's run stopped there",
 }
 
 

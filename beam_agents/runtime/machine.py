@@ -81,6 +81,7 @@ from beam_agents.runtime.machine_state import (
     due_at,
     timer_ms,
 )
+from beam_agents.runtime.recording import Recording
 from beam_agents.state.memory import with_checked_index
 from beam_agents.state.migration import MigrationRegistry
 
@@ -111,6 +112,7 @@ class KeyMachine(Commits, Checks, Intake, AnswerChecks, Activations, DueTimes, B
         config: RuntimeConfig,
         registry: MigrationRegistry | None,
         current_version: int,
+        recording: Recording | None = None,
     ) -> None:
         self._agent = agent
         self._llm_client = llm_client
@@ -121,6 +123,8 @@ class KeyMachine(Commits, Checks, Intake, AnswerChecks, Activations, DueTimes, B
         self._config = config
         self._registry = registry
         self._version = current_version
+        #: Emit an ActivationRecord per activation on RECORDS (None: off, the default).
+        self._recording = recording
 
     # -- entry points -----------------------------------------------------------------------
 

@@ -11,7 +11,9 @@ and `_failed` dead-letters it with one ERROR trace event. `_resume` resumes the 
 every answer accepted so far: a resume that fails keeps them, dead-letters the failure (with
 the answers) and is tried again on the deadline timer with backoff, until its retries are spent
 and the suspension ends (`_end_suspension`) with its answers inside a `resume_failed` dead
-letter.
+letter. With recording on (`beam_agents.runtime.recording`), `_record` emits the
+ActivationRecord of each activation committed or dead-lettered; an attempt deferred (a busy
+model) or put to a person (its budget) has none, its retry does.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ from beam_agents.runtime.machine_state import (
     past_every_expiry,
     saturating_add,
 )
+from beam_agents.runtime.recording import RECORDS, Outcome
 from beam_agents.state.memory import Memory, ReplayCache
 from beam_agents.state.migration import new_state_blob
 
@@ -57,17 +60,26 @@ class Run:
     error: Exception | None = None
     memory: MemoryBlob | None = None
     cache: LlmCacheBlob | None = None
+    #: The external event a start ran on, for its ActivationRecord.
+    event: AgentEnvelope | None = None
 
 
 class Activations:
     """KeyMachine's calls of the agent and their outcomes; see the module docstring."""
 
     def _run(
-        self, work: Work, now: int, seq: int, call, resume_of=None, event_time_ms: int | None = None
+        self,
+        work: Work,
+        now: int,
+        seq: int,
+        call,
+        resume_of=None,
+        event: AgentEnvelope | None = None,
     ) -> Run:
-        """Calls the agent at `now`; a start of an event that ran at another time than its
-        own (`event_time_ms`: one drained from a mailbox, or stamped past the key's clock)
-        says so in its activation's trace."""
+        """Calls the agent at `now`, a start on `event`; a start of an event that ran at
+        another time than its own (one drained from a mailbox, or stamped past the key's
+        clock) says so in its activation's trace."""
+        event_time_ms = None if event is None else event.event_time_ms
         config = self._config
         state = work.state
         memory = Memory.from_blob(
@@ -101,6 +113,8 @@ class Activations:
             llm_concurrency=config.llm_concurrency,
             meter=BudgetMeter(config.budget or Budget(), state.cache),
         )
+        if self._recording is not None:
+            ctx.model_log = []
         ctx.trace_activation(
             TraceEvent.ACTIVATION_START,
             {
@@ -153,9 +167,9 @@ class Activations:
                     if state.cache is not None
                     else new_state_blob(LlmCacheBlob)
                 )
-            return Run(ctx, result, memory=ctx.memory.to_blob(), cache=cache)
+            return Run(ctx, result, memory=ctx.memory.to_blob(), cache=cache, event=event)
         except Exception as e:  # the agent's failure is a dead letter, never the bundle's
-            return Run(ctx, error=e)
+            return Run(ctx, error=e, event=event)
 
     def _commit_run(self, work: Work, run: Run, now: int, *, marks, anchor, mailbox) -> None:
         """Commits a successful activation and emits its outputs; a completion that ends a
@@ -203,7 +217,10 @@ class Activations:
             work.emit(INTENTS, intent)
         for trace in ctx.traces:
             work.emit(TRACES, trace)
-        if suspended is None:
+        if suspended is not None:
+            self._record(work, run, Outcome.OUTCOME_SUSPENDED)
+        else:
+            self._record(work, run, Outcome.OUTCOME_COMPLETED, output=result.output)
             work.emit(COMPLETIONS, result.output)
             if mailbox:
                 self._drain(work, mailbox, anchor)
@@ -277,6 +294,31 @@ class Activations:
         work.dead(reason, detail, now, answers=answers, input=event)
         for trace in ctx.traces:
             work.emit(TRACES, trace)
+        self._record(work, run, Outcome.OUTCOME_FAILED, reason=reason)
+
+    def _record(self, work: Work, run: Run, outcome: int, *, output=b"", reason="") -> None:
+        """Emits the activation's ActivationRecord when the runtime records them."""
+        if self._recording is None:
+            return
+        ctx = run.ctx
+        resumed = ctx.resume_of
+        work.emit(
+            RECORDS,
+            self._recording.record(
+                entity_key=work.key,
+                seq=ctx.seq,
+                first_step=0 if resumed is None else resumed.step_index,
+                now_ms=ctx.now_ms,
+                adapter=self._agent.adapter,
+                event=run.event,
+                answers=() if resumed is None else resumed.answers,
+                model_log=ctx.model_log,
+                intents=ctx.intents,
+                outcome=outcome,
+                output=output,
+                reason=reason,
+            ),
+        )
 
     def _resume(self, work: Work, suspended: Continuation, now: int) -> None:
         """Resumes the agent with `suspended`'s answers (a new blob holding every answer

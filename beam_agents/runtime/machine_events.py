@@ -304,7 +304,7 @@ class Intake:
             now,
             seq,
             lambda ctx: self._agent.start(ctx, envelope.external_event),
-            event_time_ms=own,
+            event=envelope,
         )
         if run.error is None:
             self._commit_run(work, run, now, marks=digests, anchor=anchor, mailbox=())

@@ -27,6 +27,7 @@ from google.protobuf.message import DecodeError
 
 from beam_agents._protos import (
     ActivationErrorRecord,
+    ActivationRecord,
     AgentEnvelope,
     Continuation,
     LlmCacheBlob,
@@ -51,6 +52,7 @@ from beam_agents.runtime.machine import (
     KeyState,
 )
 from beam_agents.runtime.machine_state import COUNTERS
+from beam_agents.runtime.recording import RECORDS, Recording
 from beam_agents.state.migration import CURRENT_STATE_SCHEMA_VERSION, MigrationRegistry
 from beam_agents.wire.beam_support import keep_each_key_in_one_bundle, timer_timestamp, typed
 from beam_agents.wire.fields import encode_varint, read_varint
@@ -60,10 +62,13 @@ __all__ = [
     "ERRORS",
     "INTENTS",
     "MIN_OUTPUT_BYTES",
+    "RECORDS",
     "SNAPSHOTS",
     "TRACES",
     "RunAgent",
 ]
+
+_TAGS = (INTENTS, TRACES, ERRORS, SNAPSHOTS)
 
 #: The smallest max_output_bytes RunAgent takes: room for a `record_too_large` dead letter.
 MIN_OUTPUT_BYTES = 64 * 1024
@@ -152,6 +157,7 @@ class _AgentDoFn(beam.DoFn):
         registry,
         *,
         max_output_bytes: int | None = None,
+        recording: Recording | None = None,
     ) -> None:
         self._agent = agent
         self._llm_client = llm_client
@@ -160,6 +166,7 @@ class _AgentDoFn(beam.DoFn):
         self._config = config
         self._registry = registry
         self._max_output_bytes = max_output_bytes
+        self._recording = recording
         self._machine: KeyMachine | None = None
         self._counters = {
             name: beam.metrics.Metrics.counter("beam_agents.runtime", name) for name in COUNTERS
@@ -183,6 +190,7 @@ class _AgentDoFn(beam.DoFn):
                 if self._registry is None
                 else self._registry.current_version
             ),
+            recording=self._recording,
         )
 
     def process(
@@ -354,6 +362,8 @@ class RunAgent(beam.PTransform):
     `max_output_bytes` bounds each output record (its key and value, a dead letter inside its
     envelope): one over it is a `record_too_large` dead letter instead, on ERRORS, and the
     key goes on (a sink such as Kafka fails its bundle for good on a record over its limit).
+    `recording` (off by default: None) adds the RECORDS output, (entity_key,
+    ActivationRecord), one per activation (`beam_agents.runtime.recording`).
     """
 
     def __init__(
@@ -367,6 +377,7 @@ class RunAgent(beam.PTransform):
         config: RuntimeConfig | None = None,
         registry: MigrationRegistry | None = None,
         max_output_bytes: int | None = None,
+        recording: Recording | None = None,
     ) -> None:
         super().__init__()
         if max_output_bytes is not None and (
@@ -380,6 +391,8 @@ class RunAgent(beam.PTransform):
                 f"max_output_bytes must be None or an int of at least {MIN_OUTPUT_BYTES}, "
                 f"not {max_output_bytes!r}"
             )
+        if recording is not None and not isinstance(recording, Recording):
+            raise TypeError(f"recording must be None or a Recording, not {recording!r}")
         if not isinstance(agent, Agent):
             raise TypeError(f"{agent!r} has no adapter, start and resume: not an Agent")
         self._agent = agent
@@ -392,6 +405,7 @@ class RunAgent(beam.PTransform):
         self._config = RuntimeConfig() if config is None else config
         self._registry = registry
         self._max_output_bytes = max_output_bytes
+        self._recording = recording
 
     def expand(self, inputs):
         if isinstance(inputs, dict):
@@ -426,10 +440,18 @@ class RunAgent(beam.PTransform):
                 self._config,
                 self._registry,
                 max_output_bytes=self._max_output_bytes,
+                recording=self._recording,
             )
-        ).with_outputs(INTENTS, TRACES, ERRORS, SNAPSHOTS, main=COMPLETIONS)
+            # RECORDS only when recording: without it the graph is the one jobs run today.
+        ).with_outputs(*_TAGS, *([RECORDS] if self._recording else []), main=COMPLETIONS)
         errors.append(typed(outputs[ERRORS], Tuple[bytes, ActivationErrorRecord]))
+        records = (
+            {RECORDS: typed(outputs[RECORDS], Tuple[bytes, ActivationRecord])}
+            if self._recording
+            else {}
+        )
         return {
+            **records,
             COMPLETIONS: typed(outputs[COMPLETIONS], Tuple[bytes, bytes]),
             INTENTS: typed(outputs[INTENTS], Tuple[bytes, ToolIntent]),
             TRACES: typed(outputs[TRACES], Tuple[bytes, TraceEvent]),

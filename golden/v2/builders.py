@@ -23,7 +23,9 @@ import hmac
 
 from beam_agents._protos import (
     ActivationErrorRecord,
+    ActivationRecord,
     AgentEnvelope,
+    BacktestKeyReport,
     Continuation,
     ExecutionRecord,
     LlmCacheBlob,
@@ -415,6 +417,79 @@ def execution_record_running():
     return record
 
 
+def activation_record():
+    """A recorded resume: the answer it ran with, a model call with its answer, the approval
+    it asked for, suspended."""
+    response = b'{"finish_reason":"stop","input_tokens":12,"model":"triage-model",' + (
+        b'"output_tokens":8,"text":"{\\"category\\":\\"refund\\"}"}'
+    )
+    return ActivationRecord(
+        entity_key=b"customer-42",
+        seq=1_764_460_800_000_000,
+        first_step=1,
+        now_ms=1_764_460_801_000,
+        adapter="examples.support_triage/v1",
+        answers=[agent_envelope_tool_result()],
+        model_calls=[
+            ActivationRecord.ModelCall(
+                cache_key=hashlib.sha256(b"golden cache key").hexdigest(),
+                request_digest=hashlib.sha256(b"golden request").digest(),
+                response=response,
+                response_digest=hashlib.sha256(response).digest(),
+                model="triage-model",
+                input_tokens=12,
+                output_tokens=8,
+            )
+        ],
+        intents=[tool_intent_approval()],
+        outcome=ActivationRecord.OUTCOME_SUSPENDED,
+    )
+
+
+def activation_record_digest_only():
+    """A recorded start that completed, its model answer over the size limit kept as a digest,
+    and a failed one's reason."""
+    record = activation_record()
+    record.ClearField("answers")
+    record.first_step = 0
+    record.event.CopyFrom(agent_envelope_external_event())
+    call = record.model_calls[0]
+    call.ClearField("response")
+    call.digest_only = True
+    del record.intents[:]
+    record.outcome = ActivationRecord.OUTCOME_COMPLETED
+    record.output = b'{"outcome":"answered"}'
+    return record
+
+
+def backtest_key_report():
+    """A key whose candidate no longer asks for a refund's approval: its first divergence,
+    the tool counts and tokens of both runs."""
+    return BacktestKeyReport(
+        entity_key=b"customer-42",
+        baseline_activations=4,
+        candidate_activations=2,
+        divergence=BacktestKeyReport.Divergence(
+            kind=BacktestKeyReport.Divergence.KIND_APPROVAL,
+            activation=1,
+            seq=1_764_460_800_000_000,
+            now_ms=1_764_460_801_000,
+            detail="human.approval no longer asked",
+            baseline_intents=[tool_intent_approval()],
+            baseline_outcome=ActivationRecord.OUTCOME_SUSPENDED,
+            candidate_outcome=ActivationRecord.OUTCOME_COMPLETED,
+            candidate_output=b'{"outcome":"answered"}',
+        ),
+        tool_calls=[
+            BacktestKeyReport.ToolCalls(tool_name="payments.refund", baseline=1, candidate=0)
+        ],
+        baseline_input_tokens=12,
+        baseline_output_tokens=8,
+        candidate_input_tokens=12,
+        candidate_output_tokens=8,
+    )
+
+
 FIXTURES = {
     builder.__name__: builder
     for builder in (
@@ -449,5 +524,8 @@ FIXTURES = {
         state_snapshot_running,
         execution_record,
         execution_record_running,
+        activation_record,
+        activation_record_digest_only,
+        backtest_key_report,
     )
 }

@@ -1,0 +1,665 @@
+"""Backtest: what would a changed agent have done on the recorded history of every key?
+
+    beam-agents backtest RECORDS --agent MODULE:NAME [--report FILE] [--continue-with MODULE:NAME
+        --max-tokens N] [BEAM PIPELINE OPTIONS]
+
+RECORDS is a file of ActivationRecords (length-delimited), as RunAgent writes them with
+recording on (`beam_agents.runtime.recording`); the candidate is named as `replay` names one.
+
+How a key is run. The candidate runs through the runtime's own per-key machine
+(`KeyMachine`, every decision RunAgent makes), with recording on, from an empty key: the key's
+recorded external events go in at their event times, and each intent the candidate emits is
+answered from the recording when the recorded activation at the same place emitted the same
+call (the same tool, kind and canonical arguments, RFC 8785 as every intent's): the recorded
+ToolResult or Approval, addressed to the candidate's intent, at its recorded time. The model is
+a client that answers a request from the recording when the recording made the same request
+(the SHA-256 of its canonical JSON, `recording.request_digest`), each recorded answer once, in
+order. Nothing here has an effector: no intent ever reaches a tool (`Backtest` builds no
+ExecuteIntents, and its test asserts the graph holds none).
+
+Divergence. The candidate's activation records are compared, one by one in order, with the
+recording's: a model request the recording does not answer (`KIND_MODEL_REQUEST`), other
+intents (`KIND_APPROVAL` when an approval is asked or no longer asked, else `KIND_TOOL_CALL`),
+or the same calls with another outcome or output (`KIND_OUTCOME`). The key's report holds its
+first divergence. By default the key's run stops there (`stop_at_divergence`); with a
+`continue_with` model the run goes on, the requests the recording lacks answered by that model
+within `max_tokens` for the whole key, tools still answered only from the recording (a call it
+does not hold stays unanswered: the run ends there, `stopped`).
+
+Bad input is a dead letter on ERRORS, never a failed pipeline: bytes that are no
+ActivationRecord, or one of another message type (`recording_undecodable`); a key's history
+that starts with a resume, or resumes with answers its intents never asked
+(`history_incomplete`); a history whose activations go back in time (`history_out_of_order`);
+a recorded answer the candidate needs that was kept as a digest only
+(`recorded_answer_withheld`, the key's run stopped). A candidate that raises is the runtime's
+own failure (`agent_raised`) and, against a recording that completed, a divergence of outcome.
+
+What is not replayed: timers. A suspension's deadline (EXPIRED results the runtime made) and
+the TTL are not fired; a recorded resume whose answers the runtime made is fed those answers as
+if they had arrived. A key must be recorded from its first event (no snapshot restore yet).
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import itertools
+import tempfile
+from collections.abc import Iterable, Iterator, Sequence
+from pathlib import Path
+
+import apache_beam as beam
+from apache_beam.options.pipeline_options import PipelineOptions
+from google.protobuf.message import DecodeError
+from google.protobuf.unknown_fields import UnknownFieldSet
+
+from beam_agents._protos import (
+    ActivationErrorRecord,
+    ActivationRecord,
+    AgentEnvelope,
+    BacktestKeyReport,
+    ToolIntent,
+)
+from beam_agents.errors import LlmCallError
+from beam_agents.intents.identity import content_digest
+from beam_agents.intents.signing import SIGNATURE_FIELDS
+from beam_agents.ops.rounds import _AppendLines, _read, env_options
+from beam_agents.runtime.budget import Price
+from beam_agents.runtime.config import RuntimeConfig
+from beam_agents.runtime.context import Agent, LlmClient, LlmRequest, LlmResponse
+from beam_agents.runtime.dead_letters import (
+    HISTORY_INCOMPLETE,
+    HISTORY_OUT_OF_ORDER,
+    RECORDED_ANSWER_WITHHELD,
+    RECORDING_UNDECODABLE,
+    error_record,
+)
+from beam_agents.runtime.key_driver import KeyDriver, recording_machine
+from beam_agents.runtime.machine import ERRORS
+from beam_agents.runtime.machine_answers import answered_intent_id
+from beam_agents.runtime.recording import RECORDS, request_digest
+from beam_agents.wire.beam_support import typed
+
+__all__ = [
+    "FEWER",
+    "MORE",
+    "NOW",
+    "NO_LONGER",
+    "REPORTS",
+    "UNKNOWN",
+    "Backtest",
+    "BacktestOptions",
+    "Summary",
+    "backtest_key",
+    "backtest_markdown",
+    "backtest_summary",
+    "kind_name",
+    "parse_record",
+    "run_backtest",
+    "tool_changes",
+]
+
+#: Backtest's main output: (entity_key, BacktestKeyReport).
+REPORTS = "reports"
+
+Divergence = BacktestKeyReport.Divergence
+Outcome = ActivationRecord.Outcome
+
+
+@dataclasses.dataclass(frozen=True)
+class BacktestOptions:
+    """How a key's run goes on past its first divergence (see the module docstring)."""
+
+    stop_at_divergence: bool = True
+    #: The model that answers what the recording does not, when the run goes on.
+    continue_with: LlmClient | None = None
+    #: Tokens `continue_with` may spend on one key (input and output together).
+    max_tokens: int = 0
+    config: RuntimeConfig = dataclasses.field(default_factory=RuntimeConfig)
+
+    def __post_init__(self) -> None:
+        if not self.stop_at_divergence and self.continue_with is None:
+            raise ValueError("going on past a divergence needs a model: continue_with")
+        if self.continue_with is not None and self.stop_at_divergence:
+            raise ValueError("continue_with is for runs that go on: stop_at_divergence=False")
+        if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int):
+            raise ValueError(f"max_tokens must be an int, not {self.max_tokens!r}")
+
+
+# -- reading a recording --------------------------------------------------------------------
+
+
+def parse_record(value) -> ActivationRecord | str:
+    """`value` (an ActivationRecord, its bytes, or a (key, either) pair) as a record, or what
+    is wrong with it: bytes that do not parse, or parse as another message (a field of a
+    number this schema knows, sent with another wire type; no key, adapter or outcome)."""
+    if isinstance(value, tuple) and len(value) == 2:
+        value = value[1]
+    if isinstance(value, ActivationRecord):
+        record = value
+    elif isinstance(value, bytes | bytearray):
+        try:
+            record = ActivationRecord.FromString(bytes(value))
+        except DecodeError as e:
+            return f"{len(value)} bytes are no ActivationRecord: {e}"
+    else:
+        return f"{type(value).__name__} is no ActivationRecord"
+    known = {field.number for field in ActivationRecord.DESCRIPTOR.fields}
+    mistyped = sorted({number for number in _unknown_numbers(record) if number in known})
+    if mistyped:
+        return f"fields {mistyped} are not of ActivationRecord's types: another message"
+    missing = [
+        name
+        for name, present in (
+            ("entity_key", record.entity_key),
+            ("adapter", record.adapter),
+            ("outcome", record.outcome),
+        )
+        if not present
+    ]
+    if missing:
+        return f"an ActivationRecord without {', '.join(missing)}: not one RunAgent wrote"
+    return record
+
+
+def _unknown_numbers(message) -> Iterator[int]:
+    for field in UnknownFieldSet(message):
+        yield field.field_number
+
+
+def _ordered(records: Sequence[ActivationRecord]) -> tuple[list[ActivationRecord], str, str]:
+    """The key's records in the order they ran (seq, then step, then time), and a dead-letter
+    reason with its detail when the history cannot be run."""
+    ordered = sorted(records, key=lambda r: (r.seq, r.first_step, r.now_ms))
+    for earlier, later in itertools.pairwise(ordered):
+        if later.now_ms < earlier.now_ms:
+            return (
+                ordered,
+                HISTORY_OUT_OF_ORDER,
+                f"seq {later.seq} step {later.first_step} ran at {later.now_ms}, before seq "
+                f"{earlier.seq} step {earlier.first_step} at {earlier.now_ms}",
+            )
+    if ordered and not ordered[0].HasField("event"):
+        first = ordered[0]
+        return (
+            ordered,
+            HISTORY_INCOMPLETE,
+            f"the first record (seq {first.seq}, step {first.first_step}) is a resume: the "
+            "key's start is not in the recording",
+        )
+    asked = {i.intent_id for r in ordered for i in r.intents}
+    unasked = sorted(
+        answered_intent_id(a)
+        for r in ordered
+        for a in r.answers
+        if answered_intent_id(a) not in asked
+    )
+    if unasked:
+        return ordered, HISTORY_INCOMPLETE, f"answers to intents no record emitted: {unasked}"
+    return ordered, "", ""
+
+
+# -- the model the recording answers --------------------------------------------------------
+
+
+class _RecordedModel:
+    """Answers a request from the recording when it made the same one (each answer once, in
+    order); else `fallback` within `max_tokens`, else refuses. Notes why it refused."""
+
+    def __init__(self, records: Sequence[ActivationRecord], fallback, max_tokens: int) -> None:
+        self._answers: dict[bytes, collections.deque] = collections.defaultdict(collections.deque)
+        for record in records:
+            for call in record.model_calls:
+                if not call.replayed:
+                    self._answers[call.request_digest].append(call)
+        self._fallback = fallback
+        self._left = max_tokens
+        #: (request digest, withheld) of each request the recording did not answer.
+        self.misses: list[tuple[bytes, bool]] = []
+
+    def complete(self, request: LlmRequest) -> LlmResponse:
+        digest = request_digest(request.canonical())
+        queue = self._answers.get(digest)
+        if queue:
+            call = queue.popleft()
+            if not call.digest_only:
+                return LlmResponse.from_bytes(call.response)
+            self.misses.append((digest, True))
+            raise LlmCallError(
+                "the recorded answer was kept as a digest only",
+                model=request.model,
+                retryable=False,
+            )
+        self.misses.append((digest, False))
+        if self._fallback is not None and self._left > 0:
+            response = self._fallback.complete(request)
+            self._left -= response.input_tokens + response.output_tokens
+            return response
+        raise LlmCallError(
+            "the recording has no answer to this request", model=request.model, retryable=False
+        )
+
+
+# -- one key --------------------------------------------------------------------------------
+
+
+def _call(intent: ToolIntent) -> tuple:
+    return (intent.kind, intent.tool_name, intent.args_json)
+
+
+def _addressed(answer: AgentEnvelope, intent: ToolIntent) -> AgentEnvelope:
+    """The recorded `answer` to a call the candidate made under its own intent."""
+    readdressed = AgentEnvelope()
+    readdressed.CopyFrom(answer)
+    which = readdressed.WhichOneof("payload")
+    body = getattr(readdressed, which)
+    body.intent_id = intent.intent_id
+    for name in SIGNATURE_FIELDS:
+        body.ClearField(name)
+    if body.intent_digest:
+        body.intent_digest = content_digest(intent.SerializeToString(deterministic=True))
+    return readdressed
+
+
+def _divergence(
+    index: int, baseline: ActivationRecord | None, candidate: ActivationRecord, missed: list
+) -> Divergence | None:
+    recorded = baseline or ActivationRecord()
+    kind, detail = 0, ""
+    if any(not withheld for _, withheld in missed):
+        kind = Divergence.KIND_MODEL_REQUEST
+        detail = "a model request the recording has no answer to: " + ", ".join(
+            digest.hex()[:16] for digest, withheld in missed if not withheld
+        )
+    elif baseline is not None and (recorded.outcome == Outcome.OUTCOME_FAILED) != (
+        candidate.outcome == Outcome.OUTCOME_FAILED
+    ):
+        # A failure is what departs, whatever calls the failed activation made first.
+        kind = Divergence.KIND_OUTCOME
+        detail = _outcomes(recorded, candidate)
+    elif [_call(i) for i in recorded.intents] != [_call(i) for i in candidate.intents]:
+        before = collections.Counter(_call(i) for i in recorded.intents)
+        after = collections.Counter(_call(i) for i in candidate.intents)
+        changed = (before - after) + (after - before)
+        approval = any(call[0] == ToolIntent.APPROVAL for call in changed)
+        kind = Divergence.KIND_APPROVAL if approval else Divergence.KIND_TOOL_CALL
+        detail = "; ".join(
+            [f"no longer {c[1]} {c[2]}" for c in (before - after)]
+            + [f"now {c[1]} {c[2]}" for c in (after - before)]
+        )
+    elif baseline is None or (recorded.outcome, recorded.output, recorded.reason) != (
+        candidate.outcome,
+        candidate.output,
+        candidate.reason,
+    ):
+        kind = Divergence.KIND_OUTCOME
+        detail = (
+            _outcomes(recorded, candidate)
+            if baseline is not None
+            else "an activation the recording does not have"
+        )
+    if not kind:
+        return None
+    return Divergence(
+        kind=kind,
+        activation=index,
+        seq=candidate.seq,
+        now_ms=candidate.now_ms,
+        detail=detail,
+        baseline_intents=recorded.intents,
+        candidate_intents=candidate.intents,
+        baseline_outcome=recorded.outcome,
+        candidate_outcome=candidate.outcome,
+        baseline_output=recorded.output,
+        candidate_output=candidate.output,
+    )
+
+
+def _outcomes(recorded: ActivationRecord, candidate: ActivationRecord) -> str:
+    return " -> ".join(
+        f"{Outcome.Name(r.outcome).removeprefix('OUTCOME_').lower()} {r.reason}".rstrip()
+        for r in (recorded, candidate)
+    )
+
+
+def backtest_key(
+    key: bytes,
+    records: Iterable[ActivationRecord],
+    candidate: Agent,
+    options: BacktestOptions | None = None,
+) -> tuple[BacktestKeyReport | None, list[ActivationErrorRecord]]:
+    """Runs `candidate` over one key's recorded history (see the module docstring): its
+    report, or None with the dead letter that says why the history cannot be run."""
+    options = options or BacktestOptions()
+    baseline, reason, detail = _ordered(list(records))
+    at = baseline[0].now_ms if baseline else 0
+    if reason:
+        return None, [error_record(key, reason, detail, at)]
+    model = _RecordedModel(baseline, options.continue_with, options.max_tokens)
+    driver = KeyDriver(recording_machine(candidate, model, options.config), key)
+    answers = {answered_intent_id(a): a for r in baseline for a in r.answers}
+    seen = set()
+    for record in baseline:
+        data = record.event.SerializeToString(deterministic=True)
+        if record.HasField("event") and data not in seen:
+            seen.add(data)
+            driver.schedule(record.event)
+    report = BacktestKeyReport(entity_key=key, baseline_activations=len(baseline))
+    ran: list[ActivationRecord] = []
+    letters: list[ActivationErrorRecord] = []
+    halted = False
+    while driver and not halted:
+        for tag, value in driver.step():
+            if tag == RECORDS:
+                ran.append(value)
+                halted = _judge(report, baseline, ran, model, driver, answers, options, letters)
+                if halted:
+                    break
+    if not report.stopped and not report.HasField("divergence") and len(ran) < len(baseline):
+        missing = baseline[len(ran)]
+        report.divergence.CopyFrom(
+            Divergence(
+                kind=Divergence.KIND_OUTCOME,
+                activation=len(ran),
+                seq=missing.seq,
+                now_ms=missing.now_ms,
+                detail=f"the candidate ran {len(ran)} activations, the recording {len(baseline)}",
+                baseline_intents=missing.intents,
+                baseline_outcome=missing.outcome,
+            )
+        )
+    _account(report, baseline, ran)
+    return report, letters
+
+
+def _judge(report, baseline, ran, model, driver, answers, options, letters) -> bool:
+    """Compares the candidate's latest activation with the recording's at its place, notes a
+    divergence in `report` and answers its calls; True when the key's run ends here."""
+    index, value = len(ran) - 1, ran[-1]
+    missed, model.misses = model.misses, []
+    withheld = [digest for digest, held in missed if held]
+    if withheld:
+        letters.append(
+            error_record(
+                report.entity_key,
+                RECORDED_ANSWER_WITHHELD,
+                f"activation {index} (seq {value.seq}) needs the recorded answer to request "
+                f"{withheld[0].hex()[:16]}, kept as a digest only: raise the recording's "
+                "max_answer_bytes to backtest this key",
+                value.now_ms,
+            )
+        )
+        report.stopped = True
+        return True
+    recorded = baseline[index] if index < len(baseline) else None
+    found = _divergence(index, recorded, value, missed)
+    if found is not None and not report.HasField("divergence"):
+        report.divergence.CopyFrom(found)
+    if found is not None and options.stop_at_divergence:
+        # Cut short only if the candidate had more to do: a run that ended at its divergence
+        # (completed, nothing left to run) is whole.
+        report.stopped = value.outcome == Outcome.OUTCOME_SUSPENDED or bool(driver)
+        return True
+    if value.outcome == Outcome.OUTCOME_SUSPENDED and not _answer(driver, value, recorded, answers):
+        report.stopped = True
+        return True
+    return False
+
+
+def _answer(driver: KeyDriver, ran: ActivationRecord, recorded, answers) -> bool:
+    """Schedules the recorded answer of each call the suspended activation `ran` made that
+    the `recorded` one made too (one the recording never got an answer to waits, as it did);
+    False when the candidate made a call the recording did not: nothing can answer it."""
+    unused = collections.defaultdict(list)
+    for intent in recorded.intents if recorded is not None else ():
+        unused[_call(intent)].append(intent)
+    answerable = True
+    for intent in ran.intents:
+        matches = unused.get(_call(intent))
+        if not matches:
+            answerable = False
+            continue
+        answer = answers.get(matches.pop(0).intent_id)
+        if answer is not None:
+            driver.schedule(_addressed(answer, intent))
+    return answerable
+
+
+def _account(report: BacktestKeyReport, baseline, ran) -> None:
+    """The tool counts and token totals of both runs."""
+    counts = {}
+    for side, records in (("baseline", baseline), ("candidate", ran)):
+        for record in records:
+            if record.outcome == Outcome.OUTCOME_FAILED:
+                continue  # a failed activation's intents never left it
+            for intent in record.intents:
+                counts.setdefault(intent.tool_name, {"baseline": 0, "candidate": 0})[side] += 1
+            for call in record.model_calls:
+                if not call.replayed:
+                    name = f"{side}_input_tokens"
+                    setattr(report, name, getattr(report, name) + call.input_tokens)
+                    name = f"{side}_output_tokens"
+                    setattr(report, name, getattr(report, name) + call.output_tokens)
+    report.candidate_activations = len(ran)
+    for name in sorted(counts):
+        report.tool_calls.add(tool_name=name, **counts[name])
+
+
+# -- the transform --------------------------------------------------------------------------
+
+
+class _Parse(beam.DoFn):
+    def process(self, element) -> Iterator:
+        record = parse_record(element)
+        if isinstance(record, str):
+            # Bytes that are no record have no key and no time of their own.
+            letter = error_record(b"", RECORDING_UNDECODABLE, record, 0)
+            yield beam.pvalue.TaggedOutput(ERRORS, (b"", letter))
+            return
+        yield record.entity_key, record
+
+
+class _RunKey(beam.DoFn):
+    def __init__(self, candidate: Agent, options: BacktestOptions) -> None:
+        self._candidate = candidate
+        self._options = options
+
+    def process(self, element) -> Iterator:
+        key, records = element
+        report, letters = backtest_key(key, records, self._candidate, self._options)
+        for letter in letters:
+            yield beam.pvalue.TaggedOutput(ERRORS, (key, letter))
+        if report is not None:
+            yield key, report
+
+
+class Backtest(beam.PTransform):
+    """Runs `candidate` over a recorded history; see the module docstring.
+
+    Input: a PCollection of ActivationRecords (messages, their bytes, or (entity_key, either)
+    pairs as RunAgent's RECORDS output holds them), in any order and windowing. Output: a dict
+    of REPORTS, (entity_key, BacktestKeyReport) for every key whose history could be run, and
+    ERRORS, (entity_key, ActivationErrorRecord) dead letters. There is no effector: nothing
+    reaches a tool."""
+
+    def __init__(self, candidate: Agent, options: BacktestOptions | None = None) -> None:
+        super().__init__()
+        if not isinstance(candidate, Agent):
+            raise TypeError(f"{candidate!r} has no adapter, start and resume: not an Agent")
+        self._candidate = candidate
+        self._options = options or BacktestOptions()
+
+    def expand(self, records):
+        parsed = (
+            records
+            | "GlobalWindow" >> beam.WindowInto(beam.window.GlobalWindows())
+            | "Parse" >> beam.ParDo(_Parse()).with_outputs(ERRORS, main="records")
+        )
+        ran = (
+            typed(parsed.records, beam.typehints.Tuple[bytes, ActivationRecord])
+            | "ByKey" >> beam.GroupByKey()
+            | "Run"
+            >> beam.ParDo(_RunKey(self._candidate, self._options)).with_outputs(
+                ERRORS, main=REPORTS
+            )
+        )
+        errors = (parsed[ERRORS], ran[ERRORS]) | "Errors" >> beam.Flatten()
+        return {
+            REPORTS: typed(ran[REPORTS], beam.typehints.Tuple[bytes, BacktestKeyReport]),
+            ERRORS: typed(errors, beam.typehints.Tuple[bytes, ActivationErrorRecord]),
+        }
+
+
+# -- the report -----------------------------------------------------------------------------
+
+#: How a tool's calls changed on one key (`tool_changes`).
+NOW, NO_LONGER, MORE, FEWER, UNKNOWN = "now", "no longer", "more", "fewer", "unknown"
+_CHANGES = (NOW, NO_LONGER, MORE, FEWER, UNKNOWN)
+_HEADINGS = {
+    NOW: "now called",
+    NO_LONGER: "no longer called",
+    MORE: "called more",
+    FEWER: "called fewer times",
+    UNKNOWN: "unknown (stopped)",
+}
+
+
+def tool_changes(report: BacktestKeyReport) -> dict[str, str]:
+    """How each tool's calls changed on the key: called NOW (never before), NO_LONGER
+    called, called MORE or FEWER times, or UNKNOWN (fewer so far, but the candidate's run
+    stopped before its end). Tools called as often are left out. The approval tool's entry says
+    whether an approval is now asked, or no longer."""
+    changes = {}
+    for calls in report.tool_calls:
+        if calls.candidate == calls.baseline:
+            continue
+        if calls.candidate > calls.baseline:
+            changes[calls.tool_name] = NOW if calls.baseline == 0 else MORE
+        elif report.stopped:
+            changes[calls.tool_name] = UNKNOWN
+        else:
+            changes[calls.tool_name] = NO_LONGER if calls.candidate == 0 else FEWER
+    return changes
+
+
+@dataclasses.dataclass
+class Summary:
+    """A backtest's run in numbers (`backtest_summary`); `backtest_markdown` renders it."""
+
+    keys: int = 0
+    diverged: int = 0
+    stopped: int = 0
+    #: Keys by the kind of their first divergence ("approval", "tool_call", ...).
+    by_kind: dict[str, int] = dataclasses.field(default_factory=dict)
+    #: Per tool, keys by change (`tool_changes`).
+    tools: dict[str, dict[str, int]] = dataclasses.field(default_factory=dict)
+    #: Dead letters by reason: histories that could not be backtested.
+    dead_letters: dict[str, int] = dataclasses.field(default_factory=dict)
+    baseline_tokens: tuple[int, int] = (0, 0)
+    candidate_tokens: tuple[int, int] = (0, 0)
+    #: The cost of each run's tokens at `price`, when one was given.
+    baseline_cost_micros: int | None = None
+    candidate_cost_micros: int | None = None
+    #: The diverged keys' reports, in key order.
+    divergences: list[BacktestKeyReport] = dataclasses.field(default_factory=list)
+
+
+def kind_name(kind: int) -> str:
+    return Divergence.Kind.Name(kind).removeprefix("KIND_").lower()
+
+
+def backtest_summary(
+    reports: Iterable[BacktestKeyReport],
+    dead_letters: Iterable[ActivationErrorRecord] = (),
+    *,
+    price: Price | None = None,
+) -> Summary:
+    """The run's counts: keys, divergences by kind, tool changes, tokens (and their cost at
+    `price` per token of either run), dead letters by reason."""
+    summary = Summary()
+    tokens = {"baseline": [0, 0], "candidate": [0, 0]}
+    for report in sorted(reports, key=lambda r: r.entity_key):
+        summary.keys += 1
+        summary.stopped += report.stopped
+        if report.HasField("divergence"):
+            summary.diverged += 1
+            kind = kind_name(report.divergence.kind)
+            summary.by_kind[kind] = summary.by_kind.get(kind, 0) + 1
+            summary.divergences.append(report)
+        for tool, change in tool_changes(report).items():
+            counts = summary.tools.setdefault(tool, dict.fromkeys(_CHANGES, 0))
+            counts[change] += 1
+        for side, totals in tokens.items():
+            totals[0] += getattr(report, f"{side}_input_tokens")
+            totals[1] += getattr(report, f"{side}_output_tokens")
+    for letter in dead_letters:
+        summary.dead_letters[letter.reason] = summary.dead_letters.get(letter.reason, 0) + 1
+    summary.baseline_tokens = tuple(tokens["baseline"])
+    summary.candidate_tokens = tuple(tokens["candidate"])
+    if price is not None:
+        summary.baseline_cost_micros = price.of(*summary.baseline_tokens)
+        summary.candidate_cost_micros = price.of(*summary.candidate_tokens)
+    return summary
+
+
+def backtest_markdown(summary: Summary, *, max_keys: int = 20) -> str:
+    """The summary as Markdown tables a person reads, the first `max_keys` diverged keys
+    listed with their first divergence."""
+    lines = [
+        "| keys | backtested | diverged | stopped early | not backtested |",
+        "|---|---|---|---|---|",
+        f"| {summary.keys + sum(summary.dead_letters.values())} | {summary.keys} | "
+        f"{summary.diverged} | {summary.stopped} | {sum(summary.dead_letters.values())} |",
+    ]
+    if summary.by_kind:
+        lines += ["", "| first divergence | keys |", "|---|---|"]
+        lines += [f"| {kind} | {n} |" for kind, n in sorted(summary.by_kind.items())]
+    if summary.tools:
+        lines += [
+            "",
+            "| tool | " + " | ".join(_HEADINGS[c] for c in _CHANGES) + " |",
+            "|---" * (len(_CHANGES) + 1) + "|",
+        ]
+        for tool, counts in sorted(summary.tools.items()):
+            lines.append(f"| {tool} | " + " | ".join(str(counts[c]) for c in _CHANGES) + " |")
+    lines += ["", "| usage | recording | candidate | difference |", "|---|---|---|---|"]
+    rows = [
+        ("input tokens", summary.baseline_tokens[0], summary.candidate_tokens[0]),
+        ("output tokens", summary.baseline_tokens[1], summary.candidate_tokens[1]),
+    ]
+    if summary.baseline_cost_micros is not None:
+        rows.append(("cost (micros)", summary.baseline_cost_micros, summary.candidate_cost_micros))
+    lines += [f"| {name} | {a} | {b} | {b - a:+d} |" for name, a, b in rows]
+    if summary.dead_letters:
+        lines += ["", "| not backtested | keys |", "|---|---|"]
+        lines += [f"| {reason} | {n} |" for reason, n in sorted(summary.dead_letters.items())]
+    if summary.divergences:
+        lines += ["", "| key | activation | kind | detail |", "|---|---|---|---|"]
+        for report in summary.divergences[:max_keys]:
+            found = report.divergence
+            key = report.entity_key.decode("utf-8", "backslashreplace")
+            detail = found.detail.replace("|", "\\|")
+            lines.append(f"| {key} | {found.activation} | {kind_name(found.kind)} | {detail} |")
+        if len(summary.divergences) > max_keys:
+            lines.append(f"\n({len(summary.divergences) - max_keys} more diverged keys)")
+    return "\n".join(lines) + "\n"
+
+
+def run_backtest(
+    records: Iterable,
+    candidate: Agent,
+    options: BacktestOptions | None = None,
+    *,
+    pipeline_options: PipelineOptions | None = None,
+) -> tuple[list[BacktestKeyReport], list[ActivationErrorRecord]]:
+    """Runs the Backtest transform over `records` (ActivationRecords or their bytes) in a batch
+    pipeline (`pipeline_options`, default: $BEAM_AGENTS_PIPELINE_OPTIONS or the DirectRunner);
+    returns its reports and dead letters."""
+    with tempfile.TemporaryDirectory(prefix="beam-agents-backtest-") as folder:
+        paths = {tag: str(Path(folder) / tag) for tag in (REPORTS, ERRORS)}
+        with beam.Pipeline(options=pipeline_options or env_options()) as pipeline:
+            outputs = pipeline | beam.Create(list(records)) | Backtest(candidate, options)
+            for tag, path in paths.items():
+                _ = outputs[tag] | f"Write{tag}" >> beam.ParDo(_AppendLines(path))
+        reports, letters = ([value for _, _, value in _read(Path(paths[tag]))] for tag in paths)
+    return sorted(reports, key=lambda r: r.entity_key), letters

@@ -1,0 +1,97 @@
+"""Shadow mode (issue 42 item 4): a candidate beside the live agent on a streaming pipeline,
+its divergences the backtest's for the same events, acting on nothing, added by a legal
+--update (update-check names only its own new steps)."""
+
+from __future__ import annotations
+
+import apache_beam as beam
+from apache_beam.typehints import Tuple
+
+from beam_agents._protos import AgentEnvelope, BacktestKeyReport
+from beam_agents.examples.support_triage import TOOLS, scripted_model, triage
+from beam_agents.ops.backtest import REPORTS, backtest_key
+from beam_agents.ops.rounds import env_options, run_round
+from beam_agents.ops.shadow import ShadowAgent
+from beam_agents.ops.update_check import describe_graph, differences
+from beam_agents.runtime import ERRORS, INTENTS, RECORDS, Recording, RunAgent
+from beam_agents.runtime.machine_answers import answered_intent_id
+from beam_agents.testing.recorded_history import (
+    expected_refund_changes,
+    gold_only_refunds,
+    record_history,
+    triage_approver,
+    triage_tickets,
+)
+
+
+class _LiveWithShadow(beam.PTransform):
+    """The triage agent live, recording, with the gold-only candidate as its shadow."""
+
+    def expand(self, inputs):
+        live = inputs | RunAgent(triage, llm_client=scripted_model(), recording=Recording())
+        shadow = live[RECORDS] | "Shadow" >> ShadowAgent(gold_only_refunds)
+        return {**live, "shadow": shadow[REPORTS], "shadow_errors": shadow[ERRORS]}
+
+
+def _traffic(count: int) -> list[AgentEnvelope]:
+    """The tickets and every answer the effector and the people gave them, in time order."""
+    events = triage_tickets(count)
+    answers = {}
+    for record in record_history(
+        triage, events, tools=TOOLS, approver=triage_approver, llm_client=scripted_model()
+    ):
+        for answer in record.answers:
+            answers[answered_intent_id(answer)] = answer
+    return sorted([*events, *answers.values()], key=lambda e: e.event_time_ms)
+
+
+def test_the_shadow_reports_what_the_backtest_does_and_emits_no_intent(tmp_path):
+    count = 16
+    outputs = run_round(_LiveWithShadow(), _traffic(count), tmp_path, options=env_options())
+    live = outputs.values(RECORDS)
+    assert outputs.values("shadow_errors") == []
+    shadow = {r.entity_key: r for r in outputs.values("shadow")}
+    _, asked = expected_refund_changes(count)
+    assert set(shadow) == asked
+    # The backtest over the live records, after the fact, finds the same divergences.
+    by_key = {}
+    for record in live:
+        by_key.setdefault(record.entity_key, []).append(record)
+    for key, records in by_key.items():
+        report, _ = backtest_key(key, records, gold_only_refunds)
+        if key in shadow:
+            assert shadow[key].divergence == report.divergence
+        else:
+            assert not report.HasField("divergence")
+    # Every intent out of the pipeline is the live agent's: the shadow has no intents output.
+    live_intents = [i.intent_id for r in live for i in r.intents]
+    assert sorted(i.intent_id for i in outputs.values(INTENTS)) == sorted(live_intents)
+
+
+def test_the_shadow_emits_only_reports_and_dead_letters():
+    pipeline = beam.Pipeline()
+    live = pipeline | beam.Create([b""]) | RunAgent(triage, recording=Recording())
+    shadow = live[RECORDS] | "Shadow" >> ShadowAgent(gold_only_refunds)
+    assert set(shadow) == {REPORTS, ERRORS}
+    assert shadow[REPORTS].element_type == Tuple[bytes, BacktestKeyReport]
+
+
+def test_adding_a_shadow_to_a_job_is_a_legal_update():
+    def graph(shadowed: bool):
+        pipeline = beam.Pipeline()
+        events = pipeline | beam.Create([b""])
+        if shadowed:
+            live = events | RunAgent(triage, recording=Recording())
+            _ = live[RECORDS] | "Shadow" >> ShadowAgent(gold_only_refunds)
+        else:
+            _ = events | RunAgent(triage)
+        return describe_graph(pipeline.to_runner_api())
+
+    before, after = graph(False), graph(True)
+    # update-check names every new stateful step (it cannot tell an added step from a renamed
+    # one, whose old name it names as gone): the shadow's own steps are all it names. Nothing
+    # of the live job is gone and RunAgent's state is as it was.
+    found = differences(before, after)
+    assert found and all(line.startswith(("pipeline/Shadow", "Shadow/")) for line in found)
+    assert all(" is new" in line for line in found)
+    assert differences(graph(False), before) == []

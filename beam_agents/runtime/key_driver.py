@@ -1,0 +1,72 @@
+"""One key's inputs through the runtime's per-key machine, in process, without a pipeline.
+
+`KeyDriver` holds a key's state between inputs and hands each to `KeyMachine`, in event-time
+order, as RunAgent's DoFn does (the machine makes every decision; the DoFn only moves state):
+what the backtest runs a candidate agent with (beam_agents/ops/backtest.py), and what makes a
+recorded history fast in tests (beam_agents/testing/recorded_history.py). Timers are not
+fired, and nothing is signed or verified: it runs what was already accepted once.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+
+from beam_agents._protos import AgentEnvelope
+from beam_agents.runtime.config import RuntimeConfig
+from beam_agents.runtime.context import Agent, LlmClient
+from beam_agents.runtime.machine import KeyMachine, KeyState
+from beam_agents.runtime.recording import Recording
+from beam_agents.state.migration import CURRENT_STATE_SCHEMA_VERSION
+
+__all__ = ["KeyDriver", "recording_machine"]
+
+#: Keeps every answer whole.
+_WHOLE = Recording(max_answer_bytes=2**62)
+
+
+class KeyDriver:
+    """Runs one key's inputs through a KeyMachine in event-time order (ties in the order they
+    were scheduled), holding the key's state between them. `step()` returns the (tag, value)
+    outputs of the next input."""
+
+    def __init__(self, machine: KeyMachine, key: bytes) -> None:
+        self._machine = machine
+        self._key = key
+        self._state = KeyState()
+        self._queue: list[tuple[int, int, AgentEnvelope]] = []
+        self._order = itertools.count()
+
+    def schedule(self, envelope: AgentEnvelope) -> None:
+        heapq.heappush(self._queue, (envelope.event_time_ms, next(self._order), envelope))
+
+    def __bool__(self) -> bool:
+        return bool(self._queue)
+
+    def step(self) -> list[tuple[str, object]]:
+        _, _, envelope = heapq.heappop(self._queue)
+        effects = self._machine.on_envelope(self._key, self._state, envelope)
+        if effects.state is not None:
+            self._state = effects.state
+        return [(tag, value) for tag, (_, value) in effects.outputs]
+
+
+def recording_machine(
+    agent: Agent,
+    llm_client: LlmClient | None,
+    config: RuntimeConfig,
+    recording: Recording = _WHOLE,
+) -> KeyMachine:
+    """A KeyMachine with no keyrings that records every activation (by default keeping every
+    answer whole)."""
+    return KeyMachine(
+        agent,
+        llm_client=llm_client,
+        keyring=None,
+        result_keyring=None,
+        approval_keyring=None,
+        config=config,
+        registry=None,
+        current_version=CURRENT_STATE_SCHEMA_VERSION,
+        recording=recording,
+    )

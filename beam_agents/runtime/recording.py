@@ -1,0 +1,111 @@
+"""Recording: an ActivationRecord for every activation RunAgent runs, on an output of its own.
+
+`RunAgent(agent, recording=Recording())` adds the RECORDS output, (entity_key,
+ActivationRecord): for each activation (a start, a resume, a failed attempt of either) the
+event or answers it ran on, each model call with the answer it used (its replay-cache key and
+the SHA-256 of its canonical request, so a later run can tell the same request from another),
+the intents it emitted and its outcome. Writing the records to Kafka, files or BigQuery is
+ordinary Beam; `beam-agents backtest` (beam_agents/ops/backtest.py) runs a candidate agent
+over them.
+
+Off by default, and then nothing changes: RunAgent's graph has no RECORDS output, its state
+specs are the same (beam_agents/ops/state_manifest.json) and the machine builds no record, so
+a job started without recording updates to one with it (an output added) and back.
+
+The size policy: a model answer over `max_answer_bytes` is kept as its SHA-256 only
+(`digest_only`, as the replay cache keeps a response over its limit). A backtest whose
+candidate needs such an answer cannot replay it and says so; the record stays small enough
+for a topic's message limit (RunAgent's max_output_bytes still bounds the whole record).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+from collections.abc import Sequence
+
+from beam_agents._protos import ActivationRecord, AgentEnvelope, ToolIntent
+
+__all__ = ["RECORDS", "ModelCallLog", "Outcome", "Recording", "request_digest"]
+
+#: RunAgent's output of ActivationRecords, when recording is on.
+RECORDS = "records"
+
+Outcome = ActivationRecord.Outcome
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelCallLog:
+    """One model call as the activation made it (ActivationContext.model_log)."""
+
+    cache_key: str
+    canonical: str
+    response: bytes
+    replayed: bool
+    model: str
+    input_tokens: int
+    output_tokens: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Recording:
+    """The recording's policy: answers over `max_answer_bytes` are kept as digests."""
+
+    max_answer_bytes: int = 64 * 1024
+
+    def __post_init__(self) -> None:
+        size = self.max_answer_bytes
+        if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+            raise ValueError(f"max_answer_bytes must be an int of at least 0, not {size!r}")
+
+    def record(
+        self,
+        *,
+        entity_key: bytes,
+        seq: int,
+        first_step: int,
+        now_ms: int,
+        adapter: str,
+        event: AgentEnvelope | None,
+        answers: Sequence[AgentEnvelope],
+        model_log: Sequence[ModelCallLog],
+        intents: Sequence[ToolIntent],
+        outcome: int,
+        output: bytes = b"",
+        reason: str = "",
+    ) -> ActivationRecord:
+        record = ActivationRecord(
+            entity_key=entity_key,
+            seq=seq,
+            first_step=first_step,
+            now_ms=now_ms,
+            adapter=adapter,
+            answers=answers,
+            model_calls=[self._call(call) for call in model_log],
+            intents=intents,
+            outcome=outcome,
+            output=output,
+            reason=reason,
+        )
+        if event is not None:
+            record.event.CopyFrom(event)
+        return record
+
+    def _call(self, call: ModelCallLog) -> ActivationRecord.ModelCall:
+        kept = len(call.response) <= self.max_answer_bytes
+        return ActivationRecord.ModelCall(
+            cache_key=call.cache_key,
+            request_digest=request_digest(call.canonical),
+            response=call.response if kept else b"",
+            response_digest=hashlib.sha256(call.response).digest(),
+            digest_only=not kept,
+            replayed=call.replayed,
+            model=call.model,
+            input_tokens=call.input_tokens,
+            output_tokens=call.output_tokens,
+        )
+
+
+def request_digest(canonical: str) -> bytes:
+    """What tells one model request from another: the SHA-256 of its canonical JSON."""
+    return hashlib.sha256(canonical.encode("utf-8")).digest()
