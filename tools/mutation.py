@@ -324,11 +324,19 @@ def mutants(source: str) -> list[Mutant]:
     collector = _Collector(source)
     collector.visit(ast.parse(source))
     valid = []
+    seen: set[str] = set()
     for mutant in collector.found:
         try:
             compile(apply(source, mutant), "<mutant>", "exec", dont_inherit=True)
         except SyntaxError:
             continue
+        if mutant.id in seen:
+            # Nested operators that start at one column (`4 * 1024 * 1024`): the inner one,
+            # found second, gains its end, so that each mutant keeps an id of its own.
+            mutant = dataclasses.replace(
+                mutant, id=f"{mutant.id}@{mutant.end_line}:{mutant.end_col}"
+            )
+        seen.add(mutant.id)
         valid.append(mutant)
     return valid
 

@@ -197,3 +197,6 @@ def test_each_mutant_changes_one_span_and_keeps_the_rest_of_the_file():
     assert '        return ["é", (b >= 1)]\n' in found["`>` -> `>=`"]
     assert "    pass\n" in found["`raise` removed"]
     assert all(text.count("\n") == source.count("\n") for text in found.values())
+    # Nested operators that start at one column still have ids of their own.
+    nested = mutation.mutants("x = 4 * 1024 * 1024\n")
+    assert len({m.id for m in nested}) == len(nested) == 5
