@@ -18,7 +18,7 @@ Docstrings, annotations, `__all__`, f-strings (whose inner positions Python 3.11
 report) and lines ending in `# pragma: no mutate` are left alone.
 
 Which tests, and how fast. A mutant runs only the tests that execute its lines. One baseline
-run per module collects, under a line tracer restricted to that module's file, which lines each
+run collects, under a line tracer restricted to the mutated modules' files, which lines each
 test executes; the candidates are the test files beside the module (its package folder) and the
 test files that name it (`beam_agents.x.y` or `from beam_agents.x import y`), or only the
 `--tests` given (faster, and the score is then that of those tests).
@@ -33,8 +33,9 @@ Two ways to run a mutant, both in children forked from this process after the he
 third-party imports (`--preload`):
 
   - In place, for a mutant inside a function's body (most of them). One pytest session per
-    module, forked from the tool, collects the candidate tests once; the baseline runs in a
-    child of it. For each mutant the session compiles the mutated module, takes the code object
+    run, forked from the tool, collects the candidate test files of every module given (pooled)
+    once; the baseline runs in a child of it and traces every mutated file at once.
+    For each mutant the session compiles the mutated module, takes the code object
     of the outermost function holding the change (by qualified name and first line), and forks
     a child that assigns it to the `__code__` of every live function object made from the
     original: every reference (imports by name, bound methods, properties, decorator wrappers)
@@ -383,23 +384,23 @@ def _candidates(path: Path, root: Path, chosen: list[Path]) -> list[Path]:
 
 
 class _Tracer:
-    """Per test id, the lines of one file it executes (a pytest plugin for the baseline)."""
+    """Per mutated file and test id, the lines it executes (a pytest plugin for the baseline)."""
 
-    def __init__(self, filename: str, out: Path) -> None:
-        self.filename = filename
+    def __init__(self, filenames: list[str], out: Path) -> None:
         self.out = out
         self.current = "<import>"
-        self.lines: dict[str, set[int]] = {}
+        self.lines: dict[str, dict[str, set[int]]] = {name: {} for name in filenames}
         self.seconds: dict[str, float] = {}
         self.failed: set[str] = set()
 
     def _local(self, frame, event, arg):
         if event in ("line", "call"):
-            self.lines.setdefault(self.current, set()).add(frame.f_lineno)
+            found = self.lines[frame.f_code.co_filename]
+            found.setdefault(self.current, set()).add(frame.f_lineno)
         return self._local
 
     def _global(self, frame, event, arg):
-        if frame.f_code.co_filename == self.filename:
+        if frame.f_code.co_filename in self.lines:
             return self._local(frame, event, arg)
         return None
 
@@ -423,7 +424,10 @@ class _Tracer:
         sys.settrace(None)
         threading.settrace(None)
         found = {
-            "lines": {test: sorted(lines) for test, lines in self.lines.items()},
+            "lines": {
+                name: {test: sorted(lines) for test, lines in tests.items()}
+                for name, tests in self.lines.items()
+            },
             "seconds": self.seconds,
             "failed": sorted(self.failed),
         }
@@ -542,7 +546,10 @@ def _outcome(code: int | None, seconds: float, tests_sha: str, log: Path) -> Out
         return Outcome(status="killed", seconds=seconds, tests_sha=tests_sha)
     tail = log.read_text(errors="replace")[-2000:] if log.exists() else ""
     return Outcome(
-        status="error", seconds=seconds, tests_sha=tests_sha, detail=f"exit {code}: {tail}"
+        status="error",
+        seconds=seconds,
+        tests_sha=tests_sha,
+        detail=f"exit {code}: {tail}",
     )
 
 
@@ -585,66 +592,124 @@ def run(
     )
     results: dict[str, dict[str, tuple[Mutant, Outcome]]] = {}
     try:
+        modules = []
         for path in _module_paths([p.resolve() for p in paths]):
-            name = str(path.relative_to(root))
-            source = path.read_text(encoding="utf-8")
-            source_sha = hashlib.sha256(source.encode()).hexdigest()[:16]
-            entry = cache.module(name, source_sha)
-            if fresh:
-                entry["mutants"] = {}
-            tests = _candidates(path, root, [p.resolve() for p in chosen_tests])
-            tests_sha = _sha(tests)
-            found = mutants(source)
-            pending = [
-                m
-                for m in found
-                if m.id not in entry["mutants"]
-                or entry["mutants"][m.id]["status"] == "error"
-                or (
-                    entry["mutants"][m.id]["status"] not in _KILLED
-                    and entry["mutants"][m.id]["tests_sha"] != tests_sha
-                )
-            ]
-            if report_only:
-                pending = []
-            job = _Job(
-                path=path,
-                source=source,
-                tree=ast.parse(source),
-                dotted=_dotted(path, root),
-                tests_sha=tests_sha,
+            module = _module(
+                path,
                 root=root,
+                cache=cache,
+                chosen_tests=[p.resolve() for p in chosen_tests],
                 work=work,
                 pythonpath=pythonpath,
                 jobs=jobs,
                 timeout_factor=timeout_factor,
                 min_timeout=min_timeout,
+                fresh=fresh,
+                report_only=report_only,
             )
-            in_place = [m for m in pending if _target(job.tree, m) is not None]
             out(
-                f"{name}: {len(found)} mutants, {len(pending)} to run ({len(in_place)} in"
-                f" place), {len(tests)} test files"
+                f"{module.name}: {len(module.found)} mutants, {len(module.pending)} to run"
+                f" ({len(module.in_place)} in place), {len(module.tests)} test files"
             )
-            if pending:
-                cached = entry.get("baseline_tests_sha") == tests_sha
-                base = entry.get("baseline") if cached else None
-                left: set[str] = set()
-                if in_place or base is None:
-                    left = _session(job, tests, in_place, base, cache, entry)
-                # The session wrote its results to the cache file from its own process.
-                cache.reload()
-                entry = cache.module(name, source_sha)
-                again = [m for m in pending if m not in in_place or m.id in left]
-                _reimport(job, again, entry["baseline"], functools.partial(_record, cache, entry))
-            results[name] = {
-                m.id: (m, Outcome(**entry["mutants"][m.id]))
-                for m in found
-                if m.id in entry["mutants"]
+            modules.append(module)
+        active = [m for m in modules if m.pending]
+        if active:
+            # One session for every module: their candidate test files, pooled, are collected
+            # and traced once.
+            pooled = sorted({test for m in active for test in m.tests})
+            pooled_sha = _sha(pooled)
+            baseline = any(m.entry.get("baseline_tests_sha") != pooled_sha for m in active)
+            left: dict[str, list[str]] = {}
+            if baseline or any(m.in_place for m in active):
+                left = _session(active, pooled, pooled_sha, baseline=baseline, cache=cache)
+            # The session wrote its results to the cache file from its own process.
+            cache.reload()
+            for m in active:
+                entry = cache.module(m.name, m.source_sha)
+                again = [
+                    x for x in m.pending if x not in m.in_place or x.id in left.get(m.name, [])
+                ]
+                _reimport(
+                    m.job,
+                    again,
+                    entry["baseline"],
+                    functools.partial(_record, cache, entry),
+                )
+        for m in modules:
+            entry = cache.module(m.name, m.source_sha)
+            results[m.name] = {
+                x.id: (x, Outcome(**entry["mutants"][x.id]))
+                for x in m.found
+                if x.id in entry["mutants"]
             }
-            _report(name, source, results[name], out)
+            _report(m.name, m.job.source, results[m.name], out)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return results
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class _Module:
+    """One module of a run: its mutants, those to run, and its candidate test files."""
+
+    name: str
+    source_sha: str
+    entry: dict
+    tests: list[Path]
+    found: list[Mutant]
+    pending: list[Mutant]
+    in_place: list[Mutant]
+    job: _Job
+
+
+def _module(
+    path: Path,
+    *,
+    root: Path,
+    cache: _Cache,
+    chosen_tests: list[Path],
+    fresh: bool,
+    report_only: bool,
+    **job,
+) -> _Module:
+    name = str(path.relative_to(root))
+    source = path.read_text(encoding="utf-8")
+    source_sha = hashlib.sha256(source.encode()).hexdigest()[:16]
+    entry = cache.module(name, source_sha)
+    if fresh:
+        entry["mutants"] = {}
+    tests = _candidates(path, root, chosen_tests)
+    tests_sha = _sha(tests)
+    found = mutants(source)
+    done = entry["mutants"]
+    pending = [
+        m
+        for m in found
+        if m.id not in done
+        or done[m.id]["status"] == "error"
+        or (done[m.id]["status"] not in _KILLED and done[m.id]["tests_sha"] != tests_sha)
+    ]
+    if report_only:
+        pending = []
+    mutated = _Job(
+        path=path,
+        source=source,
+        tree=ast.parse(source),
+        dotted=_dotted(path, root),
+        tests_sha=tests_sha,
+        root=root,
+        **job,
+    )
+    return _Module(
+        name=name,
+        source_sha=source_sha,
+        entry=entry,
+        tests=tests,
+        found=found,
+        pending=pending,
+        in_place=[m for m in pending if _target(mutated.tree, m) is not None],
+        job=mutated,
+    )
 
 
 def _record(cache: _Cache, entry: dict, mutant: Mutant, outcome: Outcome) -> None:
@@ -765,12 +830,21 @@ def _fork(body, log: Path) -> int:
 
 
 def _fork_pytest(
-    args: list[str], *, root: Path, log: Path, env: dict[str, str], plugin=None, tracer=None
+    args: list[str],
+    *,
+    root: Path,
+    log: Path,
+    env: dict[str, str],
+    plugin=None,
+    tracer=None,
 ) -> int:
     def body() -> int:
         os.environ.update(env)
         os.chdir(root)
-        sys.path[:0] = [str(root), *(p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p)]
+        sys.path[:0] = [
+            str(root),
+            *(p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p),
+        ]
         _hook().install()
         if tracer is not None:
             tracer.start()
@@ -797,29 +871,38 @@ def _wait(pid: int) -> int:
 
 
 def _session(
-    job: _Job, tests: list[Path], in_place: list[Mutant], base: dict | None, cache, entry
-) -> set[str]:
-    """Collect `tests` once, and run there the baseline (unless cached) and `in_place`.
+    modules: list[_Module],
+    tests: list[Path],
+    tests_sha: str,
+    *,
+    baseline: bool,
+    cache: _Cache,
+) -> dict[str, list[str]]:
+    """Collect `tests` once, and run there the baseline (if `baseline`) and each module's
+    in-place mutants.
 
-    Returns the ids of the mutants left to the fresh-import path: those whose function the
-    session does not hold, and those that timed out in place (confirmed there from scratch).
+    Returns, per module, the ids of the mutants left to the fresh-import path: those whose
+    function the session holds no object of, and those that timed out in place (confirmed
+    there from scratch).
     """
-    left = job.work / f"left-{job.path.stem}.json"
-    log = job.work / f"session-{job.path.stem}.log"
-    tracer = _Tracer(str(job.path), job.work / f"baseline-{job.path.stem}.json")
+    job = modules[0].job
+    left = job.work / "left.json"
+    log = job.work / "session.log"
+    tracer = None
+    if baseline:
+        tracer = _Tracer([str(m.job.path) for m in modules], job.work / "baseline.json")
 
     def save_baseline(found: dict) -> None:
-        entry["baseline"] = found
-        entry["baseline_tests_sha"] = job.tests_sha
+        for m in modules:
+            m.entry["baseline"] = {**found, "lines": found["lines"][str(m.job.path)]}
+            m.entry["baseline_tests_sha"] = tests_sha
         cache.save()
 
     plugin = _Session(
-        job,
-        in_place,
-        base,
-        tracer=tracer if base is None else None,
+        modules,
+        tracer=tracer,
         save_baseline=save_baseline,
-        record=functools.partial(_record, cache, entry),
+        record=lambda m: functools.partial(_record, cache, m.entry),
         left=left,
     )
     # -s: a child's test output goes to its log, not to a capture file every child shares.
@@ -829,19 +912,19 @@ def _session(
         log=log,
         env={"PYTHONPATH": job.pythonpath},
         plugin=plugin,
-        tracer=plugin.tracer,
+        tracer=tracer,
     )
     code = _wait(pid)
     if not left.exists():
         raise SystemExit(
-            f"mutation: the test session of {job.path} failed (exit {code}):\n"
+            f"mutation: the test session failed (exit {code}):\n"
             f"{log.read_text(errors='replace')[-3000:]}"
         )
-    return set(json.loads(left.read_text()))
+    return json.loads(left.read_text())
 
 
 class _Session:
-    """The pytest plugin of one module's session: collect once, fork a child per mutant.
+    """The pytest plugin of a run's session: collect once, fork a child per mutant.
 
     The session itself runs no test: the baseline and each mutant run in children forked
     after collection, so each starts from the same state a fresh pytest run would have.
@@ -850,12 +933,8 @@ class _Session:
     and decorator wrapper sees it) and runs its selected items, stopping at the first failure.
     """
 
-    def __init__(
-        self, job: _Job, in_place: list[Mutant], base, *, tracer, save_baseline, record, left
-    ):
-        self.job = job
-        self.in_place = in_place
-        self.base = base
+    def __init__(self, modules: list[_Module], *, tracer, save_baseline, record, left):
+        self.modules = modules
         self.tracer = tracer
         self.save_baseline = save_baseline
         self.record = record
@@ -870,19 +949,19 @@ class _Session:
         if session.testsfailed:
             return True  # a collection error: no `left` file, the tool shows the log
         items = list(session.items)
-        base = self.base
-        if base is None:
-            base = self._baseline(session.config, items, startup=time.monotonic() - self.created)
-            self.save_baseline(base)
-        left: list[str] = []
-        plan = self._plan(items, base, left)
-        _schedule(
-            self.in_place,
-            jobs=self.job.jobs,
-            launch=plan,
-            record=self._record(left),
-            tests_sha=self.job.tests_sha,
-        )
+        if self.tracer is not None:
+            found = self._baseline(session.config, items, startup=time.monotonic() - self.created)
+            self.save_baseline(found)
+        left: dict[str, list[str]] = {}
+        for module in self.modules:
+            ids = left[module.name] = []
+            _schedule(
+                module.in_place,
+                jobs=module.job.jobs,
+                launch=self._plan(module.job, items, module.entry["baseline"], ids),
+                record=self._record(self.record(module), ids),
+                tests_sha=module.job.tests_sha,
+            )
         self.left.write_text(json.dumps(left))
         return True
 
@@ -898,11 +977,11 @@ class _Session:
             tracer.write()
             return 0
 
-        log = self.job.work / f"baseline-{self.job.path.stem}.log"
+        log = tracer.out.with_suffix(".log")
         code = _wait(_fork(body, log))
         if not tracer.out.exists():
             raise SystemExit(
-                f"mutation: the baseline run of {self.job.path} failed (exit {code}):\n"
+                f"mutation: the baseline run failed (exit {code}):\n"
                 f"{log.read_text(errors='replace')[-3000:]}"
             )
         found = json.loads(tracer.out.read_text())
@@ -913,30 +992,32 @@ class _Session:
             print(f"mutation: {len(failed)} tests fail without a mutant, not used: {failed[:5]}")
         return found
 
-    def _plan(self, items: list, base: dict, left: list[str]):
+    @staticmethod
+    def _plan(job: _Job, items: list, base: dict, left: list[str]):
         by_id = {item.nodeid: item for item in items}
         by_function: dict[str, list] = {}
         for item in items:
             by_function.setdefault(item.nodeid.split("[", 1)[0], []).append(item)
-        functions = _live_functions(str(self.job.path))
-        filename = next(
-            (fs[0].__code__.co_filename for fs in functions.values()), str(self.job.path)
-        )
+        functions = _live_functions(str(job.path))
+        filename = next((fs[0].__code__.co_filename for fs in functions.values()), str(job.path))
         seconds = base.get("seconds", {})
 
         def launch(mutant: Mutant):
             selected: list = []
-            for test in _select(mutant, self.job.tree, base, by_function=False):
+            for test in _select(mutant, job.tree, base, by_function=False):
                 # A cached baseline from another process may name a parameter differently.
                 for item in [by_id[test]] if test in by_id else by_function.get(test, []):
                     if item not in selected:
                         selected.append(item)
             if not selected:
-                return Outcome(status="unreached", seconds=0.0, tests_sha=self.job.tests_sha)
-            key = _target(self.job.tree, mutant)
+                return Outcome(status="unreached", seconds=0.0, tests_sha=job.tests_sha)
+            key = _target(job.tree, mutant)
             originals = functions.get(key, [])
-            code = compile(apply(self.job.source, mutant), filename, "exec", dont_inherit=True)
-            new = next((c for c in _codes(code) if (c.co_qualname, c.co_firstlineno) == key), None)
+            code = compile(apply(job.source, mutant), filename, "exec", dont_inherit=True)
+            new = next(
+                (c for c in _codes(code) if (c.co_qualname, c.co_firstlineno) == key),
+                None,
+            )
             if (
                 new is None
                 or not originals
@@ -944,7 +1025,7 @@ class _Session:
             ):
                 left.append(mutant.id)
                 return None
-            env = self.job.mutant_env(mutant)
+            env = job.mutant_env(mutant)
 
             def body() -> int:
                 os.environ.update(env)
@@ -959,16 +1040,17 @@ class _Session:
 
             log = Path(env["BEAM_AGENTS_MUTANT_SOURCE"]).with_suffix(".log")
             spent = sum(seconds.get(item.nodeid, 0.0) for item in selected)
-            return _fork(body, log), self.job.budget(spent), log
+            return _fork(body, log), job.budget(spent), log
 
         return launch
 
-    def _record(self, left: list[str]):
+    @staticmethod
+    def _record(keep, left: list[str]):
         def record(mutant: Mutant, outcome: Outcome) -> None:
             if outcome.status == "timeout":
                 left.append(mutant.id)
             else:
-                self.record(mutant, outcome)
+                keep(mutant, outcome)
 
         return record
 
@@ -1075,7 +1157,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--root", type=Path, default=_ROOT, help="the tree the paths are in")
     parser.add_argument(
-        "--cache", type=Path, default=None, help="default ROOT/.cache/mutation/results.json"
+        "--cache",
+        type=Path,
+        default=None,
+        help="default ROOT/.cache/mutation/results.json",
     )
     parser.add_argument(
         "--fresh", action="store_true", help="forget cached results of these modules"

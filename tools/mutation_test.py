@@ -125,7 +125,9 @@ def _statuses(cache: Path) -> dict[str, str]:
     return {mutant_id: outcome["status"] for mutant_id, outcome in found.items()}
 
 
-def test_a_tested_mutant_is_killed_an_untested_one_survives_and_a_rerun_resumes(tmp_path):
+def test_a_tested_mutant_is_killed_an_untested_one_survives_and_a_rerun_resumes(
+    tmp_path,
+):
     calc = _tree(tmp_path / "tree")
     cache = tmp_path / "results.json"
     done = _run(tmp_path / "tree", cache)
@@ -200,3 +202,37 @@ def test_each_mutant_changes_one_span_and_keeps_the_rest_of_the_file():
     # Nested operators that start at one column still have ids of their own.
     nested = mutation.mutants("x = 4 * 1024 * 1024\n")
     assert len({m.id for m in nested}) == len(nested) == 5
+
+
+def test_modules_run_together_share_one_session_and_keep_results_of_their_own(tmp_path):
+    root = tmp_path / "tree"
+    _tree(root)
+    (root / "pkg" / "other.py").write_text("def sub(a, b):\n    return a - b\n")
+    (root / "pkg" / "other_test.py").write_text(
+        "from pkg.other import sub\n\n\ndef test_sub():\n    assert sub(3, 2) == 1\n"
+    )
+    (root / "pkg" / "calc.py").write_text("def add(a, b):\n    return a + b\n")
+    (root / "pkg" / "calc_test.py").write_text(
+        "from pkg.calc import add\n\n\ndef test_add():\n    assert add(2, 3) == 5\n"
+    )
+    cache = tmp_path / "results.json"
+    done = subprocess.run(
+        [
+            *(sys.executable, str(_TOOL), "--root", str(root), "--cache", str(cache)),
+            *("--preload", "pytest", "--min-score", "100", str(root / "pkg")),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    found = json.loads(cache.read_text())
+    assert found["pkg/calc.py"]["mutants"]["2:11:binop"]["status"] == "killed"
+    assert found["pkg/other.py"]["mutants"]["2:11:binop"]["status"] == "killed"
+    # Each module's baseline holds its own lines, from the one traced run of both files.
+    assert found["pkg/calc.py"]["baseline"]["lines"]["pkg/calc_test.py::test_add"] == [
+        1,
+        2,
+    ]
+    assert "pkg/other_test.py::test_sub" not in found["pkg/calc.py"]["baseline"]["lines"]
