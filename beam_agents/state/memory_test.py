@@ -259,6 +259,13 @@ def test_a_cache_at_exactly_its_caps_keeps_every_entry_and_whole_responses():
     assert cache.get("a") == b"12" and cache.get("b") == b"34"
 
 
+def test_a_cache_made_without_limits_has_the_documented_ones():
+    """Those docs/concepts.md gives (256 calls, 4 MiB) and RuntimeConfig's defaults repeat
+    (a response of up to 1 MiB is replayed whole), for a cache built outside the runtime."""
+    cache = ReplayCache()
+    assert (cache.max_entries, cache.max_bytes, cache.max_response_bytes) == (256, 4 << 20, 1 << 20)
+
+
 def test_the_cache_blob_round_trips_in_order():
     cache = ReplayCache(max_response_bytes=3)
     cache.put("a", b"1")
