@@ -358,6 +358,8 @@ def test_invalid_utf8_in_a_string_field_is_an_undecodable_dead_letter():
     output = effector()(bytes(data))
     assert output.route is Route.DEAD_LETTER
     assert output.dead_letter.reason == REASON_UNDECODABLE
+    # No key can be read from bytes that are no ToolIntent: the record names none.
+    assert output.dead_letter.entity_key == b""
 
 
 class _Unprintable(Exception):
