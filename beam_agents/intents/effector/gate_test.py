@@ -628,3 +628,11 @@ def test_a_copy_never_moves_the_expiry_back_that_another_copy_moved_forward(tmp_
     assert gate(signed()).route is Route.RESULT
     assert [copy.route for copy in copies] == [Route.IN_FLIGHT]
     assert store.get(intent().intent_id).latest_expires_at_ms == latest
+
+
+@pytest.mark.parametrize("keyring", ["result_keyring", "inquiry_keyring"])
+def test_a_keyring_that_signs_for_the_gate_must_have_an_active_key(keyring):
+    # Refused when the gate is built, not at its first result or inquiry.
+    verify_only = Keyring({"k1": bytes(32)})
+    with pytest.raises(ValueError, match=f"^{keyring} needs an active key"):
+        Effector({}, mode=VerifyMode.OFF, store=":memory:", **{keyring: verify_only})
