@@ -18,25 +18,42 @@ Docstrings, annotations, `__all__`, f-strings (whose inner positions Python 3.11
 report) and lines ending in `# pragma: no mutate` are left alone.
 
 Which tests, and how fast. A mutant runs only the tests that execute its lines. One baseline
-run per module collects, under a line tracer restricted to that module's file, which lines each
+run collects, under a line tracer restricted to the mutated modules' files, which lines each
 test executes; the candidates are the test files beside the module (its package folder) and the
 test files that name it (`beam_agents.x.y` or `from beam_agents.x import y`), or only the
 `--tests` given (faster, and the score is then that of those tests).
-A mutant's tests are those that execute any line of the mutated node, fastest first, with `-x`:
-the first failure kills it. A mutant on a line no test executes is reported as a survivor
-without being run (a line only a subprocess of a test executes counts as unreached: the score is
+A mutant's tests are those that execute any line of the mutated node, fastest first: the first
+failure kills it. A mutant on a line no test executes is reported as a survivor without being
+run (a line only a subprocess of a test executes counts as unreached: the score is
 conservative, never inflated). Lines that run only at import (module constants, class bodies,
-default values) are attributed to every test that executed the module.
+default values) are attributed to the tests that execute the lines using them, or else to
+every test that executed the module.
 
-Each mutant runs in a child forked from this process after the heavy third-party imports
-(`--preload`), so a mutant costs its tests' time, not an interpreter start. The child serves the
-mutant's source in place of the module through an import hook (tools/mutation_hook.py; also put
-on the children's PYTHONPATH as `sitecustomize`): the tree is never written. A child that
-outlives `--timeout-factor` times its tests' baseline time (at least `--min-timeout` seconds) is
-killed with its process group, and the mutant counts as killed (an infinite loop is detected);
-the budget includes the baseline's own start-up time, so a loaded machine does not pass slow
-survivors off as timeouts.
-`--jobs` children run at once.
+Two ways to run a mutant, both in children forked from this process after the heavy
+third-party imports (`--preload`):
+
+  - In place, for a mutant inside a function's body (most of them). One pytest session per
+    run, forked from the tool, collects the candidate test files of every module given (pooled)
+    once; the baseline runs in a child of it and traces every mutated file at once.
+    For each mutant the session compiles the mutated module, takes the code object
+    of the outermost function holding the change (by qualified name and first line), and forks
+    a child that assigns it to the `__code__` of every live function object made from the
+    original: every reference (imports by name, bound methods, properties, decorator wrappers)
+    then runs the mutant. The child runs only the selected, already collected items through
+    pytest's runtestprotocol and stops at the first failure, so a mutant costs its tests, not
+    a collection. Children are forked after collection but before any test ran in the
+    session, so each starts from the state a fresh run would have after collecting.
+  - Fresh import, for a mutant that runs at import (a constant, a class attribute, a default,
+    a decorator), for a function the session holds no live object of, and to confirm a
+    timeout of the in-place path: a child runs pytest on the selected test functions with
+    `-x`, and serves the mutant's source in place of the module through an import hook.
+
+Both put the hook (tools/mutation_hook.py) on the children's PYTHONPATH as `sitecustomize`,
+with the mutant's source named in the environment, so a Python process a test starts runs the
+mutant too; the tree is never written. A child that outlives `--timeout-factor` times its
+tests' baseline time (at least `--min-timeout` seconds; a fresh import adds the session's
+start-up and collection time) is killed with its process group, and the mutant counts as
+killed (an infinite loop is detected). `--jobs` children run at once.
 
 Results are resumable: .cache/mutation/results.json holds each module's mutants by a stable id
 (position, operator, alternative) under the module's source hash. A killed mutant stays killed
@@ -56,6 +73,7 @@ import ast
 import contextlib
 import dataclasses
 import functools
+import gc
 import hashlib
 import importlib.util
 import json
@@ -67,7 +85,12 @@ import sys
 import tempfile
 import threading
 import time
+import types
+from collections.abc import Iterator
 from pathlib import Path
+
+import pytest
+from _pytest.runner import runtestprotocol
 
 __all__ = ["Mutant", "Outcome", "apply", "main", "mutants", "run"]
 
@@ -302,11 +325,19 @@ def mutants(source: str) -> list[Mutant]:
     collector = _Collector(source)
     collector.visit(ast.parse(source))
     valid = []
+    seen: set[str] = set()
     for mutant in collector.found:
         try:
             compile(apply(source, mutant), "<mutant>", "exec", dont_inherit=True)
         except SyntaxError:
             continue
+        if mutant.id in seen:
+            # Nested operators that start at one column (`4 * 1024 * 1024`): the inner one,
+            # found second, gains its end, so that each mutant keeps an id of its own.
+            mutant = dataclasses.replace(
+                mutant, id=f"{mutant.id}@{mutant.end_line}:{mutant.end_col}"
+            )
+        seen.add(mutant.id)
         valid.append(mutant)
     return valid
 
@@ -353,23 +384,23 @@ def _candidates(path: Path, root: Path, chosen: list[Path]) -> list[Path]:
 
 
 class _Tracer:
-    """Per test id, the lines of one file it executes (a pytest plugin for the baseline)."""
+    """Per mutated file and test id, the lines it executes (a pytest plugin for the baseline)."""
 
-    def __init__(self, filename: str, out: Path) -> None:
-        self.filename = filename
+    def __init__(self, filenames: list[str], out: Path) -> None:
         self.out = out
         self.current = "<import>"
-        self.lines: dict[str, set[int]] = {}
+        self.lines: dict[str, dict[str, set[int]]] = {name: {} for name in filenames}
         self.seconds: dict[str, float] = {}
         self.failed: set[str] = set()
 
     def _local(self, frame, event, arg):
         if event in ("line", "call"):
-            self.lines.setdefault(self.current, set()).add(frame.f_lineno)
+            found = self.lines[frame.f_code.co_filename]
+            found.setdefault(self.current, set()).add(frame.f_lineno)
         return self._local
 
     def _global(self, frame, event, arg):
-        if frame.f_code.co_filename == self.filename:
+        if frame.f_code.co_filename in self.lines:
             return self._local(frame, event, arg)
         return None
 
@@ -388,12 +419,15 @@ class _Tracer:
     def pytest_runtest_logfinish(self, nodeid, location) -> None:
         self.current = "<import>"
 
-    def pytest_sessionfinish(self, session, exitstatus) -> None:
+    def write(self) -> None:
         # The tracer lives in a forked child: its findings go back through a file.
         sys.settrace(None)
         threading.settrace(None)
         found = {
-            "lines": {test: sorted(lines) for test, lines in self.lines.items()},
+            "lines": {
+                name: {test: sorted(lines) for test, lines in tests.items()}
+                for name, tests in self.lines.items()
+            },
             "seconds": self.seconds,
             "failed": sorted(self.failed),
         }
@@ -418,40 +452,6 @@ def _hook():
     return module
 
 
-def _fork_pytest(
-    args: list[str], *, root: Path, log: Path, env: dict[str, str], plugin=None
-) -> int:
-    pid = os.fork()
-    if pid:
-        return pid
-    try:
-        os.setpgid(0, 0)
-        fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        os.dup2(fd, 1)
-        os.dup2(fd, 2)
-        os.environ.update(env)
-        os.chdir(root)
-        sys.path[:0] = [str(root), *(p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p)]
-        import pytest
-
-        _hook().install()
-        if plugin is not None:
-            plugin.start()
-        code = pytest.main(
-            ["-q", "-p", "no:cacheprovider", "--no-header", "-rN", *args],
-            plugins=[plugin] if plugin is not None else [],
-        )
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(int(code))
-    except BaseException:
-        import traceback
-
-        traceback.print_exc()
-        sys.stderr.flush()
-        os._exit(99)
-
-
 def _kill(pid: int) -> None:
     """Kill a child and every process it started (its own process group), and reap it."""
     with contextlib.suppress(ProcessLookupError):
@@ -469,6 +469,9 @@ class _Cache:
         if not entry or entry.get("source_sha") != source_sha:
             entry = self.data[name] = {"source_sha": source_sha, "mutants": {}}
         return entry
+
+    def reload(self) -> None:
+        self.data = json.loads(self.path.read_text()) if self.path.exists() else {}
 
     def save(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -504,13 +507,15 @@ def _users(tree: ast.Module, line: int) -> set[int]:
     return set()
 
 
-def _select(
-    mutant: Mutant,
-    tree: ast.Module,
-    lines: dict[str, list[int]],
-    seconds: dict[str, float],
-    failed: set[str],
-) -> list[str]:
+def _select(mutant: Mutant, tree: ast.Module, base: dict, *, by_function: bool) -> list[str]:
+    """The tests that execute `mutant`'s lines, cheapest first: node ids, or test functions.
+
+    A fresh-import child selects by function, not parameter id: an id may name a value of the
+    process that collected it (a pid, a temporary path), which that child does not reproduce.
+    """
+    lines: dict[str, list[int]] = base.get("lines", {})
+    seconds: dict[str, float] = base.get("seconds", {})
+    failed = set(base.get("failed", []))
     span = set(range(mutant.line, mutant.end_line + 1))
     tests = [t for t, hit in lines.items() if t != "<import>" and span & set(hit)]
     if not tests and span & set(lines.get("<import>", [])):
@@ -520,13 +525,11 @@ def _select(
             # Used only from other modules, or by no line a test reaches: every test that runs
             # this module, which is slow but never calls a mutant unreached that is not.
             tests = [t for t in lines if t != "<import>"]
-    # By test function, not parameter id: an id may name a value of the process that collected
-    # it (a pid, a temporary path), which the mutant's process does not reproduce.
     cost: dict[str, float] = {}
     for test in tests:
         if test not in failed:
-            function = test.split("[", 1)[0]
-            cost[function] = cost.get(function, 0.0) + seconds.get(test, 0.0)
+            key = test.split("[", 1)[0] if by_function else test
+            cost[key] = cost.get(key, 0.0) + seconds.get(test, 0.0)
     return sorted(cost, key=cost.__getitem__)
 
 
@@ -543,7 +546,10 @@ def _outcome(code: int | None, seconds: float, tests_sha: str, log: Path) -> Out
         return Outcome(status="killed", seconds=seconds, tests_sha=tests_sha)
     tail = log.read_text(errors="replace")[-2000:] if log.exists() else ""
     return Outcome(
-        status="error", seconds=seconds, tests_sha=tests_sha, detail=f"exit {code}: {tail}"
+        status="error",
+        seconds=seconds,
+        tests_sha=tests_sha,
+        detail=f"exit {code}: {tail}",
     )
 
 
@@ -586,56 +592,124 @@ def run(
     )
     results: dict[str, dict[str, tuple[Mutant, Outcome]]] = {}
     try:
+        modules = []
         for path in _module_paths([p.resolve() for p in paths]):
-            name = str(path.relative_to(root))
-            source = path.read_text(encoding="utf-8")
-            entry = cache.module(name, hashlib.sha256(source.encode()).hexdigest()[:16])
-            if fresh:
-                entry["mutants"] = {}
-            tests = _candidates(path, root, [p.resolve() for p in chosen_tests])
-            tests_sha = _sha(tests)
-            found = mutants(source)
-            pending = [
-                m
-                for m in found
-                if m.id not in entry["mutants"]
-                or entry["mutants"][m.id]["status"] == "error"
-                or (
-                    entry["mutants"][m.id]["status"] not in _KILLED
-                    and entry["mutants"][m.id]["tests_sha"] != tests_sha
-                )
-            ]
-            if report_only:
-                pending = []
-            out(f"{name}: {len(found)} mutants, {len(pending)} to run, {len(tests)} test files")
-            if pending and entry.get("baseline_tests_sha") != tests_sha:
-                entry["baseline"] = _baseline(path, root, tests, work, pythonpath)
-                entry["baseline_tests_sha"] = tests_sha
-                cache.save()
-            base = entry.get("baseline", {})
-            _run_pending(
-                pending,
-                source=source,
-                dotted=_dotted(path, root),
-                base=base,
+            module = _module(
+                path,
                 root=root,
+                cache=cache,
+                chosen_tests=[p.resolve() for p in chosen_tests],
                 work=work,
                 pythonpath=pythonpath,
                 jobs=jobs,
                 timeout_factor=timeout_factor,
                 min_timeout=min_timeout,
-                tests_sha=tests_sha,
-                record=functools.partial(_record, cache, entry),
+                fresh=fresh,
+                report_only=report_only,
             )
-            results[name] = {
-                m.id: (m, Outcome(**entry["mutants"][m.id]))
-                for m in found
-                if m.id in entry["mutants"]
+            out(
+                f"{module.name}: {len(module.found)} mutants, {len(module.pending)} to run"
+                f" ({len(module.in_place)} in place), {len(module.tests)} test files"
+            )
+            modules.append(module)
+        active = [m for m in modules if m.pending]
+        if active:
+            # One session for every module: their candidate test files, pooled, are collected
+            # and traced once.
+            pooled = sorted({test for m in active for test in m.tests})
+            pooled_sha = _sha(pooled)
+            baseline = any(m.entry.get("baseline_tests_sha") != pooled_sha for m in active)
+            left: dict[str, list[str]] = {}
+            if baseline or any(m.in_place for m in active):
+                left = _session(active, pooled, pooled_sha, baseline=baseline, cache=cache)
+            # The session wrote its results to the cache file from its own process.
+            cache.reload()
+            for m in active:
+                entry = cache.module(m.name, m.source_sha)
+                again = [
+                    x for x in m.pending if x not in m.in_place or x.id in left.get(m.name, [])
+                ]
+                _reimport(
+                    m.job,
+                    again,
+                    entry["baseline"],
+                    functools.partial(_record, cache, entry),
+                )
+        for m in modules:
+            entry = cache.module(m.name, m.source_sha)
+            results[m.name] = {
+                x.id: (x, Outcome(**entry["mutants"][x.id]))
+                for x in m.found
+                if x.id in entry["mutants"]
             }
-            _report(name, source, results[name], out)
+            _report(m.name, m.job.source, results[m.name], out)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return results
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class _Module:
+    """One module of a run: its mutants, those to run, and its candidate test files."""
+
+    name: str
+    source_sha: str
+    entry: dict
+    tests: list[Path]
+    found: list[Mutant]
+    pending: list[Mutant]
+    in_place: list[Mutant]
+    job: _Job
+
+
+def _module(
+    path: Path,
+    *,
+    root: Path,
+    cache: _Cache,
+    chosen_tests: list[Path],
+    fresh: bool,
+    report_only: bool,
+    **job,
+) -> _Module:
+    name = str(path.relative_to(root))
+    source = path.read_text(encoding="utf-8")
+    source_sha = hashlib.sha256(source.encode()).hexdigest()[:16]
+    entry = cache.module(name, source_sha)
+    if fresh:
+        entry["mutants"] = {}
+    tests = _candidates(path, root, chosen_tests)
+    tests_sha = _sha(tests)
+    found = mutants(source)
+    done = entry["mutants"]
+    pending = [
+        m
+        for m in found
+        if m.id not in done
+        or done[m.id]["status"] == "error"
+        or (done[m.id]["status"] not in _KILLED and done[m.id]["tests_sha"] != tests_sha)
+    ]
+    if report_only:
+        pending = []
+    mutated = _Job(
+        path=path,
+        source=source,
+        tree=ast.parse(source),
+        dotted=_dotted(path, root),
+        tests_sha=tests_sha,
+        root=root,
+        **job,
+    )
+    return _Module(
+        name=name,
+        source_sha=source_sha,
+        entry=entry,
+        tests=tests,
+        found=found,
+        pending=pending,
+        in_place=[m for m in pending if _target(mutated.tree, m) is not None],
+        job=mutated,
+    )
 
 
 def _record(cache: _Cache, entry: dict, mutant: Mutant, outcome: Outcome) -> None:
@@ -644,73 +718,383 @@ def _record(cache: _Cache, entry: dict, mutant: Mutant, outcome: Outcome) -> Non
     cache.save()
 
 
-def _baseline(path: Path, root: Path, tests: list[Path], work: Path, pythonpath: str) -> dict:
-    found = work / f"baseline-{path.stem}.json"
-    log = work / f"baseline-{path.stem}.log"
-    tracer = _Tracer(str(path), found)
-    started = time.monotonic()
-    pid = _fork_pytest(
-        [str(t) for t in tests], root=root, log=log, env={"PYTHONPATH": pythonpath}, plugin=tracer
-    )
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class _Job:
+    """One module's run: what every child of it needs."""
+
+    path: Path
+    source: str
+    tree: ast.Module
+    dotted: str
+    tests_sha: str
+    root: Path
+    work: Path
+    pythonpath: str
+    jobs: int
+    timeout_factor: float
+    min_timeout: float
+
+    def mutant_env(self, mutant: Mutant) -> dict[str, str]:
+        """The mutant's source in a file, named to the import hook of a test's subprocess."""
+        file = self.work / f"mutant-{os.getpid()}-{time.monotonic_ns()}.py"
+        file.write_text(apply(self.source, mutant), encoding="utf-8")
+        return {
+            "PYTHONPATH": self.pythonpath,
+            "BEAM_AGENTS_MUTANT_MODULE": self.dotted,
+            "BEAM_AGENTS_MUTANT_SOURCE": str(file),
+        }
+
+    def budget(self, seconds: float) -> float:
+        return max(self.min_timeout, self.timeout_factor * seconds)
+
+
+def _target(tree: ast.Module, mutant: Mutant) -> tuple[str, int] | None:
+    """The function whose body holds `mutant`: its qualified name and its code's first line.
+
+    The outermost function only (a module's or a class's, at any depth of classes): replacing
+    its code replaces the code of every function nested in it too. None for a mutant that runs
+    at import (a module constant, a class attribute, a default value, a decorator).
+    """
+
+    def find(body: list[ast.stmt], prefix: str) -> tuple[str, int] | None:
+        for stmt in body:
+            if not stmt.lineno <= mutant.line <= stmt.end_lineno:
+                continue
+            if isinstance(stmt, ast.FunctionDef | ast.AsyncFunctionDef):
+                first = stmt.body[0]
+                if (mutant.line, mutant.col) < (first.lineno, first.col_offset):
+                    return None
+                # A decorated function's code starts at its first decorator.
+                start = min([d.lineno for d in stmt.decorator_list] + [stmt.lineno])
+                return prefix + stmt.name, start
+            if isinstance(stmt, ast.ClassDef):
+                return find(stmt.body, f"{prefix}{stmt.name}.")
+            # A def under a module-level `if`, `try` or `with` is still the module's.
+            bodies = [getattr(stmt, f, None) or [] for f in ("body", "orelse", "finalbody")]
+            bodies += [h.body for h in getattr(stmt, "handlers", [])]
+            for inner in bodies:
+                if isinstance(inner, list) and inner and isinstance(inner[0], ast.stmt):
+                    found = find(inner, prefix)
+                    if found is not None:
+                        return found
+        return None
+
+    return find(tree.body, "")
+
+
+def _codes(code: types.CodeType) -> Iterator[types.CodeType]:
+    yield code
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            yield from _codes(const)
+
+
+def _live_functions(filename: str) -> dict[tuple[str, int], list[types.FunctionType]]:
+    """Every function object of the module at `filename` in this process, by name and line."""
+    real = os.path.realpath(filename)
+    ours: dict[str, bool] = {}
+    found: dict[tuple[str, int], list[types.FunctionType]] = {}
+    for obj in gc.get_objects():
+        if isinstance(obj, types.FunctionType):
+            code = obj.__code__
+            if code.co_filename not in ours:
+                ours[code.co_filename] = os.path.realpath(code.co_filename) == real
+            if ours[code.co_filename]:
+                found.setdefault((code.co_qualname, code.co_firstlineno), []).append(obj)
+    return found
+
+
+def _fork(body, log: Path) -> int:
+    """Run `body()` in a child in its own process group, its output in `log`; its pid.
+
+    The child exits with what `body` returns, or 99 (with the traceback in `log`) if it raised.
+    """
+    pid = os.fork()
+    if pid:
+        return pid
     try:
-        code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+        os.setpgid(0, 0)
+        fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        os.dup2(fd, 1)
+        os.dup2(fd, 2)
+        code = body()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(int(code))
     except BaseException:
+        import traceback
+
+        traceback.print_exc()
+        sys.stderr.flush()
+        os._exit(99)
+
+
+def _fork_pytest(
+    args: list[str],
+    *,
+    root: Path,
+    log: Path,
+    env: dict[str, str],
+    plugin=None,
+    tracer=None,
+) -> int:
+    def body() -> int:
+        os.environ.update(env)
+        os.chdir(root)
+        sys.path[:0] = [
+            str(root),
+            *(p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p),
+        ]
+        _hook().install()
+        if tracer is not None:
+            tracer.start()
+        return pytest.main(
+            ["-q", "-p", "no:cacheprovider", "--no-header", "-rN", *args],
+            plugins=[plugin] if plugin is not None else [],
+        )
+
+    return _fork(body, log)
+
+
+def _wait(pid: int) -> int:
+    try:
+        return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+    except BaseException:
+        # Interrupted: a SIGTERM lets the child kill its own children first.
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and os.waitpid(pid, os.WNOHANG)[0] == 0:
+            time.sleep(0.1)
         _kill(pid)
         raise
-    if not found.exists():
-        raise SystemExit(
-            f"mutation: the baseline run of {path} failed (exit {code}):\n{log.read_text()[-3000:]}"
-        )
-    base = json.loads(found.read_text())
-    # What a child spends before and after its tests (collection, imports), under this load.
-    base["startup"] = max(0.0, time.monotonic() - started - sum(base["seconds"].values()))
-    if base["failed"]:
-        failed = base["failed"]
-        print(f"mutation: {len(failed)} tests fail without a mutant, not used: {failed[:5]}")
-    return base
 
 
-def _run_pending(
-    pending: list[Mutant],
-    *,
-    source: str,
-    dotted: str,
-    base: dict,
-    root: Path,
-    work: Path,
-    pythonpath: str,
-    jobs: int,
-    timeout_factor: float,
-    min_timeout: float,
+def _session(
+    modules: list[_Module],
+    tests: list[Path],
     tests_sha: str,
-    record,
-) -> None:
-    lines = base.get("lines", {})
+    *,
+    baseline: bool,
+    cache: _Cache,
+) -> dict[str, list[str]]:
+    """Collect `tests` once, and run there the baseline (if `baseline`) and each module's
+    in-place mutants.
+
+    Returns, per module, the ids of the mutants left to the fresh-import path: those whose
+    function the session holds no object of, and those that timed out in place (confirmed
+    there from scratch).
+    """
+    job = modules[0].job
+    left = job.work / "left.json"
+    log = job.work / "session.log"
+    tracer = None
+    if baseline:
+        tracer = _Tracer([str(m.job.path) for m in modules], job.work / "baseline.json")
+
+    def save_baseline(found: dict) -> None:
+        for m in modules:
+            m.entry["baseline"] = {**found, "lines": found["lines"][str(m.job.path)]}
+            m.entry["baseline_tests_sha"] = tests_sha
+        cache.save()
+
+    plugin = _Session(
+        modules,
+        tracer=tracer,
+        save_baseline=save_baseline,
+        record=lambda m: functools.partial(_record, cache, m.entry),
+        left=left,
+    )
+    # -s: a child's test output goes to its log, not to a capture file every child shares.
+    pid = _fork_pytest(
+        ["-s", *map(str, tests)],
+        root=job.root,
+        log=log,
+        env={"PYTHONPATH": job.pythonpath},
+        plugin=plugin,
+        tracer=tracer,
+    )
+    code = _wait(pid)
+    if not left.exists():
+        raise SystemExit(
+            f"mutation: the test session failed (exit {code}):\n"
+            f"{log.read_text(errors='replace')[-3000:]}"
+        )
+    return json.loads(left.read_text())
+
+
+class _Session:
+    """The pytest plugin of a run's session: collect once, fork a child per mutant.
+
+    The session itself runs no test: the baseline and each mutant run in children forked
+    after collection, so each starts from the same state a fresh pytest run would have.
+    A mutant's child puts the mutated function's code into every function object made from
+    the original (`__code__` is swapped in place, so every reference, bound method, property
+    and decorator wrapper sees it) and runs its selected items, stopping at the first failure.
+    """
+
+    def __init__(self, modules: list[_Module], *, tracer, save_baseline, record, left):
+        self.modules = modules
+        self.tracer = tracer
+        self.save_baseline = save_baseline
+        self.record = record
+        self.left = left
+        self.created = time.monotonic()
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtestloop(self, session) -> bool:
+        if self.tracer is not None:
+            sys.settrace(None)
+            threading.settrace(None)
+        if session.testsfailed:
+            return True  # a collection error: no `left` file, the tool shows the log
+        items = list(session.items)
+        if self.tracer is not None:
+            found = self._baseline(session.config, items, startup=time.monotonic() - self.created)
+            self.save_baseline(found)
+        left: dict[str, list[str]] = {}
+        for module in self.modules:
+            ids = left[module.name] = []
+            _schedule(
+                module.in_place,
+                jobs=module.job.jobs,
+                launch=self._plan(module.job, items, module.entry["baseline"], ids),
+                record=self._record(self.record(module), ids),
+                tests_sha=module.job.tests_sha,
+            )
+        self.left.write_text(json.dumps(left))
+        return True
+
+    def _baseline(self, config, items: list, *, startup: float) -> dict:
+        tracer = self.tracer
+
+        def body() -> int:
+            config.pluginmanager.register(tracer)
+            tracer.start()
+            for i, item in enumerate(items):
+                following = items[i + 1] if i + 1 < len(items) else None
+                item.ihook.pytest_runtest_protocol(item=item, nextitem=following)
+            tracer.write()
+            return 0
+
+        log = tracer.out.with_suffix(".log")
+        code = _wait(_fork(body, log))
+        if not tracer.out.exists():
+            raise SystemExit(
+                f"mutation: the baseline run failed (exit {code}):\n"
+                f"{log.read_text(errors='replace')[-3000:]}"
+            )
+        found = json.loads(tracer.out.read_text())
+        # What a fresh-import child spends before its tests (pytest start-up, collection).
+        found["startup"] = startup
+        if found["failed"]:
+            failed = found["failed"]
+            print(f"mutation: {len(failed)} tests fail without a mutant, not used: {failed[:5]}")
+        return found
+
+    @staticmethod
+    def _plan(job: _Job, items: list, base: dict, left: list[str]):
+        by_id = {item.nodeid: item for item in items}
+        by_function: dict[str, list] = {}
+        for item in items:
+            by_function.setdefault(item.nodeid.split("[", 1)[0], []).append(item)
+        functions = _live_functions(str(job.path))
+        filename = next((fs[0].__code__.co_filename for fs in functions.values()), str(job.path))
+        seconds = base.get("seconds", {})
+
+        def launch(mutant: Mutant):
+            selected: list = []
+            for test in _select(mutant, job.tree, base, by_function=False):
+                # A cached baseline from another process may name a parameter differently.
+                for item in [by_id[test]] if test in by_id else by_function.get(test, []):
+                    if item not in selected:
+                        selected.append(item)
+            if not selected:
+                return Outcome(status="unreached", seconds=0.0, tests_sha=job.tests_sha)
+            key = _target(job.tree, mutant)
+            originals = functions.get(key, [])
+            code = compile(apply(job.source, mutant), filename, "exec", dont_inherit=True)
+            new = next(
+                (c for c in _codes(code) if (c.co_qualname, c.co_firstlineno) == key),
+                None,
+            )
+            if (
+                new is None
+                or not originals
+                or any(len(f.__code__.co_freevars) != len(new.co_freevars) for f in originals)
+            ):
+                left.append(mutant.id)
+                return None
+            env = job.mutant_env(mutant)
+
+            def body() -> int:
+                os.environ.update(env)
+                for function in originals:
+                    function.__code__ = new
+                for i, item in enumerate(selected):
+                    following = selected[i + 1] if i + 1 < len(selected) else None
+                    reports = runtestprotocol(item, log=False, nextitem=following)
+                    if any(report.failed for report in reports):
+                        return 1
+                return 0
+
+            log = Path(env["BEAM_AGENTS_MUTANT_SOURCE"]).with_suffix(".log")
+            spent = sum(seconds.get(item.nodeid, 0.0) for item in selected)
+            return _fork(body, log), job.budget(spent), log
+
+        return launch
+
+    @staticmethod
+    def _record(keep, left: list[str]):
+        def record(mutant: Mutant, outcome: Outcome) -> None:
+            if outcome.status == "timeout":
+                left.append(mutant.id)
+            else:
+                keep(mutant, outcome)
+
+        return record
+
+
+def _reimport(job: _Job, pending: list[Mutant], base: dict, record) -> None:
+    """Run each mutant in a fresh pytest run whose import hook serves the mutant's source.
+
+    For what runs at import (constants, class bodies, defaults, decorators), and to confirm
+    a timeout of the in-place path: a whole collection per mutant, so the slow path.
+    """
     seconds = base.get("seconds", {})
-    failed = set(base.get("failed", []))
-    tree = ast.parse(source)
+
+    def launch(mutant: Mutant):
+        tests = _select(mutant, job.tree, base, by_function=True)
+        if not tests:
+            return Outcome(status="unreached", seconds=0.0, tests_sha=job.tests_sha)
+        env = job.mutant_env(mutant)
+        log = Path(env["BEAM_AGENTS_MUTANT_SOURCE"]).with_suffix(".log")
+        pid = _fork_pytest(["-x", *tests], root=job.root, log=log, env=env)
+        spent = sum(v for t, v in seconds.items() if t.split("[", 1)[0] in tests)
+        return pid, job.budget(base.get("startup", 0.0) + spent), log
+
+    _schedule(pending, jobs=job.jobs, launch=launch, record=record, tests_sha=job.tests_sha)
+
+
+def _schedule(pending: list[Mutant], *, jobs: int, launch, record, tests_sha: str) -> None:
+    """Run `launch(mutant)` children, `jobs` at once, and record each one's outcome.
+
+    `launch` returns (pid, seconds allowed, log), an Outcome decided without running, or None
+    for a mutant it hands elsewhere.
+    """
     queue = list(pending)
     running: dict[int, tuple[Mutant, float, float, Path]] = {}
     try:
         while queue or running:
             while queue and len(running) < jobs:
                 mutant = queue.pop(0)
-                tests = _select(mutant, tree, lines, seconds, failed)
-                if not tests:
-                    record(mutant, Outcome(status="unreached", seconds=0.0, tests_sha=tests_sha))
-                    continue
-                file = work / f"mutant-{len(running)}-{os.getpid()}-{time.monotonic_ns()}.py"
-                file.write_text(apply(source, mutant), encoding="utf-8")
-                log = file.with_suffix(".log")
-                env = {
-                    "PYTHONPATH": pythonpath,
-                    "BEAM_AGENTS_MUTANT_MODULE": dotted,
-                    "BEAM_AGENTS_MUTANT_SOURCE": str(file),
-                }
-                pid = _fork_pytest(["-x", *tests], root=root, log=log, env=env)
-                spent = sum(v for t, v in seconds.items() if t.split("[", 1)[0] in tests)
-                budget = max(min_timeout, timeout_factor * (base.get("startup", 0.0) + spent))
-                running[pid] = (mutant, time.monotonic(), time.monotonic() + budget, log)
+                launched = launch(mutant)
+                if isinstance(launched, Outcome):
+                    record(mutant, launched)
+                elif launched is not None:
+                    pid, budget, log = launched
+                    now = time.monotonic()
+                    running[pid] = (mutant, now, now + budget, log)
             for pid, (mutant, started, deadline, log) in list(running.items()):
                 done, status = os.waitpid(pid, os.WNOHANG)
                 if done:
@@ -723,8 +1107,8 @@ def _run_pending(
                 del running[pid]
                 record(mutant, _outcome(code, time.monotonic() - started, tests_sha, log))
                 log.unlink(missing_ok=True)
-                Path(str(log.with_suffix(".py"))).unlink(missing_ok=True)
-            time.sleep(0.05)
+                log.with_suffix(".py").unlink(missing_ok=True)
+            time.sleep(0.02)
     finally:
         # Interrupted (^C, SIGTERM, an error): no child outlives the tool.
         for pid in running:
@@ -773,7 +1157,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--root", type=Path, default=_ROOT, help="the tree the paths are in")
     parser.add_argument(
-        "--cache", type=Path, default=None, help="default ROOT/.cache/mutation/results.json"
+        "--cache",
+        type=Path,
+        default=None,
+        help="default ROOT/.cache/mutation/results.json",
     )
     parser.add_argument(
         "--fresh", action="store_true", help="forget cached results of these modules"

@@ -3,6 +3,7 @@ mutant survives, a mutant that loops forever is killed by its timeout, and a rer
 
 from __future__ import annotations
 
+import ast
 import json
 import subprocess
 import sys
@@ -16,7 +17,9 @@ _TOOL = Path(mutation.__file__)
 _CALC = '''\
 """A fixture module: its docstring is never mutated."""
 
-__all__ = ["add", "count_to", "untested"]
+__all__ = ["Box", "add", "clamp", "count_to", "nonnegative", "untested"]
+
+LIMIT = 10
 
 
 def add(a, b):
@@ -30,6 +33,23 @@ def count_to(n):
     return i
 
 
+def clamp(n):
+    return min(n, LIMIT)
+
+
+def nonnegative(x):
+    return x if x >= 0 else 0
+
+
+class Box:
+    def __init__(self, n):
+        self.n = n
+
+    @property
+    def double(self):
+        return self.n * 2
+
+
 def untested(x):
     return x * 2
 
@@ -39,7 +59,7 @@ def ignored(x):
 '''
 
 _CALC_TEST = """\
-from pkg.calc import add, count_to
+from pkg.calc import Box, add, clamp, count_to, nonnegative
 
 
 def test_add():
@@ -49,6 +69,20 @@ def test_add():
 def test_count_to():
     assert count_to(3) == 3
     assert count_to(0) == 0
+
+
+def test_clamp():
+    assert clamp(20) == 10
+
+
+def test_nonnegative():
+    assert nonnegative(-1) == 0
+    assert nonnegative(0) == 0
+    assert nonnegative(2) == 2
+
+
+def test_box():
+    assert Box(3).double == 6
 """
 
 
@@ -60,7 +94,7 @@ def _tree(root: Path) -> Path:
     return root / "pkg" / "calc.py"
 
 
-def _run(root: Path, cache: Path) -> subprocess.CompletedProcess:
+def _run(root: Path, cache: Path, *, min_score: int = 100) -> subprocess.CompletedProcess:
     return subprocess.run(
         [
             sys.executable,
@@ -74,9 +108,9 @@ def _run(root: Path, cache: Path) -> subprocess.CompletedProcess:
             "--jobs",
             "2",
             "--min-timeout",
-            "30",
+            "10",
             "--min-score",
-            "100",
+            str(min_score),
             str(root / "pkg" / "calc.py"),
         ],
         capture_output=True,
@@ -91,32 +125,60 @@ def _statuses(cache: Path) -> dict[str, str]:
     return {mutant_id: outcome["status"] for mutant_id, outcome in found.items()}
 
 
-def test_a_tested_mutant_is_killed_an_untested_one_survives_and_a_rerun_resumes(tmp_path):
+def test_a_tested_mutant_is_killed_an_untested_one_survives_and_a_rerun_resumes(
+    tmp_path,
+):
     calc = _tree(tmp_path / "tree")
     cache = tmp_path / "results.json"
     done = _run(tmp_path / "tree", cache)
     # Below --min-score: the untested function's mutants survive.
     assert done.returncode == 1, done.stdout + done.stderr
     statuses = _statuses(cache)
-    assert statuses["7:11:binop"] == "killed"  # a + b -> a - b
-    assert statuses["18:11:binop"] == "unreached"  # x * 2 -> x / 2: no test runs it
-    assert "unreached pkg/calc.py:18 [18:11:binop] `*` -> `/`" in done.stdout
+    assert statuses["9:11:binop"] == "killed"  # a + b -> a - b, in place
+    assert statuses["33:15:binop"] == "killed"  # a property's body, in place
+    # LIMIT = 10 -> 11 runs at import: a fresh import of the mutant kills it.
+    assert statuses["5:8:const"] == "killed"
+    # x >= 0 -> x > 0 is equivalent (0 takes the other branch to the same 0): it survives.
+    assert statuses["24:16:compare0"] == "survived"
+    assert statuses["37:11:binop"] == "unreached"  # x * 2 -> x / 2: no test runs it
+    assert "unreached pkg/calc.py:37 [37:11:binop] `*` -> `/`" in done.stdout
     # i += 1 -> i -= 1 never ends: the child is killed at its timeout, and that kills it.
-    assert statuses["13:8:augassign"] == "timeout"
-    assert not any(mutant_id.startswith("22:") for mutant_id in statuses)  # pragma: no mutate
+    assert statuses["15:8:augassign"] == "timeout"
+    assert not any(mutant_id.startswith("41:") for mutant_id in statuses)  # pragma: no mutate
+    # Every function-body mutant ran in place; the constant's and the class's did not.
+    in_place = sum(
+        mutation._target(ast.parse(_CALC), m) is not None for m in mutation.mutants(_CALC)
+    )
+    assert f"({in_place} in place)" in done.stdout, done.stdout
     assert "mutation score:" in done.stdout
 
     again = _run(tmp_path / "tree", cache)
     assert "0 to run" in again.stdout, again.stdout
-    # The missing test is written: only the survivors run again, and now they die.
+    # The missing test is written: only the survivors run again, and the untested ones die.
     (calc.parent / "untested_test.py").write_text(
         "from pkg.calc import untested\n\n\ndef test_untested():\n    assert untested(3) == 6\n"
     )
     survivors = sum(status not in ("killed", "timeout") for status in statuses.values())
-    fixed = _run(tmp_path / "tree", cache)
+    fixed = _run(tmp_path / "tree", cache, min_score=80)
     assert f"{survivors} to run" in fixed.stdout, fixed.stdout
     assert fixed.returncode == 0, fixed.stdout + fixed.stderr
-    assert set(_statuses(cache).values()) <= {"killed", "timeout"}
+    after = _statuses(cache)
+    assert after["37:11:binop"] == "killed"
+    assert after["24:16:compare0"] == "survived"
+
+
+def test_a_mutant_in_a_function_body_is_swapped_into_its_outermost_function():
+    tree = ast.parse(_CALC)
+    by_id = {m.id: m for m in mutation.mutants(_CALC)}
+    assert mutation._target(tree, by_id["9:11:binop"]) == ("add", 8)
+    # A decorated method's code object starts at its first decorator.
+    assert mutation._target(tree, by_id["33:15:binop"]) == ("Box.double", 31)
+    # What runs at import has no function to swap: a module constant, a default value.
+    assert mutation._target(tree, by_id["5:8:const"]) is None
+    source = "def f(a=1):\n    def g():\n        return a + 2\n    return g\n"
+    found = {m.id: m for m in mutation.mutants(source)}
+    assert mutation._target(ast.parse(source), found["1:8:const"]) is None
+    assert mutation._target(ast.parse(source), found["3:19:const"]) == ("f", 1)
 
 
 def test_each_mutant_changes_one_span_and_keeps_the_rest_of_the_file():
@@ -137,3 +199,40 @@ def test_each_mutant_changes_one_span_and_keeps_the_rest_of_the_file():
     assert '        return ["é", (b >= 1)]\n' in found["`>` -> `>=`"]
     assert "    pass\n" in found["`raise` removed"]
     assert all(text.count("\n") == source.count("\n") for text in found.values())
+    # Nested operators that start at one column still have ids of their own.
+    nested = mutation.mutants("x = 4 * 1024 * 1024\n")
+    assert len({m.id for m in nested}) == len(nested) == 5
+
+
+def test_modules_run_together_share_one_session_and_keep_results_of_their_own(tmp_path):
+    root = tmp_path / "tree"
+    _tree(root)
+    (root / "pkg" / "other.py").write_text("def sub(a, b):\n    return a - b\n")
+    (root / "pkg" / "other_test.py").write_text(
+        "from pkg.other import sub\n\n\ndef test_sub():\n    assert sub(3, 2) == 1\n"
+    )
+    (root / "pkg" / "calc.py").write_text("def add(a, b):\n    return a + b\n")
+    (root / "pkg" / "calc_test.py").write_text(
+        "from pkg.calc import add\n\n\ndef test_add():\n    assert add(2, 3) == 5\n"
+    )
+    cache = tmp_path / "results.json"
+    done = subprocess.run(
+        [
+            *(sys.executable, str(_TOOL), "--root", str(root), "--cache", str(cache)),
+            *("--preload", "pytest", "--min-score", "100", str(root / "pkg")),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    found = json.loads(cache.read_text())
+    assert found["pkg/calc.py"]["mutants"]["2:11:binop"]["status"] == "killed"
+    assert found["pkg/other.py"]["mutants"]["2:11:binop"]["status"] == "killed"
+    # Each module's baseline holds its own lines, from the one traced run of both files.
+    assert found["pkg/calc.py"]["baseline"]["lines"]["pkg/calc_test.py::test_add"] == [
+        1,
+        2,
+    ]
+    assert "pkg/other_test.py::test_sub" not in found["pkg/calc.py"]["baseline"]["lines"]

@@ -13,6 +13,7 @@ from beam_agents.intents.approval_edits import (
     check_edits,
     editable,
     edits_json,
+    json_type,
     parse_edits,
 )
 from beam_agents.intents.identity import canonical_args_json
@@ -52,6 +53,36 @@ def test_a_request_cannot_make_editable_what_no_one_can_edit(details, names, fie
     with pytest.raises(ApprovalEditError) as refused:
         approval_args("Refund?", details, names)
     assert refused.value.field == field
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        (True, "boolean"),
+        (2**53 - 1, "number"),  # the largest integer I-JSON carries exactly
+        (-(2**53 - 1), "number"),
+        (2**53, None),
+        (1.5, "number"),
+        ("s", "string"),
+        (None, None),
+    ],
+)
+def test_json_type_names_each_scalar_and_numbers_up_to_the_largest_safe_integer(value, expected):
+    assert json_type(value) == expected
+
+
+def test_a_non_string_among_the_editable_names_is_skipped_not_looked_up():
+    args = {"question": "Refund?", "amount": 1, "editable": [1, "amount"]}
+    intent = ToolIntent(kind=ToolIntent.APPROVAL, args_json=canonical_args_json(args))
+    assert editable(intent) == {"amount": 1}
+
+
+def test_a_refused_edit_names_what_the_approval_lets_a_person_change():
+    intent = _request(amount=42, to="c-1", urgent=False, editable=["amount", "urgent"])
+    with pytest.raises(ApprovalEditError, match=r"\(editable: amount, urgent\)$"):
+        check_edits(intent, {"to": "c-2"})
+    with pytest.raises(ApprovalEditError, match=r"\(editable: none\)$"):
+        check_edits(_request(amount=42), {"amount": 1})
 
 
 def test_editable_reads_the_asked_values_and_nothing_from_a_request_that_is_no_approval():
@@ -127,7 +158,8 @@ def test_the_edits_are_signed_with_the_decision_and_old_approvals_read_as_approv
 def test_parse_edits_refuses_edits_on_a_declined_approval_and_edits_that_are_not_json():
     intent = _request(amount=42, editable=["amount"])
     declined = AgentEnvelope.Approval(approved=False, edited_args_json='{"amount":1}')
-    with pytest.raises(ApprovalEditError):
+    with pytest.raises(ApprovalEditError) as refused:
         parse_edits(intent, declined)
+    assert refused.value.field == "$"  # the edits as a whole, not one argument
     with pytest.raises(ApprovalEditError):
         parse_edits(intent, AgentEnvelope.Approval(approved=True, edited_args_json='{"amount":'))

@@ -27,7 +27,13 @@ from beam_agents.state.migration import (
 )
 
 
-def assert_index_fits(blob, key_field: str = "key") -> None:
+def _blake2b_key_hash(key: str) -> int:
+    return int.from_bytes(
+        hashlib.blake2b(key.encode(), digest_size=8).digest(), "little", signed=True
+    )
+
+
+def assert_index_fits(blob, key_field: str = "key", key_hash=_blake2b_key_hash) -> None:
     """The blob's index is what protos/beam_agents.proto says it is, read with struct and
     hashlib rather than the code under test: one little-endian int64 of each field per entry,
     stamps strictly increasing, hashes ascending, each entry's key hash beside its stamp."""
@@ -39,14 +45,7 @@ def assert_index_fits(blob, key_field: str = "key") -> None:
     assert all(a < b for a, b in itertools.pairwise(stamps))
     assert list(hashes) == sorted(hashes)
     expected = sorted(
-        (
-            int.from_bytes(
-                hashlib.blake2b(getattr(e, key_field).encode(), digest_size=8).digest(),
-                "little",
-                signed=True,
-            ),
-            stamp,
-        )
+        (key_hash(getattr(e, key_field)), stamp)
         for e, stamp in zip(blob.entries, stamps, strict=True)
     )
     assert sorted(zip(hashes, owners, strict=True)) == expected
@@ -80,6 +79,18 @@ def test_a_value_over_the_whole_budget_is_refused_and_changes_nothing():
         memory.put("b", b"12345")
     assert (raised.value.key, raised.value.size, raised.value.budget) == ("b", 5, 4)
     assert list(memory.keys()) == ["a"] and memory.total_value_bytes == 2
+
+
+def test_a_value_of_exactly_the_budget_fits():
+    memory = Memory(budget_bytes=4)
+    memory.put("a", b"1234")
+    assert list(memory.keys()) == ["a"] and memory.total_value_bytes == 4
+
+
+def test_a_missing_key_reads_as_the_default_given():
+    memory = Memory()
+    memory.put("a", b"1")
+    assert memory.get("missing", b"default") == b"default" and memory.get("missing") is None
 
 
 @pytest.mark.parametrize(("key", "value"), [(b"k", b"v"), ("k", "v"), (1, b"v")])
@@ -240,6 +251,21 @@ def test_the_cache_keeps_within_its_count_and_byte_caps():
     assert list(cache.keys()) == ["b"] and cache.total_response_bytes == 3
 
 
+def test_a_cache_at_exactly_its_caps_keeps_every_entry_and_whole_responses():
+    cache = ReplayCache(max_entries=2, max_bytes=4, max_response_bytes=2)
+    cache.put("a", b"12")
+    cache.put("b", b"34")
+    assert list(cache.keys()) == ["a", "b"] and cache.total_response_bytes == 4
+    assert cache.get("a") == b"12" and cache.get("b") == b"34"
+
+
+def test_a_cache_made_without_limits_has_the_documented_ones():
+    """Those docs/concepts.md gives (256 calls, 4 MiB) and RuntimeConfig's defaults repeat
+    (a response of up to 1 MiB is replayed whole), for a cache built outside the runtime."""
+    cache = ReplayCache()
+    assert (cache.max_entries, cache.max_bytes, cache.max_response_bytes) == (256, 4 << 20, 1 << 20)
+
+
 def test_the_cache_blob_round_trips_in_order():
     cache = ReplayCache(max_response_bytes=3)
     cache.put("a", b"1")
@@ -293,13 +319,18 @@ def test_a_long_chain_of_blobs_keeps_an_index_that_finds_every_key(initial, acti
 )
 def test_keys_whose_hashes_collide_are_told_apart_by_their_entries(initial, activations):
     """With a hash that gives 48 keys 2 values, every lookup walks a run of equal hashes: the
-    entry's own key decides, and commits edit the right slot of the run."""
+    entry's own key decides, and commits edit the right slot of the run (each written index
+    is checked against that hash: a deletion that missed its slot would leave a stale one)."""
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(memory_module, "_key_hash", lambda key: len(key) % 3 - 1)
-        _across_activations(initial, activations, None, check_hashes=False)
+        patch.setattr(memory_module, "_key_hash", _colliding_key_hash)
+        _across_activations(initial, activations, None, key_hash=_colliding_key_hash)
 
 
-def _across_activations(initial, activations, budget, *, check_hashes=True) -> None:
+def _colliding_key_hash(key: str) -> int:
+    return len(key) % 3 - 1
+
+
+def _across_activations(initial, activations, budget, *, key_hash=_blake2b_key_hash) -> None:
     blob = MemoryBlob(state_schema_version=CURRENT_STATE_SCHEMA_VERSION)
     for key, value in initial.items():
         blob.entries.add(key=key, value=value)
@@ -324,8 +355,8 @@ def _across_activations(initial, activations, budget, *, check_hashes=True) -> N
         ]
         assert blob.total_value_bytes == memory.total_value_bytes
         assert list(memory.keys()) == list(reference.entries) and len(memory) == len(blob.entries)
-        if check_hashes and blob.entry_stamps:
-            assert_index_fits(blob)
+        if blob.entry_stamps:
+            assert_index_fits(blob, key_hash=key_hash)
         # The next activation reads bytes, as a runner's state does.
         blob = MemoryBlob.FromString(blob.SerializeToString())
 

@@ -358,6 +358,8 @@ def test_invalid_utf8_in_a_string_field_is_an_undecodable_dead_letter():
     output = effector()(bytes(data))
     assert output.route is Route.DEAD_LETTER
     assert output.dead_letter.reason == REASON_UNDECODABLE
+    # No key can be read from bytes that are no ToolIntent: the record names none.
+    assert output.dead_letter.entity_key == b""
 
 
 class _Unprintable(Exception):
@@ -647,3 +649,11 @@ def test_an_unknown_tool_is_rejected_naming_the_registered_tools():
     assert result.error_message == (
         "unknown tool 'crm.delete'; the effector's tools are 'crm.lookup', 'crm.update'"
     )
+
+
+@pytest.mark.parametrize("keyring", ["result_keyring", "inquiry_keyring"])
+def test_a_keyring_that_signs_for_the_gate_must_have_an_active_key(keyring):
+    # Refused when the gate is built, not at its first result or inquiry.
+    verify_only = Keyring({"k1": bytes(32)})
+    with pytest.raises(ValueError, match=f"^{keyring} needs an active key"):
+        Effector({}, mode=VerifyMode.OFF, store=":memory:", **{keyring: verify_only})
