@@ -37,13 +37,16 @@ def _export(at: int, request_id: str) -> AgentEnvelope:
 
 @agent(name="tests.hoard/v1")
 def _hoard(ctx, event: bytes) -> bytes:
-    """A key near its caps: 700 KB of memory and a 700 KB model answer in its cache; "forget"
-    deletes the memory's."""
+    """A key near its memory cap: 700 KB of notes and 340 KB of a model answer (a completed
+    activation keeps its answers in memory only); "forget" deletes both."""
     if event == b"forget":
         ctx.memory.delete("notes")
+        ctx.memory.delete("answer")
         return b"forgot"
     ctx.memory.put("notes", b"n" * 700_000)
-    return ctx.llm([{"role": "user", "content": "long answer"}], model="m").text[:4].encode()
+    answer = ctx.llm([{"role": "user", "content": "long answer"}], model="m").text
+    ctx.memory.put("answer", answer[:340_000].encode())
+    return answer[:4].encode()
 
 
 class _LoopsRecords(beam.PTransform):
@@ -83,7 +86,7 @@ def test_a_snapshot_over_the_loops_record_limit_is_a_dead_letter_and_the_key_goe
     assert f"StateSnapshot record of {size} bytes on the snapshots output" in letter.detail
     assert f"max_output_bytes of {MAX_RECORD_BYTES}" in letter.detail
     assert hashlib.sha256(record_value(big)).hexdigest() in letter.detail
-    assert not small.memory.entries and small.llm_cache.entries
+    assert not small.memory.entries and not small.llm_cache.entries
 
 
 @agent(name="tests.answer/v1")

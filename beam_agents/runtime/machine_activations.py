@@ -4,16 +4,17 @@ and resuming a suspension.
 `Activations`, a mixin of KeyMachine, owns the agent's calls. `_run` builds the
 ActivationContext over the key's Memory and ReplayCache and calls the agent, so that whatever
 it raises or returns out of contract is a `Run` with an error, never the bundle's;
-`_commit_run` commits a success (the new state, its intents, traces and completion) and runs
-the mailbox of a suspension a completion ended; `_keep_paid` commits what a failure paid the
-model for (its calls counted, and kept for its retry when the model or the budget stopped it),
-and `_failed` dead-letters it with one ERROR trace event. `_resume` resumes the agent with
-every answer accepted so far: a resume that fails keeps them, dead-letters the failure (with
-the answers) and is tried again on the deadline timer with backoff, until its retries are spent
-and the suspension ends (`_end_suspension`) with its answers inside a `resume_failed` dead
-letter. With recording on (`beam_agents.runtime.recording`), `_record` emits the
-ActivationRecord of each activation committed or dead-lettered; an attempt deferred (a busy
-model) or put to a person (its budget) has none, its retry does.
+`_commit_run` commits a success (the new state, its intents, traces and completion; a
+completion keeps the key's model usage but drops its seq's recorded calls, which can answer
+nothing after it) and runs the mailbox of a suspension a completion ended; `_keep_paid` commits
+what a failure paid the model for (its calls counted, and kept for its retry when the model or
+the budget stopped it), and `_failed` dead-letters it with one ERROR trace event. `_resume`
+resumes the agent with every answer accepted so far: a resume that fails keeps them,
+dead-letters the failure (with the answers) and is tried again on the deadline timer with
+backoff, until its retries are spent and the suspension ends (`_end_suspension`) with its
+answers inside a `resume_failed` dead letter. With recording on (`beam_agents.runtime.recording`),
+`_record` emits the ActivationRecord of each activation committed or dead-lettered; an attempt
+deferred (a busy model) or put to a person (its budget) has none, its retry does.
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ from beam_agents.runtime.machine_state import (
     saturating_add,
 )
 from beam_agents.runtime.recording import RECORDS, Outcome
-from beam_agents.state.memory import Memory, ReplayCache
+from beam_agents.state.memory import Memory, ReplayCache, calls_dropped
 from beam_agents.state.migration import new_state_blob
 
 __all__ = ["Activations", "Run", "model_busy"]
@@ -199,6 +200,18 @@ class Activations:
         # A blob the activation did not change is the one read: never stamped in place.
         memory = self._marked(run.memory, marks, anchor, owned=run.memory is not state.memory)
         cache = run.cache
+        if (
+            suspended is None
+            and cache is not None
+            and cache.entries
+            and (cache is not state.cache or not self._readable_by_older(work))
+        ):
+            # A completed seq's calls can answer nothing: a later start runs under a later seq,
+            # and a copy of an input finds the dedupe marks (in memory) or no suspension. A
+            # retry of this bundle reads the state before it, calls included. So they go, and
+            # the model's answer is not kept twice (memory and cache); the usage stays. A
+            # cache an older binary still reads is left as it is, unless rewritten anyway.
+            cache = calls_dropped(cache)
         if cache is not None and cache is not state.cache:
             cache.state_schema_version = self._version
             # The key's usage, this activation's included (only a model call changes it, and

@@ -14,6 +14,7 @@ from beam_agents.testing.machine_harness import (
     DownOnce,
     Harness,
     answer,
+    approve,
     event,
     pending,
     refund,
@@ -94,7 +95,8 @@ def test_a_start_writes_back_its_own_model_calls_not_the_ones_before_and_a_resum
         h.send(answer(at + 1, paid, b"paid %d" % n))
         assert model.calls == n
     assert h.values("completions") == [b"paid 1", b"paid 2", b"paid 3"]
-    assert len(h.states[2].value.entries) == 1
+    # The completion drops the calls it made (see the end of this file).
+    assert list(h.states[2].value.entries) == []
 
 
 class _AsksEachEvent:
@@ -111,12 +113,13 @@ class _AsksEachEvent:
         raise AssertionError("never suspends")
 
 
-def test_any_agents_start_writes_back_only_its_own_model_calls():
-    h = Harness(_AsksEachEvent(), llm=_Counted())
+def test_any_agents_completed_start_keeps_no_model_calls_but_counts_them():
+    model = _Counted()
+    h = Harness(_AsksEachEvent(), llm=model)
     for n in range(3):
         h.send(event(T0 + n, b"q%d" % n))
-        (entry,) = h.states[2].value.entries
-        assert LlmResponse.from_bytes(entry.response).text == f"on q{n}"
+        assert list(h.states[2].value.entries) == []
+    assert h.values("completions") == [b"on q0", b"on q1", b"on q2"] and model.calls == 3
     assert h.states[2].value.input_tokens == 15
 
 
@@ -126,7 +129,7 @@ def test_a_start_that_calls_no_model_leaves_the_recorded_calls_unwritten():
     (paid,) = pending(h)
     h.send(answer(T0 + 1, paid))
     recorded = h.states[2].value
-    assert len(recorded.entries) == 1
+    assert recorded.input_tokens == 0 and list(recorded.entries) == []  # dropped at completion
     h.send(event(T0 + 100, b"8"))
     assert pending(h) and h.states[2].value is recorded
 
@@ -140,7 +143,7 @@ def test_an_agent_that_calls_the_model_only_after_a_tool_keeps_no_dead_calls():
         (paid,) = pending(h)
         h.send(answer(T0 + 10 * n + 1, paid, b"refunded %d" % n))
     assert h.values("completions")[-1].startswith(b"summary of refunded 5")
-    assert len(h.states[2].value.entries) == 1
+    assert list(h.states[2].value.entries) == []
 
 
 class _PlansThenPays:
@@ -165,11 +168,13 @@ class _PlansThenPays:
 def test_an_agent_that_does_not_run_again_from_the_top_keeps_the_calls_its_resume_left():
     h = Harness(_PlansThenPays(), llm=summarise(""))
     h.send(event(T0, b"x"))
-    for at in (T0 + 1, T0 + 2):
-        (asked,) = pending(h)
-        h.send(answer(at, asked))
+    (asked,) = pending(h)
+    h.send(answer(T0 + 1, asked))
+    assert len(h.states[2].value.entries) == 2  # the start's plan and the first resume's step
+    (asked,) = pending(h)
+    h.send(answer(T0 + 2, asked))
     assert h.values("completions") == [b"done"]
-    assert len(h.states[2].value.entries) == 3
+    assert list(h.states[2].value.entries) == []  # the completion drops the seq's calls
 
 
 # Contract and memory totals ---------------------------------------------------------------------
@@ -208,3 +213,65 @@ def test_a_memory_total_that_drops_to_zero_is_written_as_zero():
     assert h.memory.total_value_bytes == 5
     h.send(event(T0 + 1, b"delete"))
     assert h.memory.total_value_bytes == 0 and list(h.memory.entries) == []
+
+
+# A completed key keeps no model answers ---------------------------------------------------------
+
+
+@agent(name="tests.three_steps/v1")
+def _three_steps(ctx, event: bytes) -> bytes:
+    """A model answer kept in memory, one tool call, one approval: the peers benchmark's agent."""
+    draft = ctx.llm([{"role": "user", "content": event.decode()}], model="m").text
+    ctx.memory.put("draft", draft.encode())
+    booked = ctx.call_tool("ledger.book", {"draft": len(draft)})
+    decided = ctx.request_approval("send?", booked=booked.payload.decode())
+    return b"sent" if decided.ok else b"held"
+
+
+def _completed(model) -> tuple[Harness, list, object]:
+    """A key of `_three_steps` run to completion, and the state it read at the completing
+    answer (what a retry of that bundle reads again)."""
+    h = Harness(_three_steps, llm=model)
+    h.send(event(T0, b"q"))
+    (booked,) = pending(h)
+    h.send(answer(T0 + 1, booked, b"booked"))
+    (asked,) = pending(h)
+    before = [cell.value for cell in h.states]
+    h.send(approve(T0 + 2, asked))
+    assert h.values("completions") == [b"sent"]
+    return h, before, asked
+
+
+def test_a_completed_key_keeps_its_usage_but_not_its_model_answers():
+    """The calls of a completed activation's seq can answer nothing (a later start runs under
+    a later seq), so its commit drops them: the model's answer is left in memory only. What
+    the key paid for stays counted."""
+    h, _, _ = _completed(_Counted())
+    cache = h.states[2].value
+    assert list(cache.entries) == [] and cache.total_response_bytes == 0
+    assert (cache.input_tokens, cache.output_tokens) == (5, 3)
+    assert h.memory.entries[0].key == "draft"
+
+
+def test_a_copy_of_an_input_after_completion_runs_nothing():
+    """The dedupe marks live in memory, not in the cache: a late copy of the event, of the
+    tool's result or of the approval calls no model and emits no intent."""
+    model = _Counted()
+    h, _, asked = _completed(model)
+    ledger_and_approval = list(h.values("intents"))
+    h.send(event(T0, b"q"))
+    h.send(approve(T0 + 3, asked))
+    assert model.calls == 1 and h.values("intents") == ledger_and_approval
+    assert h.values("completions") == [b"sent"]
+
+
+def test_a_retry_of_the_completing_bundle_replays_the_model_from_the_state_it_read():
+    """A bundle that fails commits nothing: its retry reads the suspended key again, whose
+    cache still answers the model's call, and completes the same way."""
+    model = _Counted()
+    h, before, asked = _completed(model)
+    for cell, value in zip(h.states, before, strict=True):
+        cell.value = value
+    h.send(approve(T0 + 2, asked))
+    assert model.calls == 1 and h.values("completions") == [b"sent", b"sent"]
+    assert list(h.states[2].value.entries) == []

@@ -253,10 +253,10 @@ def test_a_failing_agent_changes_no_state_but_the_seq_and_its_models_usage(tmp_p
         after.continuation.CopyFrom(before.continuation)
     else:
         # A start that failed for good moves the key past its seq, so no later event's start
-        # can replay what it paid for, and its cache keeps no call, every one dead then. Its
-        # model call (at "after_llm" and later) is counted, here 0 tokens, and is the key's
-        # activity: the memory's mark moves to it.
-        assert after.seq == before.seq + 1 and before.llm_cache.entries
+        # can replay what it paid for, and its cache keeps no call, every one dead then (the
+        # completion before it dropped its own). Its model call (at "after_llm" and later) is
+        # counted, here 0 tokens, and is the key's activity: the memory's mark moves to it.
+        assert after.seq == before.seq + 1 and before.HasField("llm_cache")
         assert not after.llm_cache.entries
         assert after.llm_cache.input_tokens == before.llm_cache.input_tokens
         paid = point in ("after_llm", "after_call", "not bytes", "nothing")
