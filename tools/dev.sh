@@ -3,7 +3,9 @@
 # only Python 3.11, pip and npm, then runs what was asked.
 #
 #   bash tools/dev.sh run ARGS...   set up, then run the beam-agents command with ARGS
-#   bash tools/dev.sh test [ARGS]   set up, then run the whole pytest suite (ARGS go to pytest)
+#   bash tools/dev.sh test [ARGS]   set up, then run the whole pytest suite (ARGS go to pytest),
+#                                   one worker per core (pytest-xdist), a test module per worker;
+#                                   the engines and browser tiers one test at a time
 #   bash tools/dev.sh lint          set up, then ruff, buildifier, buf lint, breaking-change gate
 #   bash tools/dev.sh docs          set up, then build the user guide (mkdocs --strict, .cache/site)
 #   bash tools/dev.sh mutation [ARGS]  set up, then mutation-test ARGS (default: runtime/,
@@ -67,7 +69,16 @@ cmd="${1:-}"
 case "$cmd" in
   setup) setup_python; setup_node ;;
   run) setup_python; exec "$venv/bin/beam-agents" "$@" ;;
-  test) setup_python; setup_node; exec "$venv/bin/python" -m pytest "$@" ;;
+  test)
+    setup_python
+    setup_node
+    # A module's tests stay on one worker (--dist loadscope): some share a module fixture and
+    # run in order. The engines and browser tests share one Kafka, Flink and browser, and wait
+    # on them rather than on the CPU, so they run one at a time. A later -n in ARGS wins.
+    workers=(-n auto --dist loadscope)
+    [[ " $* " == *engines* || " $* " == *browser* ]] && workers=()
+    exec "$venv/bin/python" -m pytest "${workers[@]}" "$@"
+    ;;
   lint) setup_python; setup_node; lint ;;
   # A broken link, a page missing from the nav or an API reference to a name that no longer
   # exists fails the build (mkdocs.yml: strict); tools/docs_test.py runs the pages' code.
@@ -80,7 +91,7 @@ case "$cmd" in
       exec "$venv/bin/python" tools/mutation.py "$@"
     ;;
   *)
-    sed -n '2,12p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2
+    sed -n '2,14p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2
     exit 2
     ;;
 esac
