@@ -236,3 +236,52 @@ def test_modules_run_together_share_one_session_and_keep_results_of_their_own(tm
         2,
     ]
     assert "pkg/other_test.py::test_sub" not in found["pkg/calc.py"]["baseline"]["lines"]
+
+
+def test_a_sample_keeps_the_same_mutants_for_a_seed_and_about_its_fraction():
+    found = [m for m in mutation.mutants(_CALC)] * 1
+    modules = [f"pkg/m{i}.py" for i in range(40)]
+    pairs = [(name, m) for name in modules for m in found]
+    tenth = mutation.Sample(fraction=0.1, seed=7)
+    kept = [(name, m.id) for name, m in pairs if tenth.keeps(name, m)]
+    assert kept == [(name, m.id) for name, m in pairs if tenth.keeps(name, m)]
+    assert 0.06 * len(pairs) < len(kept) < 0.14 * len(pairs)
+    other = {
+        (name, m.id) for name, m in pairs if mutation.Sample(fraction=0.1, seed=8).keeps(name, m)
+    }
+    assert other != set(kept)
+    every = mutation.Sample(fraction=1.0)
+    assert all(every.keeps(name, m) for name, m in pairs)
+
+
+def test_the_wilson_interval_brackets_the_sampled_score():
+    low, high = mutation.wilson(90, 100)
+    # Known values of the 95% Wilson interval for 90 of 100.
+    assert round(low, 4) == 0.8256 and round(high, 4) == 0.9448
+    assert mutation.wilson(0, 0) == (0.0, 1.0)
+    low, high = mutation.wilson(10, 10)
+    assert high == 1.0 and 0.72 < low < 0.73
+
+
+def test_a_sampled_run_measures_only_its_sample_and_prints_the_interval(tmp_path):
+    root = tmp_path / "tree"
+    _tree(root)
+    seed = 3
+    sample = mutation.Sample(fraction=0.5, seed=seed)
+    wanted = {m.id for m in mutation.mutants(_CALC) if sample.keeps("pkg/calc.py", m)}
+    cache = tmp_path / "results.json"
+    done = subprocess.run(
+        [
+            *(sys.executable, str(_TOOL), "--root", str(root), "--cache", str(cache)),
+            *("--preload", "pytest", "--jobs", "2", "--min-timeout", "10"),
+            *("--sample", "0.5", "--seed", str(seed), str(root / "pkg" / "calc.py")),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert set(_statuses(cache)) == wanted
+    assert f"{len(wanted)} mutants, {len(wanted)} to run" in done.stdout, done.stdout
+    assert "(95% Wilson interval)" in done.stdout
