@@ -126,6 +126,8 @@ _OWNERS = {
         "beam_agents.ops.backtest",
     ),
     "ShadowAgent": "beam_agents.ops.shadow",
+    # Files of messages as the commands read them (backtest's records, replay's intents).
+    **dict.fromkeys(("join_delimited", "split_delimited"), "beam_agents.wire.fields"),
     "BeamAgentsError": "beam_agents.errors",
 }
 

@@ -66,6 +66,10 @@ def _counted_names() -> set[str]:
                 isinstance(node, ast.Call)
                 and isinstance(node.func, ast.Attribute)
                 and node.func.attr == "count"
+                # itertools.count() makes a counter of numbers, not of the DoFn's metrics.
+                and not (
+                    isinstance(node.func.value, ast.Name) and node.func.value.id == "itertools"
+                )
             ):
                 (name,) = node.args
                 assert isinstance(name, ast.Constant), f"{path.name}: count() of a non-literal"
