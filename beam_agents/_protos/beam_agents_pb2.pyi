@@ -136,6 +136,7 @@ class TraceEvent(_message.Message):
         ACTIVATION_END: _ClassVar[TraceEvent.EventType]
         ERROR: _ClassVar[TraceEvent.EventType]
         SUSPENDED: _ClassVar[TraceEvent.EventType]
+        SHADOW_ACTIVATION: _ClassVar[TraceEvent.EventType]
     EVENT_TYPE_UNSPECIFIED: TraceEvent.EventType
     ACTIVATION_START: TraceEvent.EventType
     LLM_CALL: TraceEvent.EventType
@@ -144,6 +145,7 @@ class TraceEvent(_message.Message):
     ACTIVATION_END: TraceEvent.EventType
     ERROR: TraceEvent.EventType
     SUSPENDED: TraceEvent.EventType
+    SHADOW_ACTIVATION: TraceEvent.EventType
     class AttributesEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]

@@ -93,6 +93,7 @@ __all__ = [
     "backtest_key",
     "backtest_markdown",
     "backtest_summary",
+    "in_history_order",
     "kind_name",
     "parse_record",
     "run_backtest",
@@ -167,10 +168,16 @@ def _unknown_numbers(message) -> Iterator[int]:
         yield field.field_number
 
 
+def in_history_order(records: Iterable[ActivationRecord]) -> list[ActivationRecord]:
+    """A key's records in the order they ran: seq, then step, then time (the order a
+    divergence's `activation` index counts in)."""
+    return sorted(records, key=lambda r: (r.seq, r.first_step, r.now_ms))
+
+
 def _ordered(records: Sequence[ActivationRecord]) -> tuple[list[ActivationRecord], str, str]:
-    """The key's records in the order they ran (seq, then step, then time), and a dead-letter
-    reason with its detail when the history cannot be run."""
-    ordered = sorted(records, key=lambda r: (r.seq, r.first_step, r.now_ms))
+    """The key's records in the order they ran, and a dead-letter reason with its detail when
+    the history cannot be run."""
+    ordered = in_history_order(records)
     for earlier, later in itertools.pairwise(ordered):
         if later.now_ms < earlier.now_ms:
             return (

@@ -7,11 +7,11 @@ from __future__ import annotations
 import apache_beam as beam
 from apache_beam.typehints import Tuple
 
-from beam_agents._protos import AgentEnvelope, BacktestKeyReport
+from beam_agents._protos import AgentEnvelope, BacktestKeyReport, TraceEvent
 from beam_agents.examples.support_triage import TOOLS, scripted_model, triage
-from beam_agents.ops.backtest import REPORTS, backtest_key
+from beam_agents.ops.backtest import REPORTS, backtest_key, in_history_order, kind_name
 from beam_agents.ops.rounds import env_options, run_round
-from beam_agents.ops.shadow import ShadowAgent
+from beam_agents.ops.shadow import TRACES, ShadowAgent
 from beam_agents.ops.update_check import describe_graph, differences
 from beam_agents.runtime import ERRORS, INTENTS, RECORDS, Recording, RunAgent
 from beam_agents.runtime.machine_answers import answered_intent_id
@@ -30,7 +30,12 @@ class _LiveWithShadow(beam.PTransform):
     def expand(self, inputs):
         live = inputs | RunAgent(triage, llm_client=scripted_model(), recording=Recording())
         shadow = live[RECORDS] | "Shadow" >> ShadowAgent(gold_only_refunds)
-        return {**live, "shadow": shadow[REPORTS], "shadow_errors": shadow[ERRORS]}
+        return {
+            **live,
+            "shadow": shadow[REPORTS],
+            "shadow_errors": shadow[ERRORS],
+            "shadow_traces": shadow[TRACES],
+        }
 
 
 def _traffic(count: int) -> list[AgentEnvelope]:
@@ -67,13 +72,83 @@ def test_the_shadow_reports_what_the_backtest_does_and_emits_no_intent(tmp_path)
     live_intents = [i.intent_id for r in live for i in r.intents]
     assert sorted(i.intent_id for i in outputs.values(INTENTS)) == sorted(live_intents)
 
+    # A span per live activation compared, up to the divergent one, each once, a child of the
+    # live activation's own span in its trace: the divergence rate a dashboard shows.
+    spans = outputs.values("shadow_traces")
+    assert len({span.span_id for span in spans}) == len(spans)
+    live_spans = {
+        (e.trace_id, e.span_id)
+        for e in outputs.values(TRACES)
+        if e.event_type == TraceEvent.ACTIVATION_START
+    }
+    assert {(span.trace_id, span.parent_span_id) for span in spans} <= live_spans
+    for key, records in by_key.items():
+        ordered = in_history_order(records)
+        mine = sorted(
+            (s for s in spans if s.entity_key == key), key=lambda s: (s.seq, s.step_index)
+        )
+        if key in shadow:
+            ordered = ordered[: shadow[key].divergence.activation + 1]
+        assert [(s.seq, s.step_index, s.start_ms) for s in mine] == [
+            (r.seq, r.first_step, r.now_ms) for r in ordered
+        ]
+        assert {s.event_type for s in mine} == {TraceEvent.SHADOW_ACTIVATION}
+        assert {s.attributes["gen_ai.agent.name"] for s in mine} == {gold_only_refunds.adapter}
+        diverged = [s for s in mine if s.attributes["beam_agents.shadow.diverged"] == "true"]
+        if key in shadow:
+            (span,) = diverged
+            assert span is mine[-1]
+            assert span.attributes["beam_agents.shadow.divergence.kind"] == kind_name(
+                shadow[key].divergence.kind
+            )
+        else:
+            assert diverged == []
 
-def test_the_shadow_emits_only_reports_and_dead_letters():
+
+def test_the_shadow_emits_only_reports_spans_and_dead_letters():
     pipeline = beam.Pipeline()
     live = pipeline | beam.Create([b""]) | RunAgent(triage, recording=Recording())
     shadow = live[RECORDS] | "Shadow" >> ShadowAgent(gold_only_refunds)
-    assert set(shadow) == {REPORTS, ERRORS}
+    assert set(shadow) == {REPORTS, TRACES, ERRORS}
     assert shadow[REPORTS].element_type == Tuple[bytes, BacktestKeyReport]
+    assert shadow[TRACES].element_type == Tuple[bytes, TraceEvent]
+
+
+def test_records_arriving_out_of_order_are_spanned_once_each_as_in_order(tmp_path):
+    """A key's records can reach the shadow in any order: a history that lacks its start waits,
+    and once it is whole each record gets its one span, the same spans as in order."""
+    live = record_history(
+        triage,
+        triage_tickets(12),
+        tools=TOOLS,
+        approver=triage_approver,
+        llm_client=scripted_model(),
+    )
+    by_key = {}
+    for record in live:
+        by_key.setdefault(record.entity_key, []).append(record)
+    # Keys of more than one activation, whose records can come in the wrong order.
+    keys = [key for key, records in by_key.items() if len(records) > 1]
+    assert keys
+
+    def spans(order) -> list[bytes]:
+        with beam.Pipeline(options=env_options()) as pipeline:
+            records = pipeline | beam.Create(
+                [(key, record.SerializeToString()) for key in keys for record in order(by_key[key])]
+            )
+            shadow = records | ShadowAgent(gold_only_refunds)
+            found = shadow[TRACES] | beam.MapTuple(lambda _, span: span.SerializeToString().hex())
+            found | beam.io.WriteToText(str(tmp_path / order.__name__), num_shards=1)
+        (written,) = tmp_path.glob(f"{order.__name__}-*")
+        return sorted(written.read_text().splitlines())
+
+    def in_order(records):
+        return in_history_order(records)
+
+    def reversed_order(records):
+        return list(reversed(in_history_order(records)))
+
+    assert spans(in_order) and spans(reversed_order) == spans(in_order)
 
 
 def test_adding_a_shadow_to_a_job_is_a_legal_update():
