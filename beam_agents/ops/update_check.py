@@ -28,7 +28,7 @@ import os
 
 import apache_beam as beam
 from apache_beam.coders import coders
-from apache_beam.options.pipeline_options import StandardOptions, TypeOptions
+from apache_beam.options.pipeline_options import TypeOptions
 from apache_beam.portability.api import beam_runner_api_pb2
 from apache_beam.runners import pipeline_context
 from apache_beam.runners.dataflow.dataflow_runner import DataflowRunner
@@ -172,23 +172,35 @@ def _under(described: dict, labels) -> dict:
 
 
 def differences(committed: dict, current: dict) -> list[str]:
-    """Each way `current` differs from `committed`, with what it would do to an update."""
+    """Each way `current` differs from `committed`, with what it would do to an update.
+
+    A step or stateful transform that is only added (nothing of the committed graph is gone)
+    is no difference: an update starts it with empty state, as a new job would (a shadow, a
+    recording output). When something is gone, each new name is named too, since it may be
+    the gone one renamed, whose state would then start empty.
+    """
+    names_old, names_new = committed["transform_names"], current["transform_names"]
+    stateful = [t for t in set(committed) | set(current) if t != "transform_names"]
+    gone_somewhere = any(
+        set(names_old[composite]) - set(names_new.get(composite, [])) for composite in names_old
+    ) or any(t in committed and t not in current for t in stateful)
     found = []
-    for composite in sorted(set(committed["transform_names"]) | set(current["transform_names"])):
-        old = set(committed["transform_names"].get(composite, []))
-        new = set(current["transform_names"].get(composite, []))
+    for composite in sorted(set(names_old) | set(names_new)):
+        old = set(names_old.get(composite, []))
+        new = set(names_new.get(composite, []))
         for name in sorted(old - new):
             found.append(
                 f"{composite}/{name} is gone: --update matches steps and their state by "
                 "transform name, so a running job's state for it would be dropped"
             )
-        for name in sorted(new - old):
+        for name in sorted(new - old) if gone_somewhere else ():
             found.append(
                 f"{composite}/{name} is new: a renamed step starts with empty state on --update"
             )
-    stateful = [t for t in set(committed) | set(current) if t != "transform_names"]
     for transform in sorted(stateful):
         old, new = committed.get(transform), current.get(transform)
+        if old is None and not gone_somewhere:
+            continue
         if old is None or new is None:
             what = "is new" if old is None else "is gone"
             found.append(
