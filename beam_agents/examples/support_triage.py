@@ -21,7 +21,7 @@ import json
 from beam_agents._protos import ToolIntent
 from beam_agents.runtime import LlmRequest, LlmResponse, ScriptedLlmClient, agent
 
-__all__ = ["MODEL", "TOOLS", "scripted_model", "ticket", "triage"]
+__all__ = ["MODEL", "SYSTEM", "TOOLS", "scripted_model", "ticket", "triage", "triage_with_prompt"]
 
 MODEL = "triage-model"
 SYSTEM = (
@@ -32,6 +32,12 @@ SYSTEM = (
 
 @agent(name="examples.support_triage/v1")
 def triage(ctx, event: bytes) -> bytes:
+    return triage_with_prompt(ctx, event, SYSTEM)
+
+
+def triage_with_prompt(ctx, event: bytes, system: str) -> bytes:
+    """The triage agent's body under the system prompt `system`: a candidate with another
+    prompt is an agent that calls this (what the demo backtests)."""
     request = json.loads(event)
     summary = {"ticket_id": request["ticket_id"], "customer_id": request["customer_id"]}
     customer = ctx.call_tool("crm.lookup", {"customer_id": request["customer_id"]})
@@ -40,7 +46,7 @@ def triage(ctx, event: bytes) -> bytes:
     profile = json.loads(customer.payload)
     ctx.memory.put(f"customer:{request['customer_id']}", customer.payload)
     reply = ctx.llm(
-        [{"role": "system", "content": SYSTEM}, {"role": "user", "content": request["text"]}],
+        [{"role": "system", "content": system}, {"role": "user", "content": request["text"]}],
         model=MODEL,
         temperature=0,
     )

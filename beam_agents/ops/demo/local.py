@@ -1,5 +1,10 @@
 """The demo on local pipelines: each round one real Beam pipeline (`TriageRound`) on a manual
-clock, chained through the key's exported StateSnapshot and the answers of the round before."""
+clock, chained through the key's exported StateSnapshot and the answers of the round before.
+
+The rounds record every activation (RunAgent's RECORDS); once the agent completed, the demo
+backtests a changed triage prompt over that recording (the Backtest transform, one more
+pipeline on the same runner): the model's answers come from the recording while the requests
+match, the changed prompt is answered by the scripted model, and no tool runs again."""
 
 from __future__ import annotations
 
@@ -14,7 +19,7 @@ from apache_beam.options.pipeline_options import PipelineOptions, StandardOption
 from apache_beam.typehints import Tuple
 
 from beam_agents._protos import AgentEnvelope
-from beam_agents.examples.support_triage import TOOLS
+from beam_agents.examples.support_triage import TOOLS, scripted_model
 from beam_agents.intents.effector import (
     APPROVALS,
     DEAD_LETTERS,
@@ -22,16 +27,18 @@ from beam_agents.intents.effector import (
     ExecuteIntents,
     VerifyMode,
 )
+from beam_agents.ops.backtest import BacktestOptions, kind_name, run_backtest, tool_changes
 from beam_agents.ops.demo.account import Account
 from beam_agents.ops.demo.parts import (
     CUSTOMER,
     approve,
+    candidate_triage,
     demo_effector_keyring,
     demo_keyring,
     triage_agent,
 )
 from beam_agents.ops.rounds import Advance, ManualClock, run_round
-from beam_agents.runtime import COMPLETIONS, ERRORS, INTENTS, SNAPSHOTS
+from beam_agents.runtime import COMPLETIONS, ERRORS, INTENTS, RECORDS, SNAPSHOTS, Recording
 from beam_agents.wire.beam_support import typed
 
 __all__ = ["ScriptedApprover", "TriageRound", "run_demo"]
@@ -57,7 +64,7 @@ class TriageRound(beam.PTransform):
         self._clock = clock
 
     def expand(self, inputs):
-        outputs = inputs | "RunAgent" >> triage_agent()
+        outputs = inputs | "RunAgent" >> triage_agent(Recording())
         effected = (
             outputs[INTENTS]
             | "Intents" >> beam.Values()
@@ -93,17 +100,19 @@ class _LocalDemo(Account):
         runner = (self.options or PipelineOptions()).view_as(StandardOptions).runner
         event = self.introduce(f"on Apache Beam's {runner or 'DirectRunner'}")
         inputs: list = [event]
+        records = []
         for number in range(1, _MAX_ROUNDS + 1):
             now = self.t0 + number * 1000
             outputs = self._round(number, inputs, now)
             completed = outputs.values(COMPLETIONS)
+            records += outputs.values(RECORDS)
             self._account(outputs)
             if outputs.values(ERRORS) or outputs.values("effector_errors"):
                 return 1
             if completed:
                 self.say()
                 self._trace_tree()
-                return 0
+                return self._backtest(records)
             (snapshot,) = outputs.values(SNAPSHOTS)
             self._snapshot(snapshot)
             answers = outputs.values("results") + outputs.values("approved")
@@ -112,6 +121,41 @@ class _LocalDemo(Account):
             inputs = [snapshot, *answers]
         self.say(f"the agent did not complete in {_MAX_ROUNDS} rounds")
         return 1
+
+    def _backtest(self, records) -> int:
+        """Backtests the changed prompt over the recorded activations; 0 when it ran."""
+        self.say()
+        self.say(
+            f"backtest: the triage prompt changed ({candidate_triage.adapter}), over the"
+            f" {len(records)} recorded activations, in one more pipeline ..."
+        )
+        options = BacktestOptions(
+            stop_at_divergence=False, continue_with=scripted_model(), max_tokens=10_000
+        )
+        reports, letters = run_backtest(
+            records, candidate_triage, options, pipeline_options=self.options
+        )
+        if letters or len(reports) != 1:
+            self.say(f"  the backtest could not run: {[letter.reason for letter in letters]}")
+            return 1
+        (report,) = reports
+        found = report.divergence
+        self.say(
+            f"  first divergence at activation {found.activation}: {kind_name(found.kind)}"
+            f" ({found.detail})"
+        )
+        self.say(
+            "  the changed prompt, answered by the scripted model, then ran"
+            f" {report.candidate_activations} activations against the recording's"
+            f" {report.baseline_activations}"
+        )
+        changes = tool_changes(report)
+        self.say(
+            "  tool calls: "
+            + (", ".join(f"{tool} {change}" for tool, change in changes.items()) or "unchanged")
+            + "; no tool ran (every result came from the recording)"
+        )
+        return 0
 
     def _round(self, number: int, inputs: Sequence, now: int):
         self.say()

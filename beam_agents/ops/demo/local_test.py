@@ -33,6 +33,12 @@ def test_the_demo_runs_the_conversation_end_to_end_and_tells_it(tmp_path):
         "trace ",
         "activation span",
         "  resume span",
+        # It ends by backtesting a changed triage prompt over what it recorded: the requests
+        # depart at the model call after the lookup, and the calls the recording answers stay.
+        "backtest: the triage prompt changed (examples.support_triage/v2), over the 4 recorded",
+        "first divergence at activation 1: model_request",
+        "ran 4 activations against the recording's 4",
+        "tool calls: unchanged; no tool ran",
     ]
     position = 0
     for line in expected_in_order:

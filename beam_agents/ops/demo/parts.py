@@ -1,14 +1,20 @@
 """The demo's fixed parts: its one customer and ticket, its keys (fixed bytes, public, never a
-secret), the scripted approver's signed answer, and RunAgent running the support-triage agent
-with the scripted model and those keys."""
+secret), the scripted approver's signed answer, RunAgent running the support-triage agent
+with the scripted model and those keys, and the changed prompt the demo ends by backtesting."""
 
 from __future__ import annotations
 
 from beam_agents._protos import AgentEnvelope, ToolIntent
-from beam_agents.examples.support_triage import scripted_model, ticket, triage
+from beam_agents.examples.support_triage import (
+    SYSTEM,
+    scripted_model,
+    ticket,
+    triage,
+    triage_with_prompt,
+)
 from beam_agents.intents.signing import Keyring
 from beam_agents.ops.local_run import approval_answer
-from beam_agents.runtime import RunAgent
+from beam_agents.runtime import Recording, RunAgent, agent
 
 __all__ = [
     "CUSTOMER",
@@ -17,6 +23,7 @@ __all__ = [
     "DEMO_USER",
     "TICKET",
     "approve",
+    "candidate_triage",
     "demo_approver_keyring",
     "demo_effector_keyring",
     "demo_inquiry_keyring",
@@ -74,17 +81,28 @@ def approve(intent: ToolIntent) -> AgentEnvelope:
     )
 
 
-def triage_agent() -> RunAgent:
+def triage_agent(recording: Recording | None = None) -> RunAgent:
     """RunAgent running the support-triage agent with the scripted model, signing its intents
     with the demo key and verifying results with the effector's key and approvals with the
-    approver's."""
+    approver's; recording its activations when given a `recording`."""
     return RunAgent(
         triage,
         llm_client=scripted_model(),
         keyring_loader=demo_keyring,
         result_keyring_loader=demo_effector_keyring,
         approval_keyring_loader=demo_approver_keyring,
+        recording=recording,
     )
+
+
+#: The prompt change the demo backtests: the model is also asked for the refund's reason.
+CANDIDATE_SYSTEM = SYSTEM + ' Add "reason": <a few words on why>.'
+
+
+@agent(name="examples.support_triage/v2")
+def candidate_triage(ctx, event: bytes) -> bytes:
+    """The triage agent with the changed prompt (CANDIDATE_SYSTEM)."""
+    return triage_with_prompt(ctx, event, CANDIDATE_SYSTEM)
 
 
 def demo_ticket(event_time_ms: int) -> AgentEnvelope:
