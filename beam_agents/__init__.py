@@ -118,6 +118,7 @@ _OWNERS = {
         (
             "Backtest",
             "BacktestOptions",
+            "backtest_html",
             "backtest_markdown",
             "run_backtest",
             "backtest_summary",

@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import html
 import itertools
 import tempfile
 from collections.abc import Iterable, Iterator, Sequence
@@ -90,6 +91,7 @@ __all__ = [
     "Backtest",
     "BacktestOptions",
     "Summary",
+    "backtest_html",
     "backtest_key",
     "backtest_markdown",
     "backtest_summary",
@@ -650,6 +652,56 @@ def backtest_markdown(summary: Summary, *, max_keys: int = 20) -> str:
         if len(summary.divergences) > max_keys:
             lines.append(f"\n({len(summary.divergences) - max_keys} more diverged keys)")
     return "\n".join(lines) + "\n"
+
+
+def backtest_html(summary: Summary, *, max_keys: int = 20) -> str:
+    """The summary as one self-contained HTML page: bar charts of the keys by first
+    divergence, of each tool's changes and of the tokens, then `backtest_markdown`'s tables."""
+    keys = [("unchanged", summary.keys - summary.diverged)]
+    keys += [(f"diverged: {kind}", n) for kind, n in sorted(summary.by_kind.items())]
+    keys += [(f"not backtested: {r}", n) for r, n in sorted(summary.dead_letters.items())]
+    charts = [_bars("Keys", keys)]
+    for tool, counts in sorted(summary.tools.items()):
+        rows = [(_HEADINGS[change], counts[change]) for change in _CHANGES if counts[change]]
+        charts.append(_bars(f"Keys where {tool} is", rows))
+    tokens = [
+        ("input tokens, recording", summary.baseline_tokens[0]),
+        ("input tokens, candidate", summary.candidate_tokens[0]),
+        ("output tokens, recording", summary.baseline_tokens[1]),
+        ("output tokens, candidate", summary.candidate_tokens[1]),
+    ]
+    charts.append(_bars("Tokens", tokens))
+    tables = html.escape(backtest_markdown(summary, max_keys=max_keys))
+    return (
+        '<!doctype html>\n<html><head><meta charset="utf-8"><title>Backtest</title></head>'
+        '<body style="font-family: sans-serif">\n<h1>Backtest</h1>\n'
+        + "\n".join(charts)
+        + f"\n<pre>{tables}</pre>\n</body></html>\n"
+    )
+
+
+_BAR_ROW = 22
+_BAR_WIDTH = 360
+_LABEL_WIDTH = 240
+
+
+def _bars(title: str, rows: Sequence[tuple[str, int]]) -> str:
+    """An SVG chart of one horizontal bar per row, scaled to the largest value."""
+    top = max((value for _, value in rows), default=0) or 1
+    height = _BAR_ROW * len(rows) + 8
+    width = _LABEL_WIDTH + _BAR_WIDTH + 80
+    parts = [f"<h2>{html.escape(title)}</h2>", f'<svg width="{width}" height="{height}">']
+    for index, (label, value) in enumerate(rows):
+        y = index * _BAR_ROW + 4
+        bar = round(_BAR_WIDTH * value / top)
+        parts += [
+            f'<text x="0" y="{y + 14}" font-size="13">{html.escape(label)}</text>',
+            f'<rect x="{_LABEL_WIDTH}" y="{y}" width="{bar}" height="16" fill="#4a78b5"'
+            f' data-value="{value}"/>',
+            f'<text x="{_LABEL_WIDTH + bar + 6}" y="{y + 14}" font-size="13">{value}</text>',
+        ]
+    parts.append("</svg>")
+    return "\n".join(parts)
 
 
 def run_backtest(

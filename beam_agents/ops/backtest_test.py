@@ -4,6 +4,7 @@ from the recording only, its divergences and the run's report; bad input as dead
 from __future__ import annotations
 
 import json
+from html.parser import HTMLParser
 
 import apache_beam as beam
 import pytest
@@ -219,6 +220,7 @@ def test_the_command_prints_a_markdown_report_and_writes_each_keys_report(tmp_pa
     records.write_bytes(join_delimited(history))
     out = tmp_path / "reports.binpb"
     paid, asked = expected_refund_changes(60)
+    page = tmp_path / "report.html"
     code = main(
         [
             "backtest",
@@ -227,6 +229,8 @@ def test_the_command_prints_a_markdown_report_and_writes_each_keys_report(tmp_pa
             CANDIDATE,
             "--report",
             str(out),
+            "--html",
+            str(page),
             "--price-per-million",
             "3000000",
             "1000000",
@@ -239,10 +243,68 @@ def test_the_command_prints_a_markdown_report_and_writes_each_keys_report(tmp_pa
     assert "| cost (micros) |" in table
     reports = [BacktestKeyReport.FromString(p) for p in split_delimited(out.read_bytes())]
     assert {r.entity_key for r in reports if r.HasField("divergence")} == asked
+    # The page's charts: each bar is its count, scaled to the chart's largest.
+    charts = _charts(page.read_text())
+    assert charts["Keys"] == {"unchanged": 60 - len(asked), "diverged: approval": len(asked)}
+    assert charts["Keys where payments.refund is"] == {"no longer called": len(paid)}
+    assert charts["Keys where human.approval is"] == {"no longer called": len(asked)}
+    assert set(charts["Tokens"]) == {
+        f"{side} tokens, {run}"
+        for side in ("input", "output")
+        for run in ("recording", "candidate")
+    }
+    assert f"| 60 | 60 | {len(asked)} | 0 | 0 |" in page.read_text()
     assert main(["backtest", str(records), "--agent", f"{__name__}:triage_again"]) == 0
     records.write_bytes(records.read_bytes()[:-3])
     assert main(["backtest", str(records), "--agent", CANDIDATE]) == 2
     assert "beam-agents backtest:" in capsys.readouterr().err
+
+
+class _Chart(HTMLParser):
+    """Each chart of a backtest page: its title, and each bar's label and value, checked
+    against the bar's width."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.charts: dict[str, dict[str, int]] = {}
+        self._in: str = ""
+        self._title = ""
+        self._label = ""
+        self._widths: list[tuple[int, int]] = []
+
+    def handle_starttag(self, tag, attrs):
+        self._in = tag
+        if tag == "rect":
+            found = dict(attrs)
+            value, width = int(found["data-value"]), int(found["width"])
+            self.charts[self._title][self._label] = value
+            self._widths.append((value, width))
+
+    def handle_data(self, data):
+        if self._in == "h2" and data.strip():
+            self._title = data.strip()
+            self.charts[self._title] = {}
+            self._check_widths()
+        elif self._in == "text" and data.strip() and not data.strip().isdigit():
+            self._label = data.strip()
+
+    def _check_widths(self) -> None:
+        if self._widths:
+            top = max(value for value, _ in self._widths)
+            for value, width in self._widths:
+                assert width == round(360 * value / (top or 1))
+        self._widths = []
+
+    def close(self):
+        super().close()
+        self._check_widths()
+
+
+def _charts(page: str) -> dict[str, dict[str, int]]:
+    parser = _Chart()
+    parser.feed(page)
+    parser.close()
+    return parser.charts
 
 
 #: The candidate and the unchanged agent, as a command line names them.

@@ -309,6 +309,7 @@ def _backtest(args: argparse.Namespace) -> int:
 
     from beam_agents.ops.backtest import (
         BacktestOptions,
+        backtest_html,
         backtest_markdown,
         backtest_summary,
         run_backtest,
@@ -336,6 +337,8 @@ def _backtest(args: argparse.Namespace) -> int:
     sys.stdout.write(backtest_markdown(summary, max_keys=args.max_keys))
     if args.report:
         Path(args.report).write_bytes(join_delimited(reports))
+    if args.html:
+        Path(args.html).write_text(backtest_html(summary, max_keys=args.max_keys))
     if summary.diverged:
         return EXIT_REJECTED
     return EXIT_UNREPRODUCIBLE if letters else EXIT_OK
@@ -506,6 +509,7 @@ def _parser() -> argparse.ArgumentParser:
     backtest.add_argument("records", help="the ActivationRecords (length-delimited)")
     backtest.add_argument("--agent", required=True, help="the candidate agent, as MODULE:NAME")
     backtest.add_argument("--report", help="write each key's BacktestKeyReport here")
+    backtest.add_argument("--html", help="write the report as an HTML page with its charts here")
     backtest.add_argument(
         "--max-keys", type=int, default=20, help="diverged keys listed in the table (20)"
     )
