@@ -44,6 +44,7 @@ from beam_agents.ops.prism import with_local_prism
 from beam_agents.ops.update_check import write_graph
 from beam_agents.runtime import COMPLETIONS, ERRORS, INTENTS, SNAPSHOTS, TRACES, RunAgent
 from beam_agents.runtime.dead_letters import to_envelope
+from beam_agents.wire.beam_support import HexLinesCoder
 from beam_agents.wire.fields import split_delimited
 
 #: Output tag -> (option naming its topic, file name for local runs).
@@ -105,21 +106,8 @@ def build(pipeline: beam.Pipeline, options: PipelineOptions) -> None:
         elif triage_options.output_dir:
             path = os.path.join(triage_options.output_dir, tag)
             _ = serialized | f"Write{tag}" >> beam.io.WriteToText(
-                path, coder=_HexCoder(), shard_name_template=""
+                path, coder=HexLinesCoder(), shard_name_template=""
             )
-
-
-class _HexCoder(beam.coders.Coder):
-    """Local files of one serialized message per line, as hex (text sinks split on newlines)."""
-
-    def encode(self, value: bytes) -> bytes:
-        return value.hex().encode()
-
-    def decode(self, encoded: bytes) -> bytes:
-        return bytes.fromhex(encoded.decode())
-
-    def is_deterministic(self) -> bool:
-        return True
 
 
 def main(argv: list[str] | None = None) -> int:

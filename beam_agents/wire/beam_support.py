@@ -1,12 +1,19 @@
-"""Small Beam helpers shared by the effector and the runtime transforms."""
+"""Small Beam helpers shared by the effector, the runtime transforms and the launchers."""
 
 from __future__ import annotations
 
+from apache_beam.coders import Coder
 from apache_beam.options.pipeline_options import DebugOptions
 from apache_beam.transforms import window
 from apache_beam.utils.timestamp import MIN_TIMESTAMP, Timestamp
 
-__all__ = ["NO_PRISM_SPLITS", "keep_each_key_in_one_bundle", "timer_timestamp", "typed"]
+__all__ = [
+    "NO_PRISM_SPLITS",
+    "HexLinesCoder",
+    "keep_each_key_in_one_bundle",
+    "timer_timestamp",
+    "typed",
+]
 
 #: Prism (Beam 2.77; also what the DirectRunner hands every pipeline Prism supports, whenever
 #: the Prism binary can be fetched) splits a bundle that makes no progress for two of its
@@ -38,3 +45,17 @@ def typed(pcollection, element_type):
     type gives Tuple(Bytes/StrUtf8, ProtoCoder)."""
     pcollection.element_type = element_type
     return pcollection
+
+
+class HexLinesCoder(Coder):
+    """Serialized messages as text lines of hex, for Beam's text sinks and sources (which split
+    on newlines, and need no compression library as TFRecord's checksums do)."""
+
+    def encode(self, value: bytes) -> bytes:
+        return value.hex().encode()
+
+    def decode(self, encoded: bytes) -> bytes:
+        return bytes.fromhex(encoded.decode())
+
+    def is_deterministic(self) -> bool:
+        return True
