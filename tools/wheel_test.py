@@ -19,6 +19,7 @@ import functools
 import importlib.metadata
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tomllib
@@ -368,3 +369,35 @@ def test_the_worker_modules_import_from_the_wheel_and_its_declared_dependencies(
     }
     assert set(worker) <= set(ours)
     assert all(path is None or path.startswith(str(unpacked)) for path in ours.values()), ours
+
+
+#: The guide's build (docs/dataflow.md), in the checkout: `pip wheel --no-deps -w dist .`.
+GUIDE = ("-w", "dist", ".")
+
+
+@pytest.mark.skipif("BEAM_AGENTS_WHEEL" in os.environ, reason="the source tree is not in a sandbox")
+def test_the_guides_in_tree_build_ships_only_the_source_tree(tmp_path):
+    """Red test (review of issue 40): the guide's `pip wheel --no-deps -w dist .` builds in the
+    checkout, and setuptools packs all of build/lib, which an earlier build left behind: a
+    module deleted or moved since, or a package that was once listed, ships to the workers.
+    build_wheel copies the tree without build/, so the worker test never sees this."""
+    tree = tmp_path / "checkout"
+    shutil.copytree(
+        REPO,
+        tree,
+        ignore=shutil.ignore_patterns(".*", "node_modules", "build", "dist", "*.egg-info"),
+    )
+    # What an earlier in-tree build left: a module since removed, and a test-support package.
+    stale = tree / "build" / "lib" / "beam_agents"
+    (stale / "testing").mkdir(parents=True)
+    (stale / "testing" / "__init__.py").write_text("")
+    (stale / "removed_since.py").write_text("")
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", *GUIDE],
+        cwd=tree,
+        check=True,
+        env=_isolated_env(),
+    )
+    (built,) = (tree / "dist").glob("beam_agents-*.whl")
+    shipped = _wheel_files(built)
+    assert not {"beam_agents/testing/__init__.py", "beam_agents/removed_since.py"} & shipped
