@@ -607,9 +607,10 @@ case "${1:-}" in
   prism-options)
     echo "--runner=PrismRunner --prism_location=$(prism) --environment_type=LOOPBACK" ;;
   worker) worker ;;
-  # The command as JSON: a path under the checkout, without quotes or backslashes.
+  # One word each, so that $(...) and $BEAM_AGENTS_PIPELINE_OPTIONS split them as given (a
+  # JSON --environment_config holds a space).
   worker-options)
-    echo "--environment_type=PROCESS --environment_config={\"command\": \"$(worker)\"}" ;;
+    echo "--environment_type=PROCESS --environment_options=process_command=$(worker)" ;;
   start) start "${2:?which service}" "${3:-}" ;;
   restart-taskmanager) restart_taskmanager "${2:-}" ;;
   add-taskmanager) add_taskmanager ;;

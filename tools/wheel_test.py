@@ -377,10 +377,10 @@ GUIDE = ("-w", "dist", ".")
 
 @pytest.mark.skipif("BEAM_AGENTS_WHEEL" in os.environ, reason="the source tree is not in a sandbox")
 def test_the_guides_in_tree_build_ships_only_the_source_tree(tmp_path):
-    """Red test (review of issue 40): the guide's `pip wheel --no-deps -w dist .` builds in the
-    checkout, and setuptools packs all of build/lib, which an earlier build left behind: a
-    module deleted or moved since, or a package that was once listed, ships to the workers.
-    build_wheel copies the tree without build/, so the worker test never sees this."""
+    """The guide's `pip wheel --no-deps -w dist .` builds in the checkout, where an earlier
+    build left build/lib behind: a module deleted or moved since, or a package once listed,
+    must not ship to the workers (build_wheel copies the tree without build/, so the worker
+    test would never see it)."""
     tree = tmp_path / "checkout"
     shutil.copytree(
         REPO,
