@@ -58,10 +58,10 @@ key, on Apache Beam.
 
 `@MODULE@/agent.py` is the agent; `tests/test_agent.py` runs it with a scripted model.
 
-beam_agents is not on PyPI: install it from a checkout of it (`pip install BEAM_AGENTS`,
-where BEAM_AGENTS is the checkout's folder) before `pip install -e '.[test]'` here. On
-Dataflow, stage its wheel before this project's, in this order (launch.py's docstring has the
-whole command); the workers install them in the order given:
+beam_agents is not on PyPI: install it from a checkout of it, with pytest, before the
+commands above (`pip install BEAM_AGENTS pytest`, where BEAM_AGENTS is the checkout's
+folder). On Dataflow, stage its wheel before this project's, in this order (launch.py's
+docstring has the whole command); the workers install them in the order given:
 
     (cd BEAM_AGENTS && pip wheel --no-deps -w dist .)
     pip wheel --no-deps -w dist .
