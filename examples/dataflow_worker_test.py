@@ -19,10 +19,17 @@ code imports, runs the same way with the `otel` extra: a requirements.txt pins i
 ones Beam does not bring) at requirements_lock.txt's versions, as `pip freeze` would; Beam's
 stager `pip download`s each of them at launch and stages the files, and the boot program
 installs them from there into the worker's environment before the wheel.
+
+A user's own project, as `beam-agents new` writes it, depends on `beam-agents`, which is not on
+PyPI: the guide stages beam_agents' wheel and then the project's, and the boot program installs
+`extra_packages.txt` in that order (installExtraPackages, piputil.go), each wheel with its
+dependencies, so the project's dependency is met by the wheel installed before it. A job of the
+project's agent, staged that way, runs on the same worker.
 """
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import re
@@ -36,6 +43,7 @@ from packaging.requirements import Requirement
 
 from beam_agents._protos import AgentEnvelope
 from beam_agents.examples.support_triage import ticket
+from beam_agents.ops.scaffold import new_project
 from beam_agents.testing.engines import Engines
 from beam_agents.wire.fields import join_delimited
 from tools.build_files import _normalize
@@ -239,3 +247,102 @@ def test_a_requirements_file_installs_an_extra_on_the_worker_as_the_guide_says(
     sdk, http, versions = _in_worker(worker, code)
     assert sdk.startswith(str(worker / "venv")) and http.startswith(str(worker / "venv"))
     assert versions == wanted
+
+
+#: A job of the project `beam-agents new shop` writes, run from the project's folder: one order
+#: to its agent, each intent the agent asks for written as a line (tool, args, signing key).
+#: The keys are the worker's: Keyring.from_environment runs there.
+_SHOP_JOB = f"""\
+import sys
+
+import apache_beam as beam
+from apache_beam.options.pipeline_options import PipelineOptions
+
+from beam_agents import INTENTS, AgentEnvelope, Keyring, RunAgent
+from shop.agent import scripted_model, shop
+
+order = AgentEnvelope(
+    entity_key=b"customer-1", event_time_ms={T0}, external_event=b"I would like a pen"
+)
+with beam.Pipeline(options=PipelineOptions(sys.argv[2:])) as pipeline:
+    outputs = (
+        pipeline
+        | beam.Create([order.SerializeToString()], reshuffle=False)
+        | RunAgent(shop, llm_client=scripted_model(), keyring_loader=Keyring.from_environment)
+    )
+    _ = (
+        outputs[INTENTS]
+        | beam.MapTuple(lambda key, i: f"{{i.tool_name}} {{i.args_json}} {{i.signing_key_id}}")
+        | beam.io.WriteToText(sys.argv[1], shard_name_template="")
+    )
+"""
+
+
+@pytest.fixture(scope="module")
+def shop_project(tmp_path_factory) -> Path:
+    """`beam-agents new shop`, its wheel built as the guide builds it (dist/), and its job."""
+    folder = new_project("shop", tmp_path_factory.mktemp("project"))
+    built = build_wheel(folder, tmp_path_factory.mktemp("shop-wheel"))
+    (folder / "dist").mkdir()
+    built.rename(folder / "dist" / built.name)
+    (folder / "job.py").write_text(_SHOP_JOB)
+    return folder
+
+
+def test_a_new_projects_agent_runs_on_the_worker_with_beam_agents_wheel_staged_first(
+    engines, staged, shop_project, tmp_path
+):
+    workers = tmp_path / "workers"
+    key = base64.b64encode(bytes(32)).decode()
+    ring = json.dumps({"active": "intents-1", "keys": {"intents-1": key}})
+    config = {
+        "command": engines.run("worker"),
+        "env": {
+            "BEAM_AGENTS_WORKER_HOME": str(workers),
+            "BEAM_AGENTS_WORKER_KEEP": "1",
+            "BEAM_AGENTS_SIGNING_KEYS": ring,
+        },
+    }
+    launcher = {k: v for k, v in os.environ.items() if not k.startswith("BEAM_AGENTS_SIGNING")}
+    done = subprocess.run(
+        [
+            sys.executable,
+            "job.py",
+            str(tmp_path / "intents"),
+            "--runner=PrismRunner",
+            f"--prism_location={engines.run('prism')}",
+            "--environment_type=PROCESS",
+            f"--environment_config={json.dumps(config)}",
+            # The guide's order: beam_agents' wheel (built in its checkout), then the project's.
+            f"--extra_package={staged / 'dist' / 'beam_agents-0.1.0-py3-none-any.whl'}",
+            "--extra_package=dist/shop-0.1.0-py3-none-any.whl",
+        ],
+        cwd=shop_project,
+        env=launcher,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-5000:]
+    assert (tmp_path / "intents").read_text().splitlines() == [
+        'stock.lookup {"item":"pen"} intents-1'
+    ]
+
+    # The stager listed the two wheels in the order given and the worker installed both from
+    # what was staged, into its own environment; the agent's module came from the project's.
+    (worker,) = workers.iterdir()
+    assert (worker / "staged" / "extra_packages.txt").read_text().splitlines() == [
+        "beam_agents-0.1.0-py3-none-any.whl",
+        "shop-0.1.0-py3-none-any.whl",
+    ]
+    code = (
+        "import shop.agent, importlib.metadata as m, json\n"
+        "urls = [json.loads(m.distribution(n).read_text('direct_url.json'))['url']"
+        " for n in ('beam-agents', 'shop')]\n"
+        "print(json.dumps([shop.agent.__file__, *urls]))\n"
+    )
+    module, beam_agents_url, shop_url = _in_worker(worker, code)
+    assert module.startswith(str(worker / "venv"))
+    assert beam_agents_url == f"file://{worker}/staged/beam_agents-0.1.0-py3-none-any.whl"
+    assert shop_url == f"file://{worker}/staged/shop-0.1.0-py3-none-any.whl"

@@ -38,7 +38,9 @@ def data_root() -> Path:
 def build_wheel(tree: Path, scratch: Path) -> Path:
     """`pip wheel --no-deps` of a copy of the source tree `tree` (setuptools builds in the source
     folder; the copy keeps build/ out of the work tree and leaves out what is not the
-    project's: dot folders, node_modules, earlier builds). The wheel lands in scratch/dist."""
+    project's: dot folders, node_modules, earlier builds). The wheel lands in scratch/dist.
+    Any project's tree builds: a user's project beside beam_agents' (its dependencies are
+    not built, so the one wheel in scratch/dist is the project's)."""
     source = scratch / "source"
     shutil.copytree(
         tree,
@@ -50,5 +52,5 @@ def build_wheel(tree: Path, scratch: Path) -> Path:
     subprocess.run(
         [*pip_wheel, "--no-build-isolation", "--wheel-dir", str(out), str(source)], check=True
     )
-    (built,) = out.glob("beam_agents-*.whl")
+    (built,) = out.glob("*.whl")
     return built

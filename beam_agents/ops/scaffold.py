@@ -57,6 +57,17 @@ key, on Apache Beam.
     python launch.py --help                   # one streaming job on Flink (Kafka) or Dataflow
 
 `@MODULE@/agent.py` is the agent; `tests/test_agent.py` runs it with a scripted model.
+
+beam_agents is not on PyPI: install it from a checkout of it, with pytest, before the
+commands above (`pip install BEAM_AGENTS pytest`, where BEAM_AGENTS is the checkout's
+folder). On Dataflow, stage its wheel before this project's, in this order (launch.py's
+docstring has the whole command); the workers install them in the order given:
+
+    (cd BEAM_AGENTS && pip wheel --no-deps -w dist .)
+    pip wheel --no-deps -w dist .
+    python launch.py --bus=pubsub ... --runner=DataflowRunner \\
+        --extra_package=BEAM_AGENTS/dist/beam_agents-0.1.0-py3-none-any.whl \\
+        --extra_package=dist/@MODULE@-0.1.0-py3-none-any.whl
 """
 
 _INIT = '''\
@@ -252,12 +263,18 @@ On Flink, the loop runs on Kafka (beam_agents' AgentLoop; the effector is its ow
     python launch.py --bus=kafka --kafka_bootstrap=HOST:PORT --expansion_service=HOST:PORT \\\\
         --topic_prefix=@MODULE@ --runner=FlinkRunner --flink_master=HOST:PORT --streaming
 
-On Dataflow, events come from Pub/Sub and each output goes to its topic:
+On Dataflow, events come from Pub/Sub and each output goes to its topic. The workers need
+beam_agents' wheel and this project's: beam_agents is not on PyPI, so build its wheel in a
+checkout of it (BEAM_AGENTS below) and stage it first. The workers install the
+--extra_package files in the order given, each with its dependencies: this project's
+dependency on beam-agents is then already met, where it would otherwise be looked up on PyPI.
 
+    (cd BEAM_AGENTS && pip wheel --no-deps -w dist .)
     pip wheel --no-deps -w dist .
     python launch.py --bus=pubsub --input_subscription=projects/P/subscriptions/events \\\\
         --output_topic_prefix=projects/P/topics/@MODULE@- --runner=DataflowRunner \\\\
         --project=P --region=R --temp_location=gs://B/tmp --streaming \\\\
+        --extra_package=BEAM_AGENTS/dist/beam_agents-0.1.0-py3-none-any.whl \\\\
         --extra_package=dist/@MODULE@-0.1.0-py3-none-any.whl
 
 The keys are read on the workers, from their environment, and never pickled into the job
