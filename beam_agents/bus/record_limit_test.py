@@ -18,7 +18,14 @@ from beam_agents.bus import AgentLoop, KafkaBusError, TopicReader, Topics, decod
 from beam_agents.bus.loop import MAX_RECORD_BYTES, topic_records
 from beam_agents.bus.records import record_value, send
 from beam_agents.ops.rounds import env_options, run_round
-from beam_agents.runtime import ERRORS, SNAPSHOTS, RunAgent, ScriptedLlmClient, agent
+from beam_agents.runtime import (
+    ERRORS,
+    SNAPSHOTS,
+    RunAgent,
+    RuntimeConfig,
+    ScriptedLlmClient,
+    agent,
+)
 from beam_agents.testing.broker import fresh_topics, kafka_bootstrap, now_ms
 
 KEY = b"c-1"
@@ -37,16 +44,22 @@ def _export(at: int, request_id: str) -> AgentEnvelope:
 
 @agent(name="tests.hoard/v1")
 def _hoard(ctx, event: bytes) -> bytes:
-    """A key near its memory cap: 700 KB of notes and 340 KB of a model answer (a completed
-    activation keeps its answers in memory only); "forget" deletes both."""
+    """A key of a large memory (its budget raised to 2 MiB, `_BIG_MEMORY`): 1.1 MB of notes
+    and 340 KB of a model answer (a completed activation keeps its answers in memory only), a
+    snapshot over both the loop's 1 MB and the broker's default 1 MiB; "forget" deletes both."""
     if event == b"forget":
         ctx.memory.delete("notes")
         ctx.memory.delete("answer")
         return b"forgot"
-    ctx.memory.put("notes", b"n" * 700_000)
+    ctx.memory.put("notes", b"n" * 1_100_000)
     answer = ctx.llm([{"role": "user", "content": "long answer"}], model="m").text
     ctx.memory.put("answer", answer[:340_000].encode())
     return answer[:4].encode()
+
+
+#: A completed key's snapshot is its memory and little else (the replay cache drops the
+#: completed activation's answers): over Kafka's default 1 MiB only with a budget above it.
+_BIG_MEMORY = RuntimeConfig(memory_budget_bytes=2 * 1024 * 1024)
 
 
 class _LoopsRecords(beam.PTransform):
@@ -56,9 +69,9 @@ class _LoopsRecords(beam.PTransform):
     def expand(self, envelopes):
         llm = ScriptedLlmClient(lambda request: "a" * 700_000)
         limited = envelopes | "Limited" >> RunAgent(
-            _hoard, llm_client=llm, max_output_bytes=MAX_RECORD_BYTES
+            _hoard, llm_client=llm, config=_BIG_MEMORY, max_output_bytes=MAX_RECORD_BYTES
         )
-        raw = envelopes | "Raw" >> RunAgent(_hoard, llm_client=llm)
+        raw = envelopes | "Raw" >> RunAgent(_hoard, llm_client=llm, config=_BIG_MEMORY)
         records = topic_records(limited, Topics("fx"))
         return {**records, "raw_snapshots": raw[SNAPSHOTS]}
 
@@ -73,7 +86,7 @@ _INPUTS = [
 
 def test_a_snapshot_over_the_loops_record_limit_is_a_dead_letter_and_the_key_goes_on(tmp_path):
     outputs = run_round(_LoopsRecords(), _INPUTS, tmp_path)
-    big, small = outputs.values("raw_snapshots")
+    big, small = sorted(outputs.values("raw_snapshots"), key=lambda s: -s.ByteSize())
     assert big.request_id == "near the caps" and big.ByteSize() > MAX_RECORD_BYTES
     # Only the snapshot under the limit is a record; the key went on after the refusal. (The
     # round's own hand-off export, `run_round:end`, goes through the write step too.)
@@ -156,7 +169,9 @@ def test_on_the_broker_the_loops_records_go_through_and_the_snapshot_it_refused_
         ],
     )
     send(producer, [(topics.completions, b"k", b"x" * (MAX_RECORD_BYTES - 1), now_ms())])
-    big, _ = outputs.values("raw_snapshots")
+    # By its request id, not its place: the two snapshots come back in either order.
+    (big,) = [s for s in outputs.values("raw_snapshots") if s.request_id == "near the caps"]
+    assert big.ByteSize() > MAX_RECORD_BYTES
     with pytest.raises(KafkaBusError, match="MSG_SIZE_TOO_LARGE"):
         send(producer, [(topics.snapshots, KEY, record_value(big), now_ms())])
     read = [topics.snapshots, topics.dead_letters, topics.completions]
