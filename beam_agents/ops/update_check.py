@@ -58,7 +58,10 @@ def runner_graph(pipeline: beam.Pipeline) -> beam_runner_api_pb2.Pipeline:
     """The pipeline's graph as its runner submits it. For the DataflowRunner that is the graph
     after the rewrites of DataflowRunner.run_pipeline, in its order, up to where it serializes
     the pipeline (it then asks Google Cloud for the job, which is not done here); for other
-    runners, the graph as built. It rewrites `pipeline`: build a fresh one to run."""
+    runners, the graph as built. It rewrites `pipeline`: build a fresh one to run.
+
+    The rewrites are repeated from Beam's code, not called: a test pins the digest of
+    DataflowRunner.run_pipeline's source it was read from, and fails on a Beam that changed it."""
     if not isinstance(pipeline.runner, DataflowRunner):
         return pipeline.to_runner_api()
     options = pipeline._options

@@ -3,6 +3,9 @@ a swapped state coder, a timer in another domain."""
 
 from __future__ import annotations
 
+import hashlib
+import inspect
+
 import apache_beam as beam
 import pytest
 from apache_beam.portability.api import beam_runner_api_pb2
@@ -154,3 +157,19 @@ def test_against_the_manifest_one_graph_is_given_and_applies_a_composite(tmp_pat
     assert main(["update-check", str(graph)]) == 2
     assert main(["update-check", "--manifest", str(other)]) == 2
     assert "applies none of the manifest's composites" in capsys.readouterr().err
+
+
+#: SHA-256 of DataflowRunner.run_pipeline's source in the Beam whose rewrites `runner_graph`
+#: repeats (apache-beam 2.77.0, the lock's).
+_RUN_PIPELINE_READ = "9a6b52047917e2aa7367d1142c333f4daec1c265a32a3b1f1a9e3991070247cb"
+
+
+def test_the_dataflow_rewrites_repeated_are_those_of_the_beam_installed():
+    from apache_beam.runners.dataflow.dataflow_runner import DataflowRunner
+
+    source = inspect.getsource(DataflowRunner.run_pipeline)
+    assert hashlib.sha256(source.encode()).hexdigest() == _RUN_PIPELINE_READ, (
+        "DataflowRunner.run_pipeline changed with this Beam: read it again, make "
+        "update_check.runner_graph repeat its rewrites up to where it serializes the pipeline, "
+        "and record the new digest here"
+    )
