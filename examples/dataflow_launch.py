@@ -35,6 +35,11 @@ from __future__ import annotations
 import os
 import sys
 
+# isort: off
+# beam_agents first: importing it drops the one warning Beam logs on import (apitools).
+import beam_agents  # noqa: F401
+
+# isort: on
 import apache_beam as beam
 from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
 
