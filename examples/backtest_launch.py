@@ -77,7 +77,8 @@ def build(pipeline: beam.Pipeline, options: PipelineOptions) -> None:
         pipeline
         | "Match" >> fileio.MatchFiles(launch.records)
         | "Open" >> fileio.ReadMatches()
-        | "Split" >> beam.FlatMap(lambda file: split_delimited(file.read()))
+        # A file a writer left cut mid-record: its tail goes on, to be an undecodable record.
+        | "Split" >> beam.FlatMap(lambda file: split_delimited(file.read(), strict=False))
     )
     outputs = records | "Backtest" >> Backtest(load_agent(launch.agent))
     for tag in (REPORTS, ERRORS):

@@ -162,6 +162,14 @@ def parse_record(value) -> ActivationRecord | str:
     ]
     if missing:
         return f"an ActivationRecord without {', '.join(missing)}: not one RunAgent wrote"
+    # Validated here, once, so that what runs the history never meets a shape it cannot
+    # handle: an outcome of a newer writer (or a flipped byte), an answer with no payload.
+    if record.outcome not in Outcome.values():
+        return f"an outcome numbered {record.outcome}, which this binary does not know"
+    for answer in record.answers:
+        which = answer.WhichOneof("payload")
+        if which not in ("tool_result", "approval") or not getattr(answer, which).intent_id:
+            return f"an answer that is no tool result or approval to an intent ({which})"
     return record
 
 

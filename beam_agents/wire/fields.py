@@ -99,12 +99,21 @@ def join_delimited(messages: Iterable[Message]) -> bytes:
     return b"".join(parts)
 
 
-def split_delimited(data: bytes) -> Iterator[bytes]:
-    """The serialized messages `join_delimited` joined. Raises ValueError on malformed bytes."""
+def split_delimited(data: bytes, *, strict: bool = True) -> Iterator[bytes]:
+    """The serialized messages `join_delimited` joined. Raises ValueError on malformed bytes;
+    with `strict` False, a tail that is no whole message (a writer that died mid-message) is
+    yielded as it is instead, for the reader to refuse as it refuses any bad message."""
     position = 0
     while position < len(data):
-        length, position = read_varint(data, position)
-        if position + length > len(data):
-            raise ValueError("truncated length-delimited message")
+        start = position
+        try:
+            length, position = read_varint(data, position)
+            if position + length > len(data):
+                raise ValueError("truncated length-delimited message")
+        except ValueError:
+            if strict:
+                raise
+            yield data[start:]
+            return
         yield data[position : position + length]
         position += length

@@ -71,3 +71,16 @@ def test_delimited_messages_round_trip_and_refuse_truncation():
         list(split_delimited(data[:-1]))
     envelope = AgentEnvelope(entity_key=b"k", external_event=b"\x00")
     assert AgentEnvelope.FromString(next(split_delimited(join_delimited([envelope])))) == envelope
+
+
+@pytest.mark.parametrize("cut", [1, 5, 301])
+def test_a_truncated_tail_is_yielded_whole_when_not_strict(cut):
+    messages = [intent(), intent(intent_id="x" * 300)]
+    data = join_delimited(messages)
+    first = len(join_delimited(messages[:1]))
+    *whole, tail = split_delimited(data[:-cut], strict=False)
+    assert [ToolIntent.FromString(m) for m in whole] == messages[:1]
+    assert tail == data[first:-cut]
+    # An overlong varint: the rest is the tail.
+    assert list(split_delimited(b"\xff" * 11, strict=False)) == [b"\xff" * 11]
+    assert list(split_delimited(data, strict=False)) == [m.SerializeToString() for m in messages]
