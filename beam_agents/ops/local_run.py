@@ -279,6 +279,11 @@ def run_locally(
         how to get it, when there is none). Raises ValueError past `max_rounds` rounds (an agent
         that never stops calling tools).
     """
+    if not isinstance(tools, Mapping):
+        raise TypeError(
+            f"tools maps each tool's name to its function or ToolSpec, not {type(tools).__name__}:"
+            ' e.g. tools={"stock.lookup": lookup}'
+        )
     if workdir is None:
         with tempfile.TemporaryDirectory(prefix="beam-agents-local-") as scratch:
             return _LocalLoop(
@@ -383,9 +388,16 @@ class _LocalLoop:
             if self._approver is None:
                 self._run.pending.append(asked)
                 return None
+            approved = self._approver(asked)
+            if not isinstance(approved, bool):
+                # "no" is truthy: a person's refusal must never read as a yes.
+                raise TypeError(
+                    f"the approver answered {approved!r} to {asked.tool_name} "
+                    f"({asked.intent_id}): it must return True or False"
+                )
             decision = approval_answer(
                 asked,
-                approved=bool(self._approver(asked)),
+                approved=approved,
                 approver="run_locally approver",
                 keyring=self._rings["approval"],
                 decided_at_ms=now,

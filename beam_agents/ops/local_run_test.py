@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from beam_agents import ScriptedLlmClient, agent, run_locally
 
 
@@ -108,3 +110,20 @@ def test_the_transcript_shows_each_model_call_and_each_completion_its_key(tmp_pa
     transcript = run.transcript()
     assert 'k-1  model: m asked "pen", answered "PEN"\n' in transcript
     assert 'k-1  model: m asked "pen", answered "PEN" (cached)\n' in transcript
+
+
+def test_an_approver_that_answers_no_bool_is_refused_not_taken_for_a_yes(tmp_path):
+    with pytest.raises(TypeError, match=r"approver answered 'no'.*True or False"):
+        run_locally(
+            _counter,
+            [b"ink"],
+            tools={"dictionary.lookup": _lookup},
+            approver=lambda intent: "no",
+            llm_client=ScriptedLlmClient(_upper),
+            workdir=tmp_path,
+        )
+
+
+def test_tools_given_as_a_list_are_refused_naming_the_mapping_wanted():
+    with pytest.raises(TypeError, match=r"tools maps each tool's name.*not list"):
+        run_locally(_counter, [b"ink"], tools=[_lookup])

@@ -49,7 +49,9 @@ def with_local_prism(options: PipelineOptions) -> PipelineOptions:
     given location (a file, or a URL for Beam to fetch), pass unchanged."""
     runner = options.view_as(StandardOptions).runner or ""
     prism = options.view_as(PrismRunnerOptions)
-    if runner.rsplit(".", 1)[-1] != "PrismRunner":
+    # Every spelling Beam's create_runner takes for it: any case, with or without "Runner",
+    # or the class's qualified name.
+    if runner.rsplit(".", 1)[-1].lower() not in ("prism", "prismrunner"):
         return options
     given = prism.prism_location
     if given:

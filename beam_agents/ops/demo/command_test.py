@@ -79,8 +79,17 @@ def test_prism_without_its_location_uses_the_engines_build_or_says_how_to_get_it
     built.parent.mkdir()
     built.write_text("#!/bin/sh\n")
     built.chmod(0o755)
-    options = prism.with_local_prism(PipelineOptions(["--runner=PrismRunner"]))
-    assert options.view_as(PrismRunnerOptions).prism_location == str(built)
+    # Every spelling of the runner Beam takes for Prism, not only "PrismRunner".
+    for runner in (
+        "PrismRunner",
+        "Prism",
+        "prismrunner",
+        "apache_beam.runners.portability.prism_runner.PrismRunner",
+    ):
+        options = prism.with_local_prism(PipelineOptions([f"--runner={runner}"]))
+        assert options.view_as(PrismRunnerOptions).prism_location == str(built), runner
+    direct = prism.with_local_prism(PipelineOptions(["--runner=DirectRunner"]))
+    assert direct.view_as(PrismRunnerOptions).prism_location is None
     elsewhere = tmp_path / "elsewhere-prism"
     elsewhere.write_text("#!/bin/sh\n")
     given = prism.with_local_prism(
