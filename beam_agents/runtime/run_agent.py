@@ -402,6 +402,16 @@ class RunAgent(beam.PTransform):
             "result": result_keyring_loader,
             "approval": approval_keyring_loader,
         }
+        for name, loader in self._keyring_loaders.items():
+            if loader is not None and not callable(loader):
+                # A Keyring itself would be pickled into the job graph, keys and all (and
+                # fails to pickle): the workers load their own.
+                option = "keyring_loader" if name == "intent" else f"{name}_keyring_loader"
+                raise TypeError(
+                    f"{option} takes a function the workers call for their Keyring (e.g. "
+                    f"Keyring.from_environment, or functools.partial(Keyring.from_json, ...)), "
+                    f"not {type(loader).__name__}"
+                )
         self._config = RuntimeConfig() if config is None else config
         self._registry = registry
         self._max_output_bytes = max_output_bytes

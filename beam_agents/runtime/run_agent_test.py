@@ -9,6 +9,7 @@ import re
 import time
 
 import apache_beam as beam
+import pytest
 from apache_beam.options.pipeline_options import DebugOptions, PipelineOptions
 from apache_beam.testing.test_pipeline import TestPipeline as BeamPipeline
 from apache_beam.testing.util import assert_that, equal_to
@@ -19,6 +20,7 @@ from beam_agents._protos import (
     TraceEvent,
 )
 from beam_agents.intents.identity import intent_id
+from beam_agents.intents.signing import Keyring
 from beam_agents.ops.rounds import Advance, run_round
 from beam_agents.runtime import AtDeadline, DeadlinePolicy, RunAgent, RuntimeConfig, agent
 from beam_agents.testing.probe import (
@@ -244,3 +246,10 @@ def test_a_watermark_jump_on_the_fnapirunner_dead_letters_nothing_for_timers_tha
             label="Completed",
         )
         pipeline.run().wait_until_finish()
+
+
+@pytest.mark.parametrize("option", ["keyring_loader", "result_keyring_loader"])
+def test_a_keyring_given_where_a_loader_is_wanted_names_the_loader_it_wants(option):
+    ring = Keyring({"k-1": bytes(32)}, active="k-1")
+    with pytest.raises(TypeError, match=rf"{option} takes a function the workers call"):
+        RunAgent(slow_count, **{option: ring})
