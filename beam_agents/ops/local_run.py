@@ -220,8 +220,15 @@ class LocalRun:
 
     def transcript(self) -> str:
         """The conversation as text, one line per step: events, model calls (asked, answered,
-        cached), intents, answers, completions and dead letters, round by round."""
-        return "\n".join(step.describe() for step in self.conversation)
+        cached), intents, answers, completions and dead letters, round by round; then the
+        approval requests left waiting, when no approver answered them."""
+        lines = [step.describe() for step in self.conversation]
+        lines += [
+            f"waiting: {intent.tool_name} {intent.intent_id} of {intent.entity_key!r}, no approver"
+            " answered it (run_locally(approver=...))"
+            for intent in self.pending
+        ]
+        return "\n".join(lines)
 
 
 def approval_answer(

@@ -74,6 +74,10 @@ def test_without_an_approver_the_request_waits_and_a_failing_tool_is_an_answer(t
     assert run.completions == [] and run.dead_letters == []
     (waiting,) = run.pending
     assert waiting.entity_key == b"k-1" and json.loads(waiting.args_json)["word"] == "INK"
+    assert run.transcript().splitlines()[-1] == (
+        f"waiting: human.approval {waiting.intent_id} of b'k-1', no approver answered it"
+        " (run_locally(approver=...))"
+    )
     (result,) = [s.message for s in run.conversation if s.kind == "result"]
     assert "the dictionary is down" in result.tool_result.error_message
     assert run.rounds == 2
