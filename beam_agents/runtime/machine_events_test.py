@@ -468,6 +468,21 @@ def test_a_due_suspension_runs_at_its_own_timer_whichever_timer_fires_first(agen
     assert intent.created_at_ms == due < intent.expires_at_ms
 
 
+def test_a_ttl_timer_fired_on_a_due_suspension_sets_a_lost_deadline_timer_again():
+    # Left to its own timer, the due suspension must still have one: a TTL firing on it
+    # commits the state unchanged, which sets both timers again, and counts the stale firing.
+    h = Harness(asks)
+    h.send(event(T0, b"1"))
+    suspended = h.continuation
+    due, ttl = h.timers[0].at_ms, h.timers[1].at_ms
+    emitted = len(h.outputs)
+    h.timers[0].clear()  # lost
+    effects = h.fire_ttl()
+    assert effects.counters == ["stale_ttl_timers"] and len(h.outputs) == emitted
+    assert (h.timers[0].at_ms, h.timers[1].at_ms) == (due, ttl)
+    assert h.continuation is suspended
+
+
 def test_a_suspension_longer_than_the_ttl_drains_its_mailbox_at_the_answer():
     """A suspended key is not idle until its deadline: an answer on time, after more than a
     TTL, is no wrong clock, and the events queued behind it run at its time."""

@@ -74,6 +74,18 @@ def test_a_stored_suspension_with_a_negative_seq_ends_at_its_escalation_with_its
     assert h.values("completions") == [b"echo next"]
 
 
+def test_a_ttl_timer_ends_a_stored_suspension_it_cannot_act_on_with_its_inputs_kept():
+    h = Harness(echo)
+    answered = AgentEnvelope(entity_key=KEY, event_time_ms=T0)
+    answered.tool_result.intent_id = "i-0"
+    _stored(h, _suspended(seq=-1, answers=[answered], mailbox=[event(T0 + 1, b"queued")]))
+    h.fire_ttl(T0 + 10)  # past the suspension's due time, which would leave it to its timer
+    ended, queued = h.values(ERRORS)
+    assert (ended.reason, list(ended.answers)) == ("invalid_state", [answered])
+    assert (queued.reason, queued.input.external_event) == ("invalid_state", b"queued")
+    assert h.continuation is None and pending(h) == []
+
+
 def test_a_stored_retry_of_a_start_with_no_event_ends_instead_of_failing_its_timer():
     h = Harness(echo)
     _stored(h, _suspended(pending_intent_ids=[], retry_at_ms=T0 + 5, resume_failures=1))
