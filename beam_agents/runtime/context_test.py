@@ -93,3 +93,19 @@ def test_a_model_call_and_an_intent_are_traced_under_the_opentelemetry_genai_nam
         "gen_ai.tool.name": "human.approval",
         "beam_agents.intent.kind": "APPROVAL",
     }
+
+
+def test_a_response_that_names_no_model_is_traced_under_the_model_asked():
+    from beam_agents._protos import TraceEvent
+    from beam_agents.runtime import LlmResponse
+    from beam_agents.testing.machine_harness import T0, Harness, event, summarise_event
+
+    class Anonymous:
+        def complete(self, request):
+            return LlmResponse("ok")
+
+    assert LlmResponse("ok").model == ""
+    h = Harness(summarise_event, llm=Anonymous())
+    h.send(event(T0, b"x"))
+    (call,) = [t for t in h.values("traces") if t.event_type == TraceEvent.LLM_CALL]
+    assert call.attributes["gen_ai.response.model"] == "m"

@@ -405,3 +405,24 @@ def test_under_ask_an_approval_raises_the_keys_cost_limit_by_its_raise():
     assert h.values("completions") == [b"ok"] and model.calls == 1 and not pending(h)
     cache = h.states[2].value
     assert (cache.cost_allowance_micros, cache.cost_micros, cache.budget_grants) == (10_000, 600, 1)
+
+
+def test_a_budget_limits_nothing_and_an_approval_raises_nothing_unless_told():
+    from beam_agents.runtime.budget import BUDGET_TOOL, Budget, OnBudget
+
+    unset = Budget()
+    limits = (unset.key_tokens, unset.activation_tokens, unset.key_cost_micros)
+    assert limits == (None, None, None) and unset.activation_cost_micros is None
+    assert (unset.on_exceed, unset.raise_tokens, unset.raise_cost_micros) == (
+        OnBudget.DEAD_LETTER,
+        0,
+        0,
+    )
+    model = _Counting()
+    h = Harness(summarise_event, llm=model, config=_budgeted(key_tokens=10, on_exceed=OnBudget.ASK))
+    h.send(event(T0, b"first"))
+    (question,) = pending(h)
+    h.send(approve(T0 + 1, question))
+    (again,) = pending(h)  # approved, raised by nothing: the call still does not fit
+    assert again.tool_name == BUDGET_TOOL and again.intent_id != question.intent_id
+    assert model.calls == 0 and h.states[2].value.token_allowance == 0
