@@ -128,6 +128,13 @@ def test_a_snapshot_with_usage_out_of_range_is_not_restored(cache, why):
     assert h.states[2].value is None
 
 
+def test_a_snapshot_at_the_most_budget_grants_is_restored():
+    h = Harness(echo)
+    cache = LlmCacheBlob(state_schema_version=1, budget_grants=MAX_GRANTS)
+    h.restore(StateSnapshot(entity_key=KEY, snapshot_at_ms=T0, llm_cache=cache))
+    assert h.values(ERRORS) == [] and h.states[2].value.budget_grants == MAX_GRANTS
+
+
 def test_a_key_at_the_last_seq_refuses_its_next_start_with_the_event_in_the_record():
     h = Harness(echo)
     h.states[0].value = INT64_MAX - 1
