@@ -132,6 +132,13 @@ def test_parsing_hostile_args_json_is_a_typed_refusal(text, reason):
     assert reason in str(raised.value)
 
 
+def test_a_text_nested_past_the_limit_is_refused_at_its_root_before_it_is_parsed():
+    # Counted on the text, before json.loads builds anything: no value to point at but "$".
+    with pytest.raises(CanonicalJsonError) as raised:
+        parse_args_json('{"id":' + "[" * MAX_ARGS_DEPTH + "]" * MAX_ARGS_DEPTH + "}")
+    assert raised.value.path == "$" and f"more than {MAX_ARGS_DEPTH}" in str(raised.value)
+
+
 def test_brackets_inside_strings_do_not_count_as_nesting():
     text = '{"a":"' + "[" * 10_000 + '\\"{"}'
     assert parse_args_json(text) == {"a": "[" * 10_000 + '"{'}

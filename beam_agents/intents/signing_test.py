@@ -331,6 +331,11 @@ def test_signatures_of_the_wrong_length_are_refused(length):
             ).replace("SECRET_2", base64.b64encode(SECRET_2).decode()),
             "'k1' appears twice",
         ),
+        (  # the name that appears twice, not the first name of the object
+            json.dumps({"active": "k1", "keys": {"k1": base64.b64encode(SECRET_1).decode()}})[:-2]
+            + ', "k2": "", "k2": ""}}',
+            "'k2' appears twice",
+        ),
         (
             '{"active": "k\\ud800", "keys": {"k\\ud800": "'
             + base64.b64encode(SECRET_1).decode()

@@ -211,3 +211,24 @@ def test_a_subclass_with_a_resume_of_its_own_does_not_claim_to_replay_every_call
 
     assert FunctionAgent(ask, "tests.ask/v1").replays_every_call
     assert not OwnResume(ask, "tests.own_resume/v1").replays_every_call
+
+
+@agent(name="tests.parallel_second/v1")
+def _parallel_second(ctx, event: bytes) -> bytes:
+    first = ctx.call_tool("t.a", {})
+    both = ctx.call_tools([("t.b", {}), ("t.c", {})])
+    last = ctx.call_tool("t.d", {})
+    return b",".join(a.payload for a in (first, *both, last))
+
+
+def test_a_parallel_step_after_another_step_replays_with_its_own_answers():
+    # The snapshot keeps answers flat; a replay groups them back into steps by step_index. A
+    # step of two calls behind a step of one must get both its answers, not lend one to the
+    # step before (the replay would diverge at that step).
+    h = Harness(_parallel_second)
+    h.send(event(T0, b"go"))
+    for step in range(3):
+        for n, intent in enumerate(pending(h)):
+            h.send(answer(T0 + 10 * step + n + 1, intent, intent.tool_name.encode()))
+    assert h.values(ERRORS) == [] and not pending(h)
+    assert h.values("completions") == [b"t.a,t.b,t.c,t.d"]

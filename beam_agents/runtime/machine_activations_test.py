@@ -177,6 +177,35 @@ def test_an_agent_that_does_not_run_again_from_the_top_keeps_the_calls_its_resum
     assert list(h.states[2].value.entries) == []  # the completion drops the seq's calls
 
 
+@agent(name="tests.pays_then_asks_twice/v1")
+def _pays_then_asks_twice(ctx, event: bytes) -> bytes:
+    for step in (1, 2):
+        paid = ctx.call_tool("payments.refund", {"step": step})
+        ctx.llm([{"role": "user", "content": paid.payload.decode()}], model="m")
+    return b"done"
+
+
+def test_a_function_agents_resume_drops_the_calls_an_earlier_seq_left():
+    # Calls of an earlier seq (as a binary before seq-scoped writes left them) can answer
+    # nothing again. A function agent runs again from the top at each resume, so its resume
+    # writes back only the calls it made or made again: the dead ones go.
+    earlier = Harness(_PlansThenPays(), llm=summarise(""))
+    earlier.send(event(T0, b"x"))
+    (asked,) = pending(earlier)
+    earlier.send(answer(T0 + 1, asked))
+    left = earlier.states[2].value
+    assert len(left.entries) == 2
+    h = Harness(_pays_then_asks_twice, llm=summarise(""))
+    h.states[0].value = SEQ
+    h.states[2].value = left
+    h.send(event(T0 + 10, b"y"))  # a tool first: the start writes no cache
+    assert h.states[2].value is left
+    (paid,) = pending(h)
+    h.send(answer(T0 + 11, paid, b"refunded"))
+    (own,) = h.states[2].value.entries
+    assert own.response == LlmResponse("summary of refunded", "m").to_bytes()
+
+
 # Contract and memory totals ---------------------------------------------------------------------
 
 
@@ -275,3 +304,22 @@ def test_a_retry_of_the_completing_bundle_replays_the_model_from_the_state_it_re
     h.send(approve(T0 + 2, asked))
     assert model.calls == 1 and h.values("completions") == [b"sent", b"sent"]
     assert list(h.states[2].value.entries) == []
+
+
+@agent(name="tests.raises/v1")
+def _raises(ctx, event: bytes) -> bytes:
+    raise KeyError("no such customer")
+
+
+def test_a_failed_activation_is_traced_as_an_error_of_its_type_and_reason():
+    # error.type is the OpenTelemetry conventions' name: integrations/telemetry.py describes the
+    # span's error status with it.
+    from beam_agents._protos import TraceEvent
+
+    h = Harness(_raises)
+    h.send(event(T0, b"x"))
+    (failed,) = [t for t in h.values("traces") if t.event_type == TraceEvent.ERROR]
+    assert dict(failed.attributes) == {
+        "error.type": "KeyError",
+        "beam_agents.reason": "agent_raised",
+    }

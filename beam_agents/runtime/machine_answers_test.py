@@ -274,3 +274,34 @@ def test_an_agent_that_edits_the_continuation_it_resumes_does_not_change_its_ret
     assert h.continuation.snapshot == b"where I was" and len(h.continuation.answers) == 1
     h.fire_deadline()
     assert h.values("completions") == [b"where I was, 1 answer(s)"]
+
+
+def test_a_copy_of_a_recorded_answer_is_counted_and_a_different_one_is_a_dead_letter():
+    # At-least-once delivery sends an answer again: the copy changes nothing and is no error.
+    # Another answer for the same intent is refused in a record, the recorded one standing.
+    h = Harness(parallel)
+    h.send(event(T0, b"go"))
+    first, *_ = pending(h)
+    h.send(answer(T0 + 1, first, b"1"))
+    recorded = h.continuation
+    copy = h.send(answer(T0 + 1, first, b"1"))
+    assert copy.counters == ["duplicate_answers"] and h.values(ERRORS) == []
+    h.send(answer(T0 + 2, first, b"2"))
+    (refused,) = h.values(ERRORS)
+    assert refused.reason == "unknown_intent" and "another answer recorded" in refused.detail
+    assert refused.input.tool_result.payload == b"2"
+    assert h.continuation is recorded
+
+
+def test_an_answer_stamped_past_the_deadline_before_its_timer_fired_is_refused_as_late():
+    # The watermark, not the answer, fires the deadline: an answer stamped later can arrive
+    # first. It must not resume the agent; the deadline's timer decides, at its time.
+    h = Harness(refund, llm=summarise(""))
+    h.send(event(T0, b"7"))
+    (paid,) = pending(h)
+    suspended = h.continuation
+    late = suspended.deadline_ms + 1
+    h.send(answer(late, paid, b"refunded"))
+    (refused,) = h.values(ERRORS)
+    assert refused.reason == "after_deadline" and refused.input.tool_result.payload == b"refunded"
+    assert h.continuation is suspended and h.values("completions") == []

@@ -369,3 +369,60 @@ def test_a_reported_token_count_is_taken_as_a_count_from_zero_to_max_safe_intege
     taken = [reported_tokens(c) for c in (7, -3, 2**70, 12.9, float("inf"), float("nan"))]
     assert taken == [7, 0, MAX_SAFE_INTEGER, 12, MAX_SAFE_INTEGER, 0]
     assert [reported_tokens(c) for c in (None, "100", True)] == [0, 0, 0]
+
+
+def test_a_limit_of_zero_is_a_valid_budget_that_refuses_every_call():
+    from beam_agents.runtime.budget import Budget
+
+    zero = Budget(key_tokens=0, activation_tokens=0, key_cost_micros=0, activation_cost_micros=0)
+    assert (zero.key_tokens, zero.activation_cost_micros) == (0, 0)
+    model = _Counting()
+    h = Harness(summarise_event, llm=model, config=_budgeted(key_tokens=0))
+    h.send(event(T0, b"x"))
+    assert [e.reason for e in h.values(ERRORS)] == ["budget_exceeded"] and model.calls == 0
+
+
+def test_a_key_cost_limit_counts_what_the_activation_already_paid():
+    # The first call costs 600 micros and fits a limit of 600; the second, in the same
+    # activation, would pass it: the key has no stored cost yet, only this activation's.
+    model = _Counting()
+    h = Harness(_two_calls, llm=model, config=_budgeted(key_cost_micros=600))
+    h.send(event(T0, b"x"))
+    (refused,) = h.values(ERRORS)
+    assert refused.reason == "budget_exceeded" and "key cost" in refused.detail
+    assert model.calls == 1
+
+
+def test_under_ask_an_approval_raises_the_keys_cost_limit_by_its_raise():
+    from beam_agents.runtime.budget import OnBudget
+
+    model = _Counting()
+    config = _budgeted(key_cost_micros=10, on_exceed=OnBudget.ASK, raise_cost_micros=10_000)
+    h = Harness(summarise_event, llm=model, config=config)
+    h.send(event(T0, b"first"))
+    (question,) = pending(h)
+    h.send(approve(T0 + 1, question))
+    assert h.values("completions") == [b"ok"] and model.calls == 1 and not pending(h)
+    cache = h.states[2].value
+    assert (cache.cost_allowance_micros, cache.cost_micros, cache.budget_grants) == (10_000, 600, 1)
+
+
+def test_a_budget_limits_nothing_and_an_approval_raises_nothing_unless_told():
+    from beam_agents.runtime.budget import BUDGET_TOOL, Budget, OnBudget
+
+    unset = Budget()
+    limits = (unset.key_tokens, unset.activation_tokens, unset.key_cost_micros)
+    assert limits == (None, None, None) and unset.activation_cost_micros is None
+    assert (unset.on_exceed, unset.raise_tokens, unset.raise_cost_micros) == (
+        OnBudget.DEAD_LETTER,
+        0,
+        0,
+    )
+    model = _Counting()
+    h = Harness(summarise_event, llm=model, config=_budgeted(key_tokens=10, on_exceed=OnBudget.ASK))
+    h.send(event(T0, b"first"))
+    (question,) = pending(h)
+    h.send(approve(T0 + 1, question))
+    (again,) = pending(h)  # approved, raised by nothing: the call still does not fit
+    assert again.tool_name == BUDGET_TOOL and again.intent_id != question.intent_id
+    assert model.calls == 0 and h.states[2].value.token_allowance == 0

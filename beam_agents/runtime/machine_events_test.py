@@ -87,6 +87,17 @@ def test_an_event_with_an_idempotency_key_leaves_two_of_the_dedupe_marks():
     assert h.values("completions") == [b"echo a", b"echo b", b"echo c", b"echo a"]
 
 
+def test_a_cap_of_one_mark_keeps_the_latest_events_idempotency_mark():
+    # A keyed event leaves its content mark, then its idempotency key's: a cap below the two
+    # keeps the latest, the key's, in place of the marks before it.
+    h = Harness(echo, config=RuntimeConfig(dedupe_max_events=1))
+    h.send(event(T0, b"a"), idempotency_key=b"kafka:events/0@1")
+    h.send(event(T0 + 1, b"b"), idempotency_key=b"kafka:events/0@2")
+    assert len(h.memory.event_marks) == 24
+    h.send(event(T0 + 2, b"b, re-stamped"), idempotency_key=b"kafka:events/0@2")
+    assert h.values("completions") == [b"echo a", b"echo b"]
+
+
 # Point 7: the mailbox -------------------------------------------------------------------------
 
 
@@ -129,6 +140,17 @@ def test_a_mailbox_over_its_byte_bound_dead_letters_the_event_that_would_overflo
     (full,) = h.values(ERRORS)
     assert full.reason == "mailbox_full" and full.input.external_event == b"33"
     assert [e.external_event for e in h.continuation.mailbox] == [b"22"]
+
+
+def test_a_mailbox_holds_events_up_to_exactly_its_byte_bound():
+    h = Harness(asks, config=RuntimeConfig(mailbox_max_bytes=3))
+    h.send(event(T0, b"1"))
+    h.send(event(T0 + 1, b"22"))
+    h.send(event(T0 + 2, b"3"))  # 2 + 1 bytes: the bound, not past it
+    h.send(event(T0 + 3, b"4"))
+    (full,) = h.values(ERRORS)
+    assert full.input.external_event == b"4"
+    assert [e.external_event for e in h.continuation.mailbox] == [b"22", b"3"]
 
 
 @agent(name="tests.fragile/v1")
@@ -466,6 +488,21 @@ def test_a_due_suspension_runs_at_its_own_timer_whichever_timer_fires_first(agen
     # Emitted at the deadline's firing, stamped with it: alive there.
     (intent,) = [i for i in ttl_first.values("intents") if i.created_at_ms > T0]
     assert intent.created_at_ms == due < intent.expires_at_ms
+
+
+def test_a_ttl_timer_fired_on_a_due_suspension_sets_a_lost_deadline_timer_again():
+    # Left to its own timer, the due suspension must still have one: a TTL firing on it
+    # commits the state unchanged, which sets both timers again, and counts the stale firing.
+    h = Harness(asks)
+    h.send(event(T0, b"1"))
+    suspended = h.continuation
+    due, ttl = h.timers[0].at_ms, h.timers[1].at_ms
+    emitted = len(h.outputs)
+    h.timers[0].clear()  # lost
+    effects = h.fire_ttl()
+    assert effects.counters == ["stale_ttl_timers"] and len(h.outputs) == emitted
+    assert (h.timers[0].at_ms, h.timers[1].at_ms) == (due, ttl)
+    assert h.continuation is suspended
 
 
 def test_a_suspension_longer_than_the_ttl_drains_its_mailbox_at_the_answer():

@@ -74,6 +74,18 @@ def test_a_stored_suspension_with_a_negative_seq_ends_at_its_escalation_with_its
     assert h.values("completions") == [b"echo next"]
 
 
+def test_a_ttl_timer_ends_a_stored_suspension_it_cannot_act_on_with_its_inputs_kept():
+    h = Harness(echo)
+    answered = AgentEnvelope(entity_key=KEY, event_time_ms=T0)
+    answered.tool_result.intent_id = "i-0"
+    _stored(h, _suspended(seq=-1, answers=[answered], mailbox=[event(T0 + 1, b"queued")]))
+    h.fire_ttl(T0 + 10)  # past the suspension's due time, which would leave it to its timer
+    ended, queued = h.values(ERRORS)
+    assert (ended.reason, list(ended.answers)) == ("invalid_state", [answered])
+    assert (queued.reason, queued.input.external_event) == ("invalid_state", b"queued")
+    assert h.continuation is None and pending(h) == []
+
+
 def test_a_stored_retry_of_a_start_with_no_event_ends_instead_of_failing_its_timer():
     h = Harness(echo)
     _stored(h, _suspended(pending_intent_ids=[], retry_at_ms=T0 + 5, resume_failures=1))
@@ -114,6 +126,13 @@ def test_a_snapshot_with_usage_out_of_range_is_not_restored(cache, why):
     (refused,) = h.values(ERRORS)
     assert refused.reason == "invalid_snapshot" and why in refused.detail
     assert h.states[2].value is None
+
+
+def test_a_snapshot_at_the_most_budget_grants_is_restored():
+    h = Harness(echo)
+    cache = LlmCacheBlob(state_schema_version=1, budget_grants=MAX_GRANTS)
+    h.restore(StateSnapshot(entity_key=KEY, snapshot_at_ms=T0, llm_cache=cache))
+    assert h.values(ERRORS) == [] and h.states[2].value.budget_grants == MAX_GRANTS
 
 
 def test_a_key_at_the_last_seq_refuses_its_next_start_with_the_event_in_the_record():

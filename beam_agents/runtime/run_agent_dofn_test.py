@@ -11,6 +11,7 @@ from apache_beam.utils.timestamp import Timestamp
 from beam_agents._protos import AgentEnvelope, Continuation, LlmCacheBlob, MemoryBlob, StateSnapshot
 from beam_agents.runtime import RuntimeConfig
 from beam_agents.runtime.dead_letters import to_envelope
+from beam_agents.runtime.machine_state import COUNTERS
 from beam_agents.runtime.run_agent import _ENVELOPE, _SNAPSHOT, ERRORS, MIN_OUTPUT_BYTES, _AgentDoFn
 from beam_agents.state.migration import CURRENT_STATE_SCHEMA_VERSION, StateSchemaFromFutureError
 from beam_agents.testing.machine_harness import KEY, T0, Bag, Cell, Timer, echo, event
@@ -94,3 +95,19 @@ def test_a_dead_letter_over_max_output_bytes_leaves_as_a_small_one_naming_it():
         "dead letter (no_suspension)" in letter.detail and "on the errors output" in letter.detail
     )
     assert to_envelope(letter).ByteSize() < MIN_OUTPUT_BYTES
+
+
+def test_the_dofns_counters_are_reported_under_the_runtimes_namespace():
+    names = {(c.metric_name.namespace, c.metric_name.name) for c in _dofn()._counters.values()}
+    assert names == {("beam_agents.runtime", name) for name in COUNTERS}
+
+
+@pytest.mark.parametrize("limit", [float(MIN_OUTPUT_BYTES), str(MIN_OUTPUT_BYTES), True, 10])
+def test_max_output_bytes_is_refused_when_the_pipeline_is_built_unless_an_int_past_the_minimum(
+    limit,
+):
+    from beam_agents.runtime import RunAgent
+
+    with pytest.raises(ValueError, match="max_output_bytes"):
+        RunAgent(echo, max_output_bytes=limit)
+    assert RunAgent(echo, max_output_bytes=MIN_OUTPUT_BYTES)

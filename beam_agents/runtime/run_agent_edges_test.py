@@ -335,3 +335,27 @@ def test_idempotency_keys_of_any_bytes_type_mark_their_event_and_another_type_is
             equal_to([("undecodable_envelope", T0 + 4)]),
             label="errors",
         )
+
+
+def test_the_intake_stamps_its_dead_letters_at_their_elements_time_and_takes_none_as_no_key():
+    from apache_beam.utils.timestamp import Timestamp
+
+    from beam_agents._protos import AgentEnvelope
+    from beam_agents.runtime.run_agent import _ENVELOPE, _KeyAndTag
+
+    intake = _KeyAndTag(_ENVELOPE)
+    at = Timestamp(micros=(T0 + 7) * 1000 + 999)
+    refused = [
+        *intake.process(b"\xff\xff", timestamp=at),  # no AgentEnvelope
+        *intake.process(AgentEnvelope(external_event=b"x"), timestamp=at),  # no entity_key
+        *intake.process((command(T0), 7), timestamp=at),  # no idempotency key
+    ]
+    assert [(r.value[1].reason, r.value[1].event_time_ms) for r in refused] == [
+        ("undecodable_envelope", T0 + 7),
+        ("no_entity_key", T0 + 7),
+        ("undecodable_envelope", T0 + 7),
+    ]
+    # None is a transport's "no key": the envelope goes in as one that came alone.
+    alone = list(intake.process(command(T0), timestamp=at))
+    assert list(intake.process((command(T0), None), timestamp=at)) == alone
+    assert alone == [(KEY, b"E" + command(T0).SerializeToString())]
