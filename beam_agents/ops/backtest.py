@@ -185,9 +185,12 @@ def in_history_order(records: Iterable[ActivationRecord]) -> list[ActivationReco
 
 
 def _ordered(records: Sequence[ActivationRecord]) -> tuple[list[ActivationRecord], str, str]:
-    """The key's records in the order they ran, and a dead-letter reason with its detail when
-    the history cannot be run."""
-    ordered = in_history_order(records)
+    """The key's records in the order they ran, each once, and a dead-letter reason with its
+    detail when the history cannot be run."""
+    # A record written twice (an at-least-once sink, a retried export) is one activation: the
+    # runtime is deterministic, so a copy has the very same bytes.
+    once = {r.SerializeToString(deterministic=True): r for r in records}
+    ordered = in_history_order(once.values())
     for earlier, later in itertools.pairwise(ordered):
         if later.now_ms < earlier.now_ms:
             return (

@@ -101,10 +101,6 @@ def _recorded_live(agent_, events, llm_client):
         take([(tag, value) for tag, (_, value) in effects.outputs if tag != ERRORS])
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="open defect of issue 42: a record delivered twice is run twice",
-)
 def test_a_record_delivered_twice_is_no_divergence_of_the_unchanged_agent():
     # RunAgent's RECORDS written to Kafka (ordinary Beam, at least once) or files written by a
     # retried export can hold a record twice: same key, seq, step and time, same bytes.
