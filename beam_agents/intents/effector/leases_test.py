@@ -301,3 +301,20 @@ def test_a_claim_the_binary_before_leases_wrote_is_stamped_for_its_claimant_on_r
     stamped.ClearField("lease_owner")
     stamped.ClearField("lease_expires_at_ms")
     assert stamped.SerializeToString(deterministic=True) == data
+
+
+def test_an_owner_id_names_its_process_as_effectors_before_leases_read_it():
+    # During a rolling upgrade an effector of the binary before leases judges a claim by the
+    # process its owner id names: its pid and its start time (field 22 of /proc/<pid>/stat). A
+    # wrong start time would make it take a live claim for a dead one and run the call again.
+    import os
+    from pathlib import Path
+
+    from beam_agents.intents.effector.leases import new_owner_id
+
+    stat = Path(f"/proc/{os.getpid()}/stat")
+    if not stat.exists():
+        pytest.skip("no /proc: the start time is left empty")
+    fields = stat.read_text().rpartition(")")[2].split()  # after the command, from field 3
+    pid, started, unique = new_owner_id().split(":")
+    assert (pid, started) == (str(os.getpid()), fields[22 - 3]) and len(unique) == 32
