@@ -6,8 +6,9 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from beam_agents.examples.support_triage import TOOLS, scripted_model, triage
-from beam_agents.testing.recorded_history import record_history, triage_approver, triage_tickets
+from beam_agents.testing.recorded_history import (
+    triage_history,
+)
 from beam_agents.wire.fields import join_delimited
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -17,13 +18,7 @@ CANDIDATE = "beam_agents.testing.recorded_history:gold_only_refunds"
 
 
 def test_a_file_cut_in_the_middle_of_a_record_is_no_failed_job(tmp_path):
-    history = record_history(
-        triage,
-        triage_tickets(4),
-        tools=TOOLS,
-        approver=triage_approver,
-        llm_client=scripted_model(),
-    )
+    history = triage_history(4)
     (tmp_path / "records").mkdir()
     # A writer that died mid-record: the last frame says more bytes than the file holds.
     (tmp_path / "records" / "a.binpb").write_bytes(join_delimited(history)[:-3])

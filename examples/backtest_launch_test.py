@@ -7,14 +7,11 @@ import sys
 from pathlib import Path
 
 from beam_agents._protos import ActivationErrorRecord, BacktestKeyReport
-from beam_agents.examples.support_triage import TOOLS, scripted_model, triage
 from beam_agents.ops.backtest import run_backtest
 from beam_agents.testing.recorded_history import (
     expected_refund_changes,
     gold_only_refunds,
-    record_history,
-    triage_approver,
-    triage_tickets,
+    triage_history,
 )
 from beam_agents.wire.beam_support import HexLinesCoder
 from beam_agents.wire.fields import join_delimited
@@ -33,13 +30,7 @@ def _read(prefix: Path, message):
 
 def test_the_launcher_writes_the_reports_run_backtest_makes_and_a_summary(tmp_path):
     count = 48
-    history = record_history(
-        triage,
-        triage_tickets(count),
-        tools=TOOLS,
-        approver=triage_approver,
-        llm_client=scripted_model(),
-    )
+    history = triage_history(count)
     # Two files, as a job writing RECORDS in shards would, and bytes that are no record.
     (tmp_path / "records").mkdir()
     half = len(history) // 2

@@ -7,15 +7,12 @@ from __future__ import annotations
 import pytest
 from apache_beam.options.pipeline_options import PipelineOptions
 
-from beam_agents.examples.support_triage import TOOLS, scripted_model, triage
 from beam_agents.ops.backtest import run_backtest
 from beam_agents.testing.engines import Engines
 from beam_agents.testing.recorded_history import (
     expected_refund_changes,
     gold_only_refunds,
-    record_history,
-    triage_approver,
-    triage_tickets,
+    triage_history,
 )
 
 pytestmark = pytest.mark.engines
@@ -31,13 +28,7 @@ def _batch_on_flink() -> PipelineOptions:
 
 def test_a_backtest_on_flink_reports_what_it_does_on_the_direct_runner():
     count = 200
-    history = record_history(
-        triage,
-        triage_tickets(count),
-        tools=TOOLS,
-        approver=triage_approver,
-        llm_client=scripted_model(),
-    )
+    history = triage_history(count)
     on_flink, letters = run_backtest(history, gold_only_refunds, pipeline_options=_batch_on_flink())
     assert letters == []
     _, asked = expected_refund_changes(count)

@@ -28,7 +28,7 @@ from beam_agents.testing.recorded_history import (
     _answer,
     record_history,
     triage_approver,
-    triage_tickets,
+    triage_history,
 )
 
 
@@ -49,13 +49,7 @@ def asks_anew(ctx, event: bytes) -> bytes:
 
 
 def _triage_history(count: int):
-    return record_history(
-        triage,
-        triage_tickets(count),
-        tools=TOOLS,
-        approver=triage_approver,
-        llm_client=scripted_model(),
-    )
+    return triage_history(count)
 
 
 class _FailsOnce:

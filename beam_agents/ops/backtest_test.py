@@ -35,9 +35,8 @@ from beam_agents.runtime import LlmResponse, Price, Recording, ScriptedLlmClient
 from beam_agents.testing.recorded_history import (
     expected_refund_changes,
     gold_only_refunds,
-    record_history,
     triage_approver,
-    triage_tickets,
+    triage_history,
 )
 from beam_agents.wire.fields import join_delimited, split_delimited
 
@@ -60,14 +59,7 @@ def raises(ctx, event: bytes) -> bytes:
 
 
 def _history(count: int, **kwargs) -> list[ActivationRecord]:
-    return record_history(
-        triage,
-        triage_tickets(count),
-        tools=TOOLS,
-        approver=triage_approver,
-        llm_client=scripted_model(),
-        **kwargs,
-    )
+    return triage_history(count, **kwargs)
 
 
 def test_a_changed_refund_rule_reports_exactly_the_keys_whose_refunds_change():

@@ -20,6 +20,7 @@ from beam_agents.testing.recorded_history import (
     gold_only_refunds,
     record_history,
     triage_approver,
+    triage_history,
     triage_tickets,
 )
 
@@ -117,13 +118,7 @@ def test_the_shadow_emits_only_reports_spans_and_dead_letters():
 def test_records_arriving_out_of_order_are_spanned_once_each_as_in_order(tmp_path):
     """A key's records can reach the shadow in any order: a history that lacks its start waits,
     and once it is whole each record gets its one span, the same spans as in order."""
-    live = record_history(
-        triage,
-        triage_tickets(12),
-        tools=TOOLS,
-        approver=triage_approver,
-        llm_client=scripted_model(),
-    )
+    live = triage_history(12)
     by_key = {}
     for record in live:
         by_key.setdefault(record.entity_key, []).append(record)

@@ -19,7 +19,14 @@ import json
 from collections.abc import Callable, Iterable, Mapping
 
 from beam_agents._protos import ActivationRecord, AgentEnvelope, ToolIntent, ToolResult
-from beam_agents.examples.support_triage import MODEL, SYSTEM, ticket
+from beam_agents.examples.support_triage import (
+    MODEL,
+    SYSTEM,
+    TOOLS,
+    scripted_model,
+    ticket,
+    triage,
+)
 from beam_agents.intents.identity import content_digest, parse_args_json
 from beam_agents.runtime import INTENTS, RECORDS, LlmClient, Recording, RuntimeConfig, agent
 from beam_agents.runtime.context import Agent
@@ -32,6 +39,7 @@ __all__ = [
     "gold_only_refunds",
     "record_history",
     "triage_approver",
+    "triage_history",
     "triage_tickets",
 ]
 
@@ -89,6 +97,19 @@ def record_history(
                 elif tag == INTENTS:
                     driver.schedule(_answer(value, tools, approver))
     return records
+
+
+def triage_history(count: int, **kwargs) -> list[ActivationRecord]:
+    """The triage agent's records over `count` tickets: its tools run, its refunds decided by
+    `triage_approver`, its model the example's scripted one (`kwargs` go to record_history)."""
+    return record_history(
+        triage,
+        triage_tickets(count),
+        tools=TOOLS,
+        approver=triage_approver,
+        llm_client=scripted_model(),
+        **kwargs,
+    )
 
 
 def _answer(intent: ToolIntent, tools, approver) -> AgentEnvelope:
