@@ -94,29 +94,24 @@ def _tree(root: Path) -> Path:
     return root / "pkg" / "calc.py"
 
 
-def _run(root: Path, cache: Path, *, min_score: int = 100) -> subprocess.CompletedProcess:
+def _tool(root: Path, cache: Path, *args: str) -> subprocess.CompletedProcess:
+    """tools/mutation.py over the tree at `root`, its results in `cache`."""
     return subprocess.run(
         [
-            sys.executable,
-            str(_TOOL),
-            "--root",
-            str(root),
-            "--cache",
-            str(cache),
-            "--preload",
-            "pytest",
-            "--jobs",
-            "2",
-            "--min-timeout",
-            "10",
-            "--min-score",
-            str(min_score),
-            str(root / "pkg" / "calc.py"),
+            *(sys.executable, str(_TOOL), "--root", str(root), "--cache", str(cache)),
+            *("--preload", "pytest", *args),
         ],
         capture_output=True,
         text=True,
         timeout=300,
         check=False,
+    )
+
+
+def _run(root: Path, cache: Path, *, min_score: int = 100) -> subprocess.CompletedProcess:
+    calc = str(root / "pkg" / "calc.py")
+    return _tool(
+        root, cache, "--jobs", "2", "--min-timeout", "10", "--min-score", str(min_score), calc
     )
 
 
@@ -216,16 +211,7 @@ def test_modules_run_together_share_one_session_and_keep_results_of_their_own(tm
         "from pkg.calc import add\n\n\ndef test_add():\n    assert add(2, 3) == 5\n"
     )
     cache = tmp_path / "results.json"
-    done = subprocess.run(
-        [
-            *(sys.executable, str(_TOOL), "--root", str(root), "--cache", str(cache)),
-            *("--preload", "pytest", "--min-score", "100", str(root / "pkg")),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
+    done = _tool(root, cache, "--min-score", "100", str(root / "pkg"))
     assert done.returncode == 0, done.stdout + done.stderr
     found = json.loads(cache.read_text())
     assert found["pkg/calc.py"]["mutants"]["2:11:binop"]["status"] == "killed"
@@ -270,16 +256,11 @@ def test_a_sampled_run_measures_only_its_sample_and_prints_the_interval(tmp_path
     sample = mutation.Sample(fraction=0.5, seed=seed)
     wanted = {m.id for m in mutation.mutants(_CALC) if sample.keeps("pkg/calc.py", m)}
     cache = tmp_path / "results.json"
-    done = subprocess.run(
-        [
-            *(sys.executable, str(_TOOL), "--root", str(root), "--cache", str(cache)),
-            *("--preload", "pytest", "--jobs", "2", "--min-timeout", "10"),
-            *("--sample", "0.5", "--seed", str(seed), str(root / "pkg" / "calc.py")),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
+    done = _tool(
+        root,
+        cache,
+        *("--jobs", "2", "--min-timeout", "10", "--sample", "0.5", "--seed", str(seed)),
+        str(root / "pkg" / "calc.py"),
     )
     assert done.returncode == 0, done.stdout + done.stderr
     assert set(_statuses(cache)) == wanted
