@@ -64,6 +64,7 @@ from beam_agents._protos import (
 from beam_agents.errors import LlmCallError
 from beam_agents.intents.identity import content_digest
 from beam_agents.intents.signing import SIGNATURE_FIELDS
+from beam_agents.ops import prism
 from beam_agents.ops.rounds import _AppendLines, _read, env_options
 from beam_agents.runtime.budget import Price
 from beam_agents.runtime.config import RuntimeConfig
@@ -727,7 +728,7 @@ def run_backtest(
     returns its reports and dead letters."""
     with tempfile.TemporaryDirectory(prefix="beam-agents-backtest-") as folder:
         paths = {tag: str(Path(folder) / tag) for tag in (REPORTS, ERRORS)}
-        with beam.Pipeline(options=pipeline_options or env_options()) as pipeline:
+        with prism.pipeline(pipeline_options or env_options()) as pipeline:
             outputs = pipeline | beam.Create(list(records)) | Backtest(candidate, options)
             for tag, path in paths.items():
                 _ = outputs[tag] | f"Write{tag}" >> beam.ParDo(_AppendLines(path))

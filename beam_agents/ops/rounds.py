@@ -41,7 +41,7 @@ from apache_beam.testing.test_stream import TestStream
 from apache_beam.transforms import window
 
 from beam_agents._protos import AgentEnvelope, StateSnapshot
-from beam_agents.ops.prism import with_local_prism
+from beam_agents.ops import prism
 from beam_agents.wire.decoding import message_type
 
 __all__ = ["OPTIONS_ENV", "Advance", "ManualClock", "Outputs", "env_options", "run_round"]
@@ -59,7 +59,7 @@ def env_options() -> PipelineOptions:
     any test's pipeline that should run on whichever runner the suite runs on. The PrismRunner
     without `--prism_location` is the Prism `tools/engines.sh` built (`with_local_prism`), or
     PrismNotFoundError saying how to get it: Beam never downloads one."""
-    return with_local_prism(PipelineOptions(shlex.split(os.environ.get(OPTIONS_ENV, ""))))
+    return prism.with_local_prism(PipelineOptions(shlex.split(os.environ.get(OPTIONS_ENV, ""))))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -139,7 +139,7 @@ def run_round(
     if options is None:
         options = env_options()
     options.view_as(StandardOptions).streaming = True
-    with beam.Pipeline(options=options) as pipeline:
+    with prism.pipeline(options) as pipeline:
         split = (
             pipeline
             | stream.advance_watermark_to_infinity()

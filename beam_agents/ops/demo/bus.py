@@ -26,6 +26,7 @@ from beam_agents.bus import (
 from beam_agents.bus.flink import FlinkRest, KafkaArrivals, ReadWatchdog
 from beam_agents.errors import FlinkRestError, ReadStalledError
 from beam_agents.examples.support_triage import scripted_model, triage
+from beam_agents.ops import prism
 from beam_agents.ops.demo.account import Account
 from beam_agents.ops.demo.parts import (
     CUSTOMER,
@@ -185,7 +186,7 @@ class _BusDemo(Account):
             first_event = [(topics.events, CUSTOMER, event, event.event_time_ms)]
             if self.flink is None:
                 produce(kafka_bootstrap, first_event)  # the job's first read finds it waiting
-            pipeline = beam.Pipeline(options=self.options)
+            pipeline = prism.pipeline(self.options)
             add_triage_loop(
                 pipeline,
                 kafka_bootstrap=kafka_bootstrap,

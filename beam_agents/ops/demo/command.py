@@ -13,13 +13,12 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-import apache_beam as beam
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from beam_agents.errors import PrismNotFoundError
 from beam_agents.ops.demo.bus import run_bus_demo
 from beam_agents.ops.demo.local import run_demo
-from beam_agents.ops.prism import with_local_prism
+from beam_agents.ops.prism import pipeline, with_local_prism
 
 __all__ = ["main"]
 
@@ -122,7 +121,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     pipeline_args = [f"--{name}={value}" for name, value in given.items() if value] + rest
     try:
         options = with_local_prism(PipelineOptions(pipeline_args))
-        beam.Pipeline(options=options)  # Beam checks the runner and its options here
+        pipeline(options)  # Beam checks the runner and its options here
     except (PrismNotFoundError, ValueError) as e:
         print(f"beam-agents demo: {e}", file=sys.stderr)
         return 2
