@@ -6,31 +6,39 @@
 RECORDS is a file of ActivationRecords (length-delimited), as RunAgent writes them with
 recording on (`beam_agents.runtime.recording`); the candidate is named as `replay` names one.
 
-How a key is run. The candidate runs through the runtime's own per-key machine
-(`KeyMachine`, every decision RunAgent makes), with recording on, from an empty key: the key's
-recorded external events go in at their event times, and each intent the candidate emits is
-answered from the recording when the recorded activation at the same place emitted the same
-call (the same tool, kind and canonical arguments, RFC 8785 as every intent's): the recorded
-ToolResult or Approval, addressed to the candidate's intent, at its recorded time. The model is
-a client that answers a request from the recording when the recording made the same request
-(the SHA-256 of its canonical JSON, `recording.request_digest`), each recorded answer once, in
-order. Nothing here has an effector: no intent ever reaches a tool (`Backtest` builds no
-ExecuteIntents, and its test asserts the graph holds none).
+How a key is run. The candidate runs through the runtime's own per-key machine (`KeyMachine`,
+every decision RunAgent makes), with recording on, from an empty key, its inputs in the order
+the live key ran them (seq, then step: an event that reached its key late ran after one stamped
+later, and a suspension's queued events ran when it ended): the key's recorded external events,
+and each intent the candidate emits is answered from the recording when the recorded activation
+at the same place emitted the same call (the same tool, kind and canonical arguments, RFC 8785
+as every intent's): the recorded ToolResult or Approval, addressed to the candidate's intent,
+where the recording's resume took it in. The model is a client that answers a request from the
+recording when the recording made the same request (the SHA-256 of its canonical JSON,
+`recording.request_digest`), each recorded answer once, in order. Nothing here has an effector:
+no intent ever reaches a tool (`Backtest` builds no ExecuteIntents, and its test asserts the
+graph holds none).
 
 Divergence. The candidate's activation records are compared, one by one in order, with the
-recording's: a model request the recording does not answer (`KIND_MODEL_REQUEST`), other
-intents (`KIND_APPROVAL` when an approval is asked or no longer asked, else `KIND_TOOL_CALL`),
-or the same calls with another outcome or output (`KIND_OUTCOME`). The key's report holds its
-first divergence. By default the key's run stops there (`stop_at_divergence`); with a
-`continue_with` model the run goes on, the requests the recording lacks answered by that model
-within `max_tokens` for the whole key, tools still answered only from the recording (a call it
-does not hold stays unanswered: the run ends there, `stopped`).
+recording's (an attempt that failed live and that the runtime ran again at its place, a model
+error retried on its timer, is not one of them: the candidate, answered from the recording,
+does not fail there; its tokens count, as they were billed): a model request the recording does
+not answer (`KIND_MODEL_REQUEST`), other intents (`KIND_APPROVAL` when an approval is asked or
+no longer asked, else `KIND_TOOL_CALL`), or the same calls with another outcome or output
+(`KIND_OUTCOME`). The key's report holds its first divergence. By default the key's run stops
+there (`stop_at_divergence`); with a `continue_with` model the run goes on, the requests the
+recording lacks answered by that model within `max_tokens` for the whole key, tools still
+answered only from the recording (a call it does not hold stays unanswered: the run ends there,
+`stopped`).
 
 Bad input is a dead letter on ERRORS, never a failed pipeline: bytes that are no
 ActivationRecord, or one of another message type (`recording_undecodable`); a key's history
-that starts with a resume, or resumes with answers its intents never asked
-(`history_incomplete`); a history whose activations go back in time (`history_out_of_order`);
-a recorded answer the candidate needs that was kept as a digest only
+that does not start with the key's first activation (a resume, or a start under a seq that is
+not the first seq of a key, which the runtime numbers from the key's first event time: the
+recording began after the key did), or resumes with answers its intents never asked
+(`history_incomplete`); a history holding two different records at one place (seq and step)
+other than a failed attempt and its retry: records of two histories of one key mixed
+(`history_out_of_order`); a recorded answer the candidate needs that was kept as a digest only
 (`recorded_answer_withheld`, the key's run stopped). A candidate that raises is the runtime's
 own failure (`agent_raised`) and, against a recording that completed, a divergence of outcome.
 
@@ -79,6 +87,7 @@ from beam_agents.runtime.dead_letters import (
 from beam_agents.runtime.key_driver import KeyDriver, recording_machine
 from beam_agents.runtime.machine import ERRORS
 from beam_agents.runtime.machine_answers import answered_intent_id
+from beam_agents.runtime.machine_events import first_seq
 from beam_agents.runtime.recording import RECORDS, request_digest
 from beam_agents.wire.beam_support import typed
 
@@ -185,28 +194,63 @@ def in_history_order(records: Iterable[ActivationRecord]) -> list[ActivationReco
     return sorted(records, key=lambda r: (r.seq, r.first_step, r.now_ms))
 
 
-def _ordered(records: Sequence[ActivationRecord]) -> tuple[list[ActivationRecord], str, str]:
-    """The key's records in the order they ran, each once, and a dead-letter reason with its
-    detail when the history cannot be run."""
+def _place(record: ActivationRecord) -> tuple[int, int]:
+    return record.seq, record.first_step
+
+
+@dataclasses.dataclass
+class _History:
+    """A key's history, checked: every record once in the order it ran, the activations a
+    candidate's are compared with, and where each recorded input went in among those."""
+
+    records: list[ActivationRecord]
+    compared: list[ActivationRecord]
+    #: The index in `compared` of the activation each record's place belongs to.
+    positions: dict[tuple[int, int], int]
+
+
+def _history(records: Sequence[ActivationRecord]) -> tuple[_History, str, str]:
+    """The key's history, and a dead-letter reason with its detail when it cannot be run."""
     # A record written twice (an at-least-once sink, a retried export) is one activation: the
     # runtime is deterministic, so a copy has the very same bytes.
     once = {r.SerializeToString(deterministic=True): r for r in records}
     ordered = in_history_order(once.values())
-    for earlier, later in itertools.pairwise(ordered):
-        if later.now_ms < earlier.now_ms:
-            return (
-                ordered,
-                HISTORY_OUT_OF_ORDER,
-                f"seq {later.seq} step {later.first_step} ran at {later.now_ms}, before seq "
-                f"{earlier.seq} step {earlier.first_step} at {earlier.now_ms}",
-            )
+    compared, positions = [], {}
+    for record, after in itertools.zip_longest(ordered, ordered[1:]):
+        if after is not None and _place(after) == _place(record):
+            if record.outcome != Outcome.OUTCOME_FAILED:
+                return (
+                    _History(ordered, [], {}),
+                    HISTORY_OUT_OF_ORDER,
+                    (
+                        f"two different records of seq {record.seq} step {record.first_step}, the "
+                        "first not a failed attempt the runtime ran again: two histories mixed"
+                    ),
+                )
+            continue  # a failed attempt, run again at its place: the retry is compared
+        positions[_place(record)] = len(compared)
+        compared.append(record)
+    checked = _History(ordered, compared, positions)
     if ordered and not ordered[0].HasField("event"):
         first = ordered[0]
         return (
-            ordered,
+            checked,
             HISTORY_INCOMPLETE,
-            f"the first record (seq {first.seq}, step {first.first_step}) is a resume: the "
-            "key's start is not in the recording",
+            (
+                f"the first record (seq {first.seq}, step {first.first_step}) is a resume: the "
+                "key's start is not in the recording"
+            ),
+        )
+    if ordered and ordered[0].seq != first_seq(ordered[0].event.event_time_ms):
+        first = ordered[0]
+        return (
+            checked,
+            HISTORY_INCOMPLETE,
+            (
+                f"the first record is a start of seq {first.seq}, not of a key's first seq "
+                f"({first_seq(first.event.event_time_ms)} for its event time): the key ran before "
+                "the recording began"
+            ),
         )
     asked = {i.intent_id for r in ordered for i in r.intents}
     unasked = sorted(
@@ -216,8 +260,8 @@ def _ordered(records: Sequence[ActivationRecord]) -> tuple[list[ActivationRecord
         if answered_intent_id(a) not in asked
     )
     if unasked:
-        return ordered, HISTORY_INCOMPLETE, f"answers to intents no record emitted: {unasked}"
-    return ordered, "", ""
+        return checked, HISTORY_INCOMPLETE, f"answers to intents no record emitted: {unasked}"
+    return checked, "", ""
 
 
 # -- the model the recording answers --------------------------------------------------------
@@ -352,19 +396,24 @@ def backtest_key(
     """Runs `candidate` over one key's recorded history (see the module docstring): its
     report, or None with the dead letter that says why the history cannot be run."""
     options = options or BacktestOptions()
-    baseline, reason, detail = _ordered(list(records))
-    at = baseline[0].now_ms if baseline else 0
+    history, reason, detail = _history(list(records))
+    at = history.records[0].now_ms if history.records else 0
     if reason:
         return None, [error_record(key, reason, detail, at)]
-    model = _RecordedModel(baseline, options.continue_with, options.max_tokens)
+    baseline = history.compared
+    model = _RecordedModel(history.records, options.continue_with, options.max_tokens)
     driver = KeyDriver(recording_machine(candidate, model, options.config), key)
-    answers = {answered_intent_id(a): a for r in baseline for a in r.answers}
+    # Each input goes in where the live key took it in: (its activation's index, the answer).
+    answers = {}
+    for record in reversed(history.records):
+        for answer in record.answers:
+            answers[answered_intent_id(answer)] = (history.positions[_place(record)], answer)
     seen = set()
-    for record in baseline:
+    for record in history.records:
         data = record.event.SerializeToString(deterministic=True)
         if record.HasField("event") and data not in seen:
             seen.add(data)
-            driver.schedule(record.event)
+            driver.schedule(record.event, at=history.positions[_place(record)])
     report = BacktestKeyReport(entity_key=key, baseline_activations=len(baseline))
     ran: list[ActivationRecord] = []
     letters: list[ActivationErrorRecord] = []
@@ -389,7 +438,7 @@ def backtest_key(
                 baseline_outcome=missing.outcome,
             )
         )
-    _account(report, baseline, ran)
+    _account(report, history.records, ran)
     return report, letters
 
 
@@ -440,21 +489,22 @@ def _answer(driver: KeyDriver, ran: ActivationRecord, recorded, answers) -> bool
         if not matches:
             answerable = False
             continue
-        answer = answers.get(matches.pop(0).intent_id)
-        if answer is not None:
-            driver.schedule(_addressed(answer, intent))
+        found = answers.get(matches.pop(0).intent_id)
+        if found is not None:
+            position, answer = found
+            driver.schedule(_addressed(answer, intent), at=position)
     return answerable
 
 
 def _account(report: BacktestKeyReport, baseline, ran) -> None:
-    """The tool counts and token totals of both runs."""
+    """The tool counts and token totals of both runs: every attempt's tokens (a failed one
+    was billed too), the intents of those that did not fail (a failed one's never left it)."""
     counts = {}
     for side, records in (("baseline", baseline), ("candidate", ran)):
         for record in records:
-            if record.outcome == Outcome.OUTCOME_FAILED:
-                continue  # a failed activation's intents never left it
-            for intent in record.intents:
-                counts.setdefault(intent.tool_name, {"baseline": 0, "candidate": 0})[side] += 1
+            if record.outcome != Outcome.OUTCOME_FAILED:
+                for intent in record.intents:
+                    counts.setdefault(intent.tool_name, {"baseline": 0, "candidate": 0})[side] += 1
             for call in record.model_calls:
                 if not call.replayed:
                     name = f"{side}_input_tokens"

@@ -1,11 +1,9 @@
 """Hostile histories for the backtest: recordings a production job really writes (a record
 delivered twice by an at-least-once sink, a model that failed once and was retried, a
 recording turned on after a key began), bad records, and the token report under a budget.
-Each test states what issue 42 promises; a strict xfail is a defect still open."""
+Each test states what issue 42 promises."""
 
 from __future__ import annotations
-
-import pytest
 
 from beam_agents._protos import ActivationRecord, AgentEnvelope
 from beam_agents.errors import LlmCallError
@@ -105,10 +103,6 @@ def test_a_record_delivered_twice_is_no_divergence_of_the_unchanged_agent():
     assert not report.HasField("divergence"), report.divergence.detail
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="open defect of issue 42: a failed activation and its retry compared as two",
-)
 def test_a_model_that_failed_once_live_is_no_divergence_of_the_unchanged_agent():
     # The live model timed out on one resume; the runtime retried it on its timer and the key
     # went on to the refund. An unchanged candidate, answered from the recording, does not fail.
@@ -126,10 +120,6 @@ def test_a_model_that_failed_once_live_is_no_divergence_of_the_unchanged_agent()
     assert not report.stopped
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="open defect of issue 42: a history that starts after the key began is not detected",
-)
 def test_a_recording_that_began_after_the_keys_first_event_is_a_dead_letter():
     # Recording turned on by an --update of a running job, or last week's records of a key
     # that began the week before: the key's state before the first record is not in it. The
@@ -148,10 +138,6 @@ def test_a_recording_that_began_after_the_keys_first_event_is_a_dead_letter():
     assert [letter.reason for letter in letters] == ["history_incomplete"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="open defect of issue 42: the tokens failed activations billed are not counted",
-)
 def test_what_the_continue_with_model_billed_counts_in_the_candidates_tokens():
     events = [
         AgentEnvelope(entity_key=b"k", event_time_ms=T0 + n * 60_000, external_event=b"e%d" % n)
@@ -175,15 +161,11 @@ def echo(ctx, event: bytes) -> bytes:
     return b"ok " + event
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="open defect of issue 42: histories ordered by event time, not as they ran",
-)
 def test_an_event_that_arrived_late_live_is_backtested_not_dead_lettered():
     # On a stream an event can reach its key after one stamped later (another partition, a
     # retrying sender): RunAgent runs it on arrival, under the next seq, at its own time. That
-    # is the live history, not bad input; the backtest calls it history_out_of_order and
-    # drops the key, even for a stateless agent backtested against itself.
+    # is the live history, not bad input (the backtest once called it history_out_of_order
+    # and dropped the key, even for a stateless agent backtested against itself).
     machine = recording_machine(echo, scripted_model(), RuntimeConfig(), Recording())
     state, history = KeyState(), []
     for at, body in ((T0 + 2_000, b"second"), (T0, b"first, 2 s late")):

@@ -133,16 +133,15 @@ def test_bad_input_is_a_named_dead_letter_never_a_failed_pipeline():
     keys = sorted(by_key)
     # A key's start lost (the recording began after it): incomplete.
     incomplete = [r for r in by_key[keys[0]] if not r.HasField("event")]
-    # Another key's records moved back in time: out of order.
-    shuffled = [ActivationRecord() for _ in by_key[keys[1]]]
-    for copy, record in zip(shuffled, by_key[keys[1]], strict=True):
-        copy.CopyFrom(record)
-    shuffled[-1].now_ms = shuffled[0].now_ms - 1
+    # Another key's history mixed with one of another job: two records at one place.
+    mixed = [*by_key[keys[1]], ActivationRecord()]
+    mixed[-1].CopyFrom(mixed[-2])
+    mixed[-1].output = b"what another job's run of the key answered"
     whole = by_key[keys[2]]
     data = whole[0].SerializeToString()
     inputs = [
         *incomplete,
-        *shuffled,
+        *mixed,
         *whole,
         data[: len(data) // 2],  # truncated
         whole[0].intents[0].SerializeToString(),  # a ToolIntent: another message

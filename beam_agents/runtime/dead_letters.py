@@ -138,10 +138,12 @@ REASONS = {
     "key's state is unchanged",
     RECORDING_UNDECODABLE: "a backtest's input is no ActivationRecord (truncated bytes, or "
     "another message type): that record is skipped",
-    HISTORY_INCOMPLETE: "a backtest's history of a key lacks its start, or holds answers to "
-    "intents no record emitted: the key is not backtested",
-    HISTORY_OUT_OF_ORDER: "a backtest's history of a key whose activations go back in time "
-    "along their seq order (records of two histories mixed): the key is not backtested",
+    HISTORY_INCOMPLETE: "a backtest's history of a key lacks the key's first activation (it "
+    "starts with a resume, or with a start that is not the key's first seq), or holds answers "
+    "to intents no record emitted: the key is not backtested",
+    HISTORY_OUT_OF_ORDER: "a backtest's history of a key holds two different records at one "
+    "place (seq and step) that are not a failed attempt and its retry (records of two "
+    "histories mixed): the key is not backtested",
     RECORDED_ANSWER_WITHHELD: "a backtest's candidate needs a recorded model answer that was "
     "over the recording's max_answer_bytes, kept as a digest only: the key's run stopped there",
 }

@@ -1,7 +1,8 @@
 """One key's inputs through the runtime's per-key machine, in process, without a pipeline.
 
 `KeyDriver` holds a key's state between inputs and hands each to `KeyMachine`, in event-time
-order, as RunAgent's DoFn does (the machine makes every decision; the DoFn only moves state):
+order (or at the place the caller gives each: the backtest replays the order a key ran in),
+as RunAgent's DoFn does (the machine makes every decision; the DoFn only moves state):
 what the backtest runs a candidate agent with (beam_agents/ops/backtest.py), and what makes a
 recorded history fast in tests (beam_agents/testing/recorded_history.py). Timers are not
 fired, and nothing is signed or verified: it runs what was already accepted once.
@@ -26,9 +27,9 @@ _WHOLE = Recording(max_answer_bytes=2**62)
 
 
 class KeyDriver:
-    """Runs one key's inputs through a KeyMachine in event-time order (ties in the order they
-    were scheduled), holding the key's state between them. `step()` returns the (tag, value)
-    outputs of the next input."""
+    """Runs one key's inputs through a KeyMachine in event-time order, or by the `at` each was
+    scheduled with (ties in the order they were scheduled), holding the key's state between
+    them. `step()` returns the (tag, value) outputs of the next input."""
 
     def __init__(self, machine: KeyMachine, key: bytes) -> None:
         self._machine = machine
@@ -37,8 +38,9 @@ class KeyDriver:
         self._queue: list[tuple[int, int, AgentEnvelope]] = []
         self._order = itertools.count()
 
-    def schedule(self, envelope: AgentEnvelope) -> None:
-        heapq.heappush(self._queue, (envelope.event_time_ms, next(self._order), envelope))
+    def schedule(self, envelope: AgentEnvelope, *, at: int | None = None) -> None:
+        place = envelope.event_time_ms if at is None else at
+        heapq.heappush(self._queue, (place, next(self._order), envelope))
 
     def __bool__(self) -> bool:
         return bool(self._queue)

@@ -65,7 +65,7 @@ from beam_agents.runtime.machine_state import (
 from beam_agents.state.memory import calls_dropped
 from beam_agents.state.migration import new_state_blob
 
-__all__ = ["MAX_FIRST_SEQ", "Intake", "event_digests", "marks_problem"]
+__all__ = ["MAX_FIRST_SEQ", "Intake", "event_digests", "first_seq", "marks_problem"]
 
 _SEQ_PER_MS = 1000
 #: The largest first seq of a key (its first event's time, clamped), so the largest seq a key
@@ -394,9 +394,11 @@ class Intake:
 
 
 def _next_seq(stored: int | None, now_ms: int) -> int:
-    # A key with no seq starts at its first event's time in microsecond steps, so a key that
-    # starts over in a new job (no state restored) does not re-issue the ids of an earlier one.
-    # Never 0: an exported seq of 0 means "none".
-    if stored is not None:
-        return stored + 1
-    return max(1, min(now_ms * _SEQ_PER_MS, MAX_FIRST_SEQ))
+    return first_seq(now_ms) if stored is None else stored + 1
+
+
+def first_seq(event_time_ms: int) -> int:
+    """The seq of a key's first activation, started by an event of `event_time_ms`: that time
+    in microsecond steps, so a key that starts over in a new job (no state restored) does not
+    re-issue the ids of an earlier one. Never 0: an exported seq of 0 means "none"."""
+    return max(1, min(event_time_ms * _SEQ_PER_MS, MAX_FIRST_SEQ))
