@@ -476,44 +476,67 @@ def _judge(report, baseline, ran, model, driver, answers, options, letters) -> b
     return False
 
 
+def _matched(
+    candidate: Iterable[ToolIntent], recorded: Iterable[ToolIntent]
+) -> Iterator[tuple[ToolIntent, ToolIntent | None]]:
+    """Each of the candidate's intents with the recorded intent of the same call (the same
+    tool, kind and canonical arguments), each recorded one matched once; None: the recording
+    made no such call, and nothing can answer it."""
+    unused = collections.defaultdict(list)
+    for intent in recorded:
+        unused[_call(intent)].append(intent)
+    for intent in candidate:
+        matches = unused.get(_call(intent))
+        yield intent, matches.pop(0) if matches else None
+
+
 def _answer(driver: KeyDriver, ran: ActivationRecord, recorded, answers) -> bool:
     """Schedules the recorded answer of each call the suspended activation `ran` made that
     the `recorded` one made too (one the recording never got an answer to waits, as it did);
     False when the candidate made a call the recording did not: nothing can answer it."""
-    unused = collections.defaultdict(list)
-    for intent in recorded.intents if recorded is not None else ():
-        unused[_call(intent)].append(intent)
     answerable = True
-    for intent in ran.intents:
-        matches = unused.get(_call(intent))
-        if not matches:
-            answerable = False
-            continue
-        found = answers.get(matches.pop(0).intent_id)
+    for intent, match in _matched(ran.intents, recorded.intents if recorded is not None else ()):
+        found = answers.get(match.intent_id) if match is not None else None
+        answerable = answerable and match is not None
         if found is not None:
             position, answer = found
             driver.schedule(_addressed(answer, intent), at=position)
     return answerable
 
 
+def _count(report: BacktestKeyReport, side: str, record: ActivationRecord) -> None:
+    """Adds one activation of `side` ("baseline" or "candidate") to the report's tool counts
+    and token totals: every attempt's tokens (a failed one was billed too), the intents of
+    one that did not fail (a failed one's never left it). `_sort_tools` then orders them."""
+    if record.outcome != Outcome.OUTCOME_FAILED:
+        for intent in record.intents:
+            calls = next((c for c in report.tool_calls if c.tool_name == intent.tool_name), None)
+            if calls is None:
+                calls = report.tool_calls.add(tool_name=intent.tool_name)
+            setattr(calls, side, getattr(calls, side) + 1)
+    for call in record.model_calls:
+        if not call.replayed:
+            name = f"{side}_input_tokens"
+            setattr(report, name, getattr(report, name) + call.input_tokens)
+            name = f"{side}_output_tokens"
+            setattr(report, name, getattr(report, name) + call.output_tokens)
+
+
+def _sort_tools(report: BacktestKeyReport) -> None:
+    ordered = sorted(report.tool_calls, key=lambda calls: calls.tool_name)
+    kept = [BacktestKeyReport.ToolCalls(tool_name=c.tool_name, baseline=c.baseline,
+                                        candidate=c.candidate) for c in ordered]  # fmt: skip
+    del report.tool_calls[:]
+    report.tool_calls.extend(kept)
+
+
 def _account(report: BacktestKeyReport, baseline, ran) -> None:
-    """The tool counts and token totals of both runs: every attempt's tokens (a failed one
-    was billed too), the intents of those that did not fail (a failed one's never left it)."""
-    counts = {}
+    """The tool counts and token totals of both runs (`_count`)."""
     for side, records in (("baseline", baseline), ("candidate", ran)):
         for record in records:
-            if record.outcome != Outcome.OUTCOME_FAILED:
-                for intent in record.intents:
-                    counts.setdefault(intent.tool_name, {"baseline": 0, "candidate": 0})[side] += 1
-            for call in record.model_calls:
-                if not call.replayed:
-                    name = f"{side}_input_tokens"
-                    setattr(report, name, getattr(report, name) + call.input_tokens)
-                    name = f"{side}_output_tokens"
-                    setattr(report, name, getattr(report, name) + call.output_tokens)
+            _count(report, side, record)
     report.candidate_activations = len(ran)
-    for name in sorted(counts):
-        report.tool_calls.add(tool_name=name, **counts[name])
+    _sort_tools(report)
 
 
 # -- the transform --------------------------------------------------------------------------

@@ -6,12 +6,9 @@ Each test states what issue 42 promises."""
 from __future__ import annotations
 
 from beam_agents._protos import ActivationRecord, AgentEnvelope
-from beam_agents.errors import LlmCallError
 from beam_agents.examples.support_triage import TOOLS, scripted_model, ticket, triage
 from beam_agents.ops.backtest import BacktestOptions, backtest_key, run_backtest
 from beam_agents.runtime import (
-    ERRORS,
-    INTENTS,
     RECORDS,
     LlmResponse,
     Recording,
@@ -19,11 +16,11 @@ from beam_agents.runtime import (
     ScriptedLlmClient,
     agent,
 )
-from beam_agents.runtime.key_driver import KeyDriver, recording_machine
+from beam_agents.runtime.key_driver import recording_machine
 from beam_agents.runtime.machine import KeyState
 from beam_agents.testing.recorded_history import (
     T0,
-    _answer,
+    FailsOnce,
     record_history,
     triage_approver,
     triage_history,
@@ -50,49 +47,6 @@ def _triage_history(count: int):
     return triage_history(count)
 
 
-class _FailsOnce:
-    """The model a live job had: one call times out, then it answers as before."""
-
-    def __init__(self, inner) -> None:
-        self._inner = inner
-        self._failed = False
-
-    def complete(self, request):
-        if not self._failed:
-            self._failed = True
-            raise LlmCallError("timed out", model=request.model, retryable=False)
-        return self._inner.complete(request)
-
-
-def _recorded_live(agent_, events, llm_client):
-    """What RunAgent records for `events` of one key, the deadline timer fired when a failed
-    resume waits on it (as the live job's timer would)."""
-    key = events[0].entity_key
-    machine = recording_machine(agent_, llm_client, RuntimeConfig(), Recording())
-    driver = KeyDriver(machine, key)
-    for event in events:
-        driver.schedule(event)
-    records = []
-
-    def take(outputs):
-        for tag, value in outputs:
-            if tag == RECORDS:
-                records.append(value)
-            elif tag == INTENTS:
-                driver.schedule(_answer(value, TOOLS, triage_approver))
-
-    while True:
-        while driver:
-            take(driver.step())
-        waiting = driver._state.continuation
-        if waiting is None or not waiting.retry_at_ms:
-            return records
-        effects = machine.on_deadline_timer(key, driver._state, waiting.retry_at_ms)
-        if effects.state is not None:
-            driver._state = effects.state
-        take([(tag, value) for tag, (_, value) in effects.outputs if tag != ERRORS])
-
-
 def test_a_record_delivered_twice_is_no_divergence_of_the_unchanged_agent():
     # RunAgent's RECORDS written to Kafka (ordinary Beam, at least once) or files written by a
     # retried export can hold a record twice: same key, seq, step and time, same bytes.
@@ -111,7 +65,13 @@ def test_a_model_that_failed_once_live_is_no_divergence_of_the_unchanged_agent()
         event_time_ms=T0,
         external_event=ticket("t-1", "c-1", "I want a refund for my order"),
     )
-    history = _recorded_live(triage, [event], _FailsOnce(scripted_model()))
+    history = record_history(
+        triage,
+        [event],
+        tools=TOOLS,
+        approver=triage_approver,
+        llm_client=FailsOnce(scripted_model()),
+    )
     assert [r.reason for r in history if r.reason] == ["llm_failed"]
     assert b'"refunded"' in history[-1].output
     report, letters = backtest_key(b"flaky", history, triage)

@@ -4,71 +4,117 @@
     shadow = live[RECORDS] | "Shadow" >> ShadowAgent(candidate)
 
 `ShadowAgent` takes the live agent's activation records (RunAgent's RECORDS output) as they
-come and, per key, runs the candidate over the key's history so far exactly as the backtest
-does (`backtest.backtest_key`: the runtime's own machine, model answers from the live agent's
-for the same request, tool results and approvals from the live agent's for the same call).
-So its divergence records are the backtest's for the same events. It emits no intent at all:
-nothing it does can reach an effector.
+come and, per key, runs the candidate one live activation at a time, as the backtest does
+(`backtest.backtest_key`: the runtime's own machine, model answers from the live agent's for
+the same request, tool results and approvals from the live agent's for the same call). So its
+divergence records are the backtest's for the same events. It emits no intent at all: nothing
+it does can reach an effector.
 
-State of its own. The transform keeps each key's records so far in a bag under its own name
-(whatever label it is applied under), and a mark once the key has diverged; RunAgent's state is
-untouched. Adding a shadow to a job adds transforms and state, which `--update` takes (the
-live RunAgent gains the RECORDS output, which it takes too). A key's history is run again from
-the start on each record (histories are short; a key stops being shadowed, and its bag is
-cleared, at its first divergence or dead letter).
+State of its own, bounded per key. The transform keeps, per key and under its own names
+(whatever label it is applied under), the candidate's state (the five cells RunAgent keeps),
+the last live record compared (whose calls the next one's answers are matched to), the key's
+counts so far, and the records that came ahead of their turn; RunAgent's state is untouched.
+So a long-lived key costs one activation of the candidate per live activation, never its
+history again. Adding a shadow to a job adds transforms and state, which `--update` takes (the
+live RunAgent gains the RECORDS output, which it takes too).
+
+Order. A key's records can reach the shadow in any order and more than once. It runs each in
+the order the live key ran them: a key's first activation (a start under the first seq of a
+key, `machine_events.first_seq`), then, while the candidate is suspended, the resume of its
+suspension (the same seq and step), else the next seq's start. A record that failed live and
+that the runtime runs again at its place (a retried resume) is not compared: its model answers
+go to the retry. A copy of a record already compared is dropped. A record that came ahead of
+its turn waits; if its turn has not come once the watermark is `wait_ms` past it, the key is
+not shadowed further, with a `history_incomplete` dead letter (a record lost; a key that began
+before the shadow was added to the job; a suspension the runtime ended without a resume, as
+a declined budget does). Records wait `wait_ms` (two hours of event time by default): more than
+the live job's longest resume backoff, for a failed resume waits for its retry.
 
 Outputs: REPORTS, (entity_key, BacktestKeyReport), once per key, at its first divergence;
 TRACES, (entity_key, TraceEvent), one SHADOW_ACTIVATION span per live activation the
 candidate was compared on, up to and including the divergent one; ERRORS, (entity_key,
-ActivationErrorRecord), the backtest's dead letters. A history that is incomplete only so far
-(records can arrive out of their order) waits for its missing records.
+ActivationErrorRecord), the backtest's dead letters and `history_incomplete`.
 
 Spans, for a dashboard's live divergence rate. Each span is a child of the live activation's
 own span, in its trace (the ids are the runtime's pure functions of the key and seq, so no id
 travels with the record), named by the candidate (`gen_ai.agent.name`) and saying
 `beam_agents.shadow.diverged` ("true" on the divergent activation, with its kind and detail).
 The rate is the diverged spans over all spans of a candidate; RunAgent's TRACES and these go
-to the same exporter (`beam_agents.integrations.telemetry`). A count of the records already
-compared is kept per key, so a record is spanned once however many times the history is run.
+to the same exporter (`beam_agents.integrations.telemetry`). A record is spanned when it is
+compared, and each is compared once.
 
 Not yet: a candidate that goes on past its divergence with a model of its own.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 
 import apache_beam as beam
 from apache_beam.coders import BooleanCoder, VarIntCoder
 from apache_beam.coders.coders import DeterministicProtoCoder
 from apache_beam.transforms import window
-from apache_beam.transforms.userstate import BagStateSpec, ReadModifyWriteStateSpec
+from apache_beam.transforms.timeutil import TimeDomain
+from apache_beam.transforms.userstate import (
+    BagStateSpec,
+    ReadModifyWriteStateSpec,
+    TimerSpec,
+    on_timer,
+)
 from apache_beam.typehints import Tuple
 
 from beam_agents._protos import (
     ActivationErrorRecord,
     ActivationRecord,
     BacktestKeyReport,
+    Continuation,
+    LlmCacheBlob,
+    MemoryBlob,
+    ToolIntent,
     TraceEvent,
 )
 from beam_agents.ops.backtest import (
     REPORTS,
-    backtest_key,
-    in_history_order,
+    _addressed,
+    _count,
+    _divergence,
+    _matched,
+    _RecordedModel,
+    _sort_tools,
     kind_name,
     parse_record,
 )
+from beam_agents.runtime.config import RuntimeConfig
 from beam_agents.runtime.context import Agent
-from beam_agents.runtime.dead_letters import HISTORY_INCOMPLETE, RECORDING_UNDECODABLE, error_record
-from beam_agents.runtime.machine import ERRORS, TRACES
+from beam_agents.runtime.dead_letters import (
+    HISTORY_INCOMPLETE,
+    HISTORY_OUT_OF_ORDER,
+    RECORDED_ANSWER_WITHHELD,
+    RECORDING_UNDECODABLE,
+    RESUME_FAILED,
+    error_record,
+)
+from beam_agents.runtime.key_driver import KeyDriver, recording_machine
+from beam_agents.runtime.machine import ERRORS, TRACES, KeyState
+from beam_agents.runtime.machine_answers import answered_intent_id
+from beam_agents.runtime.machine_events import first_seq
+from beam_agents.runtime.recording import RECORDS
 from beam_agents.runtime.trace_ids import span_id, trace_id
-from beam_agents.wire.beam_support import keep_each_key_in_one_bundle, typed
+from beam_agents.wire.beam_support import keep_each_key_in_one_bundle, timer_timestamp, typed
 
-__all__ = ["REPORTS", "TRACES", "ShadowAgent", "shadow_span"]
+__all__ = ["DEFAULT_WAIT_MS", "REPORTS", "TRACES", "ShadowAgent", "shadow_span"]
+
+#: How long (event time) records ahead of their turn wait for the records before them: past the
+#: longest resume backoff of a default RuntimeConfig (an hour), which a failed resume waits.
+DEFAULT_WAIT_MS = 2 * 60 * 60 * 1000
+
+Divergence = BacktestKeyReport.Divergence
+Outcome = ActivationRecord.Outcome
 
 
 def shadow_span(
-    record: ActivationRecord, candidate: str, divergence: BacktestKeyReport.Divergence | None
+    record: ActivationRecord, candidate: str, divergence: Divergence | None
 ) -> TraceEvent:
     """The span of `candidate` run on the live activation `record`, a child of its span;
     `divergence` when the candidate departed there."""
@@ -96,21 +142,90 @@ def shadow_span(
     )
 
 
-class _Shadow(beam.DoFn):
-    HISTORY = BagStateSpec("history", DeterministicProtoCoder(ActivationRecord))
-    DONE = ReadModifyWriteStateSpec("done", BooleanCoder())
-    # How many of the key's records (in history order) are spanned already.
-    SPANNED = ReadModifyWriteStateSpec("spanned", VarIntCoder())
+def _place(record: ActivationRecord) -> tuple[int, int]:
+    return record.seq, record.first_step
 
-    def __init__(self, candidate: Agent) -> None:
+
+def _retried(record: ActivationRecord) -> bool:
+    """A failed resume the runtime runs again at its place (a failed start never is; a resume
+    that failed on its last retry is `resume_failed`)."""
+    return (
+        record.outcome == Outcome.OUTCOME_FAILED
+        and not record.HasField("event")
+        and record.reason != RESUME_FAILED
+    )
+
+
+def _due(record: ActivationRecord, previous: ActivationRecord | None, state: KeyState) -> bool:
+    """Whether the live key ran `record` next after `previous`, the candidate (in step with
+    it) now in `state`: the key's first start, its suspension's resume, or the next start."""
+    start = record.first_step == 0 and record.HasField("event")
+    if previous is None:
+        return start and record.seq == first_seq(record.event.event_time_ms)
+    if state.continuation is not None:
+        return _place(record) == (state.continuation.seq, state.continuation.step_index)
+    return start and record.seq == (state.seq or 0) + 1
+
+
+def _expected(previous: ActivationRecord | None, state: KeyState) -> str:
+    if previous is None:
+        return "the key's first start"
+    if state.continuation is not None:
+        waiting = state.continuation
+        return f"the resume of seq {waiting.seq} at step {waiting.step_index}"
+    return f"the start of seq {(state.seq or 0) + 1}"
+
+
+@dataclasses.dataclass
+class _Turn:
+    """What the records whose turn came did: the outputs, what still waits, and whether the
+    key is done (diverged, or a dead letter)."""
+
+    outputs: list = dataclasses.field(default_factory=list)
+    waiting: list[ActivationRecord] = dataclasses.field(default_factory=list)
+    progressed: bool = False
+    done: bool = False
+
+
+class _Shadow(beam.DoFn):
+    # The candidate's state, as RunAgent keeps a key's.
+    SEQ = ReadModifyWriteStateSpec("candidate_seq", VarIntCoder())
+    MEMORY = ReadModifyWriteStateSpec("candidate_memory", DeterministicProtoCoder(MemoryBlob))
+    CACHE = ReadModifyWriteStateSpec("candidate_llm_cache", DeterministicProtoCoder(LlmCacheBlob))
+    CONTINUATION = ReadModifyWriteStateSpec(
+        "candidate_continuation", DeterministicProtoCoder(Continuation)
+    )
+    PENDING = BagStateSpec("candidate_pending", DeterministicProtoCoder(ToolIntent))
+    # The last live record compared, and the key's report so far (its counts).
+    LAST = ReadModifyWriteStateSpec("last", DeterministicProtoCoder(ActivationRecord))
+    REPORT = ReadModifyWriteStateSpec("report", DeterministicProtoCoder(BacktestKeyReport))
+    # Records not compared yet: ahead of their turn, or failed attempts awaiting their retry;
+    # and since when (ms of event time) nothing moved while some waited.
+    WAITING = BagStateSpec("waiting", DeterministicProtoCoder(ActivationRecord))
+    WAITING_SINCE = ReadModifyWriteStateSpec("waiting_since", VarIntCoder())
+    DONE = ReadModifyWriteStateSpec("done", BooleanCoder())
+    GIVE_UP = TimerSpec("give_up", TimeDomain.WATERMARK)
+
+    def __init__(self, candidate: Agent, wait_ms: int, config: RuntimeConfig) -> None:
         self._candidate = candidate
+        self._wait_ms = wait_ms
+        self._config = config
 
     def process(
         self,
         element,
-        history=beam.DoFn.StateParam(HISTORY),
+        timestamp=beam.DoFn.TimestampParam,
+        seq=beam.DoFn.StateParam(SEQ),
+        memory=beam.DoFn.StateParam(MEMORY),
+        cache=beam.DoFn.StateParam(CACHE),
+        continuation=beam.DoFn.StateParam(CONTINUATION),
+        pending=beam.DoFn.StateParam(PENDING),
+        last=beam.DoFn.StateParam(LAST),
+        report=beam.DoFn.StateParam(REPORT),
+        waiting=beam.DoFn.StateParam(WAITING),
+        waiting_since=beam.DoFn.StateParam(WAITING_SINCE),
         done=beam.DoFn.StateParam(DONE),
-        spanned=beam.DoFn.StateParam(SPANNED),
+        give_up=beam.DoFn.TimerParam(GIVE_UP),
     ) -> Iterator:
         key, value = element
         record = parse_record(value)
@@ -120,55 +235,219 @@ class _Shadow(beam.DoFn):
             return
         if done.read():
             return
-        records = [*history.read(), record]
-        report, letters = backtest_key(key, records, self._candidate)
-        if letters and all(letter.reason == HISTORY_INCOMPLETE for letter in letters):
-            history.add(record)  # a record still to come may complete it
-            return
-        for letter in letters:
-            yield beam.pvalue.TaggedOutput(ERRORS, (key, letter))
-        if report is not None:
-            yield from self._spans(report, records, spanned)
-        if letters or report.HasField("divergence"):
-            if report is not None:
-                yield key, report
+        candidate = (seq, memory, cache, continuation, pending)
+        held = list(waiting.read())
+        turn = self._turns(key, [*held, record], candidate, last, report)
+        yield from turn.outputs
+        if turn.done:
+            _clear(*candidate, last, report, waiting, waiting_since)
+            give_up.clear()
             done.write(True)
-            history.clear()
-            spanned.clear()
             return
-        history.add(record)
+        waiting.clear()
+        for kept in turn.waiting:
+            waiting.add(kept)
+        if not turn.waiting:
+            waiting_since.clear()
+            give_up.clear()
+        elif turn.progressed or waiting_since.read() is None:
+            # Nothing has moved since this element: give up wait_ms after it.
+            now = timestamp.micros // 1000
+            waiting_since.write(now)
+            give_up.set(timer_timestamp(now + self._wait_ms))
 
-    def _spans(self, report: BacktestKeyReport, records, spanned) -> Iterator:
-        """A span for each record compared since the last run, up to the divergent one."""
-        divergence = report.divergence if report.HasField("divergence") else None
-        compared = in_history_order(records)[: divergence.activation + 1 if divergence else None]
-        start = spanned.read() or 0
-        for index, record in enumerate(compared[start:], start):
-            diverged = divergence if divergence and index == divergence.activation else None
-            span = shadow_span(record, self._candidate.adapter, diverged)
-            yield beam.pvalue.TaggedOutput(TRACES, (record.entity_key, span))
-        spanned.write(max(start, len(compared)))
+    @on_timer(GIVE_UP)
+    def at_give_up(
+        self,
+        key=beam.DoFn.KeyParam,
+        fired=beam.DoFn.TimestampParam,
+        seq=beam.DoFn.StateParam(SEQ),
+        memory=beam.DoFn.StateParam(MEMORY),
+        cache=beam.DoFn.StateParam(CACHE),
+        continuation=beam.DoFn.StateParam(CONTINUATION),
+        pending=beam.DoFn.StateParam(PENDING),
+        last=beam.DoFn.StateParam(LAST),
+        report=beam.DoFn.StateParam(REPORT),
+        waiting=beam.DoFn.StateParam(WAITING),
+        waiting_since=beam.DoFn.StateParam(WAITING_SINCE),
+        done=beam.DoFn.StateParam(DONE),
+    ) -> Iterator:
+        held = list(waiting.read())
+        if not held or done.read():
+            return
+        state = _read(seq, memory, cache, continuation, pending)
+        first = min(held, key=_place)
+        detail = (
+            f"{len(held)} record(s) (seq {first.seq} step {first.first_step} first) waited "
+            f"{self._wait_ms} ms for {_expected(last.read(), state)}, which never came: a record "
+            "lost, a key that began before the shadow was added, or a suspension the runtime "
+            "ended without a resume (a declined budget); the key is no longer shadowed"
+        )
+        letter = error_record(key, HISTORY_INCOMPLETE, detail, fired.micros // 1000)
+        yield beam.pvalue.TaggedOutput(ERRORS, (key, letter))
+        _clear(seq, memory, cache, continuation, pending, last, report, waiting, waiting_since)
+        done.write(True)
+
+    def _turns(self, key: bytes, records, candidate, last, report) -> _Turn:
+        """Compares each record whose turn has come, in the order the live key ran them, and
+        writes the candidate's state after them; the rest wait."""
+        turn = _Turn()
+        previous, state = last.read(), _read(*candidate)
+        # A copy: what a read hands back is the state's own object (Beam's portable harness).
+        counts = BacktestKeyReport(entity_key=key)
+        if (stored := report.read()) is not None:
+            counts.CopyFrom(stored)
+        # A copy (an at-least-once sink, a retried bundle) is one record.
+        left = list({r.SerializeToString(deterministic=True): r for r in records}.values())
+        while True:
+            if previous is not None:
+                # What was compared, its failed attempts, and copies that come late are done.
+                left = [r for r in left if _place(r) > _place(previous)]
+            due = [r for r in left if _due(r, previous, state)]
+            final = [r for r in due if not _retried(r)]
+            if not final:
+                break  # a failed attempt waits for its retry, at its place
+            if len(final) > 1:
+                detail = (
+                    f"{len(final)} different records of seq {final[0].seq} step "
+                    f"{final[0].first_step}: records of two histories of the key mixed"
+                )
+                letter = error_record(key, HISTORY_OUT_OF_ORDER, detail, final[0].now_ms)
+                turn.outputs.append(beam.pvalue.TaggedOutput(ERRORS, (key, letter)))
+                turn.done = True
+                return turn
+            (live,) = final
+            state = self._compare(key, previous, live, due, state, counts, turn)
+            if turn.done:
+                return turn
+            previous, turn.progressed = live, True
+        if turn.progressed:
+            _write(candidate, state)
+            last.write(previous)
+            report.write(counts)
+        turn.waiting = left
+        return turn
+
+    def _compare(self, key, previous, live, due, state, counts, turn) -> KeyState:
+        """Runs the candidate on `live`'s input (its event, or the answers it resumed with to
+        the calls the candidate made too), compares, spans and counts; the candidate's state
+        after it. `due` holds `live` and the failed attempts before it at its place."""
+        model = _RecordedModel(due, None, 0)
+        driver = KeyDriver(recording_machine(self._candidate, model, self._config), key, state)
+        if live.HasField("event"):
+            driver.schedule(live.event)
+        else:
+            answers = {answered_intent_id(a): a for a in live.answers}
+            for intent, match in _matched(state.pending, previous.intents):
+                if match is not None and match.intent_id in answers:
+                    driver.schedule(_addressed(answers[match.intent_id], intent))
+        ran = []
+        while driver:
+            ran += [value for tag, value in driver.step() if tag == RECORDS]
+        index = counts.baseline_activations
+        for attempt in due:
+            _count(counts, "baseline", attempt)
+        for activation in ran:
+            _count(counts, "candidate", activation)
+        counts.baseline_activations += 1
+        counts.candidate_activations += len(ran)
+        missed = model.misses
+        withheld = [digest for digest, held in missed if held]
+        if withheld:
+            detail = (
+                f"activation {index} (seq {live.seq}) needs the recorded answer to request "
+                f"{withheld[0].hex()[:16]}, kept as a digest only: raise the recording's "
+                "max_answer_bytes to shadow this key"
+            )
+            letter = error_record(key, RECORDED_ANSWER_WITHHELD, detail, live.now_ms)
+            turn.outputs.append(beam.pvalue.TaggedOutput(ERRORS, (key, letter)))
+            turn.done = True
+            return state
+        if len(ran) == 1:
+            found = _divergence(index, live, ran[0], missed)
+        else:
+            found = Divergence(
+                kind=Divergence.KIND_OUTCOME,
+                activation=index,
+                seq=live.seq,
+                now_ms=live.now_ms,
+                detail=f"the candidate ran {len(ran)} activations where the live agent ran one",
+                baseline_intents=live.intents,
+                baseline_outcome=live.outcome,
+            )
+        span = shadow_span(live, self._candidate.adapter, found)
+        turn.outputs.append(beam.pvalue.TaggedOutput(TRACES, (key, span)))
+        if found is not None:
+            counts.divergence.CopyFrom(found)
+            counts.stopped = any(r.outcome == Outcome.OUTCOME_SUSPENDED for r in ran)
+            _sort_tools(counts)
+            turn.outputs.append((key, counts))
+            turn.done = True
+        return driver.state
+
+
+def _read(seq, memory, cache, continuation, pending) -> KeyState:
+    waiting = continuation.read()
+    return KeyState(
+        seq=seq.read(),
+        memory=memory.read(),
+        cache=cache.read(),
+        continuation=waiting,
+        pending=() if waiting is None else tuple(pending.read()),
+    )
+
+
+def _write(candidate, state: KeyState) -> None:
+    seq, memory, cache, continuation, pending = candidate
+    for cell, value in ((seq, state.seq), (memory, state.memory), (cache, state.cache),
+                        (continuation, state.continuation)):  # fmt: skip
+        if value is None:
+            cell.clear()
+        else:
+            cell.write(value)
+    pending.clear()
+    for intent in state.pending:
+        pending.add(intent)
+
+
+def _clear(*states) -> None:
+    for state in states:
+        state.clear()
 
 
 class ShadowAgent(beam.PTransform):
     """Runs `candidate` beside a live agent on its activation records; see the module
     docstring. Input: RunAgent's RECORDS output, (entity_key, ActivationRecord). Output: a
     dict of REPORTS (each key's first divergence), TRACES (a span per live activation
-    compared) and ERRORS (dead letters)."""
+    compared) and ERRORS (dead letters). A record ahead of its turn waits `wait_ms` of event
+    time for the records before it: more than the live job's longest resume backoff
+    (`RuntimeConfig.resume_backoff_max_ms`, an hour by default), since a failed resume waits
+    for its retry. `config` is the candidate's runtime configuration (the live job's, as a
+    rule)."""
 
-    def __init__(self, candidate: Agent) -> None:
+    def __init__(
+        self,
+        candidate: Agent,
+        *,
+        wait_ms: int = DEFAULT_WAIT_MS,
+        config: RuntimeConfig | None = None,
+    ) -> None:
         super().__init__()
         if not isinstance(candidate, Agent):
             raise TypeError(f"{candidate!r} has no adapter, start and resume: not an Agent")
+        if isinstance(wait_ms, bool) or not isinstance(wait_ms, int) or wait_ms < 0:
+            raise ValueError(f"wait_ms must be an int of at least 0, not {wait_ms!r}")
         self._candidate = candidate
+        self._wait_ms = wait_ms
+        self._config = config or RuntimeConfig()
 
     def expand(self, records):
         keep_each_key_in_one_bundle(records.pipeline)
+        shadow = _Shadow(self._candidate, self._wait_ms, self._config)
         ran = (
             records
             | "GlobalWindow" >> beam.WindowInto(window.GlobalWindows())
-            | "Run"
-            >> beam.ParDo(_Shadow(self._candidate)).with_outputs(ERRORS, TRACES, main=REPORTS)
+            | "Run" >> beam.ParDo(shadow).with_outputs(ERRORS, TRACES, main=REPORTS)
         )
         return {
             REPORTS: typed(ran[REPORTS], Tuple[bytes, BacktestKeyReport]),

@@ -1,13 +1,12 @@
-"""Hostile traffic for the shadow (issue 42 item 4): a key's records out of their order (the
-shadow says they can be), and a long-lived key that never diverges. A strict xfail is a
-defect still open."""
+"""Hostile traffic for the shadow (issue 42 item 4) through a pipeline: a key's records out of
+their order (the shadow says they can be), and a long-lived key that never diverges
+(shadow_order_test generates deliveries against the DoFn itself)."""
 
 from __future__ import annotations
 
 import os
 
 import apache_beam as beam
-import pytest
 
 from beam_agents._protos import AgentEnvelope, TraceEvent
 from beam_agents.examples.support_triage import TOOLS, scripted_model
@@ -61,10 +60,6 @@ def _shadow(candidate, records, tmp_path) -> dict[str, list]:
     return found
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="open defect of issue 42: the shadow waits for a missing start only",
-)
 def test_a_later_start_arriving_before_an_earlier_one_is_no_divergence(tmp_path):
     # The live agent itself in the shadow: it can never diverge. Its records reach the shadow
     # in another order than they ran (seq 1 after seq 2), as the module says they can.
@@ -75,10 +70,6 @@ def test_a_later_start_arriving_before_an_earlier_one_is_no_divergence(tmp_path)
     assert len(outputs[TRACES]) == 4
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="open defect of issue 42: the shadow reruns a whole history on each record",
-)
 def test_a_long_lived_key_is_not_run_again_from_its_start_on_every_record(tmp_path, monkeypatch):
     # A key that never diverges (an entity per customer, a session): its whole history stays
     # in the shadow's bag, with no TTL, and is run again from the start at each new record.
@@ -98,9 +89,6 @@ def echo(ctx, event: bytes) -> bytes:
     return b"ok " + event
 
 
-@pytest.mark.xfail(
-    strict=True, reason="open defect of issue 42: the spanned count is a position in history order"
-)
 def test_each_record_is_spanned_once_when_a_later_start_arrives_first(tmp_path):
     # A stateless agent: order cannot make it diverge. The span count kept per key says how
     # many records (in history order) are spanned, so when seq 1 arrives after seq 2, seq 2 is

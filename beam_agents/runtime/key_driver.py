@@ -4,8 +4,8 @@
 order (or at the place the caller gives each: the backtest replays the order a key ran in),
 as RunAgent's DoFn does (the machine makes every decision; the DoFn only moves state):
 what the backtest runs a candidate agent with (beam_agents/ops/backtest.py), and what makes a
-recorded history fast in tests (beam_agents/testing/recorded_history.py). Timers are not
-fired, and nothing is signed or verified: it runs what was already accepted once.
+recorded history fast in tests (beam_agents/testing/recorded_history.py). Timers fire only when
+asked (`fire_deadline`), and nothing is signed or verified: it runs what was already accepted once.
 """
 
 from __future__ import annotations
@@ -29,12 +29,13 @@ _WHOLE = Recording(max_answer_bytes=2**62)
 class KeyDriver:
     """Runs one key's inputs through a KeyMachine in event-time order, or by the `at` each was
     scheduled with (ties in the order they were scheduled), holding the key's state between
-    them. `step()` returns the (tag, value) outputs of the next input."""
+    them, from `state` (an empty key by default). `step()` returns the (tag, value) outputs of
+    the next input; `state` is the key's state after the inputs stepped so far."""
 
-    def __init__(self, machine: KeyMachine, key: bytes) -> None:
+    def __init__(self, machine: KeyMachine, key: bytes, state: KeyState | None = None) -> None:
         self._machine = machine
         self._key = key
-        self._state = KeyState()
+        self._state = KeyState() if state is None else state
         self._queue: list[tuple[int, int, AgentEnvelope]] = []
         self._order = itertools.count()
 
@@ -42,12 +43,23 @@ class KeyDriver:
         place = envelope.event_time_ms if at is None else at
         heapq.heappush(self._queue, (place, next(self._order), envelope))
 
+    @property
+    def state(self) -> KeyState:
+        return self._state
+
     def __bool__(self) -> bool:
         return bool(self._queue)
 
     def step(self) -> list[tuple[str, object]]:
         _, _, envelope = heapq.heappop(self._queue)
-        effects = self._machine.on_envelope(self._key, self._state, envelope)
+        return self._apply(self._machine.on_envelope(self._key, self._state, envelope))
+
+    def fire_deadline(self, at_ms: int) -> list[tuple[str, object]]:
+        """The outputs of the key's deadline timer fired at `at_ms` (a suspension's deadline,
+        or a failed resume's retry), as RunAgent's timer runs it."""
+        return self._apply(self._machine.on_deadline_timer(self._key, self._state, at_ms))
+
+    def _apply(self, effects) -> list[tuple[str, object]]:
         if effects.state is not None:
             self._state = effects.state
         return [(tag, value) for tag, (_, value) in effects.outputs]

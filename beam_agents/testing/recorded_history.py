@@ -19,6 +19,7 @@ import json
 from collections.abc import Callable, Iterable, Mapping
 
 from beam_agents._protos import ActivationRecord, AgentEnvelope, ToolIntent, ToolResult
+from beam_agents.errors import LlmCallError
 from beam_agents.examples.support_triage import (
     MODEL,
     SYSTEM,
@@ -35,6 +36,7 @@ from beam_agents.runtime.key_driver import KeyDriver, recording_machine
 __all__ = [
     "T0",
     "TIERS",
+    "FailsOnce",
     "expected_refund_changes",
     "gold_only_refunds",
     "record_history",
@@ -90,13 +92,37 @@ def record_history(
         driver = KeyDriver(machine, key)
         for event in keyed:
             driver.schedule(event)
-        while driver:
-            for tag, value in driver.step():
+        outputs = []
+        while True:
+            for tag, value in outputs:
                 if tag == RECORDS:
                     records.append(value)
                 elif tag == INTENTS:
                     driver.schedule(_answer(value, tools, approver))
+            waiting = driver.state.continuation
+            if driver:
+                outputs = driver.step()
+            elif waiting is not None and waiting.retry_at_ms:
+                # A failed resume is tried again on its timer, as the live job's would be.
+                outputs = driver.fire_deadline(waiting.retry_at_ms)
+            else:
+                break
     return records
+
+
+class FailsOnce:
+    """A model that fails its first call (a timeout, not retryable) and then answers as
+    `inner` does: a live job's model that failed once, its resume retried on its timer."""
+
+    def __init__(self, inner: LlmClient) -> None:
+        self._inner = inner
+        self._failed = False
+
+    def complete(self, request):
+        if not self._failed:
+            self._failed = True
+            raise LlmCallError("timed out", model=request.model, retryable=False)
+        return self._inner.complete(request)
 
 
 def triage_history(count: int, **kwargs) -> list[ActivationRecord]:

@@ -1,0 +1,187 @@
+"""The shadow's DoFn driven record by record over generated deliveries of real recorded
+histories (any order, copies, failed resumes retried live), against state cells that hand back
+the very object they stored, as Beam's portable harness does. Whatever the delivery, each key
+gets the backtest's divergence of its whole history, each live activation compared is spanned
+once, nothing read from state is changed in place, and nothing is left waiting."""
+
+from __future__ import annotations
+
+from apache_beam.pvalue import TaggedOutput
+from apache_beam.utils.timestamp import Timestamp
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from beam_agents._protos import AgentEnvelope
+from beam_agents.examples.support_triage import TOOLS, scripted_model, triage
+from beam_agents.ops.backtest import backtest_key
+from beam_agents.ops.shadow import TRACES, _Shadow
+from beam_agents.runtime import ERRORS, RuntimeConfig
+from beam_agents.testing.recorded_history import (
+    T0,
+    FailsOnce,
+    gold_only_refunds,
+    record_history,
+    triage_approver,
+    triage_tickets,
+)
+
+
+class _Cell:
+    """A ReadModifyWrite cell: a read hands back the very object the last write stored."""
+
+    def __init__(self) -> None:
+        self.value = None
+
+    def read(self):
+        return self.value
+
+    def write(self, value) -> None:
+        self.value = value
+
+    def clear(self) -> None:
+        self.value = None
+
+
+class _Bag:
+    def __init__(self) -> None:
+        self.values: list = []
+
+    def read(self):
+        return self.values
+
+    def add(self, value) -> None:
+        self.values.append(value)
+
+    def clear(self) -> None:
+        self.values = []
+
+
+class _Timer:
+    def __init__(self) -> None:
+        self.at: Timestamp | None = None
+
+    def set(self, at) -> None:
+        self.at = at
+
+    def clear(self) -> None:
+        self.at = None
+
+
+_CELLS = ("seq", "memory", "cache", "continuation", "last", "report", "waiting_since", "done")
+_BAGS = ("pending", "waiting")
+
+
+def _handed(state: dict) -> list[tuple[object, bytes]]:
+    """Every message the cells hold, with its bytes now."""
+    held = [state[n].value for n in _CELLS] + [v for n in _BAGS for v in state[n].values]
+    return [(m, m.SerializeToString()) for m in held if hasattr(m, "SerializeToString")]
+
+
+def _deliver(candidate, records) -> dict:
+    """Feeds `records` (key, record) one at a time to the DoFn over the state doubles, then
+    fires the give-up timer of each key that set one; the outputs by tag."""
+    fn = _Shadow(candidate, 60_000, RuntimeConfig())
+    states: dict[bytes, dict] = {}
+    found = {"reports": [], TRACES: [], ERRORS: []}
+
+    def take(outputs):
+        for output in outputs:
+            if isinstance(output, TaggedOutput):
+                found[output.tag].append(output.value)
+            else:
+                found["reports"].append(output)
+
+    for key, record in records:
+        state = states.setdefault(
+            key,
+            {**{n: _Cell() for n in _CELLS}, **{n: _Bag() for n in _BAGS}, "give_up": _Timer()},
+        )
+        before = _handed(state)
+        take(
+            fn.process(
+                (key, record.SerializeToString()),
+                timestamp=Timestamp(micros=record.now_ms * 1000),
+                **{n: state[n] for n in (*_CELLS, *_BAGS, "give_up")},
+            )
+        )
+        for message, data in before:
+            assert message.SerializeToString() == data, "a message read from state was changed"
+    for key, state in states.items():
+        if state["give_up"].at is not None:
+            fired = state.pop("give_up").at
+            take(fn.at_give_up(key=key, fired=fired, **{n: state[n] for n in (*_CELLS, *_BAGS)}))
+    return found
+
+
+def _histories(count: int, failing: int):
+    """Recorded triage histories by key: `count` tickets, the first `failing` of them with a
+    model that failed once live (their resume retried on its timer)."""
+    tickets = triage_tickets(count)
+    records = []
+    for index, ticket in enumerate(tickets):
+        model = FailsOnce(scripted_model()) if index < failing else scripted_model()
+        records += record_history(
+            triage, [ticket], tools=TOOLS, approver=triage_approver, llm_client=model
+        )
+    by_key = {}
+    for record in records:
+        by_key.setdefault(record.entity_key, []).append(record)
+    return by_key
+
+
+_BY_KEY = _histories(12, 4)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_any_delivery_of_the_live_records_is_shadowed_as_the_backtest_runs_the_history(data):
+    keys = data.draw(
+        st.lists(st.sampled_from(sorted(_BY_KEY)), min_size=1, max_size=4, unique=True)
+    )
+    delivered = []
+    for key in keys:
+        records = _BY_KEY[key]
+        copies = data.draw(st.lists(st.sampled_from(records), max_size=3))
+        delivered += [(key, r) for r in [*records, *copies]]
+    delivered = data.draw(st.permutations(delivered))
+    found = _deliver(gold_only_refunds, delivered)
+    assert found[ERRORS] == []
+    reports = {key: report for key, report in found["reports"]}
+    for key in keys:
+        expected, _ = backtest_key(key, _BY_KEY[key], gold_only_refunds)
+        if expected.HasField("divergence"):
+            assert reports[key].divergence == expected.divergence
+        else:
+            assert key not in reports
+        spans = [(s.seq, s.step_index) for k, s in found[TRACES] if k == key]
+        assert len(spans) == len(set(spans)), "an activation spanned twice"
+        # One span per activation compared: up to the divergent one, or all of them.
+        compared = expected.divergence.activation + 1 if key in reports else None
+        assert len(spans) == (compared or expected.baseline_activations)
+
+
+def test_a_resume_that_failed_live_and_was_retried_is_no_divergence():
+    key = sorted(_BY_KEY)[0]
+    records = _BY_KEY[key]
+    assert any(r.reason == "llm_failed" for r in records)
+    # The retry delivered first, then its failed attempt, then the rest.
+    failed = next(r for r in records if r.reason == "llm_failed")
+    order = sorted(records, key=lambda r: (r is not failed, r.now_ms), reverse=True)
+    found = _deliver(triage, [(key, r) for r in order])
+    assert found["reports"] == [] and found[ERRORS] == []
+    assert len(found[TRACES]) == len(records) - 1  # the failed attempt is not compared
+
+
+def test_a_key_recorded_from_its_middle_is_one_dead_letter_not_a_wait_forever():
+    events = [
+        AgentEnvelope(entity_key=b"k", event_time_ms=T0 + n * 60_000, external_event=b"e%d" % n)
+        for n in range(2)
+    ]
+    history = record_history(
+        triage, events, tools=TOOLS, approver=triage_approver, llm_client=scripted_model()
+    )
+    second = [r for r in history if r.seq != history[0].seq]
+    found = _deliver(triage, [(b"k", r) for r in second])
+    assert found["reports"] == [] and found[TRACES] == []
+    (letter,) = [letter for _, letter in found[ERRORS]]
+    assert letter.reason == "history_incomplete" and "the key's first start" in letter.detail
