@@ -9,7 +9,7 @@ from html.parser import HTMLParser
 import apache_beam as beam
 import pytest
 
-from beam_agents._protos import ActivationRecord, BacktestKeyReport
+from beam_agents._protos import ActivationRecord, AgentEnvelope, BacktestKeyReport
 from beam_agents.examples.support_triage import (
     MODEL,
     TOOLS,
@@ -31,10 +31,19 @@ from beam_agents.ops.backtest import (
 from beam_agents.ops.cli import main
 from beam_agents.ops.local_run import run_locally
 from beam_agents.ops.rounds import env_options
-from beam_agents.runtime import LlmResponse, Price, Recording, ScriptedLlmClient, agent
+from beam_agents.runtime import (
+    LlmResponse,
+    Price,
+    Recording,
+    RuntimeConfig,
+    ScriptedLlmClient,
+    agent,
+)
 from beam_agents.testing.recorded_history import (
+    T0,
     expected_refund_changes,
     gold_only_refunds,
+    record_history,
     triage_approver,
     triage_history,
 )
@@ -301,3 +310,41 @@ def _charts(page: str) -> dict[str, dict[str, int]]:
 #: The candidate and the unchanged agent, as a command line names them.
 CANDIDATE = "beam_agents.testing.recorded_history:gold_only_refunds"
 triage_again = triage
+
+
+@agent(name="review.notes/v1")
+def notes(ctx, event: bytes) -> bytes:
+    """Keeps 1 KiB of notes per event and says how many it holds: the memory budget evicts the
+    least recent."""
+    ctx.memory.put(f"note-{event.decode()}", bytes(1024))
+    return f"{len(list(ctx.memory.keys()))} notes".encode()
+
+
+#: The live job's limits: a memory budget of two notes.
+LIVE_CONFIG = RuntimeConfig(memory_budget_bytes=2_500)
+
+
+def test_the_command_runs_the_candidate_under_the_live_jobs_config(tmp_path, capsys):
+    events = [
+        AgentEnvelope(entity_key=b"k", event_time_ms=T0 + n * 60_000, external_event=b"e%d" % n)
+        for n in range(3)
+    ]
+    history = record_history(
+        notes,
+        events,
+        tools=TOOLS,
+        approver=triage_approver,
+        llm_client=scripted_model(),
+        config=LIVE_CONFIG,
+    )
+    assert [r.output for r in history] == [b"1 notes", b"2 notes", b"2 notes"]
+    records = tmp_path / "records.binpb"
+    records.write_bytes(join_delimited(history))
+    agent_spec = f"{__name__}:notes"
+    # Under the default limits the unchanged agent keeps its third note: a false divergence.
+    assert main(["backtest", str(records), "--agent", agent_spec]) == 1
+    given = ["backtest", str(records), "--agent", agent_spec, "--config"]
+    assert main([*given, f"{__name__}:LIVE_CONFIG"]) == 0
+    capsys.readouterr()
+    assert main([*given, f"{__name__}:notes"]) == 2
+    assert "not a RuntimeConfig" in capsys.readouterr().err

@@ -8,7 +8,8 @@
     beam-agents export-traces FILE [--endpoint URL]
     beam-agents replay SNAPSHOT ENVELOPE --agent MODULE:NAME [--recorded-intents FILE]
         [--recorded-traces FILE]
-    beam-agents backtest RECORDS --agent MODULE:NAME [--report FILE] [--max-keys N]
+    beam-agents backtest RECORDS --agent MODULE:NAME [--config MODULE:NAME] [--report FILE]
+        [--max-keys N]
         [--continue-with MODULE:NAME --max-tokens N] [--price-per-million IN OUT]
         [BEAM PIPELINE OPTIONS]
     beam-agents update-check OLD NEW
@@ -54,7 +55,9 @@ prints a Markdown report (divergences by kind, the tools now or no longer called
 and, with --price-per-million, their cost) and, with --report, writes each key's
 BacktestKeyReport (length-delimited). --continue-with names a model client that answers, within
 --max-tokens per key, the requests the recording lacks, so a key's run goes on past its first
-divergence. Exit codes: 0 no key diverged; 1 some did; 3 none did, but some histories could not
+divergence. --config names the live job's RuntimeConfig (its budgets, TTLs and limits: a
+candidate run under other limits fails, or does not, where the live agent did not). Exit codes:
+0 no key diverged; 1 some did; 3 none did, but some histories could not
 be backtested (dead letters, counted in the report); 2 usage error (a recording whose framing is
 truncated, an agent that is none).
 
@@ -317,15 +320,22 @@ def _backtest(args: argparse.Namespace) -> int:
     from beam_agents.ops.loading import load_object
     from beam_agents.ops.replay import load_agent
     from beam_agents.runtime.budget import Price
+    from beam_agents.runtime.config import RuntimeConfig
     from beam_agents.wire.fields import join_delimited, split_delimited
 
     try:
         agent = load_agent(args.agent)
         records = list(split_delimited(read_input(args.records)))
+        config = RuntimeConfig() if args.config is None else load_object(args.config)
+        if not isinstance(config, RuntimeConfig):
+            raise ValueError(
+                f"--config {args.config} is a {type(config).__name__}, not a RuntimeConfig"
+            )
         options = BacktestOptions(
             stop_at_divergence=args.continue_with is None,
             continue_with=None if args.continue_with is None else load_object(args.continue_with),
             max_tokens=args.max_tokens,
+            config=config,
         )
     except (ValueError, BeamAgentsError) as e:
         print(f"beam-agents backtest: {e}", file=sys.stderr)
@@ -512,6 +522,11 @@ def _parser() -> argparse.ArgumentParser:
     backtest.add_argument("--html", help="write the report as an HTML page with its charts here")
     backtest.add_argument(
         "--max-keys", type=int, default=20, help="diverged keys listed in the table (20)"
+    )
+    backtest.add_argument(
+        "--config",
+        help="the live job's RuntimeConfig, as MODULE:NAME (budgets, TTLs, limits; default: "
+        "RuntimeConfig())",
     )
     backtest.add_argument(
         "--continue-with",
