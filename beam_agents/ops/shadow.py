@@ -13,10 +13,13 @@ it does can reach an effector.
 State of its own, bounded per key. The transform keeps, per key and under its own names
 (whatever label it is applied under), the candidate's state (the five cells RunAgent keeps),
 the last live record compared (whose calls the next one's answers are matched to), the key's
-counts so far, and the records that came ahead of their turn; RunAgent's state is untouched.
-So a long-lived key costs one activation of the candidate per live activation, never its
-history again. Adding a shadow to a job adds transforms and state, which `--update` takes (the
-live RunAgent gains the RECORDS output, which it takes too).
+counts so far, and the records that came ahead of their turn; RunAgent's state is untouched. So
+a long-lived key costs one activation of the candidate per live activation, never its history
+again. The candidate's TTL fires as RunAgent's does (`config.ttl_ms` of event time idle): its
+state is wiped but for its seq, as the live key's is, and the shadow of a key that ended keeps
+that seq, its counts and the last record's place. A key the shadow stopped on (diverged, or a
+dead letter) keeps only a mark that it did. Adding a shadow to a job adds transforms and state,
+which `--update` takes (the live RunAgent gains the RECORDS output, which it takes too).
 
 Order. A key's records can reach the shadow in any order and more than once. It runs each in
 the order the live key ran them: a key's first activation (a start under the first seq of a
@@ -26,21 +29,21 @@ that the runtime runs again at its place (a retried resume) is not compared: its
 go to the retry. A copy of a record already compared is dropped. A record that came ahead of
 its turn waits; if its turn has not come once the watermark is `wait_ms` past it, the key is
 not shadowed further, with a `history_incomplete` dead letter (a record lost; a key that began
-before the shadow was added to the job; a suspension the runtime ended without a resume, as
-a declined budget does). Records wait `wait_ms` (two hours of event time by default): more than
+before the shadow was added to the job; a suspension the runtime ended without a resume, as a
+declined budget does). Records wait `wait_ms` (two hours of event time by default): more than
 the live job's longest resume backoff, for a failed resume waits for its retry.
 
 Outputs: REPORTS, (entity_key, BacktestKeyReport), once per key, at its first divergence;
-TRACES, (entity_key, TraceEvent), one SHADOW_ACTIVATION span per live activation the
-candidate was compared on, up to and including the divergent one; ERRORS, (entity_key,
+TRACES, (entity_key, TraceEvent), one SHADOW_ACTIVATION span per live activation the candidate
+was compared on, up to and including the divergent one; ERRORS, (entity_key,
 ActivationErrorRecord), the backtest's dead letters and `history_incomplete`.
 
 Spans, for a dashboard's live divergence rate. Each span is a child of the live activation's
 own span, in its trace (the ids are the runtime's pure functions of the key and seq, so no id
 travels with the record), named by the candidate (`gen_ai.agent.name`) and saying
 `beam_agents.shadow.diverged` ("true" on the divergent activation, with its kind and detail).
-The rate is the diverged spans over all spans of a candidate; RunAgent's TRACES and these go
-to the same exporter (`beam_agents.integrations.telemetry`). A record is spanned when it is
+The rate is the diverged spans over all spans of a candidate; RunAgent's TRACES and these go to
+the same exporter (`beam_agents.integrations.telemetry`). A record is spanned when it is
 compared, and each is compared once.
 
 Not yet: a candidate that goes on past its divergence with a model of its own.
@@ -156,24 +159,25 @@ def _retried(record: ActivationRecord) -> bool:
     )
 
 
-def _due(record: ActivationRecord, previous: ActivationRecord | None, state: KeyState) -> bool:
-    """Whether the live key ran `record` next after `previous`, the candidate (in step with
-    it) now in `state`: the key's first start, its suspension's resume, or the next start."""
-    start = record.first_step == 0 and record.HasField("event")
-    if previous is None:
-        return start and record.seq == first_seq(record.event.event_time_ms)
+def _due(record: ActivationRecord, state: KeyState) -> bool:
+    """Whether the live key ran `record` next, the candidate (in step with it) now in `state`:
+    the key's first start, its suspension's resume, or the next start."""
     if state.continuation is not None:
         return _place(record) == (state.continuation.seq, state.continuation.step_index)
-    return start and record.seq == (state.seq or 0) + 1
+    if record.first_step != 0 or not record.HasField("event"):
+        return False
+    if state.seq is None:
+        return record.seq == first_seq(record.event.event_time_ms)
+    return record.seq == state.seq + 1
 
 
-def _expected(previous: ActivationRecord | None, state: KeyState) -> str:
-    if previous is None:
-        return "the key's first start"
+def _expected(state: KeyState) -> str:
     if state.continuation is not None:
         waiting = state.continuation
         return f"the resume of seq {waiting.seq} at step {waiting.step_index}"
-    return f"the start of seq {(state.seq or 0) + 1}"
+    if state.seq is None:
+        return "the key's first start"
+    return f"the start of seq {state.seq + 1}"
 
 
 @dataclasses.dataclass
@@ -185,6 +189,8 @@ class _Turn:
     waiting: list[ActivationRecord] = dataclasses.field(default_factory=list)
     progressed: bool = False
     done: bool = False
+    #: The candidate's TTL timer, as its last activation set it (`KeyDriver.ttl_set`).
+    ttl: tuple[bool, int | None] = (False, None)
 
 
 class _Shadow(beam.DoFn):
@@ -205,6 +211,9 @@ class _Shadow(beam.DoFn):
     WAITING_SINCE = ReadModifyWriteStateSpec("waiting_since", VarIntCoder())
     DONE = ReadModifyWriteStateSpec("done", BooleanCoder())
     GIVE_UP = TimerSpec("give_up", TimeDomain.WATERMARK)
+    # The candidate's TTL, as RunAgent's: a key idle that long is wiped (its seq kept), so the
+    # shadow of a key that ended holds no more than the live key does.
+    TTL = TimerSpec("candidate_ttl", TimeDomain.WATERMARK)
 
     def __init__(self, candidate: Agent, wait_ms: int, config: RuntimeConfig) -> None:
         self._candidate = candidate
@@ -226,6 +235,7 @@ class _Shadow(beam.DoFn):
         waiting_since=beam.DoFn.StateParam(WAITING_SINCE),
         done=beam.DoFn.StateParam(DONE),
         give_up=beam.DoFn.TimerParam(GIVE_UP),
+        ttl=beam.DoFn.TimerParam(TTL),
     ) -> Iterator:
         key, value = element
         record = parse_record(value)
@@ -242,8 +252,10 @@ class _Shadow(beam.DoFn):
         if turn.done:
             _clear(*candidate, last, report, waiting, waiting_since)
             give_up.clear()
+            ttl.clear()
             done.write(True)
             return
+        _set(ttl, turn.ttl)
         waiting.clear()
         for kept in turn.waiting:
             waiting.add(kept)
@@ -279,7 +291,7 @@ class _Shadow(beam.DoFn):
         first = min(held, key=_place)
         detail = (
             f"{len(held)} record(s) (seq {first.seq} step {first.first_step} first) waited "
-            f"{self._wait_ms} ms for {_expected(last.read(), state)}, which never came: a record "
+            f"{self._wait_ms} ms for {_expected(state)}, which never came: a record "
             "lost, a key that began before the shadow was added, or a suspension the runtime "
             "ended without a resume (a declined budget); the key is no longer shadowed"
         )
@@ -287,6 +299,31 @@ class _Shadow(beam.DoFn):
         yield beam.pvalue.TaggedOutput(ERRORS, (key, letter))
         _clear(seq, memory, cache, continuation, pending, last, report, waiting, waiting_since)
         done.write(True)
+
+    @on_timer(TTL)
+    def at_ttl(
+        self,
+        key=beam.DoFn.KeyParam,
+        fired=beam.DoFn.TimestampParam,
+        seq=beam.DoFn.StateParam(SEQ),
+        memory=beam.DoFn.StateParam(MEMORY),
+        cache=beam.DoFn.StateParam(CACHE),
+        continuation=beam.DoFn.StateParam(CONTINUATION),
+        pending=beam.DoFn.StateParam(PENDING),
+        last=beam.DoFn.StateParam(LAST),
+        ttl=beam.DoFn.TimerParam(TTL),
+    ) -> None:
+        candidate = (seq, memory, cache, continuation, pending)
+        machine = recording_machine(self._candidate, None, self._config)
+        driver = KeyDriver(machine, key, _read(*candidate))
+        driver.fire_ttl(fired.micros // 1000)  # the live key's TTL dead letter is the live's
+        _write(candidate, driver.state)
+        previous = last.read()
+        if driver.state.empty and previous is not None:
+            # A wiped key resumes nothing: of the last record only its place is needed (what
+            # comes at or before it is a copy).
+            last.write(ActivationRecord(seq=previous.seq, first_step=previous.first_step))
+        _set(ttl, (driver.ttl_set, driver.ttl_at))
 
     def _turns(self, key: bytes, records, candidate, last, report) -> _Turn:
         """Compares each record whose turn has come, in the order the live key ran them, and
@@ -303,7 +340,7 @@ class _Shadow(beam.DoFn):
             if previous is not None:
                 # What was compared, its failed attempts, and copies that come late are done.
                 left = [r for r in left if _place(r) > _place(previous)]
-            due = [r for r in left if _due(r, previous, state)]
+            due = [r for r in left if _due(r, state)]
             final = [r for r in due if not _retried(r)]
             if not final:
                 break  # a failed attempt waits for its retry, at its place
@@ -375,6 +412,7 @@ class _Shadow(beam.DoFn):
                 baseline_intents=live.intents,
                 baseline_outcome=live.outcome,
             )
+        turn.ttl = (driver.ttl_set, driver.ttl_at) if driver.ttl_set else turn.ttl
         span = shadow_span(live, self._candidate.adapter, found)
         turn.outputs.append(beam.pvalue.TaggedOutput(TRACES, (key, span)))
         if found is not None:
@@ -408,6 +446,15 @@ def _write(candidate, state: KeyState) -> None:
     pending.clear()
     for intent in state.pending:
         pending.add(intent)
+
+
+def _set(timer, ttl: tuple[bool, int | None]) -> None:
+    changed, at = ttl
+    if changed:
+        if at is None:
+            timer.clear()
+        else:
+            timer.set(timer_timestamp(at))
 
 
 def _clear(*states) -> None:

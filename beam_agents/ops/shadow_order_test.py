@@ -15,7 +15,8 @@ from beam_agents._protos import AgentEnvelope
 from beam_agents.examples.support_triage import TOOLS, scripted_model, triage
 from beam_agents.ops.backtest import backtest_key
 from beam_agents.ops.shadow import TRACES, _Shadow
-from beam_agents.runtime import ERRORS, RuntimeConfig
+from beam_agents.runtime import ERRORS, RECORDS, RuntimeConfig, agent
+from beam_agents.runtime.key_driver import KeyDriver, recording_machine
 from beam_agents.testing.recorded_history import (
     T0,
     FailsOnce,
@@ -94,14 +95,19 @@ def _deliver(candidate, records) -> dict:
     for key, record in records:
         state = states.setdefault(
             key,
-            {**{n: _Cell() for n in _CELLS}, **{n: _Bag() for n in _BAGS}, "give_up": _Timer()},
+            {
+                **{n: _Cell() for n in _CELLS},
+                **{n: _Bag() for n in _BAGS},
+                "give_up": _Timer(),
+                "ttl": _Timer(),
+            },
         )
         before = _handed(state)
         take(
             fn.process(
                 (key, record.SerializeToString()),
                 timestamp=Timestamp(micros=record.now_ms * 1000),
-                **{n: state[n] for n in (*_CELLS, *_BAGS, "give_up")},
+                **{n: state[n] for n in (*_CELLS, *_BAGS, "give_up", "ttl")},
             )
         )
         for message, data in before:
@@ -185,3 +191,55 @@ def test_a_key_recorded_from_its_middle_is_one_dead_letter_not_a_wait_forever():
     assert found["reports"] == [] and found[TRACES] == []
     (letter,) = [letter for _, letter in found[ERRORS]]
     assert letter.reason == "history_incomplete" and "the key's first start" in letter.detail
+
+
+@agent(name="review.counter/v1")
+def counter(ctx, event: bytes) -> bytes:
+    """The n-th event of its key since the key's state began."""
+    n = int(ctx.memory.get("n", b"0")) + 1
+    ctx.memory.put("n", str(n).encode())
+    return f"event {n} of this key".encode()
+
+
+def test_a_key_idle_past_its_ttl_is_wiped_in_the_shadow_as_live_and_shadowed_on():
+    config = RuntimeConfig(ttl_ms=60_000)
+    live = KeyDriver(recording_machine(counter, None, config), b"k")
+    records = []
+    for n in range(2):
+        live.schedule(AgentEnvelope(entity_key=b"k", event_time_ms=T0 + n * 600_000,
+                                    external_event=b"e%d" % n))  # fmt: skip
+        records += [value for tag, value in live.step() if tag == RECORDS]
+        if n == 0:
+            idle_until = live.ttl_at
+            live.fire_ttl(idle_until)  # the live key, idle 10 minutes, is wiped
+    assert [r.output for r in records] == [b"event 1 of this key"] * 2
+    fn = _Shadow(counter, 60_000, config)
+    state = {
+        **{n: _Cell() for n in _CELLS},
+        **{n: _Bag() for n in _BAGS},
+        "give_up": _Timer(),
+        "ttl": _Timer(),
+    }
+    cells = {n: state[n] for n in (*_CELLS, *_BAGS)}
+
+    def deliver(record):
+        return list(
+            fn.process(
+                (b"k", record.SerializeToString()),
+                timestamp=Timestamp(micros=record.now_ms * 1000),
+                give_up=state["give_up"],
+                ttl=state["ttl"],
+                **cells,
+            )
+        )
+
+    assert [o.tag for o in deliver(records[0])] == [TRACES]
+    assert state["ttl"].at == Timestamp(micros=idle_until * 1000)
+    assert state["memory"].value is not None
+    timer = {n: cells[n] for n in ("seq", "memory", "cache", "continuation", "pending", "last")}
+    fn.at_ttl(key=b"k", fired=state["ttl"].at, ttl=state["ttl"], **timer)
+    assert state["memory"].value is None and not state["last"].value.intents
+    assert state["seq"].value == records[0].seq  # the seq outlives the TTL, as live
+    # The next start of the key is shadowed on, from a wiped candidate: no divergence.
+    assert [o.tag for o in deliver(records[1])] == [TRACES]
+    assert state["waiting"].values == [] and state["done"].value is None

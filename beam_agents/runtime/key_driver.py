@@ -30,12 +30,15 @@ class KeyDriver:
     """Runs one key's inputs through a KeyMachine in event-time order, or by the `at` each was
     scheduled with (ties in the order they were scheduled), holding the key's state between
     them, from `state` (an empty key by default). `step()` returns the (tag, value) outputs of
-    the next input; `state` is the key's state after the inputs stepped so far."""
+    the next input; `state` is the key's state after the inputs stepped so far, and `ttl_at`
+    the time its TTL timer is set to by the last input that set it (`ttl_set`; None: cleared)."""
 
     def __init__(self, machine: KeyMachine, key: bytes, state: KeyState | None = None) -> None:
         self._machine = machine
         self._key = key
         self._state = KeyState() if state is None else state
+        self.ttl_set = False
+        self.ttl_at: int | None = None
         self._queue: list[tuple[int, int, AgentEnvelope]] = []
         self._order = itertools.count()
 
@@ -59,9 +62,15 @@ class KeyDriver:
         or a failed resume's retry), as RunAgent's timer runs it."""
         return self._apply(self._machine.on_deadline_timer(self._key, self._state, at_ms))
 
+    def fire_ttl(self, at_ms: int) -> list[tuple[str, object]]:
+        """The outputs of the key's TTL timer fired at `at_ms`, as RunAgent's timer runs it."""
+        return self._apply(self._machine.on_ttl_timer(self._key, self._state, at_ms))
+
     def _apply(self, effects) -> list[tuple[str, object]]:
         if effects.state is not None:
             self._state = effects.state
+            if not effects.keep_ttl:
+                self.ttl_set, self.ttl_at = True, effects.ttl_at
         return [(tag, value) for tag, (_, value) in effects.outputs]
 
 
