@@ -80,8 +80,10 @@ from beam_agents.runtime.context import Agent, LlmClient, LlmRequest, LlmRespons
 from beam_agents.runtime.dead_letters import (
     HISTORY_INCOMPLETE,
     HISTORY_OUT_OF_ORDER,
+    LLM_FAILED,
     RECORDED_ANSWER_WITHHELD,
     RECORDING_UNDECODABLE,
+    RESUME_FAILED,
     error_record,
 )
 from beam_agents.runtime.key_driver import KeyDriver, recording_machine
@@ -108,6 +110,7 @@ __all__ = [
     "in_history_order",
     "kind_name",
     "parse_record",
+    "retried",
     "run_backtest",
     "tool_changes",
 ]
@@ -207,6 +210,18 @@ class _History:
     compared: list[ActivationRecord]
     #: The index in `compared` of the activation each record's place belongs to.
     positions: dict[tuple[int, int], int]
+    #: Each compared activation's records: the failed attempts before it at its place, then it.
+    attempts: list[list[ActivationRecord]] = dataclasses.field(default_factory=list)
+
+
+def retried(record: ActivationRecord) -> bool:
+    """A failed resume the runtime runs again at its place, on its timer (a failed start never
+    is; a resume that failed on its last retry is `resume_failed`)."""
+    return (
+        record.outcome == Outcome.OUTCOME_FAILED
+        and not record.HasField("event")
+        and record.reason != RESUME_FAILED
+    )
 
 
 def _history(records: Sequence[ActivationRecord]) -> tuple[_History, str, str]:
@@ -215,7 +230,7 @@ def _history(records: Sequence[ActivationRecord]) -> tuple[_History, str, str]:
     # runtime is deterministic, so a copy has the very same bytes.
     once = {r.SerializeToString(deterministic=True): r for r in records}
     ordered = in_history_order(once.values())
-    compared, positions = [], {}
+    compared, positions, attempts, before = [], {}, [], []
     for record, after in itertools.zip_longest(ordered, ordered[1:]):
         if after is not None and _place(after) == _place(record):
             if record.outcome != Outcome.OUTCOME_FAILED:
@@ -227,10 +242,15 @@ def _history(records: Sequence[ActivationRecord]) -> tuple[_History, str, str]:
                         "first not a failed attempt the runtime ran again: two histories mixed"
                     ),
                 )
-            continue  # a failed attempt, run again at its place: the retry is compared
+            before.append(record)  # a failed attempt, run again at its place: the retry is
+            continue  # compared, with the answers the attempt paid for
+        if after is None and retried(record):
+            break  # the recording ends before the retry: the key was still waiting on it
         positions[_place(record)] = len(compared)
         compared.append(record)
-    checked = _History(ordered, compared, positions)
+        attempts.append([*before, record])
+        before = []
+    checked = _History(ordered, compared, positions, attempts)
     if ordered and not ordered[0].HasField("event"):
         first = ordered[0]
         return (
@@ -268,19 +288,30 @@ def _history(records: Sequence[ActivationRecord]) -> tuple[_History, str, str]:
 
 
 class _RecordedModel:
-    """Answers a request from the recording when it made the same one (each answer once, in
-    order); else `fallback` within `max_tokens`, else refuses. Notes why it refused."""
+    """Answers a request from the records of the activation the candidate runs (`answer_from`)
+    when they made the same one, each answer once, in order; else `fallback` within
+    `max_tokens`, else refuses. Notes why it refused.
+
+    Those records are the recorded activation at the candidate's place and the failed attempts
+    the runtime ran before it there: what the live agent asked, at the same point. Answers it
+    replayed from its cache come last: the candidate, run once, asks afresh what the live
+    agent paid for in an attempt no record holds (a start deferred on a busy model, or held
+    for a budget)."""
 
     def __init__(self, records: Sequence[ActivationRecord], fallback, max_tokens: int) -> None:
-        self._answers: dict[bytes, collections.deque] = collections.defaultdict(collections.deque)
-        for record in records:
-            for call in record.model_calls:
-                if not call.replayed:
-                    self._answers[call.request_digest].append(call)
+        self.answer_from(records)
         self._fallback = fallback
         self._left = max_tokens
         #: (request digest, withheld) of each request the recording did not answer.
         self.misses: list[tuple[bytes, bool]] = []
+
+    def answer_from(self, records: Sequence[ActivationRecord]) -> None:
+        self._answers: dict[bytes, collections.deque] = collections.defaultdict(collections.deque)
+        for replayed in (False, True):
+            for record in records:
+                for call in record.model_calls:
+                    if call.replayed == replayed:
+                        self._answers[call.request_digest].append(call)
 
     def complete(self, request: LlmRequest) -> LlmResponse:
         digest = request_digest(request.canonical())
@@ -331,7 +362,15 @@ def _divergence(
 ) -> Divergence | None:
     recorded = baseline or ActivationRecord()
     kind, detail = 0, ""
-    if any(not withheld for _, withheld in missed):
+    # The model failed both live and here: the request it failed on is in no record (a call
+    # that raised is not logged), so the candidate's, unanswered, may well be the same one.
+    model_failed = (
+        baseline is not None
+        and recorded.outcome == candidate.outcome == Outcome.OUTCOME_FAILED
+        and recorded.reason in (LLM_FAILED, RESUME_FAILED)
+        and candidate.reason == LLM_FAILED
+    )
+    if any(not withheld for _, withheld in missed) and not model_failed:
         kind = Divergence.KIND_MODEL_REQUEST
         detail = "a model request the recording has no answer to: " + ", ".join(
             digest.hex()[:16] for digest, withheld in missed if not withheld
@@ -352,10 +391,14 @@ def _divergence(
             [f"no longer {c[1]} {c[2]}" for c in (before - after)]
             + [f"now {c[1]} {c[2]}" for c in (after - before)]
         )
-    elif baseline is None or (recorded.outcome, recorded.output, recorded.reason) != (
-        candidate.outcome,
-        candidate.output,
-        candidate.reason,
+    elif (
+        baseline is None
+        or (recorded.outcome, recorded.output)
+        != (
+            candidate.outcome,
+            candidate.output,
+        )
+        or (recorded.reason != candidate.reason and not model_failed)
     ):
         kind = Divergence.KIND_OUTCOME
         detail = (
@@ -401,13 +444,14 @@ def backtest_key(
     if reason:
         return None, [error_record(key, reason, detail, at)]
     baseline = history.compared
-    model = _RecordedModel(history.records, options.continue_with, options.max_tokens)
+    model = _RecordedModel((), options.continue_with, options.max_tokens)
     driver = KeyDriver(recording_machine(candidate, model, options.config), key)
     # Each input goes in where the live key took it in: (its activation's index, the answer).
     answers = {}
     for record in reversed(history.records):
-        for answer in record.answers:
-            answers[answered_intent_id(answer)] = (history.positions[_place(record)], answer)
+        if _place(record) in history.positions:
+            for answer in record.answers:
+                answers[answered_intent_id(answer)] = (history.positions[_place(record)], answer)
     seen = set()
     for record in history.records:
         data = record.event.SerializeToString(deterministic=True)
@@ -419,6 +463,8 @@ def backtest_key(
     letters: list[ActivationErrorRecord] = []
     halted = False
     while driver and not halted:
+        # The model answers what the live agent was asked at the candidate's next place.
+        model.answer_from(history.attempts[len(ran)] if len(ran) < len(baseline) else ())
         for tag, value in driver.step():
             if tag == RECORDS:
                 ran.append(value)
@@ -514,8 +560,11 @@ def _count(report: BacktestKeyReport, side: str, record: ActivationRecord) -> No
             if calls is None:
                 calls = report.tool_calls.add(tool_name=intent.tool_name)
             setattr(calls, side, getattr(calls, side) + 1)
+    # A start's replayed answers were paid for by an attempt of it no record holds (deferred
+    # on a busy model, or held for a budget); a resume's, by an activation before it.
+    start = record.first_step == 0 and record.HasField("event")
     for call in record.model_calls:
-        if not call.replayed:
+        if start or not call.replayed:
             name = f"{side}_input_tokens"
             setattr(report, name, getattr(report, name) + call.input_tokens)
             name = f"{side}_output_tokens"

@@ -87,6 +87,7 @@ from beam_agents.ops.backtest import (
     _sort_tools,
     kind_name,
     parse_record,
+    retried,
 )
 from beam_agents.runtime.config import RuntimeConfig
 from beam_agents.runtime.context import Agent
@@ -95,7 +96,6 @@ from beam_agents.runtime.dead_letters import (
     HISTORY_OUT_OF_ORDER,
     RECORDED_ANSWER_WITHHELD,
     RECORDING_UNDECODABLE,
-    RESUME_FAILED,
     error_record,
 )
 from beam_agents.runtime.key_driver import KeyDriver, recording_machine
@@ -149,16 +149,6 @@ def _place(record: ActivationRecord) -> tuple[int, int]:
     return record.seq, record.first_step
 
 
-def _retried(record: ActivationRecord) -> bool:
-    """A failed resume the runtime runs again at its place (a failed start never is; a resume
-    that failed on its last retry is `resume_failed`)."""
-    return (
-        record.outcome == Outcome.OUTCOME_FAILED
-        and not record.HasField("event")
-        and record.reason != RESUME_FAILED
-    )
-
-
 def _due(record: ActivationRecord, state: KeyState) -> bool:
     """Whether the live key ran `record` next, the candidate (in step with it) now in `state`:
     the key's first start, its suspension's resume, or the next start."""
@@ -188,6 +178,8 @@ class _Turn:
     outputs: list = dataclasses.field(default_factory=list)
     waiting: list[ActivationRecord] = dataclasses.field(default_factory=list)
     progressed: bool = False
+    #: A failed attempt came at the place the key waits on: its retry is due a backoff later.
+    attempted: bool = False
     done: bool = False
     #: The candidate's TTL timer, as its last activation set it (`KeyDriver.ttl_set`).
     ttl: tuple[bool, int | None] = (False, None)
@@ -262,7 +254,7 @@ class _Shadow(beam.DoFn):
         if not turn.waiting:
             waiting_since.clear()
             give_up.clear()
-        elif turn.progressed or waiting_since.read() is None:
+        elif turn.progressed or turn.attempted or waiting_since.read() is None:
             # Nothing has moved since this element: give up wait_ms after it.
             now = timestamp.micros // 1000
             waiting_since.write(now)
@@ -340,10 +332,12 @@ class _Shadow(beam.DoFn):
             if previous is not None:
                 # What was compared, its failed attempts, and copies that come late are done.
                 left = [r for r in left if _place(r) > _place(previous)]
-            due = [r for r in left if _due(r, state)]
-            final = [r for r in due if not _retried(r)]
+            due = sorted((r for r in left if _due(r, state)), key=lambda r: r.now_ms)
+            final = [r for r in due if not retried(r)]
             if not final:
-                break  # a failed attempt waits for its retry, at its place
+                # A failed attempt waits for its retry, at its place.
+                turn.attempted = any(r is records[-1] for r in due)
+                break
             if len(final) > 1:
                 detail = (
                     f"{len(final)} different records of seq {final[0].seq} step "
