@@ -5,7 +5,10 @@ Each test states what issue 42 promises."""
 
 from __future__ import annotations
 
+import pytest
+
 from beam_agents._protos import ActivationRecord, AgentEnvelope
+from beam_agents.errors import LlmCallError
 from beam_agents.examples.support_triage import TOOLS, scripted_model, ticket, triage
 from beam_agents.ops.backtest import BacktestOptions, backtest_key, run_backtest
 from beam_agents.runtime import (
@@ -16,6 +19,7 @@ from beam_agents.runtime import (
     ScriptedLlmClient,
     agent,
 )
+from beam_agents.runtime.budget import Budget, OnBudget
 from beam_agents.runtime.key_driver import recording_machine
 from beam_agents.runtime.machine import KeyState
 from beam_agents.testing.recorded_history import (
@@ -24,6 +28,7 @@ from beam_agents.testing.recorded_history import (
     record_history,
     triage_approver,
     triage_history,
+    triage_tickets,
 )
 
 
@@ -170,3 +175,170 @@ def test_an_answer_without_a_payload_in_a_foreign_recording_is_no_failed_pipelin
     undecodable, incomplete = sorted(letters, key=lambda letter: letter.reason, reverse=True)
     assert undecodable.reason == "recording_undecodable" and "no tool result" in undecodable.detail
     assert (incomplete.entity_key, incomplete.reason) == (key, "history_incomplete")
+
+
+# -- a model busy live, a budget raised live (rev42) -------------------------------------------
+
+
+class _BusyOnceOnSecondCall:
+    """A model that is busy (retryable: the client's own retries spent) the first time it is
+    asked a second request, as a provider's overload would leave a live job's start."""
+
+    def __init__(self) -> None:
+        self._busy = False
+
+    def complete(self, request):
+        text = request.messages[-1]["content"]
+        if text.startswith("second") and not self._busy:
+            self._busy = True
+            raise LlmCallError("overloaded", model=request.model, retryable=True)
+        return LlmResponse(text="ok: " + text, model="m", input_tokens=10, output_tokens=5)
+
+
+@agent(name="review.two_calls/v1")
+def two_calls(ctx, event: bytes) -> bytes:
+    """Two model requests in one start, the second made from the first's answer."""
+    first = ctx.llm(
+        [{"role": "user", "content": "first " + event.decode()}], model="m", temperature=0
+    ).text
+    return ctx.llm(
+        [{"role": "user", "content": "second " + first}], model="m", temperature=0
+    ).text.encode()
+
+
+_ONE_EVENT = [AgentEnvelope(entity_key=b"k", event_time_ms=T0, external_event=b"e")]
+
+
+def test_a_start_whose_model_was_busy_live_is_no_divergence_of_the_unchanged_agent():
+    history = record_history(
+        two_calls, _ONE_EVENT, tools={}, approver=bool, llm_client=_BusyOnceOnSecondCall()
+    )
+    # Live, the start was deferred once and run again on its timer: one record, the first
+    # answer replayed from what the deferred attempt paid for.
+    assert [[c.replayed for c in r.model_calls] for r in history] == [[True, False]]
+    report, letters = backtest_key(b"k", history, two_calls)
+    assert letters == [] and not report.HasField("divergence")
+    # Both calls were billed live once each.
+    assert (report.baseline_input_tokens, report.baseline_output_tokens) == (20, 10)
+
+
+#: A live job that puts a key's exceeded budget before a person.
+_ASKING = RuntimeConfig(budget=Budget(key_tokens=20, on_exceed=OnBudget.ASK, raise_tokens=1_000))
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="run under the live job's config (as --config says to), the candidate asks for "
+    "the budget the live key was granted; nothing grants it, so the unchanged agent diverges "
+    "('the candidate ran 0 activations')",
+)
+def test_a_budget_raised_live_is_no_divergence_under_the_live_jobs_config():
+    model = ScriptedLlmClient(lambda request: LlmResponse("ok", "m", 10, 5))
+    history = record_history(
+        two_calls, _ONE_EVENT, tools={}, approver=bool, llm_client=model, config=_ASKING
+    )
+    assert [r.outcome for r in history] == [ActivationRecord.OUTCOME_COMPLETED]
+    report, letters = backtest_key(b"k", history, two_calls, BacktestOptions(config=_ASKING))
+    assert letters == [] and not report.HasField("divergence")
+
+
+@agent(name="review.lookup_then_two_calls/v1")
+def lookup_then_two_calls(ctx, event: bytes) -> bytes:
+    """A tool call, then two model requests in the resume (where a budget can run out)."""
+    found = ctx.call_tool("lookup", {"q": event.decode()}).payload.decode()
+    first = ctx.llm([{"role": "user", "content": "first " + found}], model="m", temperature=0).text
+    return ctx.llm(
+        [{"role": "user", "content": "second " + first}], model="m", temperature=0
+    ).text.encode()
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="the resume a granted budget ran again records the person's approval of the budget "
+    "question among its answers, an intent no record emitted: _history dead-letters the key "
+    "as history_incomplete",
+)
+def test_a_budget_raised_on_a_resume_live_is_backtested_not_dead_lettered():
+    model = ScriptedLlmClient(lambda request: LlmResponse("ok", "m", 10, 5))
+    history = record_history(
+        lookup_then_two_calls,
+        _ONE_EVENT,
+        tools={"lookup": lambda args, intent: b"found"},
+        approver=bool,
+        llm_client=model,
+        config=_ASKING,
+    )
+    assert [r.outcome for r in history] == [
+        ActivationRecord.OUTCOME_SUSPENDED,
+        ActivationRecord.OUTCOME_COMPLETED,
+    ]
+    report, letters = backtest_key(b"k", history, lookup_then_two_calls)
+    assert [letter.reason for letter in letters] == []
+    assert not report.HasField("divergence")
+
+
+class _Down:
+    """A model that is down for good (its client's retries spent): every call fails."""
+
+    def complete(self, request):
+        raise LlmCallError("down", model=request.model, retryable=False)
+
+
+def test_a_resume_that_failed_for_good_live_is_no_divergence_of_the_unchanged_agent():
+    history = record_history(
+        triage, triage_tickets(1), tools=TOOLS, approver=triage_approver, llm_client=_Down()
+    )
+    assert history[-1].reason == "resume_failed"
+    report, letters = backtest_key(history[0].entity_key, history, triage)
+    assert letters == [] and not report.HasField("divergence")
+
+
+@agent(name="review.calls_per_event/v1")
+def calls_per_event(ctx, event: bytes) -> bytes:
+    """As many model requests as the event says."""
+    text = ""
+    for n in range(int(event)):
+        text = ctx.llm([{"role": "user", "content": f"q{n} {text}"}], model="m", temperature=0).text
+    return text.encode()
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="a first start whose budget a person declined leaves no record (its seq skipped), "
+    "so the key's recorded history starts at the second seq: dead-lettered as 'the key ran "
+    "before the recording began', which it did not",
+)
+def test_a_key_whose_first_events_budget_was_declined_live_is_backtested():
+    model = ScriptedLlmClient(lambda request: LlmResponse("ok", "m", 10, 5))
+    events = [
+        AgentEnvelope(entity_key=b"k", event_time_ms=T0 + n * 60_000, external_event=calls)
+        for n, calls in enumerate([b"3", b"0"])
+    ]
+    history = record_history(
+        calls_per_event,
+        events,
+        tools={},
+        approver=lambda intent: False,  # the budget question: declined
+        llm_client=model,
+        config=_ASKING,
+    )
+    # Recorded from the key's first event on: the second event's start is the only record.
+    assert [r.event.external_event for r in history] == [b"0"]
+    report, letters = backtest_key(b"k", history, calls_per_event)
+    assert [letter.reason for letter in letters] == []
+    assert not report.HasField("divergence")
+
+
+def test_a_recording_that_ends_before_a_failed_resumes_retry_is_no_divergence():
+    history = record_history(
+        triage,
+        triage_tickets(1),
+        tools=TOOLS,
+        approver=triage_approver,
+        llm_client=FailsOnce(scripted_model()),
+    )
+    # Last week's export: it ends after the failed attempt, before the retry an hour's
+    # backoff at most later.
+    cut = history[: [r.reason for r in history].index("llm_failed") + 1]
+    report, _ = backtest_key(history[0].entity_key, cut, triage)
+    assert report is None or not report.HasField("divergence"), report.divergence

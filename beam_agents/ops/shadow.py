@@ -411,7 +411,9 @@ class _Shadow(beam.DoFn):
         turn.outputs.append(beam.pvalue.TaggedOutput(TRACES, (key, span)))
         if found is not None:
             counts.divergence.CopyFrom(found)
-            counts.stopped = any(r.outcome == Outcome.OUTCOME_SUSPENDED for r in ran)
+            # The shadow stops at the key's first divergence, and the live key may go on: its
+            # counts are what it saw so far (a backtest of the whole history knows more).
+            counts.stopped = True
             _sort_tools(counts)
             turn.outputs.append((key, counts))
             turn.done = True
