@@ -465,6 +465,7 @@ def backtest_key(
     while driver and not halted:
         # The model answers what the live agent was asked at the candidate's next place.
         model.answer_from(history.attempts[len(ran)] if len(ran) < len(baseline) else ())
+        _idle_past_ttl(driver, baseline[len(ran)] if len(ran) < len(baseline) else None)
         for tag, value in driver.step():
             if tag == RECORDS:
                 ran.append(value)
@@ -486,6 +487,19 @@ def backtest_key(
         )
     _account(report, history.records, ran)
     return report, letters
+
+
+def _idle_past_ttl(driver: KeyDriver, recorded: ActivationRecord | None) -> None:
+    """Fires the candidate's TTL when the live key's next start ran after it: the live key sat
+    idle that long, and its TTL timer wiped it first (its seq kept), as the shadow's does."""
+    if (
+        recorded is not None
+        and recorded.HasField("event")
+        and driver.ttl_at is not None
+        and driver.state.continuation is None
+        and driver.ttl_at < recorded.now_ms
+    ):
+        driver.fire_ttl(driver.ttl_at)
 
 
 def _judge(report, baseline, ran, model, driver, answers, options, letters) -> bool:

@@ -20,7 +20,7 @@ from beam_agents.runtime import (
     agent,
 )
 from beam_agents.runtime.budget import Budget, OnBudget
-from beam_agents.runtime.key_driver import recording_machine
+from beam_agents.runtime.key_driver import KeyDriver, recording_machine
 from beam_agents.runtime.machine import KeyState
 from beam_agents.testing.recorded_history import (
     T0,
@@ -342,3 +342,21 @@ def test_a_recording_that_ends_before_a_failed_resumes_retry_is_no_divergence():
     cut = history[: [r.reason for r in history].index("llm_failed") + 1]
     report, _ = backtest_key(history[0].entity_key, cut, triage)
     assert report is None or not report.HasField("divergence"), report.divergence
+
+
+def test_a_key_idle_past_its_ttl_live_is_backtested_from_a_wiped_key():
+    # The live key sat idle past its TTL between its two events: the runtime wiped its memory
+    # (the seq kept), so the counter counts from 1 again. Run under the live config, the
+    # unchanged agent does too.
+    config = RuntimeConfig(ttl_ms=60_000)
+    live = KeyDriver(recording_machine(counter, None, config), b"k")
+    history = []
+    for n in range(2):
+        event = AgentEnvelope(entity_key=b"k", event_time_ms=T0 + n * 600_000, external_event=b"e")
+        live.schedule(event)
+        history += [value for tag, value in live.step() if tag == RECORDS]
+        if n == 0:
+            live.fire_ttl(live.ttl_at)
+    assert [r.output for r in history] == [b"event 1 of this key"] * 2
+    report, letters = backtest_key(b"k", history, counter, BacktestOptions(config=config))
+    assert letters == [] and not report.HasField("divergence"), report.divergence.detail
