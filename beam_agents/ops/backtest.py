@@ -74,10 +74,11 @@ from beam_agents.intents.identity import content_digest
 from beam_agents.intents.signing import SIGNATURE_FIELDS
 from beam_agents.ops import prism
 from beam_agents.ops.rounds import _AppendLines, _read, env_options
-from beam_agents.runtime.budget import Price
+from beam_agents.runtime.budget import BUDGET_TOOL, Price
 from beam_agents.runtime.config import RuntimeConfig
 from beam_agents.runtime.context import Agent, LlmClient, LlmRequest, LlmResponse
 from beam_agents.runtime.dead_letters import (
+    BUDGET_EXCEEDED,
     HISTORY_INCOMPLETE,
     HISTORY_OUT_OF_ORDER,
     LLM_FAILED,
@@ -87,8 +88,9 @@ from beam_agents.runtime.dead_letters import (
     error_record,
 )
 from beam_agents.runtime.key_driver import KeyDriver, recording_machine
-from beam_agents.runtime.machine import ERRORS
+from beam_agents.runtime.machine import ERRORS, INTENTS
 from beam_agents.runtime.machine_answers import answered_intent_id
+from beam_agents.runtime.machine_budgets import budget_question_ids
 from beam_agents.runtime.machine_events import first_seq
 from beam_agents.runtime.recording import RECORDS, request_digest
 from beam_agents.wire.beam_support import typed
@@ -107,6 +109,7 @@ __all__ = [
     "backtest_key",
     "backtest_markdown",
     "backtest_summary",
+    "budget_decision",
     "in_history_order",
     "kind_name",
     "parse_record",
@@ -278,6 +281,8 @@ def _history(records: Sequence[ActivationRecord]) -> tuple[_History, str, str]:
         for r in ordered
         for a in r.answers
         if answered_intent_id(a) not in asked
+        # The runtime's own budget questions are in no record; their answers are.
+        and answered_intent_id(a) not in budget_question_ids(r.entity_key, r.seq)
     )
     if unasked:
         return checked, HISTORY_INCOMPLETE, f"answers to intents no record emitted: {unasked}"
@@ -472,6 +477,12 @@ def backtest_key(
                 halted = _judge(report, baseline, ran, model, driver, answers, options, letters)
                 if halted:
                     break
+            elif tag == INTENTS and value.tool_name == BUDGET_TOOL:
+                recorded = baseline[len(ran)] if len(ran) < len(baseline) else None
+                found = answers.get(value.intent_id, (len(ran), None))[1]
+                decision = budget_decision(value, recorded, found)
+                if decision is not None:
+                    driver.schedule(decision, at=len(ran))
     if not report.stopped and not report.HasField("divergence") and len(ran) < len(baseline):
         missing = baseline[len(ran)]
         report.divergence.CopyFrom(
@@ -487,6 +498,29 @@ def backtest_key(
         )
     _account(report, history.records, ran)
     return report, letters
+
+
+def budget_decision(
+    question: ToolIntent, recorded: ActivationRecord | None, answer: AgentEnvelope | None
+) -> AgentEnvelope | None:
+    """The answer to the candidate's budget `question` (asked under the live job's config) as
+    the live key's was answered: its recorded `answer` (the same id: a budget question is
+    numbered by its key, seq and the raises granted so far), else declined where the recorded
+    activation at the candidate's place ended on the budget, approved where it went on; None
+    where the recording has no activation there."""
+    if answer is not None:
+        return answer
+    if recorded is None:
+        return None
+    declined = recorded.outcome == Outcome.OUTCOME_FAILED and recorded.reason == BUDGET_EXCEEDED
+    decision = AgentEnvelope(entity_key=question.entity_key, event_time_ms=recorded.now_ms)
+    decision.approval.intent_id = question.intent_id
+    decision.approval.approved = not declined
+    decision.approval.approver = "the recording: the live key " + (
+        "ended on its budget" if declined else "went on"
+    )
+    decision.approval.decided_at_ms = recorded.now_ms
+    return decision
 
 
 def _idle_past_ttl(driver: KeyDriver, recorded: ActivationRecord | None) -> None:

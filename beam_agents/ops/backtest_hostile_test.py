@@ -5,8 +5,6 @@ Each test states what issue 42 promises."""
 
 from __future__ import annotations
 
-import pytest
-
 from beam_agents._protos import ActivationRecord, AgentEnvelope
 from beam_agents.errors import LlmCallError
 from beam_agents.examples.support_triage import TOOLS, scripted_model, ticket, triage
@@ -226,12 +224,6 @@ def test_a_start_whose_model_was_busy_live_is_no_divergence_of_the_unchanged_age
 _ASKING = RuntimeConfig(budget=Budget(key_tokens=20, on_exceed=OnBudget.ASK, raise_tokens=1_000))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="run under the live job's config (as --config says to), the candidate asks for "
-    "the budget the live key was granted; nothing grants it, so the unchanged agent diverges "
-    "('the candidate ran 0 activations')",
-)
 def test_a_budget_raised_live_is_no_divergence_under_the_live_jobs_config():
     model = ScriptedLlmClient(lambda request: LlmResponse("ok", "m", 10, 5))
     history = record_history(
@@ -252,12 +244,6 @@ def lookup_then_two_calls(ctx, event: bytes) -> bytes:
     ).text.encode()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the resume a granted budget ran again records the person's approval of the budget "
-    "question among its answers, an intent no record emitted: _history dead-letters the key "
-    "as history_incomplete",
-)
 def test_a_budget_raised_on_a_resume_live_is_backtested_not_dead_lettered():
     model = ScriptedLlmClient(lambda request: LlmResponse("ok", "m", 10, 5))
     history = record_history(
@@ -302,12 +288,6 @@ def calls_per_event(ctx, event: bytes) -> bytes:
     return text.encode()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a first start whose budget a person declined leaves no record (its seq skipped), "
-    "so the key's recorded history starts at the second seq: dead-lettered as 'the key ran "
-    "before the recording began', which it did not",
-)
 def test_a_key_whose_first_events_budget_was_declined_live_is_backtested():
     model = ScriptedLlmClient(lambda request: LlmResponse("ok", "m", 10, 5))
     events = [
@@ -322,9 +302,12 @@ def test_a_key_whose_first_events_budget_was_declined_live_is_backtested():
         llm_client=model,
         config=_ASKING,
     )
-    # Recorded from the key's first event on: the second event's start is the only record.
-    assert [r.event.external_event for r in history] == [b"0"]
-    report, letters = backtest_key(b"k", history, calls_per_event)
+    # Recorded from the key's first event on: the declined start ended on its budget.
+    assert [(r.event.external_event, r.reason) for r in history] == [
+        (b"3", "budget_exceeded"),
+        (b"0", ""),
+    ]
+    report, letters = backtest_key(b"k", history, calls_per_event, BacktestOptions(config=_ASKING))
     assert [letter.reason for letter in letters] == []
     assert not report.HasField("divergence")
 

@@ -85,10 +85,12 @@ from beam_agents.ops.backtest import (
     _matched,
     _RecordedModel,
     _sort_tools,
+    budget_decision,
     kind_name,
     parse_record,
     retried,
 )
+from beam_agents.runtime.budget import BUDGET_TOOL
 from beam_agents.runtime.config import RuntimeConfig
 from beam_agents.runtime.context import Agent
 from beam_agents.runtime.dead_letters import (
@@ -99,7 +101,7 @@ from beam_agents.runtime.dead_letters import (
     error_record,
 )
 from beam_agents.runtime.key_driver import KeyDriver, recording_machine
-from beam_agents.runtime.machine import ERRORS, TRACES, KeyState
+from beam_agents.runtime.machine import ERRORS, INTENTS, TRACES, KeyState
 from beam_agents.runtime.machine_answers import answered_intent_id
 from beam_agents.runtime.machine_events import first_seq
 from beam_agents.runtime.recording import RECORDS
@@ -365,16 +367,22 @@ class _Shadow(beam.DoFn):
         after it. `due` holds `live` and the failed attempts before it at its place."""
         model = _RecordedModel(due, None, 0)
         driver = KeyDriver(recording_machine(self._candidate, model, self._config), key, state)
+        answers = {answered_intent_id(a): a for a in live.answers}
         if live.HasField("event"):
             driver.schedule(live.event)
         else:
-            answers = {answered_intent_id(a): a for a in live.answers}
             for intent, match in _matched(state.pending, previous.intents):
                 if match is not None and match.intent_id in answers:
                     driver.schedule(_addressed(answers[match.intent_id], intent))
         ran = []
         while driver:
-            ran += [value for tag, value in driver.step() if tag == RECORDS]
+            for tag, value in driver.step():
+                if tag == RECORDS:
+                    ran.append(value)
+                elif tag == INTENTS and value.tool_name == BUDGET_TOOL:
+                    decision = budget_decision(value, live, answers.get(value.intent_id))
+                    if decision is not None:
+                        driver.schedule(decision)
         index = counts.baseline_activations
         for attempt in due:
             _count(counts, "baseline", attempt)

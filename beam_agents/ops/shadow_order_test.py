@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import inspect
 
-import pytest
 from apache_beam.pvalue import TaggedOutput
 from apache_beam.utils.timestamp import Timestamp
 from hypothesis import HealthCheck, given, settings
@@ -299,12 +298,6 @@ def test_a_start_whose_model_was_busy_live_is_no_divergence_in_the_shadow():
     assert found["reports"] == [] and found[ERRORS] == []
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="under the live job's config the candidate asks for the budget the live key was "
-    "granted and nothing grants it: 'the candidate ran 0 activations where the live agent ran "
-    "one'",
-)
 def test_a_budget_raised_live_is_no_divergence_in_the_shadow_under_the_live_config():
     model = ScriptedLlmClient(lambda request: LlmResponse("ok", "m", 10, 5))
     history = record_history(

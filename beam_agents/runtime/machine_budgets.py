@@ -14,21 +14,25 @@ from __future__ import annotations
 
 import dataclasses
 
-from beam_agents._protos import Continuation, LlmCacheBlob
+from beam_agents._protos import ActivationRecord, Continuation, LlmCacheBlob
 from beam_agents.errors import BudgetExceededError, error_text
+from beam_agents.intents.identity import intent_id
 from beam_agents.runtime import dead_letters as dl
 from beam_agents.runtime.budget import BUDGET_TOOL, Budget, BudgetMeter, OnBudget
 from beam_agents.runtime.context import ActivationContext
 from beam_agents.runtime.machine_activations import Run
 from beam_agents.runtime.machine_answers import RUNTIME_TOOLS, answered_intent_id
 from beam_agents.runtime.machine_state import INTENTS, TRACES, Work, saturating_add
+from beam_agents.runtime.recording import RECORDS
 from beam_agents.state.memory import Memory, ReplayCache
 from beam_agents.state.migration import new_state_blob
 
-__all__ = ["BudgetQuestions", "budget_asked", "holds_a_start"]
+__all__ = ["BudgetQuestions", "budget_asked", "budget_question_ids", "holds_a_start"]
 
 #: The first step of the runtime's budget questions (uint32, beyond any agent's steps).
 _BUDGET_STEP = 2**31
+#: Budget raises a key can be granted whose questions `budget_question_ids` names.
+_NAMED_GRANTS = 1024
 
 
 class BudgetQuestions:
@@ -147,6 +151,25 @@ class BudgetQuestions:
             input=suspended.mailbox[0] if start else None,
             answers=() if start else suspended.answers,
         )
+        if self._recording is not None:
+            # The activation the budget held ended here: its record says so, so that a
+            # backtest of the key sees it (a declined first start still began the key).
+            work.emit(
+                RECORDS,
+                self._recording.record(
+                    entity_key=work.key,
+                    seq=suspended.seq,
+                    first_step=0 if start else suspended.step_index,
+                    now_ms=now,
+                    adapter=self._agent.adapter,
+                    event=suspended.mailbox[0] if start else None,
+                    answers=() if start else suspended.answers,
+                    model_log=(),
+                    intents=(),
+                    outcome=ActivationRecord.OUTCOME_FAILED,
+                    reason=dl.BUDGET_EXCEEDED,
+                ),
+            )
         if start:
             self._end_start(work, suspended.seq)
             rest = self._copy(suspended)
@@ -166,3 +189,12 @@ def holds_a_start(suspended: Continuation, pending) -> bool:
     """The suspension holds up a start (its event first in the mailbox), not a resume: it
     waits on no intent of the agent's."""
     return bool(suspended.mailbox) and all(i.tool_name in RUNTIME_TOOLS for i in pending)
+
+
+def budget_question_ids(entity_key: bytes, seq: int) -> frozenset[str]:
+    """The ids of the budget questions an activation of `seq` can ask (one per raise granted
+    the key so far, up to the first _NAMED_GRANTS): no record emits them, and the answers the
+    resume a raise let run again holds include one."""
+    return frozenset(
+        intent_id(entity_key, seq, _BUDGET_STEP + grants) for grants in range(_NAMED_GRANTS)
+    )

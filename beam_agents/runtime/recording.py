@@ -4,7 +4,9 @@
 ActivationRecord): for each activation (a start, a resume, a failed attempt of either) the
 event or answers it ran on, each model call with the answer it used (its replay-cache key and
 the SHA-256 of its canonical request, so a later run can tell the same request from another),
-the intents it emitted and its outcome. Writing the records to Kafka, files or BigQuery is
+the intents it emitted and its outcome. An activation a person's declined budget raise ended
+has one too (FAILED, `budget_exceeded`, no model call: its attempt's paid answers stay in the
+replay cache), so a key's records start at its first activation. Writing the records to Kafka, files or BigQuery is
 ordinary Beam; `beam-agents backtest` (beam_agents/ops/backtest.py) runs a candidate agent
 over them.
 
