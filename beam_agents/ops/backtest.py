@@ -467,10 +467,13 @@ def backtest_key(
     ran: list[ActivationRecord] = []
     letters: list[ActivationErrorRecord] = []
     halted = False
+    answering = None
     while driver and not halted:
-        # The model answers what the live agent was asked at the candidate's next place.
-        model.answer_from(history.attempts[len(ran)] if len(ran) < len(baseline) else ())
-        _idle_past_ttl(driver, baseline[len(ran)] if len(ran) < len(baseline) else None)
+        if answering != len(ran):
+            # The model answers what the live agent was asked at the candidate's next place.
+            answering = len(ran)
+            model.answer_from(history.attempts[answering] if answering < len(baseline) else ())
+            _idle_past_ttl(driver, baseline[answering] if answering < len(baseline) else None)
         for tag, value in driver.step():
             if tag == RECORDS:
                 ran.append(value)
