@@ -276,13 +276,20 @@ def _history(records: Sequence[ActivationRecord]) -> tuple[_History, str, str]:
             ),
         )
     asked = {i.intent_id for r in ordered for i in r.intents}
+    unanswered = [(r, a) for r in ordered for a in r.answers if answered_intent_id(a) not in asked]
+    # An approval may answer the runtime's own budget question, which no record holds. A key
+    # recorded from its start was granted at most one raise per approval or start recorded.
+    grants = 1 + sum(r.HasField("event") for r in ordered)
+    grants += len(
+        {answered_intent_id(a) for r in ordered for a in r.answers if a.approval.approved}
+    )
+    questions: dict[int, frozenset[str]] = {}
     unasked = sorted(
         answered_intent_id(a)
-        for r in ordered
-        for a in r.answers
-        if answered_intent_id(a) not in asked
-        # The runtime's own budget questions are in no record; their answers are.
-        and answered_intent_id(a) not in budget_question_ids(r.entity_key, r.seq)
+        for r, a in unanswered
+        if a.HasField("tool_result")
+        or answered_intent_id(a)
+        not in questions.setdefault(r.seq, budget_question_ids(r.entity_key, r.seq, grants))
     )
     if unasked:
         return checked, HISTORY_INCOMPLETE, f"answers to intents no record emitted: {unasked}"
@@ -367,14 +374,7 @@ def _divergence(
 ) -> Divergence | None:
     recorded = baseline or ActivationRecord()
     kind, detail = 0, ""
-    # The model failed both live and here: the request it failed on is in no record (a call
-    # that raised is not logged), so the candidate's, unanswered, may well be the same one.
-    model_failed = (
-        baseline is not None
-        and recorded.outcome == candidate.outcome == Outcome.OUTCOME_FAILED
-        and recorded.reason in (LLM_FAILED, RESUME_FAILED)
-        and candidate.reason == LLM_FAILED
-    )
+    model_failed = _model_failed_both(baseline, candidate)
     if any(not withheld for _, withheld in missed) and not model_failed:
         kind = Divergence.KIND_MODEL_REQUEST
         detail = "a model request the recording has no answer to: " + ", ".join(
@@ -425,6 +425,18 @@ def _divergence(
         candidate_outcome=candidate.outcome,
         baseline_output=recorded.output,
         candidate_output=candidate.output,
+    )
+
+
+def _model_failed_both(baseline: ActivationRecord | None, candidate: ActivationRecord) -> bool:
+    """The model failed both live and here. The request it failed on is in no record (a call
+    that raised is not logged), so the candidate's, unanswered, may be the same one or not:
+    not a divergence, and nothing after it can be compared (`_judge` stops the run there)."""
+    return (
+        baseline is not None
+        and baseline.outcome == candidate.outcome == Outcome.OUTCOME_FAILED
+        and baseline.reason in (LLM_FAILED, RESUME_FAILED)
+        and candidate.reason == LLM_FAILED
     )
 
 
@@ -488,14 +500,19 @@ def backtest_key(
                     driver.schedule(decision, at=len(ran))
     if not report.stopped and not report.HasField("divergence") and len(ran) < len(baseline):
         missing = baseline[len(ran)]
+        asking = [i for i in driver.state.pending if i.tool_name == BUDGET_TOOL]
+        detail = f"the candidate ran {len(ran)} activations, the recording {len(baseline)}"
+        if asking:
+            detail = "now asks a person to raise its budget, where the live key was not asked"
         report.divergence.CopyFrom(
             Divergence(
-                kind=Divergence.KIND_OUTCOME,
+                kind=Divergence.KIND_APPROVAL if asking else Divergence.KIND_OUTCOME,
                 activation=len(ran),
                 seq=missing.seq,
                 now_ms=missing.now_ms,
-                detail=f"the candidate ran {len(ran)} activations, the recording {len(baseline)}",
+                detail=detail,
                 baseline_intents=missing.intents,
+                candidate_intents=asking,
                 baseline_outcome=missing.outcome,
             )
         )
@@ -509,13 +526,17 @@ def budget_decision(
     """The answer to the candidate's budget `question` (asked under the live job's config) as
     the live key's was answered: its recorded `answer` (the same id: a budget question is
     numbered by its key, seq and the raises granted so far), else declined where the recorded
-    activation at the candidate's place ended on the budget, approved where it went on; None
-    where the recording has no activation there."""
+    activation at the candidate's place ended on the budget, approved where it is a start that
+    went on (a start's approval is in no record). None where the recording shows the live key
+    was not asked (a resume's answers hold it when it was): the candidate waits, and
+    diverges."""
     if answer is not None:
         return answer
     if recorded is None:
         return None
     declined = recorded.outcome == Outcome.OUTCOME_FAILED and recorded.reason == BUDGET_EXCEEDED
+    if not declined and not recorded.HasField("event"):
+        return None  # a resume's raise is among its recorded answers: the live key was not asked
     decision = AgentEnvelope(entity_key=question.entity_key, event_time_ms=recorded.now_ms)
     decision.approval.intent_id = question.intent_id
     decision.approval.approved = not declined
@@ -560,6 +581,9 @@ def _judge(report, baseline, ran, model, driver, answers, options, letters) -> b
         return True
     recorded = baseline[index] if index < len(baseline) else None
     found = _divergence(index, recorded, value, missed)
+    if found is None and missed and _model_failed_both(recorded, value):
+        report.stopped = True  # the same failure, perhaps on another request: not comparable
+        return True
     if found is not None and not report.HasField("divergence"):
         report.divergence.CopyFrom(found)
     if found is not None and options.stop_at_divergence:

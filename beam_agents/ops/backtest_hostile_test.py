@@ -5,6 +5,8 @@ Each test states what issue 42 promises."""
 
 from __future__ import annotations
 
+import pytest
+
 from beam_agents._protos import ActivationRecord, AgentEnvelope
 from beam_agents.errors import LlmCallError
 from beam_agents.examples.support_triage import TOOLS, scripted_model, ticket, triage
@@ -343,3 +345,78 @@ def test_a_key_idle_past_its_ttl_live_is_backtested_from_a_wiped_key():
     assert [r.output for r in history] == [b"event 1 of this key"] * 2
     report, letters = backtest_key(b"k", history, counter, BacktestOptions(config=config))
     assert letters == [] and not report.HasField("divergence"), report.divergence.detail
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="open: a start's granted raise is in no record, so a start the live key ran on is "
+    "taken as granted, whether the live job asked (the same config) or had no such budget (a "
+    "tighter one tried in the backtest); telling them apart needs the record to say a raise "
+    "was granted",
+)
+def test_a_budget_question_the_live_key_never_asked_is_reported():
+    model = ScriptedLlmClient(lambda request: LlmResponse("ok", "m", 10, 5))
+    # Live: no budget; the key's one start made three model calls (45 tokens).
+    history = record_history(
+        calls_per_event,
+        [AgentEnvelope(entity_key=b"k", event_time_ms=T0, external_event=b"3")],
+        tools={},
+        approver=bool,
+        llm_client=model,
+    )
+    # The candidate runs under a 20-token key budget that asks a person past it: no person
+    # was asked live, so what a person would have said is unknown, and the report must say
+    # the candidate stopped to ask rather than show the same run as the live one.
+    report, letters = backtest_key(b"k", history, calls_per_event, BacktestOptions(config=_ASKING))
+    assert letters == []
+    assert report.HasField("divergence")
+
+
+def test_a_key_granted_more_than_1024_budget_raises_live_is_backtested():
+    # A small raise per approval: each model call past the limit asks again, so a key that
+    # lives long under OnBudget.ASK is granted raises by the thousand.
+    config = RuntimeConfig(budget=Budget(key_tokens=20, on_exceed=OnBudget.ASK, raise_tokens=1))
+    model = ScriptedLlmClient(lambda request: LlmResponse("ok", "m", 10, 5))
+    events = [
+        AgentEnvelope(entity_key=b"k", event_time_ms=T0 + n * 1000, external_event=b"e")
+        for n in range(40)
+    ]
+    history = record_history(
+        lookup_then_two_calls,
+        events,
+        tools={"lookup": lambda args, intent: b"found"},
+        approver=bool,
+        llm_client=model,
+        config=config,
+    )
+    assert all(r.reason == "" for r in history)  # every raise approved, every event answered
+    report, letters = backtest_key(
+        b"k", history, lookup_then_two_calls, BacktestOptions(config=config)
+    )
+    assert [letter.reason for letter in letters] == []
+    assert not report.HasField("divergence")
+
+
+@agent(name="review.lookup_then_two_calls/v1")
+def lookup_then_reworded(ctx, event: bytes) -> bytes:
+    """lookup_then_two_calls with a new prompt: one model request, worded otherwise."""
+    found = ctx.call_tool("lookup", {"q": event.decode()}).payload.decode()
+    return ctx.llm(
+        [{"role": "user", "content": "a new prompt: " + found}], model="m", temperature=0
+    ).text.encode()
+
+
+def test_a_new_prompt_against_a_live_model_that_was_down_is_not_reported_unchanged():
+    history = record_history(
+        lookup_then_two_calls,
+        _ONE_EVENT,
+        tools={"lookup": lambda args, intent: b"found"},
+        approver=bool,
+        llm_client=_Down(),
+    )
+    assert history[-1].reason == "resume_failed"
+    report, letters = backtest_key(b"k", history, lookup_then_reworded)
+    assert letters == []
+    # The live request is unknown (the model never answered it), so the candidate's is
+    # either a divergence or not compared; it is not the same run.
+    assert report.HasField("divergence") or report.stopped

@@ -31,8 +31,6 @@ __all__ = ["BudgetQuestions", "budget_asked", "budget_question_ids", "holds_a_st
 
 #: The first step of the runtime's budget questions (uint32, beyond any agent's steps).
 _BUDGET_STEP = 2**31
-#: Budget raises a key can be granted whose questions `budget_question_ids` names.
-_NAMED_GRANTS = 1024
 
 
 class BudgetQuestions:
@@ -191,10 +189,8 @@ def holds_a_start(suspended: Continuation, pending) -> bool:
     return bool(suspended.mailbox) and all(i.tool_name in RUNTIME_TOOLS for i in pending)
 
 
-def budget_question_ids(entity_key: bytes, seq: int) -> frozenset[str]:
-    """The ids of the budget questions an activation of `seq` can ask (one per raise granted
-    the key so far, up to the first _NAMED_GRANTS): no record emits them, and the answers the
-    resume a raise let run again holds include one."""
-    return frozenset(
-        intent_id(entity_key, seq, _BUDGET_STEP + grants) for grants in range(_NAMED_GRANTS)
-    )
+def budget_question_ids(entity_key: bytes, seq: int, grants: int) -> frozenset[str]:
+    """The ids of the budget questions an activation of `seq` can ask once the key was granted
+    fewer than `grants` raises: no record emits them, and the resume a raise let run again
+    holds the answer to one."""
+    return frozenset(intent_id(entity_key, seq, _BUDGET_STEP + n) for n in range(grants))

@@ -6,18 +6,18 @@ event or answers it ran on, each model call with the answer it used (its replay-
 the SHA-256 of its canonical request, so a later run can tell the same request from another),
 the intents it emitted and its outcome. An activation a person's declined budget raise ended
 has one too (FAILED, `budget_exceeded`, no model call: its attempt's paid answers stay in the
-replay cache), so a key's records start at its first activation. Writing the records to Kafka, files or BigQuery is
-ordinary Beam; `beam-agents backtest` (beam_agents/ops/backtest.py) runs a candidate agent
-over them.
+replay cache), so a key's records start at its first activation. Writing the records to Kafka,
+files or BigQuery is ordinary Beam; `beam-agents backtest` (beam_agents/ops/backtest.py) runs a
+candidate agent over them.
 
 Off by default, and then nothing changes: RunAgent's graph has no RECORDS output, its state
-specs are the same (beam_agents/ops/state_manifest.json) and the machine builds no record, so
-a job started without recording updates to one with it (an output added) and back.
+specs are the same (beam_agents/ops/state_manifest.json) and the machine builds no record, so a
+job started without recording updates to one with it (an output added) and back.
 
 The size policy: a model answer over `max_answer_bytes` is kept as its SHA-256 only
 (`digest_only`, as the replay cache keeps a response over its limit). A backtest whose
-candidate needs such an answer cannot replay it and says so; the record stays small enough
-for a topic's message limit (RunAgent's max_output_bytes still bounds the whole record).
+candidate needs such an answer cannot replay it and says so; the record stays small enough for
+a topic's message limit (RunAgent's max_output_bytes still bounds the whole record).
 """
 
 from __future__ import annotations
