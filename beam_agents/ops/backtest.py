@@ -525,18 +525,17 @@ def budget_decision(
 ) -> AgentEnvelope | None:
     """The answer to the candidate's budget `question` (asked under the live job's config) as
     the live key's was answered: its recorded `answer` (the same id: a budget question is
-    numbered by its key, seq and the raises granted so far), else declined where the recorded
-    activation at the candidate's place ended on the budget, approved where it is a start that
-    went on (a start's approval is in no record). None where the recording shows the live key
-    was not asked (a resume's answers hold it when it was): the candidate waits, and
-    diverges."""
+    numbered by its key, seq and the raises granted so far; a start or resume a raise let run
+    holds it among its answers), else declined where the recorded activation at the
+    candidate's place ended on the budget. None where the live key was not asked: the
+    candidate waits, and diverges."""
     if answer is not None:
         return answer
     if recorded is None:
         return None
     declined = recorded.outcome == Outcome.OUTCOME_FAILED and recorded.reason == BUDGET_EXCEEDED
-    if not declined and not recorded.HasField("event"):
-        return None  # a resume's raise is among its recorded answers: the live key was not asked
+    if not declined:
+        return None  # a raise granted is among the recorded answers: the live key was not asked
     decision = AgentEnvelope(entity_key=question.entity_key, event_time_ms=recorded.now_ms)
     decision.approval.intent_id = question.intent_id
     decision.approval.approved = not declined

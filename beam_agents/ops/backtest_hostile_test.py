@@ -5,8 +5,6 @@ Each test states what issue 42 promises."""
 
 from __future__ import annotations
 
-import pytest
-
 from beam_agents._protos import ActivationRecord, AgentEnvelope
 from beam_agents.errors import LlmCallError
 from beam_agents.examples.support_triage import TOOLS, scripted_model, ticket, triage
@@ -347,13 +345,6 @@ def test_a_key_idle_past_its_ttl_live_is_backtested_from_a_wiped_key():
     assert letters == [] and not report.HasField("divergence"), report.divergence.detail
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="open: a start's granted raise is in no record, so a start the live key ran on is "
-    "taken as granted, whether the live job asked (the same config) or had no such budget (a "
-    "tighter one tried in the backtest); telling them apart needs the record to say a raise "
-    "was granted",
-)
 def test_a_budget_question_the_live_key_never_asked_is_reported():
     model = ScriptedLlmClient(lambda request: LlmResponse("ok", "m", 10, 5))
     # Live: no budget; the key's one start made three model calls (45 tokens).

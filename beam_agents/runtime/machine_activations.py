@@ -63,6 +63,8 @@ class Run:
     cache: LlmCacheBlob | None = None
     #: The external event a start ran on, for its ActivationRecord.
     event: AgentEnvelope | None = None
+    #: The answers a start ran after (the budget raises it was granted), for its record.
+    granted: tuple[AgentEnvelope, ...] = ()
 
 
 class Activations:
@@ -76,6 +78,7 @@ class Activations:
         call,
         resume_of=None,
         event: AgentEnvelope | None = None,
+        granted: tuple[AgentEnvelope, ...] = (),
     ) -> Run:
         """Calls the agent at `now`, a start on `event`; a start of an event that ran at
         another time than its own (one drained from a mailbox, or stamped past the key's
@@ -168,9 +171,11 @@ class Activations:
                     if state.cache is not None
                     else new_state_blob(LlmCacheBlob)
                 )
-            return Run(ctx, result, memory=ctx.memory.to_blob(), cache=cache, event=event)
+            return Run(
+                ctx, result, memory=ctx.memory.to_blob(), cache=cache, event=event, granted=granted
+            )
         except Exception as e:  # the agent's failure is a dead letter, never the bundle's
-            return Run(ctx, error=e, event=event)
+            return Run(ctx, error=e, event=event, granted=granted)
 
     def _commit_run(self, work: Work, run: Run, now: int, *, marks, anchor, mailbox) -> None:
         """Commits a successful activation and emits its outputs; a completion that ends a
@@ -324,7 +329,7 @@ class Activations:
                 now_ms=ctx.now_ms,
                 adapter=self._agent.adapter,
                 event=run.event,
-                answers=() if resumed is None else resumed.answers,
+                answers=run.granted if resumed is None else resumed.answers,
                 model_log=ctx.model_log,
                 intents=ctx.intents,
                 outcome=outcome,

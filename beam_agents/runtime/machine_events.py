@@ -277,6 +277,7 @@ class Intake:
         *,
         since: int | None = None,
         failures: int = 0,
+        granted: tuple = (),
     ) -> None:
         """Starts the agent on `envelope` at its own time on the key's clock; an event taken
         in earlier (queued in a mailbox, `since` the time it is drained or retried) runs no
@@ -305,6 +306,7 @@ class Intake:
             seq,
             lambda ctx: self._agent.start(ctx, envelope.external_event),
             event=envelope,
+            granted=granted,
         )
         if run.error is None:
             self._commit_run(work, run, now, marks=digests, anchor=anchor, mailbox=())
@@ -362,11 +364,18 @@ class Intake:
         )
 
     def _retry_start(self, work: Work, deferred: Continuation, fired_ms: int) -> None:
-        """The deferred start is due: its event runs again, then the events queued after it."""
+        """The deferred start is due (or a budget raise it waited on was granted): its event
+        runs again, then the events queued after it. The answers it waited on (the raises)
+        go in its record."""
         first, *rest = deferred.mailbox
         work.commit(dataclasses.replace(work.state, continuation=None, pending=()))
         self._start(
-            work, first, (), since=max(work.anchor, fired_ms), failures=deferred.resume_failures
+            work,
+            first,
+            (),
+            since=max(work.anchor, fired_ms),
+            failures=deferred.resume_failures,
+            granted=tuple(deferred.answers),
         )
         suspended = work.state.continuation
         if suspended is None:
