@@ -359,3 +359,10 @@ def test_the_intake_stamps_its_dead_letters_at_their_elements_time_and_takes_non
     alone = list(intake.process(command(T0), timestamp=at))
     assert list(intake.process((command(T0), None), timestamp=at)) == alone
     assert alone == [(KEY, b"E" + command(T0).SerializeToString())]
+
+
+def test_inputs_other_than_envelopes_and_snapshots_are_refused_by_name_when_the_graph_is_built():
+    pipeline = beam.Pipeline()
+    events = pipeline | "Events" >> beam.Create([b""])
+    with pytest.raises(ValueError, match=r"envelopes and snapshots, not \['answers'\]"):
+        _ = {"envelopes": events, "answers": events} | RunAgent(_raises_unprintably)
