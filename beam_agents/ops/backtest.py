@@ -88,7 +88,7 @@ from beam_agents.runtime.dead_letters import (
     error_record,
 )
 from beam_agents.runtime.key_driver import KeyDriver, recording_machine
-from beam_agents.runtime.machine import ERRORS, INTENTS
+from beam_agents.runtime.machine import ERRORS, INTENTS, KeyState
 from beam_agents.runtime.machine_answers import answered_intent_id
 from beam_agents.runtime.machine_budgets import budget_question_ids
 from beam_agents.runtime.machine_events import first_seq
@@ -499,25 +499,29 @@ def backtest_key(
                 if decision is not None:
                     driver.schedule(decision, at=len(ran))
     if not report.stopped and not report.HasField("divergence") and len(ran) < len(baseline):
-        missing = baseline[len(ran)]
-        asking = [i for i in driver.state.pending if i.tool_name == BUDGET_TOOL]
         detail = f"the candidate ran {len(ran)} activations, the recording {len(baseline)}"
-        if asking:
-            detail = "now asks a person to raise its budget, where the live key was not asked"
-        report.divergence.CopyFrom(
-            Divergence(
-                kind=Divergence.KIND_APPROVAL if asking else Divergence.KIND_OUTCOME,
-                activation=len(ran),
-                seq=missing.seq,
-                now_ms=missing.now_ms,
-                detail=detail,
-                baseline_intents=missing.intents,
-                candidate_intents=asking,
-                baseline_outcome=missing.outcome,
-            )
-        )
+        report.divergence.CopyFrom(_not_run(len(ran), baseline[len(ran)], driver.state, detail))
     _account(report, history.records, ran)
     return report, letters
+
+
+def _not_run(index: int, missing: ActivationRecord, state: KeyState, detail: str) -> Divergence:
+    """The divergence of a candidate that did not run the recorded activation `missing`: it
+    waits on a budget question the live key was not asked (`KIND_APPROVAL`), or else
+    (`detail`, `KIND_OUTCOME`)."""
+    asking = [i for i in state.pending if i.tool_name == BUDGET_TOOL]
+    if asking:
+        detail = "now asks a person to raise its budget, where the live key was not asked"
+    return Divergence(
+        kind=Divergence.KIND_APPROVAL if asking else Divergence.KIND_OUTCOME,
+        activation=index,
+        seq=missing.seq,
+        now_ms=missing.now_ms,
+        detail=detail,
+        baseline_intents=missing.intents,
+        candidate_intents=asking,
+        baseline_outcome=missing.outcome,
+    )
 
 
 def budget_decision(

@@ -83,6 +83,7 @@ from beam_agents.ops.backtest import (
     _count,
     _divergence,
     _matched,
+    _not_run,
     _RecordedModel,
     _sort_tools,
     budget_decision,
@@ -405,15 +406,8 @@ class _Shadow(beam.DoFn):
         if len(ran) == 1:
             found = _divergence(index, live, ran[0], missed)
         else:
-            found = Divergence(
-                kind=Divergence.KIND_OUTCOME,
-                activation=index,
-                seq=live.seq,
-                now_ms=live.now_ms,
-                detail=f"the candidate ran {len(ran)} activations where the live agent ran one",
-                baseline_intents=live.intents,
-                baseline_outcome=live.outcome,
-            )
+            detail = f"the candidate ran {len(ran)} activations where the live agent ran one"
+            found = _not_run(index, live, driver.state, detail)
         turn.ttl = (driver.ttl_set, driver.ttl_at) if driver.ttl_set else turn.ttl
         span = shadow_span(live, self._candidate.adapter, found)
         turn.outputs.append(beam.pvalue.TaggedOutput(TRACES, (key, span)))
