@@ -30,14 +30,14 @@ from beam_agents.testing.recorded_history import (
     triage_history,
     triage_tickets,
 )
-
-
-@agent(name="review.counter/v1")
-def counter(ctx, event: bytes) -> bytes:
-    """An agent whose answer depends on the key's memory: the n-th event of its key."""
-    n = int(ctx.memory.get("n", b"0")) + 1
-    ctx.memory.put("n", str(n).encode())
-    return f"event {n} of this key".encode()
+from beam_agents.testing.review_agents import (
+    ASKING,
+    ONE_EVENT,
+    BusyOnce,
+    calls_per_event,
+    counter,
+    two_calls,
+)
 
 
 @agent(name="review.asks_anew/v2")
@@ -180,39 +180,8 @@ def test_an_answer_without_a_payload_in_a_foreign_recording_is_no_failed_pipelin
 # -- a model busy live, a budget raised live (rev42) -------------------------------------------
 
 
-class _BusyOnceOnSecondCall:
-    """A model that is busy (retryable: the client's own retries spent) the first time it is
-    asked a second request, as a provider's overload would leave a live job's start."""
-
-    def __init__(self) -> None:
-        self._busy = False
-
-    def complete(self, request):
-        text = request.messages[-1]["content"]
-        if text.startswith("second") and not self._busy:
-            self._busy = True
-            raise LlmCallError("overloaded", model=request.model, retryable=True)
-        return LlmResponse(text="ok: " + text, model="m", input_tokens=10, output_tokens=5)
-
-
-@agent(name="review.two_calls/v1")
-def two_calls(ctx, event: bytes) -> bytes:
-    """Two model requests in one start, the second made from the first's answer."""
-    first = ctx.llm(
-        [{"role": "user", "content": "first " + event.decode()}], model="m", temperature=0
-    ).text
-    return ctx.llm(
-        [{"role": "user", "content": "second " + first}], model="m", temperature=0
-    ).text.encode()
-
-
-_ONE_EVENT = [AgentEnvelope(entity_key=b"k", event_time_ms=T0, external_event=b"e")]
-
-
 def test_a_start_whose_model_was_busy_live_is_no_divergence_of_the_unchanged_agent():
-    history = record_history(
-        two_calls, _ONE_EVENT, tools={}, approver=bool, llm_client=_BusyOnceOnSecondCall()
-    )
+    history = record_history(two_calls, ONE_EVENT, tools={}, approver=bool, llm_client=BusyOnce(2))
     # Live, the start was deferred once and run again on its timer: one record, the first
     # answer replayed from what the deferred attempt paid for.
     assert [[c.replayed for c in r.model_calls] for r in history] == [[True, False]]
@@ -222,17 +191,13 @@ def test_a_start_whose_model_was_busy_live_is_no_divergence_of_the_unchanged_age
     assert (report.baseline_input_tokens, report.baseline_output_tokens) == (20, 10)
 
 
-#: A live job that puts a key's exceeded budget before a person.
-_ASKING = RuntimeConfig(budget=Budget(key_tokens=20, on_exceed=OnBudget.ASK, raise_tokens=1_000))
-
-
 def test_a_budget_raised_live_is_no_divergence_under_the_live_jobs_config():
     model = ScriptedLlmClient(lambda request: LlmResponse("ok", "m", 10, 5))
     history = record_history(
-        two_calls, _ONE_EVENT, tools={}, approver=bool, llm_client=model, config=_ASKING
+        two_calls, ONE_EVENT, tools={}, approver=bool, llm_client=model, config=ASKING
     )
     assert [r.outcome for r in history] == [ActivationRecord.OUTCOME_COMPLETED]
-    report, letters = backtest_key(b"k", history, two_calls, BacktestOptions(config=_ASKING))
+    report, letters = backtest_key(b"k", history, two_calls, BacktestOptions(config=ASKING))
     assert letters == [] and not report.HasField("divergence")
 
 
@@ -250,11 +215,11 @@ def test_a_budget_raised_on_a_resume_live_is_backtested_not_dead_lettered():
     model = ScriptedLlmClient(lambda request: LlmResponse("ok", "m", 10, 5))
     history = record_history(
         lookup_then_two_calls,
-        _ONE_EVENT,
+        ONE_EVENT,
         tools={"lookup": lambda args, intent: b"found"},
         approver=bool,
         llm_client=model,
-        config=_ASKING,
+        config=ASKING,
     )
     assert [r.outcome for r in history] == [
         ActivationRecord.OUTCOME_SUSPENDED,
@@ -281,15 +246,6 @@ def test_a_resume_that_failed_for_good_live_is_no_divergence_of_the_unchanged_ag
     assert letters == [] and not report.HasField("divergence")
 
 
-@agent(name="review.calls_per_event/v1")
-def calls_per_event(ctx, event: bytes) -> bytes:
-    """As many model requests as the event says."""
-    text = ""
-    for n in range(int(event)):
-        text = ctx.llm([{"role": "user", "content": f"q{n} {text}"}], model="m", temperature=0).text
-    return text.encode()
-
-
 def test_a_key_whose_first_events_budget_was_declined_live_is_backtested():
     model = ScriptedLlmClient(lambda request: LlmResponse("ok", "m", 10, 5))
     events = [
@@ -302,14 +258,14 @@ def test_a_key_whose_first_events_budget_was_declined_live_is_backtested():
         tools={},
         approver=lambda intent: False,  # the budget question: declined
         llm_client=model,
-        config=_ASKING,
+        config=ASKING,
     )
     # Recorded from the key's first event on: the declined start ended on its budget.
     assert [(r.event.external_event, r.reason) for r in history] == [
         (b"3", "budget_exceeded"),
         (b"0", ""),
     ]
-    report, letters = backtest_key(b"k", history, calls_per_event, BacktestOptions(config=_ASKING))
+    report, letters = backtest_key(b"k", history, calls_per_event, BacktestOptions(config=ASKING))
     assert [letter.reason for letter in letters] == []
     assert not report.HasField("divergence")
 
@@ -360,7 +316,7 @@ def test_a_budget_question_the_live_key_never_asked_is_reported():
     # The candidate runs under a 20-token key budget that asks a person past it: no person
     # was asked live, so what a person would have said is unknown, and the report must say
     # the candidate stopped to ask rather than show the same run as the live one.
-    report, letters = backtest_key(b"k", history, calls_per_event, BacktestOptions(config=_ASKING))
+    report, letters = backtest_key(b"k", history, calls_per_event, BacktestOptions(config=ASKING))
     assert letters == []
     assert report.HasField("divergence")
 
@@ -402,7 +358,7 @@ def lookup_then_reworded(ctx, event: bytes) -> bytes:
 def test_a_new_prompt_against_a_live_model_that_was_down_is_not_reported_unchanged():
     history = record_history(
         lookup_then_two_calls,
-        _ONE_EVENT,
+        ONE_EVENT,
         tools={"lookup": lambda args, intent: b"found"},
         approver=bool,
         llm_client=_Down(),
@@ -441,19 +397,6 @@ def test_a_start_granted_many_budget_raises_live_is_backtested():
     assert not report.HasField("divergence"), report.divergence.detail
 
 
-class _BusyOnceOnThirdCall:
-    """A model busy once, on the third request it is sent (its client's retries spent)."""
-
-    def __init__(self):
-        self.calls = 0
-
-    def complete(self, request):
-        self.calls += 1
-        if self.calls == 3:
-            raise LlmCallError("busy", model=request.model, retryable=True)
-        return LlmResponse("ok", "m", 10, 5)
-
-
 @pytest.mark.xfail(
     strict=True,
     reason="a budget-held start approved, then deferred on a busy model: the deferral's new "
@@ -463,18 +406,18 @@ class _BusyOnceOnThirdCall:
 def test_a_raised_start_whose_model_was_then_busy_live_is_no_divergence():
     # The third call passes the 20-token budget; approved, the start runs again (its first
     # two calls replayed) and the model is busy on that call: the start is deferred.
-    model = _BusyOnceOnThirdCall()
+    model = BusyOnce(3)
     history = record_history(
         calls_per_event,
         [AgentEnvelope(entity_key=b"k", event_time_ms=T0, external_event=b"3")],
         tools={},
         approver=bool,
         llm_client=model,
-        config=_ASKING,
+        config=ASKING,
     )
     assert model.calls == 4
     assert [r.outcome for r in history] == [ActivationRecord.OUTCOME_COMPLETED]
-    report, letters = backtest_key(b"k", history, calls_per_event, BacktestOptions(config=_ASKING))
+    report, letters = backtest_key(b"k", history, calls_per_event, BacktestOptions(config=ASKING))
     assert letters == []
     assert not report.HasField("divergence"), report.divergence.detail
 

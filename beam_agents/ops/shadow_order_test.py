@@ -43,6 +43,14 @@ from beam_agents.testing.recorded_history import (
     triage_approver,
     triage_tickets,
 )
+from beam_agents.testing.review_agents import (
+    ASKING,
+    ONE_EVENT,
+    BusyOnce,
+    calls_per_event,
+    counter,
+    two_calls,
+)
 
 
 class _Cell:
@@ -211,14 +219,6 @@ def test_a_key_recorded_from_its_middle_is_one_dead_letter_not_a_wait_forever():
     assert letter.reason == "history_incomplete" and "the key's first start" in letter.detail
 
 
-@agent(name="review.counter/v1")
-def counter(ctx, event: bytes) -> bytes:
-    """The n-th event of its key since the key's state began."""
-    n = int(ctx.memory.get("n", b"0")) + 1
-    ctx.memory.put("n", str(n).encode())
-    return f"event {n} of this key".encode()
-
-
 def test_a_key_idle_past_its_ttl_is_wiped_in_the_shadow_as_live_and_shadowed_on():
     config = RuntimeConfig(ttl_ms=60_000)
     live = KeyDriver(recording_machine(counter, None, config), b"k")
@@ -266,41 +266,8 @@ def test_a_key_idle_past_its_ttl_is_wiped_in_the_shadow_as_live_and_shadowed_on(
 # -- a model busy live, a budget raised live, a key that goes on (rev42) -----------------------
 
 
-class _BusyOnceOnSecondCall:
-    """A model busy (its client's retries spent) the first time it is asked a second
-    request, as a provider's overload would leave a live job's start."""
-
-    def __init__(self) -> None:
-        self._busy = False
-
-    def complete(self, request):
-        text = request.messages[-1]["content"]
-        if text.startswith("second") and not self._busy:
-            self._busy = True
-            raise LlmCallError("overloaded", model=request.model, retryable=True)
-        return LlmResponse(text="ok: " + text, model="m", input_tokens=10, output_tokens=5)
-
-
-@agent(name="review.two_calls/v1")
-def two_calls(ctx, event: bytes) -> bytes:
-    """Two model requests in one start, the second made from the first's answer."""
-    first = ctx.llm(
-        [{"role": "user", "content": "first " + event.decode()}], model="m", temperature=0
-    ).text
-    return ctx.llm(
-        [{"role": "user", "content": "second " + first}], model="m", temperature=0
-    ).text.encode()
-
-
-_ONE_EVENT = [AgentEnvelope(entity_key=b"k", event_time_ms=T0, external_event=b"e")]
-#: A live job that puts a key's exceeded budget before a person.
-_ASKING = RuntimeConfig(budget=Budget(key_tokens=20, on_exceed=OnBudget.ASK, raise_tokens=1_000))
-
-
 def test_a_start_whose_model_was_busy_live_is_no_divergence_in_the_shadow():
-    history = record_history(
-        two_calls, _ONE_EVENT, tools={}, approver=bool, llm_client=_BusyOnceOnSecondCall()
-    )
+    history = record_history(two_calls, ONE_EVENT, tools={}, approver=bool, llm_client=BusyOnce(2))
     found = _deliver(two_calls, [(b"k", r) for r in history])
     assert found["reports"] == [] and found[ERRORS] == []
 
@@ -308,9 +275,9 @@ def test_a_start_whose_model_was_busy_live_is_no_divergence_in_the_shadow():
 def test_a_budget_raised_live_is_no_divergence_in_the_shadow_under_the_live_config():
     model = ScriptedLlmClient(lambda request: LlmResponse("ok", "m", 10, 5))
     history = record_history(
-        two_calls, _ONE_EVENT, tools={}, approver=bool, llm_client=model, config=_ASKING
+        two_calls, ONE_EVENT, tools={}, approver=bool, llm_client=model, config=ASKING
     )
-    found = _deliver(two_calls, [(b"k", r) for r in history], _ASKING)
+    found = _deliver(two_calls, [(b"k", r) for r in history], ASKING)
     assert found["reports"] == [] and found[ERRORS] == []
 
 
@@ -428,7 +395,7 @@ def model_then_lookup(ctx, event: bytes) -> bytes:
 def test_a_request_moved_to_an_earlier_activation_diverges_in_the_shadow_as_in_the_backtest():
     history = record_history(
         lookup_then_model,
-        _ONE_EVENT,
+        ONE_EVENT,
         tools={"lookup": lambda args, intent: b"found"},
         approver=bool,
         llm_client=ScriptedLlmClient(lambda request: "ok"),
@@ -437,28 +404,6 @@ def test_a_request_moved_to_an_earlier_activation_diverges_in_the_shadow_as_in_t
     found = _deliver(model_then_lookup, [(b"k", r) for r in history])
     divergences = [report.divergence for _, report in found["reports"]]
     assert divergences == ([expected.divergence] if expected.HasField("divergence") else [])
-
-
-@agent(name="review.calls_per_event/v1")
-def calls_per_event(ctx, event: bytes) -> bytes:
-    """As many model requests as the event says."""
-    text = ""
-    for n in range(int(event)):
-        text = ctx.llm([{"role": "user", "content": f"q{n} {text}"}], model="m", temperature=0).text
-    return text.encode()
-
-
-class _BusyOnceOnThirdCall:
-    """A model busy once, on the third request it is sent (its client's retries spent)."""
-
-    def __init__(self) -> None:
-        self.calls = 0
-
-    def complete(self, request):
-        self.calls += 1
-        if self.calls == 3:
-            raise LlmCallError("busy", model=request.model, retryable=True)
-        return LlmResponse("ok", "m", 10, 5)
 
 
 _THREE_CALLS = [AgentEnvelope(entity_key=b"k", event_time_ms=T0, external_event=b"3")]
@@ -471,12 +416,12 @@ _THREE_CALLS = [AgentEnvelope(entity_key=b"k", event_time_ms=T0, external_event=
     "shadow's candidate waits on its budget question: ran 0 activations",
 )
 def test_a_raised_start_whose_model_was_then_busy_live_is_no_divergence_in_the_shadow():
-    model = _BusyOnceOnThirdCall()
+    model = BusyOnce(3)
     history = record_history(
-        calls_per_event, _THREE_CALLS, tools={}, approver=bool, llm_client=model, config=_ASKING
+        calls_per_event, _THREE_CALLS, tools={}, approver=bool, llm_client=model, config=ASKING
     )
     assert model.calls == 4 and [r.reason for r in history] == [""]
-    found = _deliver(calls_per_event, [(b"k", r) for r in history], _ASKING)
+    found = _deliver(calls_per_event, [(b"k", r) for r in history], ASKING)
     assert found["reports"] == [] and found[ERRORS] == []
 
 
@@ -503,8 +448,8 @@ def test_a_budget_question_the_live_key_never_asked_is_the_backtests_divergence_
     history = record_history(
         calls_per_event, _THREE_CALLS, tools={}, approver=bool, llm_client=model
     )
-    expected, _ = backtest_key(b"k", history, calls_per_event, BacktestOptions(config=_ASKING))
+    expected, _ = backtest_key(b"k", history, calls_per_event, BacktestOptions(config=ASKING))
     assert expected.divergence.kind == expected.divergence.KIND_APPROVAL
-    ((_, report),) = _deliver(calls_per_event, [(b"k", r) for r in history], _ASKING)["reports"]
+    ((_, report),) = _deliver(calls_per_event, [(b"k", r) for r in history], ASKING)["reports"]
     assert report.divergence.kind == expected.divergence.kind
     assert report.divergence.detail == expected.divergence.detail

@@ -1,0 +1,64 @@
+"""Agents and models the hostile reviews of the backtest and the shadow drive histories with
+(beam_agents/ops/backtest_hostile_test.py, shadow_order_test.py): small agents whose answers
+show what a key's state held, and models that fail as a live job's do (busy once, on a given
+request), with the budget config that asks a person to raise a key's tokens.
+"""
+
+from __future__ import annotations
+
+from beam_agents._protos import AgentEnvelope
+from beam_agents.errors import LlmCallError
+from beam_agents.runtime import LlmResponse, RuntimeConfig, agent
+from beam_agents.runtime.budget import Budget, OnBudget
+from beam_agents.testing.recorded_history import T0
+
+__all__ = ["ASKING", "ONE_EVENT", "BusyOnce", "calls_per_event", "counter", "two_calls"]
+
+#: One event of key b"k".
+ONE_EVENT = [AgentEnvelope(entity_key=b"k", event_time_ms=T0, external_event=b"e")]
+#: A live job that puts a key's exceeded budget (20 tokens) before a person.
+ASKING = RuntimeConfig(budget=Budget(key_tokens=20, on_exceed=OnBudget.ASK, raise_tokens=1_000))
+
+
+@agent(name="review.counter/v1")
+def counter(ctx, event: bytes) -> bytes:
+    """The n-th event of its key since the key's state began."""
+    n = int(ctx.memory.get("n", b"0")) + 1
+    ctx.memory.put("n", str(n).encode())
+    return f"event {n} of this key".encode()
+
+
+@agent(name="review.two_calls/v1")
+def two_calls(ctx, event: bytes) -> bytes:
+    """Two model requests in one start, the second made from the first's answer."""
+    first = ctx.llm(
+        [{"role": "user", "content": "first " + event.decode()}], model="m", temperature=0
+    ).text
+    return ctx.llm(
+        [{"role": "user", "content": "second " + first}], model="m", temperature=0
+    ).text.encode()
+
+
+@agent(name="review.calls_per_event/v1")
+def calls_per_event(ctx, event: bytes) -> bytes:
+    """As many model requests as the event says."""
+    text = ""
+    for n in range(int(event)):
+        text = ctx.llm([{"role": "user", "content": f"q{n} {text}"}], model="m", temperature=0).text
+    return text.encode()
+
+
+class BusyOnce:
+    """A model busy once (retryable: its client's own retries spent), on the `nth` request it
+    is sent, as a provider's overload leaves a live job's call; every answer is 15 tokens."""
+
+    def __init__(self, nth: int) -> None:
+        self._nth = nth
+        self._calls = 0
+
+    def complete(self, request):
+        self._calls += 1
+        if self._calls == self._nth:
+            raise LlmCallError("busy", model=request.model, retryable=True)
+        text = request.messages[-1]["content"]
+        return LlmResponse(text="ok: " + text, model="m", input_tokens=10, output_tokens=5)
