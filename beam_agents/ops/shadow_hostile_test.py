@@ -13,14 +13,7 @@ from beam_agents.examples.support_triage import TOOLS, scripted_model
 from beam_agents.ops.shadow import REPORTS, TRACES, ShadowAgent
 from beam_agents.runtime import ERRORS, agent
 from beam_agents.testing.recorded_history import T0, record_history, triage_approver
-
-
-@agent(name="review.counter/v1")
-def counter(ctx, event: bytes) -> bytes:
-    """An agent whose answer depends on the key's memory: the n-th event of its key."""
-    n = int(ctx.memory.get("n", b"0")) + 1
-    ctx.memory.put("n", str(n).encode())
-    return f"event {n} of this key".encode()
+from beam_agents.testing.review_agents import counter
 
 
 @agent(name="review.counted/v1")
