@@ -584,8 +584,15 @@ def _judge(report, baseline, ran, model, driver, answers, options, letters) -> b
         return True
     recorded = baseline[index] if index < len(baseline) else None
     found = _divergence(index, recorded, value, missed)
-    if found is None and missed and _model_failed_both(recorded, value):
-        report.stopped = True  # the same failure, perhaps on another request: not comparable
+    # The same failure, perhaps of another request: what the resume would have done is not
+    # comparable. A start that failed left the key as it was on both sides: the run goes on.
+    if (
+        found is None
+        and missed
+        and _model_failed_both(recorded, value)
+        and not value.HasField("event")
+    ):
+        report.stopped = True
         return True
     if found is not None and not report.HasField("divergence"):
         report.divergence.CopyFrom(found)

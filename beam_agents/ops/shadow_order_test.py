@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import inspect
 
-import pytest
 from apache_beam.pvalue import TaggedOutput
 from apache_beam.utils.timestamp import Timestamp
 from hypothesis import HealthCheck, given, settings
@@ -409,12 +408,6 @@ def test_a_request_moved_to_an_earlier_activation_diverges_in_the_shadow_as_in_t
 _THREE_CALLS = [AgentEnvelope(entity_key=b"k", event_time_ms=T0, external_event=b"3")]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a budget-held start approved, then deferred on a busy model: the deferral's new "
-    "Continuation drops the approval, so the live start's record holds no raise and the "
-    "shadow's candidate waits on its budget question: ran 0 activations",
-)
 def test_a_raised_start_whose_model_was_then_busy_live_is_no_divergence_in_the_shadow():
     model = BusyOnce(3)
     history = record_history(
@@ -425,11 +418,6 @@ def test_a_raised_start_whose_model_was_then_busy_live_is_no_divergence_in_the_s
     assert found["reports"] == [] and found[ERRORS] == []
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a start held by its budget until it was granted several raises records only the "
-    "last approval, so the shadow's candidate finds no answer to its first budget question",
-)
 def test_a_start_granted_many_budget_raises_live_is_no_divergence_in_the_shadow():
     # A raise of one token per approval: the start's third call asks until ten were granted.
     config = RuntimeConfig(budget=Budget(key_tokens=20, on_exceed=OnBudget.ASK, raise_tokens=1))

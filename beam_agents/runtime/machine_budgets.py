@@ -98,6 +98,9 @@ class BudgetQuestions:
                 suspended_at_ms=now,
                 deadline_ms=deadline,
                 mailbox=[event],
+                # The raises the start was granted before it asked again: its record holds
+                # every one (`Run.granted`).
+                answers=list(run.granted),
             )
             waiting.state_schema_version = self._version
             memory = self._marked(work.state.memory, digests, anchor, owned=False)
@@ -161,7 +164,7 @@ class BudgetQuestions:
                     now_ms=now,
                     adapter=self._agent.adapter,
                     event=suspended.mailbox[0] if start else None,
-                    answers=() if start else suspended.answers,
+                    answers=suspended.answers,
                     model_log=(),
                     intents=(),
                     outcome=ActivationRecord.OUTCOME_FAILED,

@@ -311,7 +311,7 @@ class Intake:
         if run.error is None:
             self._commit_run(work, run, now, marks=digests, anchor=anchor, mailbox=())
         elif model_busy(run.error) and failures < self._config.retryable_resume_retries:
-            self._defer(work, envelope, digests, anchor, failures + 1)
+            self._defer(work, envelope, digests, anchor, failures + 1, granted)
             self._keep_paid(work, run, ended=False)
         elif self._asks(run.error):
             self._ask_budget(work, run, now, event=envelope, digests=digests, anchor=anchor)
@@ -337,11 +337,13 @@ class Intake:
         if cache is not state.cache or seq != state.seq:
             work.commit(dataclasses.replace(state, seq=seq, cache=cache), activity=False)
 
-    def _defer(self, work: Work, envelope: AgentEnvelope, digests, anchor: int, failures: int):
+    def _defer(
+        self, work: Work, envelope: AgentEnvelope, digests, anchor: int, failures: int, granted
+    ):
         """A start whose model stayed busy past its client's retries: the key waits on its
         deadline timer, the event first in its mailbox (events after it queue behind), and
         the start is tried again with backoff. Nothing else changes, so the retry runs the
-        same seq and emits the same ids."""
+        same seq and emits the same ids, and records the raises it was `granted`."""
         work.count("deferred_activations")
         retry_at = saturating_add(anchor, self._config.backoff_ms(failures))
         deferred = new_state_blob(
@@ -352,6 +354,7 @@ class Intake:
             retry_at_ms=retry_at,
             resume_failures=failures,
             mailbox=[envelope],
+            answers=list(granted),
         )
         deferred.state_schema_version = self._version
         work.commit(

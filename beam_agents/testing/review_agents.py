@@ -54,11 +54,12 @@ class BusyOnce:
 
     def __init__(self, nth: int) -> None:
         self._nth = nth
-        self._calls = 0
+        #: The requests sent so far.
+        self.calls = 0
 
     def complete(self, request):
-        self._calls += 1
-        if self._calls == self._nth:
+        self.calls += 1
+        if self.calls == self._nth:
             raise LlmCallError("busy", model=request.model, retryable=True)
         text = request.messages[-1]["content"]
         return LlmResponse(text="ok: " + text, model="m", input_tokens=10, output_tokens=5)
