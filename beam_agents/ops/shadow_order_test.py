@@ -48,6 +48,7 @@ from beam_agents.testing.review_agents import (
     BusyOnce,
     calls_per_event,
     counter,
+    raised_then_declined,
     two_calls,
 )
 
@@ -426,6 +427,12 @@ def test_a_start_granted_many_budget_raises_live_is_no_divergence_in_the_shadow(
         calls_per_event, _THREE_CALLS, tools={}, approver=bool, llm_client=model, config=config
     )
     assert [r.reason for r in history] == [""]
+    found = _deliver(calls_per_event, [(b"k", r) for r in history], config)
+    assert found["reports"] == [] and found[ERRORS] == []
+
+
+def test_a_start_granted_a_raise_then_declined_live_is_no_divergence_in_the_shadow():
+    config, history = raised_then_declined()
     found = _deliver(calls_per_event, [(b"k", r) for r in history], config)
     assert found["reports"] == [] and found[ERRORS] == []
 

@@ -111,6 +111,11 @@ class BudgetQuestions:
             waiting.retry_at_ms = 0
             memory = work.state.memory
             pending = (*work.state.pending, question)
+        del waiting.held_calls[:]
+        if self._recording is not None:
+            # What this attempt asked the model, for the record a declined raise ends it in:
+            # an attempt a raise lets run again replays them into its own record instead.
+            waiting.held_calls.extend(self._recording.model_calls(run.ctx.model_log))
         waiting.pending_intent_ids.append(question.intent_id)
         work.commit(
             dataclasses.replace(work.state, memory=memory, continuation=waiting, pending=pending)
@@ -155,22 +160,21 @@ class BudgetQuestions:
         if self._recording is not None:
             # The activation the budget held ended here: its record says so, so that a
             # backtest of the key sees it (a declined first start still began the key).
-            work.emit(
-                RECORDS,
-                self._recording.record(
-                    entity_key=work.key,
-                    seq=suspended.seq,
-                    first_step=0 if start else suspended.step_index,
-                    now_ms=now,
-                    adapter=self._agent.adapter,
-                    event=suspended.mailbox[0] if start else None,
-                    answers=suspended.answers,
-                    model_log=(),
-                    intents=(),
-                    outcome=ActivationRecord.OUTCOME_FAILED,
-                    reason=dl.BUDGET_EXCEEDED,
-                ),
+            record = self._recording.record(
+                entity_key=work.key,
+                seq=suspended.seq,
+                first_step=0 if start else suspended.step_index,
+                now_ms=now,
+                adapter=self._agent.adapter,
+                event=suspended.mailbox[0] if start else None,
+                answers=suspended.answers,
+                model_log=(),
+                intents=(),
+                outcome=ActivationRecord.OUTCOME_FAILED,
+                reason=dl.BUDGET_EXCEEDED,
             )
+            record.model_calls.extend(suspended.held_calls)
+            work.emit(RECORDS, record)
         if start:
             self._end_start(work, suspended.seq)
             rest = self._copy(suspended)

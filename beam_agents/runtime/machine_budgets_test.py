@@ -11,6 +11,7 @@ from beam_agents._protos import ToolIntent
 from beam_agents.errors import LlmCallError
 from beam_agents.runtime import LlmResponse, RuntimeConfig, agent
 from beam_agents.runtime.machine import ERRORS
+from beam_agents.runtime.recording import RECORDS, Recording
 from beam_agents.runtime.run_agent import _read
 from beam_agents.testing.machine_harness import (
     T0,
@@ -137,6 +138,32 @@ def test_under_ask_a_declined_budget_ends_with_the_event_in_the_dead_letter():
     (refused,) = h.values(ERRORS)
     assert refused.reason == "budget_exceeded" and refused.input.external_event == b"first"
     assert h.continuation is None and not pending(h)
+
+
+@pytest.mark.parametrize("recording", [None, Recording()])
+def test_a_declined_raise_records_the_calls_its_attempt_paid_for_and_keeps_none_unrecorded(
+    recording,
+):
+    from beam_agents.runtime.budget import OnBudget
+    from beam_agents.runtime.key_driver import KeyDriver, recording_machine
+    from beam_agents.testing.review_agents import calls_per_event
+
+    # The first call fits the key's 25 tokens, the second would not: the start asks.
+    config = _budgeted(key_tokens=25, on_exceed=OnBudget.ASK, raise_tokens=1000)
+    driver = KeyDriver(
+        recording_machine(calls_per_event, _Counting(10, 5), config, recording), b"k"
+    )
+    driver.schedule(event(T0, b"3"))
+    (question,) = [value for tag, value in driver.step() if tag == "intents"]
+    held = list(driver.state.continuation.held_calls)
+    driver.schedule(approve(T0 + 1, question, approved=False))
+    records = [value for tag, value in driver.step() if tag == RECORDS]
+    if recording is None:
+        assert held == [] and records == []
+        return
+    assert [(c.replayed, c.input_tokens, c.output_tokens) for c in held] == [(False, 10, 5)]
+    (declined,) = records
+    assert declined.reason == "budget_exceeded" and list(declined.model_calls) == held
 
 
 def test_under_ask_a_resume_past_its_budget_waits_with_its_answers_and_goes_on_when_raised():

@@ -65,7 +65,14 @@ def built_problem(suspended: Continuation, *, seq: int, next_step: int, emitted)
         return problem
     runtimes = [
         name
-        for name in ("retry_at_ms", "resume_failures", "escalations", "answers", "mailbox")
+        for name in (
+            "retry_at_ms",
+            "resume_failures",
+            "escalations",
+            "answers",
+            "mailbox",
+            "held_calls",
+        )
         if getattr(suspended, name)
     ]
     if runtimes:

@@ -9,7 +9,14 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from beam_agents._protos import AgentEnvelope, Continuation, LlmCacheBlob, StateSnapshot, ToolIntent
+from beam_agents._protos import (
+    ActivationRecord,
+    AgentEnvelope,
+    Continuation,
+    LlmCacheBlob,
+    StateSnapshot,
+    ToolIntent,
+)
 from beam_agents.runtime import AtDeadline, DeadlinePolicy, RuntimeConfig
 from beam_agents.runtime.budget import BUDGET_TOOL, Budget, OnBudget
 from beam_agents.runtime.context import Suspension
@@ -183,6 +190,7 @@ class _Builds:
         ({"pending_intent_ids": [], "retry_at_ms": T0}, "with no event"),
         ({"escalations": 1}, "runtime's own escalations"),
         ({"mailbox": [event(T0, b"x")]}, "runtime's own mailbox"),
+        ({"held_calls": [ActivationRecord.ModelCall(cache_key="c")]}, "runtime's own held_calls"),
     ],
 )
 def test_a_continuation_an_agent_builds_out_of_shape_is_a_contract_breach(fields, why):

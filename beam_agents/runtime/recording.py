@@ -5,8 +5,9 @@ ActivationRecord): for each activation (a start, a resume, a failed attempt of e
 event or answers it ran on, each model call with the answer it used (its replay-cache key and
 the SHA-256 of its canonical request, so a later run can tell the same request from another),
 the intents it emitted and its outcome. An activation a person's declined budget raise ended
-has one too (FAILED, `budget_exceeded`, no model call: its attempt's paid answers stay in the
-replay cache), so a key's records start at its first activation. Writing the records to Kafka,
+has one too (FAILED, `budget_exceeded`), holding the model calls of the attempt the question
+held up (kept meanwhile in the Continuation, `held_calls`), so a key's records start at its
+first activation and every answer a live attempt used is in one. Writing the records to Kafka,
 files or BigQuery is ordinary Beam; `beam-agents backtest` (beam_agents/ops/backtest.py) runs a
 candidate agent over them.
 
@@ -83,7 +84,7 @@ class Recording:
             now_ms=now_ms,
             adapter=adapter,
             answers=answers,
-            model_calls=[self._call(call) for call in model_log],
+            model_calls=self.model_calls(model_log),
             intents=intents,
             outcome=outcome,
             output=output,
@@ -92,6 +93,10 @@ class Recording:
         if event is not None:
             record.event.CopyFrom(event)
         return record
+
+    def model_calls(self, model_log: Sequence[ModelCallLog]) -> list[ActivationRecord.ModelCall]:
+        """The calls of `model_log` as a record holds them, under the size policy."""
+        return [self._call(call) for call in model_log]
 
     def _call(self, call: ModelCallLog) -> ActivationRecord.ModelCall:
         kept = len(call.response) <= self.max_answer_bytes

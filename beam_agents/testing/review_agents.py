@@ -8,11 +8,19 @@ from __future__ import annotations
 
 from beam_agents._protos import AgentEnvelope
 from beam_agents.errors import LlmCallError
-from beam_agents.runtime import LlmResponse, RuntimeConfig, agent
+from beam_agents.runtime import LlmResponse, RuntimeConfig, ScriptedLlmClient, agent
 from beam_agents.runtime.budget import Budget, OnBudget
-from beam_agents.testing.recorded_history import T0
+from beam_agents.testing.recorded_history import T0, record_history
 
-__all__ = ["ASKING", "ONE_EVENT", "BusyOnce", "calls_per_event", "counter", "two_calls"]
+__all__ = [
+    "ASKING",
+    "ONE_EVENT",
+    "BusyOnce",
+    "calls_per_event",
+    "counter",
+    "raised_then_declined",
+    "two_calls",
+]
 
 #: One event of key b"k".
 ONE_EVENT = [AgentEnvelope(entity_key=b"k", event_time_ms=T0, external_event=b"e")]
@@ -63,3 +71,25 @@ class BusyOnce:
             raise LlmCallError("busy", model=request.model, retryable=True)
         text = request.messages[-1]["content"]
         return LlmResponse(text="ok: " + text, model="m", input_tokens=10, output_tokens=5)
+
+
+def raised_then_declined():
+    """(config, history) of a key whose first start (`calls_per_event` on b"3") asks a raise
+    before its first call, is granted ten tokens, makes one call, asks again and is declined;
+    its second start (b"1") asks once and is granted."""
+    config = RuntimeConfig(budget=Budget(key_tokens=20, on_exceed=OnBudget.ASK, raise_tokens=10))
+    asked = []
+
+    def approver(intent) -> bool:
+        asked.append(intent.intent_id)
+        return len(asked) != 2
+
+    events = [
+        AgentEnvelope(entity_key=b"k", event_time_ms=T0 + n * 60_000, external_event=calls)
+        for n, calls in enumerate([b"3", b"1"])
+    ]
+    model = ScriptedLlmClient(lambda request: LlmResponse("ok", "m", 10, 5))
+    history = record_history(
+        calls_per_event, events, tools={}, approver=approver, llm_client=model, config=config
+    )
+    return config, history

@@ -124,6 +124,21 @@ def continuation_partly_answered():
     return blob
 
 
+def continuation_budget_held():
+    """A start held up by its key's budget (OnBudget.ASK) on a recording runtime: its event
+    first in the mailbox, the raise it was granted among its answers, the model call its
+    attempt paid for before asking again (held_calls)."""
+    blob = continuation()
+    del blob.pending_intent_ids[1:]
+    blob.mailbox.add().CopyFrom(agent_envelope_external_event())
+    granted = blob.answers.add(entity_key=b"customer-42", event_time_ms=1_764_460_805_000)
+    granted.approval.intent_id = "9a0b1c2d-3e4f-5a6b-8c7d-0e1f2a3b4c5d"
+    granted.approval.approved = True
+    granted.approval.approver = "ops@example.com"
+    blob.held_calls.extend(activation_record().model_calls)
+    return blob
+
+
 def llm_cache_blob():
     """A replay cache with three entries in LRU order."""
     blob = LlmCacheBlob(state_schema_version=STATE_SCHEMA_VERSION)
@@ -499,6 +514,7 @@ FIXTURES = {
         continuation,
         continuation_escalated,
         continuation_partly_answered,
+        continuation_budget_held,
         llm_cache_blob,
         llm_cache_blob_digest_only,
         llm_cache_blob_indexed,
