@@ -17,17 +17,24 @@ them). Each module is parsed with `ast`, and each mutant is one small change of 
 Docstrings, annotations, `__all__`, f-strings (whose inner positions Python 3.11 does not
 report) and lines ending in `# pragma: no mutate` are left alone.
 
-Which tests, and how fast. A mutant runs only the tests that execute its lines. One baseline
+Which tests, and how fast. A mutant runs only the tests that may fail on it. One baseline
 run collects, under a line tracer restricted to the mutated modules' files, which lines each
-test executes; the candidates are the test files beside the module (its package folder) and the
-test files that name it (`beam_agents.x.y` or `from beam_agents.x import y`), or only the
-`--tests` given (faster, and the score is then that of those tests).
-A mutant's tests are those that execute any line of the mutated node, fastest first: the first
-failure kills it. A mutant on a line no test executes is reported as a survivor without being
-run (a line only a subprocess of a test executes counts as unreached: the score is
-conservative, never inflated). Lines that run only at import (module constants, class bodies,
-default values) are attributed to the tests that execute the lines using them, or else to
-every test that executed the module.
+test executes; the candidates are the test files that import the module through any chain of
+the repository's modules (read statically with `ast`: a package's `__init__`, an import inside
+a function and a folder's `conftest.py` count), those beside it, and those that name it (an
+agent loaded as `MODULE:NAME`); or only the `--tests` given (faster, and the score is then
+that of those tests). The session applies the suite's own options (`-m 'not engines and not
+browser'`).
+A mutant's tests are those that execute a line of it or of its innermost statement (a
+compound statement's header: CPython puts a folded tuple of constants, or a multi-line
+expression, on one of the statement's lines), fastest first: the first failure kills it. A
+mutant that runs at import (a constant, a default value, a class attribute) also runs the tests
+that execute the lines using what it defines, the module's own test files (`foo_test.py` and
+`foo_*_test.py`, where defaults are pinned) and the test functions that import what it
+defines (a test that compares a table with the docs executes none of the module's lines); if
+none does, every test that executed the module. A mutant on a line no test executes is
+reported as a survivor without being run (a line only a subprocess of a test executes counts
+as unreached: the score is conservative, never inflated).
 
 Two ways to run a mutant, both in children forked from this process after the heavy
 third-party imports (`--preload`):
@@ -374,7 +381,85 @@ def _dotted(path: Path, root: Path) -> str:
     return ".".join(parts)
 
 
+_SKIPPED = {"node_modules", "build", "dist"}
+
+
+def _sources(root: Path) -> dict[str, Path]:
+    """The repository's Python modules by dotted name (packages by their `__init__`)."""
+    found = {}
+    for path in root.rglob("*.py"):
+        parts = path.relative_to(root).parts
+        if parts[0].startswith(".") or parts[0] in _SKIPPED:
+            continue
+        found[_dotted(path, root)] = path
+    return found
+
+
+def _imported(path: Path, root: Path, known: dict[str, Path]) -> set[str]:
+    """The repository modules `path` imports anywhere in its body (a function's import too).
+
+    Importing `a.b.c` runs `a` and `a.b` first, so a package's `__init__` counts as imported,
+    and `from a.b import c` imports the module `a.b.c` when there is one.
+    """
+    package = _dotted(path, root)
+    if path.name != "__init__.py":
+        package = package.rpartition(".")[0]
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*anchor, base] if base else anchor)
+            names.add(base)
+            names.update(f"{base}.{alias.name}" for alias in node.names)
+    found = set()
+    for name in names:
+        parts = name.split(".")
+        found.update(".".join(parts[:i]) for i in range(1, len(parts) + 1))
+    return found & known.keys()
+
+
+@functools.cache
+def _import_graph(root: Path) -> tuple[dict[str, Path], dict[str, set[str]]]:
+    """The repository's modules, and for each the modules that import it directly."""
+    known = _sources(root)
+    users: dict[str, set[str]] = {}
+    for name, path in known.items():
+        for imported in _imported(path, root, known):
+            users.setdefault(imported, set()).add(name)
+    return known, users
+
+
+def _importers(target: str, root: Path) -> set[Path]:
+    """The test files that import `target`, through any chain of the repository's modules
+    (their folders' `conftest.py` included)."""
+    known, users = _import_graph(root)
+    reached, todo = {target}, [target]
+    while todo:
+        for user in users.get(todo.pop(), ()):
+            if user not in reached:
+                reached.add(user)
+                todo.append(user)
+    found = set()
+    for name, path in known.items():
+        if not path.name.endswith("_test.py"):
+            continue
+        conftests = {
+            _dotted(root / folder / "conftest.py", root)
+            for folder in path.relative_to(root).parents
+            if (root / folder / "conftest.py").is_file()
+        }
+        if name in reached or conftests & reached:
+            found.add(path)
+    return found
+
+
 def _candidates(path: Path, root: Path, chosen: list[Path]) -> list[Path]:
+    """The test files that may run `path`: those importing it through any chain of modules,
+    those beside it, and those naming it (an agent loaded as `MODULE:NAME`)."""
     if chosen:
         return sorted(chosen)
     dotted = _dotted(path, root)
@@ -382,10 +467,10 @@ def _candidates(path: Path, root: Path, chosen: list[Path]) -> list[Path]:
     names = re.compile(
         rf"\b{re.escape(dotted)}\b|from\s+{re.escape(package)}\s+import\s+[^\n]*\b{re.escape(name)}\b"
     )
-    found = set(path.parent.glob("*_test.py"))
+    found = set(path.parent.glob("*_test.py")) | _importers(dotted, root)
     for test in root.rglob("*_test.py"):
         parts = test.relative_to(root).parts
-        if parts[0].startswith(".") or parts[0] in {"node_modules", "build", "dist"}:
+        if parts[0].startswith(".") or parts[0] in _SKIPPED:
             continue
         if test not in found and names.search(test.read_text(encoding="utf-8")):
             found.add(test)
@@ -489,12 +574,8 @@ class _Cache:
         tmp.replace(self.path)
 
 
-def _users(tree: ast.Module, line: int) -> set[int]:
-    """The lines where what a module- or class-level statement at `line` defines is used.
-
-    Such a statement runs once, at import, inside no test: a mutant of a constant or of a
-    default value matters where the name is read, or where the function runs.
-    """
+def _defined(tree: ast.Module, line: int) -> tuple[ast.stmt | None, set[str]]:
+    """The module- or class-level statement at `line`, and the names it binds."""
     body = tree.body
     while True:
         stmt = next((s for s in body if s.lineno <= line <= s.end_lineno), None)
@@ -502,44 +583,118 @@ def _users(tree: ast.Module, line: int) -> set[int]:
             body = stmt.body
             continue
         break
-    if isinstance(stmt, ast.FunctionDef | ast.AsyncFunctionDef):
-        return set(range(stmt.body[0].lineno, stmt.end_lineno + 1))
     if isinstance(stmt, ast.Assign | ast.AnnAssign):
         targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]
-        names = {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
-        return {
-            node.lineno
+        return stmt, {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
+    return stmt, set()
+
+
+def _users(tree: ast.Module, line: int) -> set[int]:
+    """The lines where what a module- or class-level statement at `line` defines is used.
+
+    Such a statement runs once, at import, inside no test: a mutant of a constant or of a
+    default value matters where the name is read, or where the function runs.
+    """
+    stmt, names = _defined(tree, line)
+    if isinstance(stmt, ast.FunctionDef | ast.AsyncFunctionDef):
+        return set(range(stmt.body[0].lineno, stmt.end_lineno + 1))
+    return {
+        node.lineno
+        for node in ast.walk(tree)
+        if (isinstance(node, ast.Name) and node.id in names and node.lineno != stmt.lineno)
+        or (isinstance(node, ast.Attribute) and node.attr in names)
+    }
+
+
+def _span(tree: ast.Module, mutant: Mutant) -> set[int]:
+    """The lines a tracer may report for `mutant`: its own and its innermost statement's (a
+    compound statement's header only).
+
+    CPython puts a folded constant (a tuple of literals over several lines) and the parts of a
+    multi-line expression on one of the statement's lines, not always the mutant's.
+    """
+    inner = None
+    for node in ast.walk(tree):  # outer statements come before the statements they hold
+        if isinstance(node, ast.stmt) and node.lineno <= mutant.line <= node.end_lineno:
+            inner = node
+    span = set(range(mutant.line, mutant.end_line + 1))
+    if inner is not None:
+        body = getattr(inner, "body", None)
+        end = body[0].lineno - 1 if isinstance(body, list) and body else inner.end_lineno
+        span.update(range(inner.lineno, max(inner.lineno, end) + 1))
+    return span
+
+
+def _readers(job: _Job, names: set[str]) -> set[str]:
+    """The test functions (`file::name`, or `file::Class::name`) of the module's candidate
+    files that import one of `names` from it and use it: a test that reads a constant
+    directly executes none of the module's lines."""
+    found = set()
+    for path in job.tests:
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        imports = {
+            alias.name
             for node in ast.walk(tree)
-            if (isinstance(node, ast.Name) and node.id in names and node.lineno != stmt.lineno)
-            or (isinstance(node, ast.Attribute) and node.attr in names)
+            if isinstance(node, ast.ImportFrom) and node.module == job.dotted
+            for alias in node.names
         }
-    return set()
+        if not names & imports:
+            continue
+        rel = path.relative_to(job.root).as_posix()
+        tests = [(f"{rel}::{f.name}", f) for f in tree.body if isinstance(f, ast.FunctionDef)]
+        tests += [
+            (f"{rel}::{c.name}::{f.name}", f)
+            for c in tree.body
+            if isinstance(c, ast.ClassDef)
+            for f in c.body
+            if isinstance(f, ast.FunctionDef)
+        ]
+        for nodeid, function in tests:
+            used = {
+                getattr(node, "id", None) or getattr(node, "attr", None) or node.name
+                for node in ast.walk(function)
+                if isinstance(node, ast.Name | ast.Attribute | ast.alias)
+            }
+            if function.name.startswith("test") and names & imports & used:
+                found.add(nodeid)
+    return found
 
 
-def _select(mutant: Mutant, tree: ast.Module, base: dict, *, by_function: bool) -> list[str]:
-    """The tests that execute `mutant`'s lines, cheapest first: node ids, or test functions.
+def _select(mutant: Mutant, job: _Job, base: dict, *, by_function: bool) -> list[str]:
+    """The tests that may fail on `mutant`, cheapest first: node ids, or test functions.
 
+    Those that execute its lines; for a mutant that runs at import (a constant, a default, a
+    class attribute), also those that execute the lines reading what it defines, the module's
+    own test files (`foo_test.py`, `foo_*_test.py`: where defaults are pinned), and the test
+    functions that import what it defines.
     A fresh-import child selects by function, not parameter id: an id may name a value of the
     process that collected it (a pid, a temporary path), which that child does not reproduce.
     """
     lines: dict[str, list[int]] = base.get("lines", {})
     seconds: dict[str, float] = base.get("seconds", {})
     failed = set(base.get("failed", []))
-    span = set(range(mutant.line, mutant.end_line + 1))
-    tests = [t for t, hit in lines.items() if t != "<import>" and span & set(hit)]
+    span = _span(job.tree, mutant)
+    tests = {t for t, hit in lines.items() if t != "<import>" and span & set(hit)}
+    users = _users(job.tree, mutant.line)
+    if _target(job.tree, mutant) is None:
+        own = {p.relative_to(job.root).as_posix() for p in job.own_tests}
+        readers = _readers(job, _defined(job.tree, mutant.line)[1])
+        tests.update(t for t, hit in lines.items() if t != "<import>" and users & set(hit))
+        tests.update(
+            t for t in seconds if t.split("::", 1)[0] in own or t.split("[", 1)[0] in readers
+        )
     if not tests and span & set(lines.get("<import>", [])):
-        users = _users(tree, mutant.line)
-        tests = [t for t, hit in lines.items() if t != "<import>" and users & set(hit)]
-        if not tests:
-            # Used only from other modules, or by no line a test reaches: every test that runs
-            # this module, which is slow but never calls a mutant unreached that is not.
-            tests = [t for t in lines if t != "<import>"]
+        # Run at import only (a helper building a constant): the tests that reach the lines
+        # using it, else every test that runs this module, which is slow but never calls a
+        # mutant unreached that is not.
+        tests = {t for t, hit in lines.items() if t != "<import>" and users & set(hit)}
+        tests = tests or {t for t in lines if t != "<import>"}
     cost: dict[str, float] = {}
     for test in tests:
         if test not in failed:
             key = test.split("[", 1)[0] if by_function else test
             cost[key] = cost.get(key, 0.0) + seconds.get(test, 0.0)
-    return sorted(cost, key=cost.__getitem__)
+    return sorted(cost, key=lambda key: (cost[key], key))
 
 
 _KILLED = {"killed", "timeout"}
@@ -709,6 +864,13 @@ def _module(
         source=source,
         tree=ast.parse(source),
         dotted=_dotted(path, root),
+        tests=tuple(tests),
+        own_tests=tuple(
+            test
+            for test in tests
+            if test.parent == path.parent
+            and (test.name == f"{path.stem}_test.py" or test.name.startswith(f"{path.stem}_"))
+        ),
         tests_sha=tests_sha,
         root=root,
         **job,
@@ -761,6 +923,8 @@ class _Job:
     source: str
     tree: ast.Module
     dotted: str
+    tests: tuple[Path, ...]
+    own_tests: tuple[Path, ...]
     tests_sha: str
     root: Path
     work: Path
@@ -1039,7 +1203,7 @@ class _Session:
 
         def launch(mutant: Mutant):
             selected: list = []
-            for test in _select(mutant, job.tree, base, by_function=False):
+            for test in _select(mutant, job, base, by_function=False):
                 # A cached baseline from another process may name a parameter differently.
                 for item in [by_id[test]] if test in by_id else by_function.get(test, []):
                     if item not in selected:
@@ -1099,7 +1263,7 @@ def _reimport(job: _Job, pending: list[Mutant], base: dict, record) -> None:
     seconds = base.get("seconds", {})
 
     def launch(mutant: Mutant):
-        tests = _select(mutant, job.tree, base, by_function=True)
+        tests = _select(mutant, job, base, by_function=True)
         if not tests:
             return Outcome(status="unreached", seconds=0.0, tests_sha=job.tests_sha)
         env = job.mutant_env(mutant)

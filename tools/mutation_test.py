@@ -266,3 +266,73 @@ def test_a_sampled_run_measures_only_its_sample_and_prints_the_interval(tmp_path
     assert set(_statuses(cache)) == wanted
     assert f"{len(wanted)} mutants, {len(wanted)} to run" in done.stdout, done.stdout
     assert "(95% Wilson interval)" in done.stdout
+
+
+_LIMITS = '''\
+"""A fixture module whose mutants only a test through another module, a test of its own or a
+test reading a constant kills."""
+
+REASONS = {"lost": "a record was lost"}
+
+
+class Config:
+    retries = 3
+
+
+def attempts(config):
+    return config.retries + 1
+
+
+def allowed(name):
+    return name in (
+        "alpha",
+        "beta",
+    )
+'''
+
+
+def test_tests_reaching_a_module_through_others_its_own_tests_and_its_readers_are_selected(
+    tmp_path,
+):
+    root = tmp_path / "tree"
+    (root / "pkg").mkdir(parents=True)
+    (root / "checks").mkdir()
+    (root / "pkg" / "__init__.py").write_text("")
+    (root / "pkg" / "limits.py").write_text(_LIMITS)
+    (root / "pkg" / "api.py").write_text(
+        "from pkg.limits import allowed, attempts\n\n\n"
+        "def check(name, config):\n    return allowed(name), attempts(config)\n"
+    )
+    # Reaches limits.py only through api.py: neither beside it nor naming it.
+    (root / "checks" / "api_test.py").write_text(
+        "from types import SimpleNamespace\n\nfrom pkg.api import check\n\n\n"
+        "def test_check():\n"
+        "    assert check('beta', SimpleNamespace(retries=1)) == (True, 2)\n"
+        "    assert check('gamma', SimpleNamespace(retries=1)) == (False, 2)\n"
+    )
+    # Reads a constant and runs no line of limits.py.
+    (root / "checks" / "reasons_test.py").write_text(
+        "def test_every_reason_is_named():\n"
+        "    from pkg.limits import REASONS\n\n"
+        "    assert sorted(REASONS) == ['lost']\n"
+    )
+    # The module's own test pins a default, and runs no line of limits.py either.
+    (root / "pkg" / "limits_test.py").write_text(
+        "from pkg.limits import Config\n\n\n"
+        "def test_the_default_retries():\n    assert Config.retries == 3\n"
+    )
+    limits = root / "pkg" / "limits.py"
+    assert root / "checks" / "api_test.py" in mutation._candidates(limits, root, [])
+
+    cache = tmp_path / "results.json"
+    done = _tool(root, cache, "--min-timeout", "10", str(limits))
+    assert done.returncode == 0, done.stdout + done.stderr
+    found = json.loads(cache.read_text())["pkg/limits.py"]["mutants"]
+    by_text = {(m.line, m.replacement): found[m.id]["status"] for m in mutation.mutants(_LIMITS)}
+    assert by_text[(4, "('XXlostXX')")] == "killed"  # by its reader
+    assert by_text[(4, "('XXa record was lostXX')")] == "survived"  # its text is read by none
+    assert by_text[(8, "(4)")] == "killed"  # by the module's own test
+    assert by_text[(12, "(config.retries - 1)")] == "killed"  # through api.py
+    # A constant CPython folds into the tuple on line 16: its statement's lines select.
+    assert by_text[(18, "('XXbetaXX')")] == "killed"
+    assert by_text[(17, "('XXalphaXX')")] == "survived"
