@@ -3,7 +3,8 @@ on a clock the script sets. The demo, `beam-agents replay` and the tests drive R
 way.
 
 A pipeline cannot loop, so a script runs rounds: the inputs (envelopes, snapshots to restore,
-watermark advances) in order, on a TestStream in streaming mode. `run_round` applies a
+watermark advances) in order, on a TestStream in streaming mode, inputs for distinct keys
+between two advances in one event (one bundle, not a bundle each). `run_round` applies a
 transform (RunAgent, or a composite around it) to {"envelopes", "snapshots"}, runs it on the
 DirectRunner (or what `options` name) and returns every keyed output of the transform with its
 element timestamp, read back from files a sink wrote (DoFns run on copies, so nothing
@@ -128,14 +129,17 @@ def run_round(
     folder = Path(workdir) / f"round-{next(_round_numbers)}"
     folder.mkdir(parents=True)
     stream = TestStream(coder=beam.coders.BytesCoder())
-    for item in [*inputs, *_end_of_round(inputs)]:
-        if isinstance(item, Advance):
-            stream = stream.advance_watermark_to(item.to_ms / 1000)
+    for batch in _batches([*inputs, *_end_of_round(inputs)]):
+        if isinstance(batch, Advance):
+            stream = stream.advance_watermark_to(batch.to_ms / 1000)
             continue
-        tag = _SNAPSHOT if isinstance(item, StateSnapshot) else _ENVELOPE
-        at = item.snapshot_at_ms if isinstance(item, StateSnapshot) else item.event_time_ms
-        data = tag + item.SerializeToString(deterministic=True)
-        stream = stream.add_elements([window.TimestampedValue(data, at / 1000)])
+        elements = []
+        for item in batch:
+            tag = _SNAPSHOT if isinstance(item, StateSnapshot) else _ENVELOPE
+            at = item.snapshot_at_ms if isinstance(item, StateSnapshot) else item.event_time_ms
+            data = tag + item.SerializeToString(deterministic=True)
+            elements.append(window.TimestampedValue(data, at / 1000))
+        stream = stream.add_elements(elements)
     if options is None:
         options = env_options()
     options.view_as(StandardOptions).streaming = True
@@ -156,6 +160,27 @@ def run_round(
             rows[tag] = [r for r in tagged if r not in ended]
             carried.update((key, snapshot) for _, key, snapshot in ended)
     return Outputs(rows, carried)
+
+
+def _batches(items: Sequence[AgentEnvelope | StateSnapshot | Advance]) -> list:
+    """The script as TestStream events: each Advance, and runs of inputs for distinct keys.
+
+    A runner takes one event's elements as one bundle (a bundle per input made a round of
+    1,000 keys a few minutes long), and may take a bundle's elements in any order: two inputs
+    for one key go in separate events, so the key still takes them in the script's order.
+    """
+    batches: list = []
+    keys: set[bytes] = set()
+    for item in items:
+        if isinstance(item, Advance):
+            batches.append(item)
+            continue
+        if not batches or isinstance(batches[-1], Advance) or item.entity_key in keys:
+            batches.append([])
+            keys = set()
+        batches[-1].append(item)
+        keys.add(item.entity_key)
+    return batches
 
 
 def _end_of_round(inputs: Sequence[AgentEnvelope | StateSnapshot | Advance]) -> list:
