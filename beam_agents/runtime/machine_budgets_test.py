@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from beam_agents._protos import ToolIntent
+from beam_agents._protos import ToolIntent, TraceEvent
 from beam_agents.errors import LlmCallError
 from beam_agents.runtime import LlmResponse, RuntimeConfig, agent
 from beam_agents.runtime.machine import ERRORS
@@ -453,3 +453,20 @@ def test_a_budget_limits_nothing_and_an_approval_raises_nothing_unless_told():
     (again,) = pending(h)  # approved, raised by nothing: the call still does not fit
     assert again.tool_name == BUDGET_TOOL and again.intent_id != question.intent_id
     assert model.calls == 0 and h.states[2].value.token_allowance == 0
+
+
+def test_a_budget_question_is_traced_as_an_intent_the_key_emitted():
+    # A dashboard follows a key's intents by their spans: the question a budget asks is one,
+    # emitted before anyone answers it.
+    from beam_agents.runtime.budget import BUDGET_TOOL, OnBudget
+    from beam_agents.runtime.machine import TRACES
+
+    model = _Counting()
+    config = _budgeted(key_tokens=160, on_exceed=OnBudget.ASK, raise_tokens=150)
+    h = Harness(_two_calls, llm=model, config=config)
+    h.send(event(T0, b"x"))
+    (question,) = pending(h)
+    (span,) = h.values(TRACES)
+    assert span.event_type == TraceEvent.INTENT_EMITTED
+    assert span.attributes["gen_ai.tool.name"] == BUDGET_TOOL
+    assert span.attributes["beam_agents.intent_id"] == question.intent_id
