@@ -120,11 +120,21 @@ def test_a_record_at_the_limit_is_written_and_one_byte_over_is_refused(over):
         assert_that(
             records["completions"], equal_to([] if over else [(KEY, b"c" * length)]), "Written"
         )
+        # The detail names what was refused, so an operator knows which output to look at.
         assert_that(
-            records[ERRORS] | beam.Map(lambda r: decode_dead_letter(r[1]).reason),
-            equal_to(["record_too_large"] if over else []),
+            records[ERRORS] | beam.Map(_refused),
+            equal_to(
+                [("record_too_large", f"a completion record of {len(KEY) + length}")]
+                if over
+                else []
+            ),
             "Refused",
         )
+
+
+def _refused(record) -> tuple[str, str]:
+    letter = decode_dead_letter(record[1])
+    return letter.reason, letter.detail.split(" bytes", 1)[0]
 
 
 @pytest.mark.parametrize("limit", [0, 1000, True, 2.5e6])
