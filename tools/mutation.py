@@ -68,7 +68,8 @@ while the module is unchanged; a survivor is rerun when the candidate test files
 adding the missing test and rerunning costs only the survivors.
 
 The score is killed / (killed + survived + unreached), per module and in total; a mutant whose
-tests could not run (`error`) is reported and left out.
+tests could not run (`error`) is reported and left out. A mutant under which a test module
+fails to import is killed (its test fails at collection).
 
 Sampling. `--sample F` runs a uniform random sample of the mutants, each kept with
 probability F by a hash of its module, id and `--seed`: the same mutants on every run and
@@ -708,7 +709,12 @@ def _outcome(code: int | None, seconds: float, tests_sha: str, log: Path) -> Out
     # 1: a test failed; 2: collection failed (the mutant broke an import).
     if code in (1, 2):
         return Outcome(status="killed", seconds=seconds, tests_sha=tests_sha)
-    tail = log.read_text(errors="replace")[-2000:] if log.exists() else ""
+    text = log.read_text(errors="replace") if log.exists() else ""
+    # 4 with a collection error: a test module named by id failed to import under the mutant
+    # (a constant a test module's own constant is built from); 4 alone is a bad test id.
+    if code == 4 and "ERROR collecting" in text:
+        return Outcome(status="killed", seconds=seconds, tests_sha=tests_sha)
+    tail = text[-2000:]
     return Outcome(
         status="error",
         seconds=seconds,

@@ -336,3 +336,24 @@ def test_tests_reaching_a_module_through_others_its_own_tests_and_its_readers_ar
     # A constant CPython folds into the tuple on line 16: its statement's lines select.
     assert by_text[(18, "('XXbetaXX')")] == "killed"
     assert by_text[(17, "('XXalphaXX')")] == "survived"
+
+
+def test_a_mutant_that_breaks_a_test_modules_import_is_killed(tmp_path):
+    # A test module builds a constant of its own from the module's at import (as a shared
+    # config does): under the mutant it fails to import, and pytest, given the test by id,
+    # exits 4 ("found no collectors"), which is the mutant's kill, not the tool's error.
+    root = tmp_path / "tree"
+    (root / "pkg").mkdir(parents=True)
+    (root / "pkg" / "__init__.py").write_text("")
+    (root / "pkg" / "conf.py").write_text(
+        "SIZE = 4\n\n\ndef checked(size):\n"
+        "    if size != 4:\n        raise ValueError(size)\n    return size\n"
+    )
+    (root / "pkg" / "conf_test.py").write_text(
+        "from pkg.conf import SIZE, checked\n\nCHECKED = checked(SIZE)\n\n\n"
+        "def test_checked():\n    assert CHECKED == 4\n"
+    )
+    cache = tmp_path / "results.json"
+    done = _tool(root, cache, "--min-timeout", "10", str(root / "pkg" / "conf.py"))
+    found = json.loads(cache.read_text())["pkg/conf.py"]["mutants"]
+    assert found["1:7:const"]["status"] == "killed", done.stdout + done.stderr
