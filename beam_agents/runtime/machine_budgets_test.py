@@ -164,6 +164,7 @@ def test_a_declined_raise_records_the_calls_its_attempt_paid_for_and_keeps_none_
     assert [(c.replayed, c.input_tokens, c.output_tokens) for c in held] == [(False, 10, 5)]
     (declined,) = records
     assert declined.reason == "budget_exceeded" and list(declined.model_calls) == held
+    assert declined.output == b""  # it returned nothing: the agent never finished
 
 
 def test_under_ask_a_resume_past_its_budget_waits_with_its_answers_and_goes_on_when_raised():

@@ -55,6 +55,8 @@ def test_runagent_records_each_activation_with_its_inputs_model_calls_intents_an
     assert json.loads(lookup.answers[0].tool_result.payload)["tier"] == "gold"
     assert approval.answers[-1].approval.approved
     assert refund.output == run.completions[0]
+    # Only a completion has an output: a suspended activation returned nothing.
+    assert [r.output for r in (start, lookup, approval)] == [b"", b"", b""]
     assert len({r.seq for r in records}) == 1
     assert [r.first_step for r in records] == [0, 1, 2, 3]
     # The model answered the first resume; later resumes replay it from the key's cache.

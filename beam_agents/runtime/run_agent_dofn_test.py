@@ -111,3 +111,26 @@ def test_max_output_bytes_is_refused_when_the_pipeline_is_built_unless_an_int_pa
     with pytest.raises(ValueError, match="max_output_bytes"):
         RunAgent(echo, max_output_bytes=limit)
     assert RunAgent(echo, max_output_bytes=MIN_OUTPUT_BYTES)
+
+
+def test_the_dofns_state_cells_and_timers_keep_the_names_the_committed_manifest_freezes():
+    # A renamed cell or timer loses every key's state at a Dataflow --update; the manifest
+    # (beam_agents/ops/state_manifest.json) is the frozen list, read here without a pipeline.
+    import json
+
+    from apache_beam.portability.api import beam_runner_api_pb2
+    from apache_beam.transforms.timeutil import TimeDomain
+    from apache_beam.transforms.userstate import StateSpec, TimerSpec
+
+    from beam_agents.ops.state_manifest import MANIFEST
+
+    frozen = json.loads(MANIFEST.read_text())["RunAgent/Activate/ParDo(_AgentDoFn)"]
+    specs = list(vars(_AgentDoFn).values())
+    assert sorted(s.name for s in specs if isinstance(s, StateSpec)) == sorted(frozen["state"])
+    domains = beam_runner_api_pb2.TimeDomain.Enum
+    timers = {
+        s.name.removeprefix(TimerSpec.prefix): domains.Name(TimeDomain.to_runner_api(s.time_domain))
+        for s in specs
+        if isinstance(s, TimerSpec)
+    }
+    assert timers == {name: timer["domain"] for name, timer in frozen["timers"].items()}
