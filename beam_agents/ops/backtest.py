@@ -115,6 +115,7 @@ __all__ = [
     "parse_record",
     "retried",
     "run_backtest",
+    "taken_in",
     "tool_changes",
 ]
 
@@ -202,6 +203,16 @@ def in_history_order(records: Iterable[ActivationRecord]) -> list[ActivationReco
 
 def _place(record: ActivationRecord) -> tuple[int, int]:
     return record.seq, record.first_step
+
+
+def taken_in(record: ActivationRecord) -> int | None:
+    """When the live key ran the start `record` later than its event's own time: it took the
+    event in earlier (queued in a suspension's mailbox, or deferred on a busy model) and ran
+    it when drained or retried. The candidate runs it then too, or what it stamps with the
+    time, and the deadlines its answers must meet, would not be the live key's."""
+    if record.HasField("event") and record.now_ms > record.event.event_time_ms:
+        return record.now_ms
+    return None
 
 
 @dataclasses.dataclass
@@ -474,7 +485,8 @@ def backtest_key(
         data = record.event.SerializeToString(deterministic=True)
         if record.HasField("event") and data not in seen:
             seen.add(data)
-            driver.schedule(record.event, at=history.positions[_place(record)])
+            at = history.positions[_place(record)]
+            driver.schedule(record.event, at=at, taken_in_ms=taken_in(record))
     report = BacktestKeyReport(entity_key=key, baseline_activations=len(baseline))
     ran: list[ActivationRecord] = []
     letters: list[ActivationErrorRecord] = []

@@ -32,8 +32,10 @@ from beam_agents.testing.review_agents import (
     ASKING,
     ONE_EVENT,
     BusyOnce,
+    Stamped,
     calls_per_event,
     counter,
+    queued_history,
     raised_then_declined,
     two_calls,
 )
@@ -464,5 +466,41 @@ def test_a_resume_declined_a_raise_after_a_model_call_live_is_no_divergence():
     report, letters = backtest_key(
         b"k", history, lookup_then_two_calls, BacktestOptions(config=config)
     )
+    assert letters == []
+    assert not report.HasField("divergence"), report.divergence.detail
+
+
+def test_an_event_that_waited_in_a_mailbox_live_runs_when_it_was_drained_not_at_its_own_time():
+    history = queued_history()
+    # Live, the second event ran when the first's ticket was answered, a second after the
+    # first event: its ticket is stamped then, not at its own time.
+    second = history[2]
+    assert second.now_ms == T0 + 1_000 and second.event.event_time_ms == T0 + 500
+    report, letters = backtest_key(b"k", history, Stamped())
+    assert letters == []
+    assert not report.HasField("divergence"), report.divergence.detail
+
+
+def test_a_budget_declined_at_its_deadline_with_an_event_queued_live_is_no_divergence():
+    # No one answers the budget question: it is declined at its deadline, a day later; the
+    # second event, queued meanwhile, runs then, asks again and is declined a day after that.
+    # Run at its own time, the candidate's question would be answered after its deadline.
+    events = [
+        AgentEnvelope(entity_key=b"k", event_time_ms=T0, external_event=b"%d" % n) for n in (3, 2)
+    ]
+    model = ScriptedLlmClient(lambda request: LlmResponse("ok", "m", 10, 5))
+    machine = recording_machine(calls_per_event, model, ASKING)
+    driver = KeyDriver(machine, b"k")
+    for event in events:
+        driver.schedule(event)
+    history = []
+    while driver or driver.state.continuation is not None:
+        if driver:
+            outputs = driver.step()
+        else:
+            outputs = driver.fire_deadline(driver.state.continuation.deadline_ms)
+        history += [value for tag, value in outputs if tag == RECORDS]
+    assert [r.reason for r in history] == ["budget_exceeded"] * 2
+    report, letters = backtest_key(b"k", history, calls_per_event, BacktestOptions(config=ASKING))
     assert letters == []
     assert not report.HasField("divergence"), report.divergence.detail

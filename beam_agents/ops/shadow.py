@@ -90,6 +90,7 @@ from beam_agents.ops.backtest import (
     kind_name,
     parse_record,
     retried,
+    taken_in,
 )
 from beam_agents.runtime.budget import BUDGET_TOOL
 from beam_agents.runtime.config import RuntimeConfig
@@ -370,7 +371,7 @@ class _Shadow(beam.DoFn):
         driver = KeyDriver(recording_machine(self._candidate, model, self._config), key, state)
         answers = {answered_intent_id(a): a for a in live.answers}
         if live.HasField("event"):
-            driver.schedule(live.event)
+            driver.schedule(live.event, taken_in_ms=taken_in(live))
         else:
             for intent, match in _matched(state.pending, previous.intents):
                 if match is not None and match.intent_id in answers:

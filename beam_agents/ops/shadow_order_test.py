@@ -46,8 +46,10 @@ from beam_agents.testing.review_agents import (
     ASKING,
     ONE_EVENT,
     BusyOnce,
+    Stamped,
     calls_per_event,
     counter,
+    queued_history,
     raised_then_declined,
     two_calls,
 )
@@ -448,3 +450,10 @@ def test_a_budget_question_the_live_key_never_asked_is_the_backtests_divergence_
     ((_, report),) = _deliver(calls_per_event, [(b"k", r) for r in history], ASKING)["reports"]
     assert report.divergence.kind == expected.divergence.kind
     assert report.divergence.detail == expected.divergence.detail
+
+
+def test_an_event_that_waited_in_a_mailbox_live_runs_when_it_was_drained_in_the_shadow():
+    history = queued_history()
+    assert history[2].now_ms > history[2].event.event_time_ms  # it ran when drained
+    found = _deliver(Stamped(), [(b"k", r) for r in history])
+    assert found["reports"] == [] and found[ERRORS] == []

@@ -39,12 +39,16 @@ class KeyDriver:
         self._state = KeyState() if state is None else state
         self.ttl_set = False
         self.ttl_at: int | None = None
-        self._queue: list[tuple[int, int, AgentEnvelope]] = []
+        self._queue: list[tuple[int, int, AgentEnvelope, int | None]] = []
         self._order = itertools.count()
 
-    def schedule(self, envelope: AgentEnvelope, *, at: int | None = None) -> None:
+    def schedule(
+        self, envelope: AgentEnvelope, *, at: int | None = None, taken_in_ms: int | None = None
+    ) -> None:
+        """Queues `envelope`; `taken_in_ms`: an event the live key ran from its mailbox or a
+        retry at that time, which runs no earlier (`KeyMachine.on_envelope`)."""
         place = envelope.event_time_ms if at is None else at
-        heapq.heappush(self._queue, (place, next(self._order), envelope))
+        heapq.heappush(self._queue, (place, next(self._order), envelope, taken_in_ms))
 
     @property
     def state(self) -> KeyState:
@@ -54,8 +58,10 @@ class KeyDriver:
         return bool(self._queue)
 
     def step(self) -> list[tuple[str, object]]:
-        _, _, envelope = heapq.heappop(self._queue)
-        return self._apply(self._machine.on_envelope(self._key, self._state, envelope))
+        _, _, envelope, taken_in_ms = heapq.heappop(self._queue)
+        return self._apply(
+            self._machine.on_envelope(self._key, self._state, envelope, taken_in_ms=taken_in_ms)
+        )
 
     def fire_deadline(self, at_ms: int) -> list[tuple[str, object]]:
         """The outputs of the key's deadline timer fired at `at_ms` (a suspension's deadline,

@@ -16,8 +16,10 @@ __all__ = [
     "ASKING",
     "ONE_EVENT",
     "BusyOnce",
+    "Stamped",
     "calls_per_event",
     "counter",
+    "queued_history",
     "raised_then_declined",
     "two_calls",
 ]
@@ -54,6 +56,37 @@ def calls_per_event(ctx, event: bytes) -> bytes:
     for n in range(int(event)):
         text = ctx.llm([{"role": "user", "content": f"q{n} {text}"}], model="m", temperature=0).text
     return text.encode()
+
+
+class Stamped:
+    """A step agent that opens a ticket stamped with its activation's time (`ctx.now_ms`, as
+    agents stamp what they create), then completes when the ticket is answered."""
+
+    adapter = "review.stamped/v1"
+
+    def start(self, ctx, event: bytes):
+        ctx.call_tool("ticket.open", {"event": event.decode(), "at": ctx.now_ms})
+        return ctx.suspend()
+
+    def resume(self, ctx, answers):
+        return ctx.complete(b"opened at %d" % ctx.now_ms)
+
+
+def queued_history():
+    """A key's two events half a second apart, the second reaching the key while it waits on
+    the first one's ticket (answered a second after it was asked): it waits in the mailbox and
+    runs when the first completes, at that time."""
+    events = [
+        AgentEnvelope(entity_key=b"k", event_time_ms=T0 + n * 500, external_event=b"e%d" % n)
+        for n in range(2)
+    ]
+    return record_history(
+        Stamped(),
+        events,
+        tools={"ticket.open": lambda args, intent: b"{}"},
+        approver=bool,
+        llm_client=None,
+    )
 
 
 class BusyOnce:
