@@ -42,9 +42,11 @@ other than a failed attempt and its retry: records of two histories of one key m
 (`recorded_answer_withheld`, the key's run stopped). A candidate that raises is the runtime's
 own failure (`agent_raised`) and, against a recording that completed, a divergence of outcome.
 
-What is not replayed: timers. A suspension's deadline (EXPIRED results the runtime made) and
-the TTL are not fired; a recorded resume whose answers the runtime made is fed those answers as
-if they had arrived. A key must be recorded from its first event (no snapshot restore yet).
+Timers are fired where the live key's were: the candidate's deadline timer where the recorded
+resume holds EXPIRED results the runtime made (after the answers that came; an EXPIRED made for
+an approval is not even of its intent's kind, so it is never fed as an answer), its TTL where
+the live key's next start ran after it (`_idle_past_ttl`). A key must be recorded from its
+first event (no snapshot restore yet).
 """
 
 from __future__ import annotations
@@ -89,7 +91,7 @@ from beam_agents.runtime.dead_letters import (
 )
 from beam_agents.runtime.key_driver import KeyDriver, recording_machine
 from beam_agents.runtime.machine import ERRORS, INTENTS, KeyState
-from beam_agents.runtime.machine_answers import answered_intent_id
+from beam_agents.runtime.machine_answers import answered_intent_id, made_here
 from beam_agents.runtime.machine_budgets import budget_question_ids
 from beam_agents.runtime.machine_events import first_seq
 from beam_agents.runtime.recording import RECORDS, request_digest
@@ -637,13 +639,21 @@ def _answer(driver: KeyDriver, ran: ActivationRecord, recorded, answers) -> bool
     """Schedules the recorded answer of each call the suspended activation `ran` made that
     the `recorded` one made too (one the recording never got an answer to waits, as it did);
     False when the candidate made a call the recording did not: nothing can answer it."""
-    answerable = True
+    answerable, expired = True, None
     for intent, match in _matched(ran.intents, recorded.intents if recorded is not None else ()):
         found = answers.get(match.intent_id) if match is not None else None
         answerable = answerable and match is not None
         if found is not None:
             position, answer = found
-            driver.schedule(_addressed(answer, intent), at=position)
+            if made_here(answer):
+                expired = position
+            else:
+                driver.schedule(_addressed(answer, intent), at=position)
+    if expired is not None:
+        # No one answered by the deadline: the live key's timer fired, and the candidate's
+        # does, after the answers that came (an EXPIRED the runtime made is no answer to feed:
+        # to an approval it is not even of the intent's kind).
+        driver.schedule_deadline(at=expired)
     return answerable
 
 

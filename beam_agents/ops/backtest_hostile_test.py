@@ -31,13 +31,16 @@ from beam_agents.testing.recorded_history import (
 from beam_agents.testing.review_agents import (
     ASKING,
     ONE_EVENT,
+    SHORT_DEADLINES,
     BusyOnce,
     Stamped,
+    asks_a_person,
     calls_per_event,
     counter,
     queued_history,
     raised_then_declined,
     two_calls,
+    unanswered_history,
 )
 
 
@@ -502,5 +505,17 @@ def test_a_budget_declined_at_its_deadline_with_an_event_queued_live_is_no_diver
         history += [value for tag, value in outputs if tag == RECORDS]
     assert [r.reason for r in history] == ["budget_exceeded"] * 2
     report, letters = backtest_key(b"k", history, calls_per_event, BacktestOptions(config=ASKING))
+    assert letters == []
+    assert not report.HasField("divergence"), report.divergence.detail
+
+
+def test_an_approval_no_one_answered_live_is_no_divergence_of_the_unchanged_agent():
+    # At the suspension's deadline the runtime resumed the agent with an EXPIRED result for
+    # the approval: the record's answer is the runtime's, a tool_result to an APPROVAL intent.
+    history = unanswered_history(asks_a_person, ONE_EVENT, SHORT_DEADLINES)
+    assert [r.output for r in history] == [b"", b"not approved: 3"]  # EXPIRED
+    report, letters = backtest_key(
+        b"k", history, asks_a_person, BacktestOptions(config=SHORT_DEADLINES)
+    )
     assert letters == []
     assert not report.HasField("divergence"), report.divergence.detail

@@ -104,7 +104,7 @@ from beam_agents.runtime.dead_letters import (
 )
 from beam_agents.runtime.key_driver import KeyDriver, recording_machine
 from beam_agents.runtime.machine import ERRORS, INTENTS, TRACES, KeyState
-from beam_agents.runtime.machine_answers import answered_intent_id
+from beam_agents.runtime.machine_answers import answered_intent_id, made_here
 from beam_agents.runtime.machine_events import first_seq
 from beam_agents.runtime.recording import RECORDS
 from beam_agents.runtime.trace_ids import span_id, trace_id
@@ -373,9 +373,16 @@ class _Shadow(beam.DoFn):
         if live.HasField("event"):
             driver.schedule(live.event, taken_in_ms=taken_in(live))
         else:
+            expired = False
             for intent, match in _matched(state.pending, previous.intents):
                 if match is not None and match.intent_id in answers:
-                    driver.schedule(_addressed(answers[match.intent_id], intent))
+                    answer = answers[match.intent_id]
+                    if made_here(answer):
+                        expired = True  # no one answered: the deadline fired (as backtest's)
+                    else:
+                        driver.schedule(_addressed(answer, intent))
+            if expired:
+                driver.schedule_deadline(at=live.now_ms)
         ran = []
         while driver:
             for tag, value in driver.step():

@@ -45,13 +45,16 @@ from beam_agents.testing.recorded_history import (
 from beam_agents.testing.review_agents import (
     ASKING,
     ONE_EVENT,
+    SHORT_DEADLINES,
     BusyOnce,
     Stamped,
+    asks_a_person,
     calls_per_event,
     counter,
     queued_history,
     raised_then_declined,
     two_calls,
+    unanswered_history,
 )
 
 
@@ -456,4 +459,10 @@ def test_an_event_that_waited_in_a_mailbox_live_runs_when_it_was_drained_in_the_
     history = queued_history()
     assert history[2].now_ms > history[2].event.event_time_ms  # it ran when drained
     found = _deliver(Stamped(), [(b"k", r) for r in history])
+    assert found["reports"] == [] and found[ERRORS] == []
+
+
+def test_an_approval_no_one_answered_live_is_no_divergence_in_the_shadow():
+    history = unanswered_history(asks_a_person, ONE_EVENT, SHORT_DEADLINES)
+    found = _deliver(asks_a_person, [(b"k", r) for r in history], SHORT_DEADLINES)
     assert found["reports"] == [] and found[ERRORS] == []

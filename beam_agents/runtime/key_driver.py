@@ -17,6 +17,7 @@ from beam_agents._protos import AgentEnvelope
 from beam_agents.runtime.config import RuntimeConfig
 from beam_agents.runtime.context import Agent, LlmClient
 from beam_agents.runtime.machine import KeyMachine, KeyState
+from beam_agents.runtime.machine_state import due_at, timer_ms
 from beam_agents.runtime.recording import Recording
 from beam_agents.state.migration import CURRENT_STATE_SCHEMA_VERSION
 
@@ -39,7 +40,8 @@ class KeyDriver:
         self._state = KeyState() if state is None else state
         self.ttl_set = False
         self.ttl_at: int | None = None
-        self._queue: list[tuple[int, int, AgentEnvelope, int | None]] = []
+        #: (place, order, envelope or None: the deadline timer, taken_in_ms).
+        self._queue: list[tuple[int, int, AgentEnvelope | None, int | None]] = []
         self._order = itertools.count()
 
     def schedule(
@@ -50,6 +52,11 @@ class KeyDriver:
         place = envelope.event_time_ms if at is None else at
         heapq.heappush(self._queue, (place, next(self._order), envelope, taken_in_ms))
 
+    def schedule_deadline(self, *, at: int) -> None:
+        """Queues a firing of the key's deadline timer, at the due time of its suspension when
+        the firing comes (the backtest and the shadow: the live key's fired there)."""
+        heapq.heappush(self._queue, (at, next(self._order), None, None))
+
     @property
     def state(self) -> KeyState:
         return self._state
@@ -59,6 +66,9 @@ class KeyDriver:
 
     def step(self) -> list[tuple[str, object]]:
         _, _, envelope, taken_in_ms = heapq.heappop(self._queue)
+        if envelope is None:
+            suspended = self._state.continuation
+            return [] if suspended is None else self.fire_deadline(timer_ms(due_at(suspended)))
         return self._apply(
             self._machine.on_envelope(self._key, self._state, envelope, taken_in_ms=taken_in_ms)
         )

@@ -8,20 +8,25 @@ from __future__ import annotations
 
 from beam_agents._protos import AgentEnvelope
 from beam_agents.errors import LlmCallError
-from beam_agents.runtime import LlmResponse, RuntimeConfig, ScriptedLlmClient, agent
+from beam_agents.runtime import RECORDS, LlmResponse, RuntimeConfig, ScriptedLlmClient, agent
 from beam_agents.runtime.budget import Budget, OnBudget
+from beam_agents.runtime.key_driver import KeyDriver, recording_machine
+from beam_agents.runtime.machine_state import due_at
 from beam_agents.testing.recorded_history import T0, record_history
 
 __all__ = [
     "ASKING",
     "ONE_EVENT",
+    "SHORT_DEADLINES",
     "BusyOnce",
     "Stamped",
+    "asks_a_person",
     "calls_per_event",
     "counter",
     "queued_history",
     "raised_then_declined",
     "two_calls",
+    "unanswered_history",
 ]
 
 #: One event of key b"k".
@@ -87,6 +92,34 @@ def queued_history():
         approver=bool,
         llm_client=None,
     )
+
+
+@agent(name="review.asks_a_person/v1")
+def asks_a_person(ctx, event: bytes) -> bytes:
+    """Asks a person whether to act on the event; says what it was told."""
+    answer = ctx.request_approval("act on " + event.decode() + "?")
+    return b"approved" if answer.ok else b"not approved: %d" % answer.result.status
+
+
+#: A live job whose suspensions end twenty minutes on (its intents expire in ten).
+SHORT_DEADLINES = RuntimeConfig(intent_ttl_ms=600_000, suspend_deadline_ms=1_200_000)
+
+
+def unanswered_history(agent, events, config):
+    """The records of `agent` on `events` (one key's) under `config` where no intent is ever
+    answered: each suspension ends at its deadline, as the key's deadline timer fires."""
+    key = events[0].entity_key
+    driver = KeyDriver(recording_machine(agent, None, config), key)
+    for event in events:
+        driver.schedule(event)
+    history = []
+    while driver or driver.state.continuation is not None:
+        if driver:
+            outputs = driver.step()
+        else:
+            outputs = driver.fire_deadline(due_at(driver.state.continuation))
+        history += [value for tag, value in outputs if tag == RECORDS]
+    return history
 
 
 class BusyOnce:
