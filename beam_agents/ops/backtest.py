@@ -22,14 +22,15 @@ graph holds none).
 Divergence. The candidate's activation records are compared, one by one in order, with the
 recording's (an attempt that failed live and that the runtime ran again at its place, a model
 error retried on its timer, is not one of them: the candidate, answered from the recording,
-does not fail there; its tokens count, as they were billed): a model request the recording does
-not answer (`KIND_MODEL_REQUEST`), other intents (`KIND_APPROVAL` when an approval is asked or
-no longer asked, else `KIND_TOOL_CALL`), or the same calls with another outcome or output
-(`KIND_OUTCOME`). The key's report holds its first divergence. By default the key's run stops
-there (`stop_at_divergence`); with a `continue_with` model the run goes on, the requests the
-recording lacks answered by that model within `max_tokens` for the whole key, tools still
-answered only from the recording (a call it does not hold stays unanswered: the run ends there,
-`stopped`).
+does not fail there; its tokens count, as they were billed; an agent that raised there raises
+again, and its runtime runs it again as often, on its timer: `retries`): a model request the
+recording does not answer (`KIND_MODEL_REQUEST`), other intents (`KIND_APPROVAL` when an
+approval is asked or no longer asked, else `KIND_TOOL_CALL`), or the same calls with another
+outcome or output (`KIND_OUTCOME`). The key's report holds its first divergence. By default the
+key's run stops there (`stop_at_divergence`); with a `continue_with` model the run goes on, the
+requests the recording lacks answered by that model within `max_tokens` for the whole key, tools
+still answered only from the recording (a call it does not hold stays unanswered: the run ends
+there, `stopped`).
 
 Bad input is a dead letter on ERRORS, never a failed pipeline: bytes that are no
 ActivationRecord, or one of another message type (`recording_undecodable`); a key's history
@@ -116,6 +117,7 @@ __all__ = [
     "kind_name",
     "parse_record",
     "retried",
+    "retries",
     "run_backtest",
     "taken_in",
     "tool_changes",
@@ -491,6 +493,8 @@ def backtest_key(
             driver.schedule(record.event, at=at, taken_in_ms=taken_in(record))
     report = BacktestKeyReport(entity_key=key, baseline_activations=len(baseline))
     ran: list[ActivationRecord] = []
+    #: The candidate's failed attempts its runtime ran again (not compared; their tokens count).
+    attempts: list[ActivationRecord] = []
     letters: list[ActivationErrorRecord] = []
     halted = False
     answering = None
@@ -501,7 +505,10 @@ def backtest_key(
             model.answer_from(history.attempts[answering] if answering < len(baseline) else ())
             _idle_past_ttl(driver, baseline[answering] if answering < len(baseline) else None)
         for tag, value in driver.step():
-            if tag == RECORDS:
+            live = history.attempts[len(ran)] if len(ran) < len(baseline) else ()
+            if tag == RECORDS and retries(driver, value, model.misses, live, attempts):
+                attempts.append(value)
+            elif tag == RECORDS:
                 ran.append(value)
                 halted = _judge(report, baseline, ran, model, driver, answers, options, letters)
                 if halted:
@@ -516,7 +523,37 @@ def backtest_key(
         detail = f"the candidate ran {len(ran)} activations, the recording {len(baseline)}"
         report.divergence.CopyFrom(_not_run(len(ran), baseline[len(ran)], driver.state, detail))
     _account(report, history.records, ran)
+    for attempt in attempts:
+        _count(report, "candidate", attempt)
     return report, letters
+
+
+def retries(
+    driver: KeyDriver,
+    record: ActivationRecord,
+    misses: Sequence,
+    live: Sequence[ActivationRecord],
+    attempts: Sequence[ActivationRecord],
+) -> bool:
+    """Whether the candidate's `record` is a failed resume its runtime runs again on its timer
+    as the live key's was, and if so fires that timer next. `live` holds the live key's
+    attempts at the candidate's place, its failed ones and then the one compared
+    (`_History`); while the candidate's failed `attempts` there are fewer, and its failure is
+    its own (the recording answered every request it made), its last is compared too. An agent
+    that raises on an answer raises on every retry, live and here; where the live key did not
+    fail, the candidate's first failure is the divergence."""
+    waiting = driver.state.continuation
+    here = sum(_place(a) == _place(record) for a in attempts)
+    if (
+        misses
+        or here >= len(live) - 1
+        or not retried(record)
+        or waiting is None
+        or not waiting.retry_at_ms
+    ):
+        return False
+    driver.schedule_deadline(at=-1)  # before anything else waiting: the retry is due first
+    return True
 
 
 def _not_run(index: int, missing: ActivationRecord, state: KeyState, detail: str) -> Divergence:

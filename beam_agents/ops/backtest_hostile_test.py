@@ -37,6 +37,8 @@ from beam_agents.testing.review_agents import (
     asks_a_person,
     calls_per_event,
     counter,
+    declined_payment,
+    pays,
     queued_history,
     raised_then_declined,
     two_calls,
@@ -519,3 +521,16 @@ def test_an_approval_no_one_answered_live_is_no_divergence_of_the_unchanged_agen
     )
     assert letters == []
     assert not report.HasField("divergence"), report.divergence.detail
+
+
+def test_a_resume_that_raised_on_every_retry_live_is_no_divergence_of_the_unchanged_agent():
+    # The payment failed, and the agent raises on it: live, its resume failed, was tried
+    # again on its timer three times (resume_retries) and then ended (resume_failed).
+    history = record_history(
+        pays, ONE_EVENT, tools={"pay": declined_payment}, approver=bool, llm_client=None
+    )
+    assert [r.reason for r in history] == ["", *["agent_raised"] * 3, "resume_failed"]
+    report, letters = backtest_key(b"k", history, pays)
+    assert letters == []
+    assert not report.HasField("divergence"), report.divergence.detail
+    assert report.candidate_activations == report.baseline_activations == 2

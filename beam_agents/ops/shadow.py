@@ -90,6 +90,7 @@ from beam_agents.ops.backtest import (
     kind_name,
     parse_record,
     retried,
+    retries,
     taken_in,
 )
 from beam_agents.runtime.budget import BUDGET_TOOL
@@ -383,10 +384,12 @@ class _Shadow(beam.DoFn):
                         driver.schedule(_addressed(answer, intent))
             if expired:
                 driver.schedule_deadline(at=live.now_ms)
-        ran = []
+        ran, attempts = [], []
         while driver:
             for tag, value in driver.step():
-                if tag == RECORDS:
+                if tag == RECORDS and retries(driver, value, model.misses, due, attempts):
+                    attempts.append(value)  # run again, as the live key's was
+                elif tag == RECORDS:
                     ran.append(value)
                 elif tag == INTENTS and value.tool_name == BUDGET_TOOL:
                     decision = budget_decision(value, live, answers.get(value.intent_id))
@@ -395,7 +398,7 @@ class _Shadow(beam.DoFn):
         index = counts.baseline_activations
         for attempt in due:
             _count(counts, "baseline", attempt)
-        for activation in ran:
+        for activation in [*attempts, *ran]:
             _count(counts, "candidate", activation)
         counts.baseline_activations += 1
         counts.candidate_activations += len(ran)

@@ -51,6 +51,8 @@ from beam_agents.testing.review_agents import (
     asks_a_person,
     calls_per_event,
     counter,
+    declined_payment,
+    pays,
     queued_history,
     raised_then_declined,
     two_calls,
@@ -465,4 +467,12 @@ def test_an_event_that_waited_in_a_mailbox_live_runs_when_it_was_drained_in_the_
 def test_an_approval_no_one_answered_live_is_no_divergence_in_the_shadow():
     history = unanswered_history(asks_a_person, ONE_EVENT, SHORT_DEADLINES)
     found = _deliver(asks_a_person, [(b"k", r) for r in history], SHORT_DEADLINES)
+    assert found["reports"] == [] and found[ERRORS] == []
+
+
+def test_a_resume_that_raised_on_every_retry_live_is_no_divergence_in_the_shadow():
+    history = record_history(
+        pays, ONE_EVENT, tools={"pay": declined_payment}, approver=bool, llm_client=None
+    )
+    found = _deliver(pays, [(b"k", r) for r in history])
     assert found["reports"] == [] and found[ERRORS] == []

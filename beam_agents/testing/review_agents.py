@@ -23,6 +23,8 @@ __all__ = [
     "asks_a_person",
     "calls_per_event",
     "counter",
+    "declined_payment",
+    "pays",
     "queued_history",
     "raised_then_declined",
     "two_calls",
@@ -120,6 +122,19 @@ def unanswered_history(agent, events, config):
             outputs = driver.fire_deadline(due_at(driver.state.continuation))
         history += [value for tag, value in outputs if tag == RECORDS]
     return history
+
+
+@agent(name="review.pays/v1")
+def pays(ctx, event: bytes) -> bytes:
+    """Pays, and raises when the payment failed: on every retry of its resume alike."""
+    if not ctx.call_tool("pay", {"for": event.decode()}).ok:
+        raise RuntimeError("the payment failed")
+    return b"paid"
+
+
+def declined_payment(args, intent) -> bytes:
+    """A payment tool that fails (its ERROR result)."""
+    raise RuntimeError("card declined")
 
 
 class BusyOnce:
