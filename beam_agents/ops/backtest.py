@@ -484,12 +484,11 @@ def backtest_key(
         if _place(record) in history.positions:
             for answer in record.answers:
                 answers[answered_intent_id(answer)] = (history.positions[_place(record)], answer)
-    seen = set()
-    for record in history.records:
-        data = record.event.SerializeToString(deterministic=True)
-        if record.HasField("event") and data not in seen:
-            seen.add(data)
-            at = history.positions[_place(record)]
+    # One event per place (its start's), however many records there hold it: an event the
+    # live key ran twice (sent again after its start failed for good, which marks nothing as
+    # seen) is two starts, two places, and runs twice here too.
+    for at, record in enumerate(history.compared):
+        if record.HasField("event"):
             driver.schedule(record.event, at=at, taken_in_ms=taken_in(record))
     report = BacktestKeyReport(entity_key=key, baseline_activations=len(baseline))
     ran: list[ActivationRecord] = []

@@ -33,6 +33,7 @@ from beam_agents.testing.review_agents import (
     ONE_EVENT,
     SHORT_DEADLINES,
     BusyOnce,
+    DownOnFirstCall,
     Stamped,
     asks_a_person,
     calls_per_event,
@@ -415,27 +416,13 @@ def test_a_raised_start_whose_model_was_then_busy_live_is_no_divergence():
     assert not report.HasField("divergence"), report.divergence.detail
 
 
-class _DownOnFirstCall:
-    """A model down for the first request it is sent (its client's retries spent), then
-    answering: a live outage that ended one start for good."""
-
-    def __init__(self) -> None:
-        self.calls = 0
-
-    def complete(self, request):
-        self.calls += 1
-        if self.calls == 1:
-            raise LlmCallError("down", model=request.model, retryable=False)
-        return LlmResponse("ok", "m", 10, 5)
-
-
 def test_a_start_the_model_failed_live_does_not_end_the_unchanged_agents_backtest():
     events = [
         AgentEnvelope(entity_key=b"k", event_time_ms=T0 + n * 60_000, external_event=b"1")
         for n in range(3)
     ]
     history = record_history(
-        calls_per_event, events, tools={}, approver=bool, llm_client=_DownOnFirstCall()
+        calls_per_event, events, tools={}, approver=bool, llm_client=DownOnFirstCall()
     )
     assert [r.reason for r in history] == ["llm_failed", "", ""]
     report, letters = backtest_key(b"k", history, calls_per_event)
@@ -534,3 +521,18 @@ def test_a_resume_that_raised_on_every_retry_live_is_no_divergence_of_the_unchan
     assert letters == []
     assert not report.HasField("divergence"), report.divergence.detail
     assert report.candidate_activations == report.baseline_activations == 2
+
+
+def test_an_event_sent_again_after_its_start_failed_live_is_run_again_as_live():
+    # The model was down for the event's start, which ended for good (llm_failed, its event
+    # not marked as seen); the producer (or an operator replaying the dead letters) sent the
+    # very same event again, and the key ran it again, under the next seq.
+    event = AgentEnvelope(entity_key=b"k", event_time_ms=T0, external_event=b"1")
+    history = record_history(
+        calls_per_event, [event, event], tools={}, approver=bool, llm_client=DownOnFirstCall()
+    )
+    assert [r.reason for r in history] == ["llm_failed", ""]
+    report, letters = backtest_key(b"k", history, calls_per_event)
+    assert letters == []
+    assert not report.HasField("divergence"), report.divergence.detail
+    assert report.candidate_activations == 2

@@ -47,6 +47,7 @@ from beam_agents.testing.review_agents import (
     ONE_EVENT,
     SHORT_DEADLINES,
     BusyOnce,
+    DownOnFirstCall,
     Stamped,
     asks_a_person,
     calls_per_event,
@@ -476,3 +477,13 @@ def test_a_resume_that_raised_on_every_retry_live_is_no_divergence_in_the_shadow
     )
     found = _deliver(pays, [(b"k", r) for r in history])
     assert found["reports"] == [] and found[ERRORS] == []
+
+
+def test_an_event_sent_again_after_its_start_failed_live_is_shadowed_as_live():
+    event = AgentEnvelope(entity_key=b"k", event_time_ms=T0, external_event=b"1")
+    history = record_history(
+        calls_per_event, [event, event], tools={}, approver=bool, llm_client=DownOnFirstCall()
+    )
+    found = _deliver(calls_per_event, [(b"k", r) for r in history])
+    assert found["reports"] == [] and found[ERRORS] == []
+    assert len(found[TRACES]) == 2

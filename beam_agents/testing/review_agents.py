@@ -19,6 +19,7 @@ __all__ = [
     "ONE_EVENT",
     "SHORT_DEADLINES",
     "BusyOnce",
+    "DownOnFirstCall",
     "Stamped",
     "asks_a_person",
     "calls_per_event",
@@ -135,6 +136,20 @@ def pays(ctx, event: bytes) -> bytes:
 def declined_payment(args, intent) -> bytes:
     """A payment tool that fails (its ERROR result)."""
     raise RuntimeError("card declined")
+
+
+class DownOnFirstCall:
+    """A model down for the first request it is sent (its client's retries spent), then
+    answering: a live outage that ended one start for good."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def complete(self, request):
+        self.calls += 1
+        if self.calls == 1:
+            raise LlmCallError("down", model=request.model, retryable=False)
+        return LlmResponse("ok", "m", 10, 5)
 
 
 class BusyOnce:
