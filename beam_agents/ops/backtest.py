@@ -234,11 +234,12 @@ class _History:
 
 def retried(record: ActivationRecord) -> bool:
     """A failed resume the runtime runs again at its place, on its timer (a failed start never
-    is; a resume that failed on its last retry is `resume_failed`)."""
+    is; a resume that failed on its last retry is `resume_failed`, one a person declined to
+    raise the budget of `budget_exceeded`: both end the suspension)."""
     return (
         record.outcome == Outcome.OUTCOME_FAILED
         and not record.HasField("event")
-        and record.reason != RESUME_FAILED
+        and record.reason not in (RESUME_FAILED, BUDGET_EXCEEDED)
     )
 
 

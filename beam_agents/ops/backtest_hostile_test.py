@@ -536,3 +536,37 @@ def test_an_event_sent_again_after_its_start_failed_live_is_run_again_as_live():
     assert letters == []
     assert not report.HasField("divergence"), report.divergence.detail
     assert report.candidate_activations == 2
+
+
+def _declined_on_a_resume():
+    """(config, history): the resume's first call fits the key's 25 tokens, its second asks a
+    raise and is declined, the last record of the recording."""
+    config = RuntimeConfig(budget=Budget(key_tokens=25, on_exceed=OnBudget.ASK, raise_tokens=10))
+    model = ScriptedLlmClient(lambda request: LlmResponse("ok", "m", 10, 5))
+    history = record_history(
+        lookup_then_two_calls,
+        ONE_EVENT,
+        tools={"lookup": lambda args, intent: b"found"},
+        approver=lambda intent: False,
+        llm_client=model,
+        config=config,
+    )
+    assert [r.reason for r in history] == ["", "budget_exceeded"]
+    return config, history
+
+
+def test_a_resume_declined_a_raise_live_is_compared_not_taken_for_an_attempt_awaiting_a_retry():
+    # A declined raise ends the suspension for good; the runtime runs no retry of it. Taken
+    # for a failed attempt awaiting its retry, the last record was never compared: the
+    # unchanged agent ran one activation of two, and a new prompt in the resume went unseen.
+    config, history = _declined_on_a_resume()
+    report, letters = backtest_key(
+        b"k", history, lookup_then_two_calls, BacktestOptions(config=config)
+    )
+    assert letters == [] and not report.HasField("divergence")
+    assert report.candidate_activations == report.baseline_activations == 2
+    report, letters = backtest_key(
+        b"k", history, lookup_then_reworded, BacktestOptions(config=config)
+    )
+    assert letters == []
+    assert report.divergence.kind == report.divergence.KIND_MODEL_REQUEST

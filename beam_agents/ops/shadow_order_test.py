@@ -487,3 +487,20 @@ def test_an_event_sent_again_after_its_start_failed_live_is_shadowed_as_live():
     found = _deliver(calls_per_event, [(b"k", r) for r in history])
     assert found["reports"] == [] and found[ERRORS] == []
     assert len(found[TRACES]) == 2
+
+
+def test_a_resume_declined_a_raise_live_is_shadowed_not_waited_on_for_a_retry():
+    # The resume's model call would pass the key's 5 tokens: a person is asked, and declines.
+    config = RuntimeConfig(budget=Budget(key_tokens=5, on_exceed=OnBudget.ASK, raise_tokens=10))
+    history = record_history(
+        lookup_then_model,
+        ONE_EVENT,
+        tools={"lookup": lambda args, intent: b"found"},
+        approver=lambda intent: False,
+        llm_client=ScriptedLlmClient(lambda request: LlmResponse("ok", "m", 20, 10)),
+        config=config,
+    )
+    assert [r.reason for r in history] == ["", "budget_exceeded"]
+    found = _deliver(lookup_then_model, [(b"k", r) for r in history], config)
+    assert found["reports"] == [] and found[ERRORS] == []
+    assert len(found[TRACES]) == 2
