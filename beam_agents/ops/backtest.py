@@ -538,15 +538,19 @@ def retries(
     """Whether the candidate's `record` is a failed resume its runtime runs again on its timer
     as the live key's was, and if so fires that timer next. `live` holds the live key's
     attempts at the candidate's place, its failed ones and then the one compared
-    (`_History`); while the candidate's failed `attempts` there are fewer, and its failure is
+    (`_History`); while the candidate's failed `attempts` there are fewer (or the live key's
+    retries were all spent: `resume_failed`), and its failure is
     its own (the recording answered every request it made), its last is compared too. An agent
     that raises on an answer raises on every retry, live and here; where the live key did not
     fail, the candidate's first failure is the divergence."""
     waiting = driver.state.continuation
     here = sum(_place(a) == _place(record) for a in attempts)
+    # A live resume_failed was run again until its retries were spent (under the same config:
+    # the candidate's too), however many of its attempts have come yet (a shadow's may not).
+    exhausted = bool(live) and live[-1].reason == RESUME_FAILED
     if (
         misses
-        or here >= len(live) - 1
+        or (here >= len(live) - 1 and not exhausted)
         or not retried(record)
         or waiting is None
         or not waiting.retry_at_ms

@@ -504,3 +504,13 @@ def test_a_resume_declined_a_raise_live_is_shadowed_not_waited_on_for_a_retry():
     found = _deliver(lookup_then_model, [(b"k", r) for r in history], config)
     assert found["reports"] == [] and found[ERRORS] == []
     assert len(found[TRACES]) == 2
+
+
+def test_a_resume_that_raised_on_every_retry_live_is_no_divergence_in_any_order_of_its_records():
+    history = record_history(
+        pays, ONE_EVENT, tools={"pay": declined_payment}, approver=bool, llm_client=None
+    )
+    # The start, then the resume that ended it all, then (late) the attempts before it.
+    order = [history[0], history[-1], *history[1:-1]]
+    found = _deliver(pays, [(b"k", r) for r in order])
+    assert found["reports"] == [] and found[ERRORS] == []
