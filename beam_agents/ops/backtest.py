@@ -73,13 +73,19 @@ from beam_agents._protos import (
     ToolIntent,
 )
 from beam_agents.errors import LlmCallError
-from beam_agents.intents.identity import content_digest
+from beam_agents.intents.identity import content_digest, intent_id
 from beam_agents.intents.signing import SIGNATURE_FIELDS
 from beam_agents.ops import prism
 from beam_agents.ops.rounds import _AppendLines, _read, env_options
 from beam_agents.runtime.budget import BUDGET_TOOL, Price
 from beam_agents.runtime.config import RuntimeConfig
-from beam_agents.runtime.context import Agent, LlmClient, LlmRequest, LlmResponse
+from beam_agents.runtime.context import (
+    ESCALATION_TOOL,
+    Agent,
+    LlmClient,
+    LlmRequest,
+    LlmResponse,
+)
 from beam_agents.runtime.dead_letters import (
     BUDGET_EXCEEDED,
     HISTORY_INCOMPLETE,
@@ -93,7 +99,7 @@ from beam_agents.runtime.dead_letters import (
 from beam_agents.runtime.key_driver import KeyDriver, recording_machine
 from beam_agents.runtime.machine import ERRORS, INTENTS, KeyState
 from beam_agents.runtime.machine_answers import answered_intent_id, made_here
-from beam_agents.runtime.machine_budgets import budget_question_ids
+from beam_agents.runtime.machine_budgets import budget_asked, budget_question_ids
 from beam_agents.runtime.machine_events import first_seq
 from beam_agents.runtime.recording import RECORDS, request_digest
 from beam_agents.wire.beam_support import typed
@@ -113,6 +119,7 @@ __all__ = [
     "backtest_markdown",
     "backtest_summary",
     "budget_decision",
+    "escalation_ids",
     "in_history_order",
     "kind_name",
     "parse_record",
@@ -293,6 +300,11 @@ def _history(records: Sequence[ActivationRecord]) -> tuple[_History, str, str]:
         )
     asked = {i.intent_id for r in ordered for i in r.intents}
     unanswered = [(r, a) for r in ordered for a in r.answers if answered_intent_id(a) not in asked]
+    # The activation whose suspension each record resumed: the last one before its place.
+    before_it = {}
+    for record, after in itertools.pairwise(ordered):
+        if _place(after) != _place(record):
+            before_it[_place(after)] = record
     # An approval may answer the runtime's own budget question, which no record holds. A key
     # recorded from its start was granted at most one raise per approval or start recorded.
     grants = 1 + sum(r.HasField("event") for r in ordered)
@@ -304,8 +316,11 @@ def _history(records: Sequence[ActivationRecord]) -> tuple[_History, str, str]:
         answered_intent_id(a)
         for r, a in unanswered
         if a.HasField("tool_result")
-        or answered_intent_id(a)
-        not in questions.setdefault(r.seq, budget_question_ids(r.entity_key, r.seq, grants))
+        or (
+            answered_intent_id(a)
+            not in questions.setdefault(r.seq, budget_question_ids(r.entity_key, r.seq, grants))
+            and answered_intent_id(a) not in escalation_ids(r, before_it.get(_place(r)))
+        )
     )
     if unasked:
         return checked, HISTORY_INCOMPLETE, f"answers to intents no record emitted: {unasked}"
@@ -498,13 +513,20 @@ def backtest_key(
     letters: list[ActivationErrorRecord] = []
     halted = False
     answering = None
-    while driver and not halted:
+    while not halted:
+        outputs = []
         if answering != len(ran):
             # The model answers what the live agent was asked at the candidate's next place.
             answering = len(ran)
             model.answer_from(history.attempts[answering] if answering < len(baseline) else ())
-            _idle_past_ttl(driver, baseline[answering] if answering < len(baseline) else None)
-        for tag, value in driver.step():
+            following = baseline[answering] if answering < len(baseline) else None
+            _idle_past_ttl(driver, following)
+            outputs = _past_deadline(driver, following)
+        if not outputs:
+            if not driver:
+                break
+            outputs = driver.step()
+        for tag, value in outputs:
             live = history.attempts[len(ran)] if len(ran) < len(baseline) else ()
             if tag == RECORDS and retries(driver, value, model.misses, live, attempts):
                 attempts.append(value)
@@ -513,6 +535,12 @@ def backtest_key(
                 halted = _judge(report, baseline, ran, model, driver, answers, options, letters)
                 if halted:
                     break
+            elif tag == INTENTS and value.tool_name == ESCALATION_TOOL:
+                # The runtime's question at the candidate's deadline, as the live key's (the
+                # same key, seq and step: the same id): answered as it was, if it was.
+                if value.intent_id in answers:
+                    position, answer = answers[value.intent_id]
+                    driver.schedule(_addressed(answer, value), at=position)
             elif tag == INTENTS and value.tool_name == BUDGET_TOOL:
                 recorded = baseline[len(ran)] if len(ran) < len(baseline) else None
                 found = answers.get(value.intent_id, (len(ran), None))[1]
@@ -687,15 +715,57 @@ def _answer(driver: KeyDriver, ran: ActivationRecord, recorded, answers) -> bool
         if found is not None:
             position, answer = found
             if made_here(answer):
-                expired = position
+                expired = position, answer.event_time_ms
             else:
                 driver.schedule(_addressed(answer, intent), at=position)
     if expired is not None:
-        # No one answered by the deadline: the live key's timer fired, and the candidate's
-        # does, after the answers that came (an EXPIRED the runtime made is no answer to feed:
-        # to an approval it is not even of the intent's kind).
-        driver.schedule_deadline(at=expired)
+        # No one answered by the deadline: the live key's timer fired (when it made the
+        # EXPIRED), and the candidate's does, after the answers that came (an EXPIRED the
+        # runtime made is no answer to feed: to an approval it is not even of its kind).
+        position, fired = expired
+        driver.schedule_deadline(at=position, until=fired)
     return answerable
+
+
+def escalation_ids(record: ActivationRecord, suspended: ActivationRecord | None) -> frozenset[str]:
+    """The ids the runtime's escalations can have had between the activation `suspended` and
+    the resume `record` of its suspension: each asks at the suspension's step (`ctx.escalate`)
+    and moves it on by one, so they are the steps from the one after `suspended`'s last intent
+    to the record's first (at most `_ESCALATIONS`). None unless the record resumed that
+    suspension: it answers every intent `suspended` emitted (else a record between is lost)."""
+    if (
+        record.HasField("event")
+        or suspended is None
+        or suspended.seq != record.seq
+        or not suspended.intents
+        or {i.intent_id for i in suspended.intents}
+        - {answered_intent_id(a) for a in record.answers}
+    ):
+        return frozenset()
+    first = max(i.step_index for i in suspended.intents) + 1
+    steps = range(max(first, record.first_step - _ESCALATIONS), record.first_step)
+    return frozenset(intent_id(record.entity_key, record.seq, step) for step in steps)
+
+
+#: Escalations of one suspension a history may answer (a DeadlinePolicy's max_escalations).
+_ESCALATIONS = 64
+
+
+def _past_deadline(driver: KeyDriver, recorded: ActivationRecord | None) -> list:
+    """The outputs of the candidate's deadline timer fired where the live key's fired with no
+    record of it: the candidate is suspended and the live key's next activation is not the
+    resume of that suspension but came after its due time (a DeadlinePolicy that dead-letters
+    the suspension, or escalates and moves its step on). A budget question waits for its
+    decision; a retry is `retries`'."""
+    waiting = driver.state.continuation
+    if (
+        recorded is None
+        or waiting is None
+        or budget_asked(waiting, driver.state.pending)
+        or _place(recorded) == (waiting.seq, waiting.step_index)
+    ):
+        return []
+    return driver.fire_due(recorded.now_ms, short_of=_place(recorded))
 
 
 def _count(report: BacktestKeyReport, side: str, record: ActivationRecord) -> None:

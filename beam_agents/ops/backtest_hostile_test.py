@@ -5,6 +5,8 @@ Each test states what issue 42 promises."""
 
 from __future__ import annotations
 
+import pytest
+
 from beam_agents._protos import ActivationRecord, AgentEnvelope
 from beam_agents.errors import LlmCallError
 from beam_agents.examples.support_triage import TOOLS, scripted_model, ticket, triage
@@ -30,6 +32,8 @@ from beam_agents.testing.recorded_history import (
 )
 from beam_agents.testing.review_agents import (
     ASKING,
+    DEAD_LETTERING,
+    ESCALATING,
     ONE_EVENT,
     SHORT_DEADLINES,
     BusyOnce,
@@ -570,3 +574,30 @@ def test_a_resume_declined_a_raise_live_is_compared_not_taken_for_an_attempt_awa
     )
     assert letters == []
     assert report.divergence.kind == report.divergence.KIND_MODEL_REQUEST
+
+
+_DEADLINE_ENDINGS = {
+    "escalated, no one answered": (ESCALATING, None, 3_000_000),
+    "escalated, declined": (ESCALATING, False, 3_000_000),
+    "escalated, kept waiting": (ESCALATING, True, 3_000_000),
+    "dead-lettered": (DEAD_LETTERING, None, 3_000_000),
+    "dead-lettered, an event queued": (DEAD_LETTERING, None, 600_000),
+}
+
+
+@pytest.mark.parametrize("ending", sorted(_DEADLINE_ENDINGS))
+def test_a_suspension_its_deadline_policy_ended_live_is_no_divergence_of_the_unchanged_agent(
+    ending,
+):
+    # ESCALATE asks a person at the deadline (an intent of the runtime's, in no record) and
+    # moves the suspension's step; DEAD_LETTER ends it with no resume at all. Either way the
+    # live key went on, and so must the candidate, its deadline timer fired as the live one.
+    config, escalation, later_ms = _DEADLINE_ENDINGS[ending]
+    later = AgentEnvelope(entity_key=b"k", event_time_ms=T0 + later_ms, external_event=b"later")
+    history = unanswered_history(
+        asks_a_person, ONE_EVENT, config, escalation=escalation, events_at=[later]
+    )
+    report, letters = backtest_key(b"k", history, asks_a_person, BacktestOptions(config=config))
+    assert [(letter.reason, letter.detail) for letter in letters] == []
+    assert not report.HasField("divergence"), report.divergence.detail
+    assert report.candidate_activations == report.baseline_activations

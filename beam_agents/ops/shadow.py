@@ -29,9 +29,12 @@ that the runtime runs again at its place (a retried resume) is not compared: its
 go to the retry. A copy of a record already compared is dropped. A record that came ahead of
 its turn waits; if its turn has not come once the watermark is `wait_ms` past it, the key is
 not shadowed further, with a `history_incomplete` dead letter (a record lost; a key that began
-before the shadow was added to the job; a suspension the runtime ended without a resume, as a
-declined budget does). Records wait `wait_ms` (two hours of event time by default): more than
-the live job's longest resume backoff, for a failed resume waits for its retry.
+before the shadow was added to the job). A suspension the live runtime ended at its deadline with
+no record (a DeadlinePolicy that dead-letters it, or escalates and moves its step on) ends the
+candidate's too: its deadline timer fires once a later live record shows the live key went on
+past it (`_past_deadline`, as the backtest's). Records wait `wait_ms` (two hours of event time
+by default): more than the live job's longest resume backoff, for a failed resume waits for its
+retry.
 
 Outputs: REPORTS, (entity_key, BacktestKeyReport), once per key, at its first divergence;
 TRACES, (entity_key, TraceEvent), one SHADOW_ACTIVATION span per live activation the candidate
@@ -95,7 +98,7 @@ from beam_agents.ops.backtest import (
 )
 from beam_agents.runtime.budget import BUDGET_TOOL
 from beam_agents.runtime.config import RuntimeConfig
-from beam_agents.runtime.context import Agent
+from beam_agents.runtime.context import ESCALATION_TOOL, Agent
 from beam_agents.runtime.dead_letters import (
     HISTORY_INCOMPLETE,
     HISTORY_OUT_OF_ORDER,
@@ -106,6 +109,7 @@ from beam_agents.runtime.dead_letters import (
 from beam_agents.runtime.key_driver import KeyDriver, recording_machine
 from beam_agents.runtime.machine import ERRORS, INTENTS, TRACES, KeyState
 from beam_agents.runtime.machine_answers import answered_intent_id, made_here
+from beam_agents.runtime.machine_budgets import budget_asked
 from beam_agents.runtime.machine_events import first_seq
 from beam_agents.runtime.recording import RECORDS
 from beam_agents.runtime.trace_ids import span_id, trace_id
@@ -289,8 +293,8 @@ class _Shadow(beam.DoFn):
         detail = (
             f"{len(held)} record(s) (seq {first.seq} step {first.first_step} first) waited "
             f"{self._wait_ms} ms for {_expected(state)}, which never came: a record "
-            "lost, a key that began before the shadow was added, or a suspension the runtime "
-            "ended without a resume (a declined budget); the key is no longer shadowed"
+            "lost, or a key that began before the shadow was added; the key is no longer "
+            "shadowed"
         )
         letter = error_record(key, HISTORY_INCOMPLETE, detail, fired.micros // 1000)
         yield beam.pvalue.TaggedOutput(ERRORS, (key, letter))
@@ -333,6 +337,7 @@ class _Shadow(beam.DoFn):
             counts.CopyFrom(stored)
         # A copy (an at-least-once sink, a retried bundle) is one record.
         left = list({r.SerializeToString(deterministic=True): r for r in records}.values())
+        moved = False  # the candidate's deadline fired (`_past_deadline`)
         while True:
             if previous is not None:
                 # What was compared, its failed attempts, and copies that come late are done.
@@ -340,6 +345,10 @@ class _Shadow(beam.DoFn):
             due = sorted((r for r in left if _due(r, state)), key=lambda r: r.now_ms)
             final = [r for r in due if not retried(r)]
             if not final:
+                fired = self._past_deadline(key, state, left, turn)
+                if fired is not None:
+                    state, moved = fired, True
+                    continue
                 # A failed attempt waits for its retry, at its place.
                 turn.attempted = any(r is records[-1] for r in due)
                 break
@@ -357,12 +366,31 @@ class _Shadow(beam.DoFn):
             if turn.done:
                 return turn
             previous, turn.progressed = live, True
-        if turn.progressed:
+        if turn.progressed or moved:
             _write(candidate, state)
             last.write(previous)
             report.write(counts)
         turn.waiting = left
         return turn
+
+    def _past_deadline(self, key: bytes, state: KeyState, left, turn: _Turn) -> KeyState | None:
+        """The candidate's state after its deadline timer fired where the live key's fired with
+        no record of it (as `backtest._past_deadline`): it is suspended and a live record after
+        its suspension's place, which is not its resume, came after its due time (a
+        DeadlinePolicy that dead-letters or escalates). None when nothing fires, or when the
+        firing would run an activation: its record is still to come, and is compared then."""
+        waiting = state.continuation
+        suspended = (waiting.seq, waiting.step_index) if waiting is not None else None
+        later = [r for r in left if suspended is not None and _place(r) > suspended]
+        if not later or waiting.retry_at_ms or budget_asked(waiting, state.pending):
+            return None
+        driver = KeyDriver(recording_machine(self._candidate, None, self._config), key, state)
+        following = min(later, key=_place)
+        outputs = driver.fire_due(following.now_ms, short_of=_place(following))
+        if not outputs or any(tag == RECORDS for tag, _ in outputs):
+            return None
+        turn.ttl = (driver.ttl_set, driver.ttl_at) if driver.ttl_set else turn.ttl
+        return driver.state
 
     def _compare(self, key, previous, live, due, state, counts, turn) -> KeyState:
         """Runs the candidate on `live`'s input (its event, or the answers it resumed with to
@@ -374,16 +402,21 @@ class _Shadow(beam.DoFn):
         if live.HasField("event"):
             driver.schedule(live.event, taken_in_ms=taken_in(live))
         else:
-            expired = False
+            expired = None
             for intent, match in _matched(state.pending, previous.intents):
                 if match is not None and match.intent_id in answers:
                     answer = answers[match.intent_id]
                     if made_here(answer):
-                        expired = True  # no one answered: the deadline fired (as backtest's)
+                        # No one answered: the deadline fired then (as the backtest's).
+                        expired = answer.event_time_ms
                     else:
                         driver.schedule(_addressed(answer, intent))
-            if expired:
-                driver.schedule_deadline(at=live.now_ms)
+            for intent in state.pending:
+                # The runtime's escalation at the candidate's deadline has the live one's id.
+                if intent.tool_name == ESCALATION_TOOL and intent.intent_id in answers:
+                    driver.schedule(_addressed(answers[intent.intent_id], intent))
+            if expired is not None:
+                driver.schedule_deadline(at=live.now_ms, until=expired)
         ran, attempts = [], []
         while driver:
             for tag, value in driver.step():

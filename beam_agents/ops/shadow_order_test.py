@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import inspect
 
+import pytest
 from apache_beam.pvalue import TaggedOutput
 from apache_beam.utils.timestamp import Timestamp
 from hypothesis import HealthCheck, given, settings
@@ -44,6 +45,8 @@ from beam_agents.testing.recorded_history import (
 )
 from beam_agents.testing.review_agents import (
     ASKING,
+    DEAD_LETTERING,
+    ESCALATING,
     ONE_EVENT,
     SHORT_DEADLINES,
     BusyOnce,
@@ -514,3 +517,25 @@ def test_a_resume_that_raised_on_every_retry_live_is_no_divergence_in_any_order_
     order = [history[0], history[-1], *history[1:-1]]
     found = _deliver(pays, [(b"k", r) for r in order])
     assert found["reports"] == [] and found[ERRORS] == []
+
+
+_DEADLINE_ENDINGS = {
+    "escalated, no one answered": (ESCALATING, None, 3_000_000),
+    "escalated, declined": (ESCALATING, False, 3_000_000),
+    "escalated, kept waiting": (ESCALATING, True, 3_000_000),
+    "dead-lettered": (DEAD_LETTERING, None, 3_000_000),
+    "dead-lettered, an event queued": (DEAD_LETTERING, None, 600_000),
+}
+
+
+@pytest.mark.parametrize("ending", sorted(_DEADLINE_ENDINGS))
+def test_a_suspension_its_deadline_policy_ended_live_is_no_divergence_in_the_shadow(ending):
+    config, escalation, later_ms = _DEADLINE_ENDINGS[ending]
+    later = AgentEnvelope(entity_key=b"k", event_time_ms=T0 + later_ms, external_event=b"later")
+    history = unanswered_history(
+        asks_a_person, ONE_EVENT, config, escalation=escalation, events_at=[later]
+    )
+    found = _deliver(asks_a_person, [(b"k", r) for r in history], config)
+    assert [(letter.reason, letter.detail) for _, letter in found[ERRORS]] == []
+    assert found["reports"] == []
+    assert len(found[TRACES]) == len(history)

@@ -6,16 +6,29 @@ request), with the budget config that asks a person to raise a key's tokens.
 
 from __future__ import annotations
 
+import dataclasses
+
 from beam_agents._protos import AgentEnvelope
 from beam_agents.errors import LlmCallError
-from beam_agents.runtime import RECORDS, LlmResponse, RuntimeConfig, ScriptedLlmClient, agent
+from beam_agents.runtime import (
+    INTENTS,
+    RECORDS,
+    LlmResponse,
+    RuntimeConfig,
+    ScriptedLlmClient,
+    agent,
+)
 from beam_agents.runtime.budget import Budget, OnBudget
+from beam_agents.runtime.config import AtDeadline, DeadlinePolicy
+from beam_agents.runtime.context import ESCALATION_TOOL
 from beam_agents.runtime.key_driver import KeyDriver, recording_machine
 from beam_agents.runtime.machine_state import due_at
 from beam_agents.testing.recorded_history import T0, record_history
 
 __all__ = [
     "ASKING",
+    "DEAD_LETTERING",
+    "ESCALATING",
     "ONE_EVENT",
     "SHORT_DEADLINES",
     "BusyOnce",
@@ -106,22 +119,47 @@ def asks_a_person(ctx, event: bytes) -> bytes:
 
 #: A live job whose suspensions end twenty minutes on (its intents expire in ten).
 SHORT_DEADLINES = RuntimeConfig(intent_ttl_ms=600_000, suspend_deadline_ms=1_200_000)
+#: The same, asking a person at the deadline whether to wait twenty minutes more.
+ESCALATING = dataclasses.replace(
+    SHORT_DEADLINES,
+    deadline_policy=DeadlinePolicy(action=AtDeadline.ESCALATE, extension_ms=1_200_000),
+)
+#: The same, ending a suspension at its deadline with a dead letter (no resume).
+DEAD_LETTERING = dataclasses.replace(
+    SHORT_DEADLINES, deadline_policy=DeadlinePolicy(action=AtDeadline.DEAD_LETTER)
+)
 
 
-def unanswered_history(agent, events, config):
-    """The records of `agent` on `events` (one key's) under `config` where no intent is ever
-    answered: each suspension ends at its deadline, as the key's deadline timer fires."""
+def unanswered_history(agent, events, config, *, escalation=None, events_at=()):
+    """The records of `agent` on `events` (one key's) under `config` where no intent of the
+    agent's is ever answered: each suspension ends at its deadline, as the key's deadline timer
+    fires, by the config's DeadlinePolicy. A person answers an escalation at once (keep
+    waiting: `escalation` True, or not) when `escalation` is not None. `events_at` are more
+    events, sent when the watermark reaches their time (the timers before them fire first)."""
     key = events[0].entity_key
     driver = KeyDriver(recording_machine(agent, None, config), key)
     for event in events:
         driver.schedule(event)
+    later = sorted(events_at, key=lambda e: e.event_time_ms)
     history = []
-    while driver or driver.state.continuation is not None:
+    while driver or driver.state.continuation is not None or later:
+        waiting = driver.state.continuation
         if driver:
             outputs = driver.step()
+        elif waiting is not None and (not later or due_at(waiting) < later[0].event_time_ms):
+            outputs = driver.fire_deadline(due_at(waiting))
         else:
-            outputs = driver.fire_deadline(due_at(driver.state.continuation))
-        history += [value for tag, value in outputs if tag == RECORDS]
+            driver.schedule(later.pop(0))
+            continue
+        for tag, value in outputs:
+            if tag == RECORDS:
+                history.append(value)
+            elif tag == INTENTS and value.tool_name == ESCALATION_TOOL and escalation is not None:
+                answer = AgentEnvelope(entity_key=key, event_time_ms=value.created_at_ms + 1_000)
+                answer.approval.intent_id = value.intent_id
+                answer.approval.approved = escalation
+                answer.approval.decided_at_ms = value.created_at_ms + 1_000
+                driver.schedule(answer)
     return history
 
 
