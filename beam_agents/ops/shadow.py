@@ -36,7 +36,9 @@ past it (`_past_deadline`, as the backtest's). Records wait `wait_ms` (two hours
 by default): more than the live job's longest resume backoff, for a failed resume waits for its
 retry.
 
-Outputs: REPORTS, (entity_key, BacktestKeyReport), once per key, at its first divergence;
+Outputs: REPORTS, (entity_key, BacktestKeyReport), once per key, at its first divergence (or
+where the backtest's run would stop: a resume the model failed both live and in the candidate,
+`stopped` with no divergence);
 TRACES, (entity_key, TraceEvent), one SHADOW_ACTIVATION span per live activation the candidate
 was compared on, up to and including the divergent one; ERRORS, (entity_key,
 ActivationErrorRecord), the backtest's dead letters and `history_incomplete`.
@@ -86,6 +88,7 @@ from beam_agents.ops.backtest import (
     _count,
     _divergence,
     _matched,
+    _model_failed_both,
     _not_run,
     _RecordedModel,
     _sort_tools,
@@ -447,16 +450,23 @@ class _Shadow(beam.DoFn):
             turn.outputs.append(beam.pvalue.TaggedOutput(ERRORS, (key, letter)))
             turn.done = True
             return state
+        # Not comparable past a resume the model failed both live and here (the request it
+        # failed on is in no record): the key's shadowing ends there, its report saying it
+        # stopped, as the backtest's run stops there (`backtest._judge`).
+        stopped = False
         if len(ran) == 1:
             found = _divergence(index, live, ran[0], missed)
+            stopped = bool(missed) and _model_failed_both(live, ran[0])
+            stopped = stopped and found is None and not live.HasField("event")
         else:
             detail = f"the candidate ran {len(ran)} activations where the live agent ran one"
             found = _not_run(index, live, driver.state, detail)
         turn.ttl = (driver.ttl_set, driver.ttl_at) if driver.ttl_set else turn.ttl
         span = shadow_span(live, self._candidate.adapter, found)
         turn.outputs.append(beam.pvalue.TaggedOutput(TRACES, (key, span)))
-        if found is not None:
-            counts.divergence.CopyFrom(found)
+        if found is not None or stopped:
+            if found is not None:
+                counts.divergence.CopyFrom(found)
             # The shadow stops at the key's first divergence, and the live key may go on: its
             # counts are what it saw so far (a backtest of the whole history knows more).
             counts.stopped = True

@@ -539,3 +539,41 @@ def test_a_suspension_its_deadline_policy_ended_live_is_no_divergence_in_the_sha
     assert [(letter.reason, letter.detail) for _, letter in found[ERRORS]] == []
     assert found["reports"] == []
     assert len(found[TRACES]) == len(history)
+
+
+class _DownFor:
+    """A model down (its client's retries spent) for its first `calls` requests."""
+
+    def __init__(self, calls: int) -> None:
+        self._left = calls
+
+    def complete(self, request):
+        if self._left:
+            self._left -= 1
+            raise LlmCallError("down", model=request.model, retryable=False)
+        return LlmResponse("ok", "m", 10, 5)
+
+
+def test_a_resume_the_model_failed_for_good_live_stops_the_shadow_as_the_backtest_not_a_wait():
+    # The model was down through the resume's retries (resume_failed), then back for the
+    # key's next event. The request it failed on is in no record: the backtest stops the key's
+    # run there (stopped, no divergence), and so must the shadow, not wait for a resume of its
+    # candidate's that will never come and dead-letter the key history_incomplete.
+    events = [
+        AgentEnvelope(entity_key=b"k", event_time_ms=T0 + n * 3_600_000, external_event=b"e")
+        for n in range(2)
+    ]
+    history = record_history(
+        lookup_then_model,
+        events,
+        tools={"lookup": lambda args, intent: b"found"},
+        approver=bool,
+        llm_client=_DownFor(4),
+    )
+    assert [r.reason for r in history if r.reason][-1] == "resume_failed"
+    expected, letters = backtest_key(b"k", history, lookup_then_model)
+    assert letters == [] and expected.stopped and not expected.HasField("divergence")
+    found = _deliver(lookup_then_model, [(b"k", r) for r in history])
+    assert found[ERRORS] == []
+    ((_, report),) = found["reports"]
+    assert report.stopped and not report.HasField("divergence")
