@@ -403,6 +403,12 @@ class _Shadow(beam.DoFn):
         driver = KeyDriver(recording_machine(self._candidate, model, self._config), key, state)
         answers = {answered_intent_id(a): a for a in live.answers}
         if live.HasField("event"):
+            if state.continuation is None and not state.empty:
+                # The live key sat idle past its TTL before this start if it ran after the
+                # TTL's time (a start before it is stamped no later, on the key's clock): the
+                # candidate's TTL fires then, as the backtest's `_idle_past_ttl`, even where no
+                # watermark fired the timer between the two records (they came reversed).
+                driver.fire_ttl(live.now_ms - 1)
             driver.schedule(live.event, taken_in_ms=taken_in(live))
         else:
             expired = None

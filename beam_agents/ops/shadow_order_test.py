@@ -577,3 +577,21 @@ def test_a_resume_the_model_failed_for_good_live_stops_the_shadow_as_the_backtes
     assert found[ERRORS] == []
     ((_, report),) = found["reports"]
     assert report.stopped and not report.HasField("divergence")
+
+
+def test_a_key_idle_past_its_ttl_live_is_wiped_in_the_shadow_when_its_records_come_reversed():
+    # The later start's record comes first and waits; the earlier one releases it in the same
+    # bundle, before any watermark could fire the candidate's TTL between them. The live key
+    # was wiped between them (the counter counts from 1 again), so the candidate must be too.
+    config = RuntimeConfig(ttl_ms=60_000)
+    live = KeyDriver(recording_machine(counter, None, config), b"k")
+    records = []
+    for n in range(2):
+        live.schedule(AgentEnvelope(entity_key=b"k", event_time_ms=T0 + n * 600_000,
+                                    external_event=b"e%d" % n))  # fmt: skip
+        records += [value for tag, value in live.step() if tag == RECORDS]
+        if n == 0:
+            live.fire_ttl(live.ttl_at)
+    assert [r.output for r in records] == [b"event 1 of this key"] * 2
+    found = _deliver(counter, [(b"k", r) for r in reversed(records)], config)
+    assert found["reports"] == [] and found[ERRORS] == []
