@@ -332,29 +332,40 @@ def _history(records: Sequence[ActivationRecord]) -> tuple[_History, str, str]:
 
 class _RecordedModel:
     """Answers a request from the records of the activation the candidate runs (`answer_from`)
-    when they made the same one, each answer once, in order; else `fallback` within
-    `max_tokens`, else refuses. Notes why it refused.
+    when they made the same one, each answer once, in the order the live agent made them;
+    else `fallback` within `max_tokens`, else refuses. Notes why it refused.
 
     Those records are the recorded activation at the candidate's place and the failed attempts
-    the runtime ran before it there: what the live agent asked, at the same point. Answers it
-    replayed from its cache come last: the candidate, run once, asks afresh what the live
-    agent paid for in an attempt no record holds (a start deferred on a busy model, or held
-    for a budget)."""
+    the runtime ran before it there: what the live agent asked, at the same point, including
+    what it replayed from its cache after paying for it in an attempt no record holds (a start
+    deferred on a busy model, or held for a budget), which the candidate, run once, asks
+    afresh. A call the candidate's own cache holds (the same cache key: key, seq, position and
+    request) it replays itself, as the live agent did, so it is not offered: two answers to one
+    request at two positions each go to their own place."""
 
-    def __init__(self, records: Sequence[ActivationRecord], fallback, max_tokens: int) -> None:
-        self.answer_from(records)
+    def __init__(
+        self,
+        records: Sequence[ActivationRecord],
+        fallback,
+        max_tokens: int,
+        state: KeyState | None = None,
+    ) -> None:
+        self.answer_from(records, state)
         self._fallback = fallback
         self._left = max_tokens
         #: (request digest, withheld) of each request the recording did not answer.
         self.misses: list[tuple[bytes, bool]] = []
 
-    def answer_from(self, records: Sequence[ActivationRecord]) -> None:
+    def answer_from(self, records: Sequence[ActivationRecord], state: KeyState | None) -> None:
+        """Offers the calls of `records` the candidate, in `state`, cannot replay itself."""
         self._answers: dict[bytes, collections.deque] = collections.defaultdict(collections.deque)
-        for replayed in (False, True):
-            for record in records:
-                for call in record.model_calls:
-                    if call.replayed == replayed:
-                        self._answers[call.request_digest].append(call)
+        cache = state.cache if state is not None else None
+        seen = {e.cache_key for e in cache.entries if not e.digest_only} if cache else set()
+        for record in records:
+            for call in record.model_calls:
+                if call.cache_key not in seen:  # a failed attempt's call, replayed in its retry
+                    seen.add(call.cache_key)
+                    self._answers[call.request_digest].append(call)
 
     def complete(self, request: LlmRequest) -> LlmResponse:
         digest = request_digest(request.canonical())
@@ -518,7 +529,8 @@ def backtest_key(
         if answering != len(ran):
             # The model answers what the live agent was asked at the candidate's next place.
             answering = len(ran)
-            model.answer_from(history.attempts[answering] if answering < len(baseline) else ())
+            recorded = history.attempts[answering] if answering < len(baseline) else ()
+            model.answer_from(recorded, driver.state)
             following = baseline[answering] if answering < len(baseline) else None
             _idle_past_ttl(driver, following)
             outputs = _past_deadline(driver, following)

@@ -399,7 +399,7 @@ class _Shadow(beam.DoFn):
         """Runs the candidate on `live`'s input (its event, or the answers it resumed with to
         the calls the candidate made too), compares, spans and counts; the candidate's state
         after it. `due` holds `live` and the failed attempts before it at its place."""
-        model = _RecordedModel(due, None, 0)
+        model = _RecordedModel(due, None, 0, state)
         driver = KeyDriver(recording_machine(self._candidate, model, self._config), key, state)
         answers = {answered_intent_id(a): a for a in live.answers}
         if live.HasField("event"):

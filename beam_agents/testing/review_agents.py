@@ -33,8 +33,10 @@ __all__ = [
     "SHORT_DEADLINES",
     "BusyOnce",
     "DownOnFirstCall",
+    "Numbered",
     "Stamped",
     "asks_a_person",
+    "asks_twice",
     "calls_per_event",
     "counter",
     "declined_payment",
@@ -188,6 +190,27 @@ class DownOnFirstCall:
         if self.calls == 1:
             raise LlmCallError("down", model=request.model, retryable=False)
         return LlmResponse("ok", "m", 10, 5)
+
+
+@agent(name="review.asks_twice/v1")
+def asks_twice(ctx, event: bytes) -> bytes:
+    """The same request twice (a retry of its own, a second opinion), then acts on the second
+    answer."""
+    first = ctx.llm([{"role": "user", "content": "p0"}], model="m", temperature=0).text
+    second = ctx.llm([{"role": "user", "content": "p0"}], model="m", temperature=0).text
+    ctx.call_tool("pay", {"first": first, "second": second})
+    return b"paid"
+
+
+class Numbered:
+    """A model whose n-th answer says n: two answers to one request differ."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def complete(self, request):
+        self.calls += 1
+        return LlmResponse(f"answer {self.calls}", "m", 3, 2)
 
 
 class BusyOnce:
