@@ -243,6 +243,13 @@ class _Shadow(beam.DoFn):
     ) -> Iterator:
         key, value = element
         record = parse_record(value)
+        if not isinstance(record, str) and record.entity_key != key:
+            # Re-keyed input: run as this key's history, records of other keys would make a
+            # divergence no candidate made. Only this record is skipped.
+            record = (
+                f"a record of key {record.entity_key!r} keyed {key!r}: the shadow takes "
+                "RunAgent's RECORDS as they come, keyed by each record's entity_key"
+            )
         if isinstance(record, str):
             letter = error_record(key, RECORDING_UNDECODABLE, record, 0)
             yield beam.pvalue.TaggedOutput(ERRORS, (key, letter))

@@ -624,3 +624,15 @@ def test_a_request_made_twice_in_a_start_held_for_a_raise_is_no_divergence_in_th
     history = _asked_twice_history()
     found = _deliver(asks_twice, [(b"k", r) for r in history], _RAISED_AT_THE_SECOND_CALL)
     assert found["reports"] == [] and found[ERRORS] == []
+
+
+def test_a_record_keyed_under_another_key_is_a_dead_letter_not_a_divergence():
+    # The shadow's input re-keyed (by customer, by a constant): one key's shadow would run the
+    # records of many live keys as one history and report a divergence no candidate made.
+    key = sorted(_BY_KEY)[-1]
+    records = _BY_KEY[key]
+    found = _deliver(triage, [(b"all tickets", r) for r in records])
+    assert found["reports"] == [] and found[TRACES] == []
+    letters = [letter for _, letter in found[ERRORS]]
+    assert [letter.reason for letter in letters] == ["recording_undecodable"] * len(records)
+    assert "keyed" in letters[0].detail
