@@ -720,7 +720,7 @@ def _answer(driver: KeyDriver, ran: ActivationRecord, recorded, answers) -> bool
     """Schedules the recorded answer of each call the suspended activation `ran` made that
     the `recorded` one made too (one the recording never got an answer to waits, as it did);
     False when the candidate made a call the recording did not: nothing can answer it."""
-    answerable, expired = True, None
+    answerable, expired, came = True, None, []
     for intent, match in _matched(ran.intents, recorded.intents if recorded is not None else ()):
         found = answers.get(match.intent_id) if match is not None else None
         answerable = answerable and match is not None
@@ -729,7 +729,11 @@ def _answer(driver: KeyDriver, ran: ActivationRecord, recorded, answers) -> bool
             if made_here(answer):
                 expired = position, answer.event_time_ms
             else:
-                driver.schedule(_addressed(answer, intent), at=position)
+                came.append((position, answer.event_time_ms, _addressed(answer, intent)))
+    # At each place in the order they came, not the calls' order: the last to come resumes
+    # the candidate, at its time, as it resumed the live key.
+    for position, _, answer in sorted(came, key=lambda c: c[:2]):
+        driver.schedule(answer, at=position)
     if expired is not None:
         # No one answered by the deadline: the live key's timer fired (when it made the
         # EXPIRED), and the candidate's does, after the answers that came (an EXPIRED the

@@ -40,11 +40,13 @@ from beam_agents.testing.review_agents import (
     DownOnFirstCall,
     Numbered,
     Stamped,
+    StampedPair,
     asks_a_person,
     asks_twice,
     calls_per_event,
     counter,
     declined_payment,
+    pair_history,
     pays,
     queued_history,
     raised_then_declined,
@@ -630,5 +632,14 @@ def test_a_request_made_twice_in_a_start_held_for_a_raise_gets_each_answer_in_it
     history = _asked_twice_history()
     options = BacktestOptions(config=_RAISED_AT_THE_SECOND_CALL)
     report, letters = backtest_key(b"k", history, asks_twice, options)
+    assert letters == []
+    assert not report.HasField("divergence"), report.divergence.detail
+
+
+def test_parallel_calls_answered_out_of_their_order_live_resume_at_the_last_answers_time():
+    # The second call was answered first: the live resume ran at the first's answer, a
+    # minute on. Fed in the calls' order, the candidate resumed at the second's, a second on.
+    history = pair_history()
+    report, letters = backtest_key(b"k", history, StampedPair())
     assert letters == []
     assert not report.HasField("divergence"), report.divergence.detail

@@ -53,11 +53,13 @@ from beam_agents.testing.review_agents import (
     DownOnFirstCall,
     Numbered,
     Stamped,
+    StampedPair,
     asks_a_person,
     asks_twice,
     calls_per_event,
     counter,
     declined_payment,
+    pair_history,
     pays,
     queued_history,
     raised_then_declined,
@@ -636,3 +638,9 @@ def test_a_record_keyed_under_another_key_is_a_dead_letter_not_a_divergence():
     letters = [letter for _, letter in found[ERRORS]]
     assert [letter.reason for letter in letters] == ["recording_undecodable"] * len(records)
     assert "keyed" in letters[0].detail
+
+
+def test_parallel_calls_answered_out_of_their_order_live_are_no_divergence_in_the_shadow():
+    history = pair_history()
+    found = _deliver(StampedPair(), [(b"k", r) for r in history])
+    assert found["reports"] == [] and found[ERRORS] == []

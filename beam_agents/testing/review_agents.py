@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from beam_agents._protos import AgentEnvelope
+from beam_agents._protos import AgentEnvelope, ToolResult
 from beam_agents.errors import LlmCallError
 from beam_agents.runtime import (
     INTENTS,
@@ -35,11 +35,13 @@ __all__ = [
     "DownOnFirstCall",
     "Numbered",
     "Stamped",
+    "StampedPair",
     "asks_a_person",
     "asks_twice",
     "calls_per_event",
     "counter",
     "declined_payment",
+    "pair_history",
     "pays",
     "queued_history",
     "raised_then_declined",
@@ -93,6 +95,38 @@ class Stamped:
 
     def resume(self, ctx, answers):
         return ctx.complete(b"opened at %d" % ctx.now_ms)
+
+
+class StampedPair:
+    """A step agent that makes two calls at once and says when its resume ran."""
+
+    adapter = "review.stamped_pair/v1"
+
+    def start(self, ctx, event: bytes):
+        ctx.call_tools([("first", {}), ("second", {})])
+        return ctx.suspend()
+
+    def resume(self, ctx, answers):
+        return ctx.complete(b"resumed at %d" % ctx.now_ms)
+
+
+def pair_history():
+    """`StampedPair`'s records on one event whose first call is answered a minute after the
+    event and its second a second after it: it resumes at the later answer."""
+    driver = KeyDriver(recording_machine(StampedPair(), None, RuntimeConfig()), b"k")
+    driver.schedule(ONE_EVENT[0])
+    history = []
+    while driver:
+        for tag, value in driver.step():
+            if tag == RECORDS:
+                history.append(value)
+            elif tag == INTENTS:
+                at = T0 + (60_000 if value.tool_name == "first" else 1_000)
+                answer = AgentEnvelope(entity_key=b"k", event_time_ms=at)
+                answer.tool_result.intent_id = value.intent_id
+                answer.tool_result.status = ToolResult.OK
+                driver.schedule(answer)
+    return history
 
 
 def queued_history():
