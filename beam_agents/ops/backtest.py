@@ -555,7 +555,19 @@ def backtest_key(
                     driver.schedule(_addressed(answer, value), at=position)
             elif tag == INTENTS and value.tool_name == BUDGET_TOOL:
                 recorded = baseline[len(ran)] if len(ran) < len(baseline) else None
-                found = answers.get(value.intent_id, (len(ran), None))[1]
+                # Answered only as the live activation at this place was: a question is
+                # numbered by key, seq and raises so far, so a raise granted to a later
+                # activation of the seq has its id too, and must not answer this one.
+                here = history.attempts[len(ran)] if recorded is not None else ()
+                found = next(
+                    (
+                        a
+                        for r in here
+                        for a in r.answers
+                        if answered_intent_id(a) == value.intent_id
+                    ),
+                    None,
+                )
                 decision = budget_decision(value, recorded, found)
                 if decision is not None:
                     driver.schedule(decision, at=len(ran))

@@ -644,3 +644,24 @@ def test_parallel_calls_answered_out_of_their_order_live_are_no_divergence_in_th
     history = pair_history()
     found = _deliver(StampedPair(), [(b"k", r) for r in history])
     assert found["reports"] == [] and found[ERRORS] == []
+
+
+def test_a_request_moved_to_an_earlier_activation_past_a_budget_asks_a_person_now():
+    # Live, the resume's model call passed the key's 5 tokens and a person raised them. The
+    # candidate makes the call in its start: a question the live start was not asked (the
+    # same id: a budget question is numbered by its key, seq and raises so far), which the
+    # raise granted to the later activation must not answer.
+    config = RuntimeConfig(budget=Budget(key_tokens=5, on_exceed=OnBudget.ASK, raise_tokens=100))
+    history = record_history(
+        lookup_then_model,
+        ONE_EVENT,
+        tools={"lookup": lambda args, intent: b"found"},
+        approver=bool,
+        llm_client=ScriptedLlmClient(lambda request: "ok"),
+        config=config,
+    )
+    assert [r.outcome for r in history][-1] == history[-1].OUTCOME_COMPLETED
+    expected, _ = backtest_key(b"k", history, model_then_lookup, BacktestOptions(config=config))
+    assert expected.divergence.kind == expected.divergence.KIND_APPROVAL
+    found = _deliver(model_then_lookup, [(b"k", r) for r in history], config)
+    assert [report.divergence for _, report in found["reports"]] == [expected.divergence]
