@@ -11,6 +11,7 @@ from beam_agents._protos import ActivationRecord, AgentEnvelope
 from beam_agents.errors import LlmCallError
 from beam_agents.examples.support_triage import TOOLS, scripted_model, ticket, triage
 from beam_agents.ops.backtest import BacktestOptions, backtest_key, run_backtest
+from beam_agents.ops.cli import main
 from beam_agents.runtime import (
     RECORDS,
     LlmResponse,
@@ -53,6 +54,7 @@ from beam_agents.testing.review_agents import (
     two_calls,
     unanswered_history,
 )
+from beam_agents.wire.fields import join_delimited
 
 
 @agent(name="review.asks_anew/v2")
@@ -643,3 +645,43 @@ def test_parallel_calls_answered_out_of_their_order_live_resume_at_the_last_answ
     report, letters = backtest_key(b"k", history, StampedPair())
     assert letters == []
     assert not report.HasField("divergence"), report.divergence.detail
+
+
+# -- the command line misused (rev42) ------------------------------------------------------------
+
+#: Not a model client: what `--continue-with` might name by mistake.
+NOT_A_CLIENT = "gpt-5"
+
+
+@pytest.mark.parametrize(
+    "misuse, said",
+    [
+        (["--agent", "review_boom:agent"], "cannot import review_boom"),
+        (["--report", "{missing}/reports.binpb"], "--report"),
+        (["--html", "{missing}/report.html"], "--html"),
+        ([f"--continue-with={__name__}:NOT_A_CLIENT", "--max-tokens=10"], "not a model client"),
+        (["--max-tokens=10"], "--max-tokens needs --continue-with"),
+        ([f"--continue-with={__name__}:ScriptedLlmClient"], "not a model client"),
+        (["--price-per-million", "-1", "5"], "--price-per-million"),
+    ],
+    ids=["agent raises on import", "report folder missing", "html folder missing",
+         "continue-with no client", "max-tokens alone", "continue-with a class", "negative price"],
+)  # fmt: skip
+def test_a_misused_command_line_is_a_usage_error_before_the_pipeline_runs(
+    misuse, said, tmp_path, capsys, monkeypatch
+):
+    # Each used to end in a traceback (exit 1, which says "some key diverged"), after the
+    # whole pipeline had run for the output ones, or to be ignored, or to crash the pipeline
+    # at the first divergence (a --continue-with that cannot complete).
+    monkeypatch.syspath_prepend(str(tmp_path))
+    (tmp_path / "review_boom.py").write_text("raise RuntimeError('a bad deploy')\n")
+    records = tmp_path / "records.binpb"
+    records.write_bytes(join_delimited(_triage_history(1)))
+    missing = tmp_path / "no such folder"
+    args = [arg.format(missing=missing) for arg in misuse]
+    if "--agent" not in args:
+        args += ["--agent", "beam_agents.examples.support_triage:triage"]
+    assert main(["backtest", str(records), *args]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("beam-agents backtest:") and said in err, err
+    assert "Traceback" not in err
