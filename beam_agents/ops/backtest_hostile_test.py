@@ -5,6 +5,8 @@ Each test states what issue 42 promises."""
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 
 from beam_agents._protos import ActivationRecord, AgentEnvelope
@@ -685,3 +687,20 @@ def test_a_misused_command_line_is_a_usage_error_before_the_pipeline_runs(
     err = capsys.readouterr().err
     assert err.startswith("beam-agents backtest:") and said in err, err
     assert "Traceback" not in err
+
+
+@agent(name="review.exits/v2")
+def exits(ctx, event: bytes) -> bytes:
+    """A candidate that calls a helper which ends the process (argparse, click, a CLI's main)."""
+    sys.exit("usage: helper [-h]")
+
+
+def test_a_candidate_that_calls_sys_exit_is_a_divergence_not_a_dead_worker():
+    # SystemExit is no Exception: it went through the runtime's catch, out of the Run DoFn,
+    # and took the worker down with every key of the bundle (retried on a runner, for ever).
+    history = _triage_history(2)
+    reports, letters = run_backtest(history, exits)
+    assert letters == [] and len(reports) == 2
+    for report in reports:
+        assert report.divergence.candidate_outcome == ActivationRecord.OUTCOME_FAILED
+        assert "agent_raised" in report.divergence.detail

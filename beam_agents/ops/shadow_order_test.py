@@ -7,6 +7,7 @@ once, nothing read from state is changed in place, and nothing is left waiting."
 from __future__ import annotations
 
 import inspect
+import sys
 
 import pytest
 from apache_beam.pvalue import TaggedOutput
@@ -664,4 +665,16 @@ def test_a_request_moved_to_an_earlier_activation_past_a_budget_asks_a_person_no
     expected, _ = backtest_key(b"k", history, model_then_lookup, BacktestOptions(config=config))
     assert expected.divergence.kind == expected.divergence.KIND_APPROVAL
     found = _deliver(model_then_lookup, [(b"k", r) for r in history], config)
+    assert [report.divergence for _, report in found["reports"]] == [expected.divergence]
+
+
+@agent(name="review.exits/v2")
+def exits(ctx, event: bytes) -> bytes:
+    sys.exit("usage: helper [-h]")
+
+
+def test_a_candidate_that_calls_sys_exit_is_the_backtests_divergence_in_the_shadow():
+    key = sorted(_BY_KEY)[-1]
+    expected, _ = backtest_key(key, _BY_KEY[key], exits)
+    found = _deliver(exits, [(key, r) for r in _BY_KEY[key]])
     assert [report.divergence for _, report in found["reports"]] == [expected.divergence]
