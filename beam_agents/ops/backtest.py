@@ -298,6 +298,26 @@ def _history(records: Sequence[ActivationRecord]) -> tuple[_History, str, str]:
                 "the recording began"
             ),
         )
+    for suspended, after in itertools.pairwise(compared):
+        # A key runs a later seq only once its suspension ended: by a resume (its record), or
+        # at the deadline, never before its intents expire. A later start before then means
+        # the resume's record is lost (over RunAgent's max_output_bytes: record_too_large).
+        if (
+            suspended.outcome == Outcome.OUTCOME_SUSPENDED
+            and suspended.intents
+            and after.seq != suspended.seq
+            and after.now_ms < max(i.expires_at_ms for i in suspended.intents)
+        ):
+            return (
+                checked,
+                HISTORY_INCOMPLETE,
+                (
+                    f"the resume of seq {suspended.seq} is not in the recording, yet the key "
+                    f"started seq {after.seq} at {after.now_ms}, before that suspension's intents "
+                    "expired: a record lost (one over RunAgent's max_output_bytes is a "
+                    "record_too_large dead letter instead)"
+                ),
+            )
     asked = {i.intent_id for r in ordered for i in r.intents}
     unanswered = [(r, a) for r in ordered for a in r.answers if answered_intent_id(a) not in asked]
     # The activation whose suspension each record resumed: the last one before its place.

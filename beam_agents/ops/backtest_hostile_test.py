@@ -704,3 +704,32 @@ def test_a_candidate_that_calls_sys_exit_is_a_divergence_not_a_dead_worker():
     for report in reports:
         assert report.divergence.candidate_outcome == ActivationRecord.OUTCOME_FAILED
         assert "agent_raised" in report.divergence.detail
+
+
+def test_a_resume_record_lost_as_too_large_is_a_dead_letter_not_a_divergence():
+    # A resume whose record was over RunAgent's max_output_bytes (a tool's answer of a few
+    # megabytes, which the recording keeps whole) is a record_too_large dead letter instead:
+    # the recording lacks it. The key's next start ran before the suspension's intents could
+    # expire, so a resume ran first: the history is incomplete, not the candidate changed.
+    events = [
+        AgentEnvelope(entity_key=b"k", event_time_ms=T0 + n * 10_000, external_event=b"e%d" % n)
+        for n in range(2)
+    ]
+    history = record_history(
+        Stamped(),
+        events,
+        tools={"ticket.open": lambda args, intent: b"{}"},
+        approver=bool,
+        llm_client=None,
+    )
+    assert [(r.seq - history[0].seq, r.first_step) for r in history] == [
+        (0, 0),
+        (0, 1),
+        (1, 0),
+        (1, 1),
+    ]
+    lost = [history[0], *history[2:]]
+    report, letters = backtest_key(b"k", lost, Stamped())
+    assert report is None or not report.HasField("divergence"), report.divergence.detail
+    assert [letter.reason for letter in letters] == ["history_incomplete"]
+    assert "resume" in letters[0].detail
