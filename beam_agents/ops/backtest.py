@@ -101,6 +101,7 @@ from beam_agents.runtime.machine import ERRORS, INTENTS, KeyState
 from beam_agents.runtime.machine_answers import answered_intent_id, made_here
 from beam_agents.runtime.machine_budgets import budget_asked, budget_question_ids
 from beam_agents.runtime.machine_events import first_seq
+from beam_agents.runtime.machine_state import INT64_MAX
 from beam_agents.runtime.recording import RECORDS, request_digest
 from beam_agents.wire.beam_support import typed
 
@@ -120,6 +121,7 @@ __all__ = [
     "backtest_summary",
     "budget_decision",
     "escalation_ids",
+    "fired_by",
     "in_history_order",
     "kind_name",
     "parse_record",
@@ -803,7 +805,7 @@ def _past_deadline(driver: KeyDriver, recorded: ActivationRecord | None) -> list
     """The outputs of the candidate's deadline timer fired where the live key's fired with no
     record of it: the candidate is suspended and the live key's next activation is not the
     resume of that suspension but came after its due time (a DeadlinePolicy that dead-letters
-    the suspension, or escalates and moves its step on). A budget question waits for its
+    the suspension, or escalates and moves its step on: `fired_by`). A budget question waits for its
     decision; a retry is `retries`'."""
     waiting = driver.state.continuation
     if (
@@ -813,7 +815,15 @@ def _past_deadline(driver: KeyDriver, recorded: ActivationRecord | None) -> list
         or _place(recorded) == (waiting.seq, waiting.step_index)
     ):
         return []
-    return driver.fire_due(recorded.now_ms, short_of=_place(recorded))
+    return driver.fire_due(fired_by(recorded, waiting), short_of=_place(recorded))
+
+
+def fired_by(recorded: ActivationRecord, waiting) -> int:
+    """The time the live key's deadline timer had fired by, before the record `recorded`, for
+    a key suspended on `waiting`: its time, or, for a record of the same seq at a later step
+    (only an escalation moves a suspension's step with no record of it), whenever: a backlog's
+    answer can be stamped before the deadline it came after."""
+    return INT64_MAX if recorded.seq == waiting.seq else recorded.now_ms
 
 
 def _count(report: BacktestKeyReport, side: str, record: ActivationRecord) -> None:

@@ -93,6 +93,7 @@ from beam_agents.ops.backtest import (
     _RecordedModel,
     _sort_tools,
     budget_decision,
+    fired_by,
     kind_name,
     parse_record,
     retried,
@@ -396,7 +397,7 @@ class _Shadow(beam.DoFn):
             return None
         driver = KeyDriver(recording_machine(self._candidate, None, self._config), key, state)
         following = min(later, key=_place)
-        outputs = driver.fire_due(following.now_ms, short_of=_place(following))
+        outputs = driver.fire_due(fired_by(following, waiting), short_of=_place(following))
         if not outputs or any(tag == RECORDS for tag, _ in outputs):
             return None
         turn.ttl = (driver.ttl_set, driver.ttl_at) if driver.ttl_set else turn.ttl

@@ -678,3 +678,24 @@ def test_a_candidate_that_calls_sys_exit_is_the_backtests_divergence_in_the_shad
     expected, _ = backtest_key(key, _BY_KEY[key], exits)
     found = _deliver(exits, [(key, r) for r in _BY_KEY[key]])
     assert [report.divergence for _, report in found["reports"]] == [expected.divergence]
+
+
+def test_an_answer_stamped_before_the_escalation_it_came_after_is_no_divergence_in_the_shadow():
+    # A backlog: the watermark passed the deadline, which escalated (the suspension's step
+    # moved on), and then the answer came, stamped five seconds after the event. The resume's
+    # record is at the escalated step but stamped before the deadline it came after.
+    driver = KeyDriver(recording_machine(asks_a_person, None, ESCALATING), b"k")
+    driver.schedule(ONE_EVENT[0])
+    history = [value for tag, value in driver.step() if tag == RECORDS]
+    (asked,) = history[0].intents
+    driver.fire_deadline(driver.state.continuation.deadline_ms)
+    answer = AgentEnvelope(entity_key=b"k", event_time_ms=T0 + 5_000)
+    answer.approval.intent_id = asked.intent_id
+    answer.approval.approved = True
+    driver.schedule(answer)
+    history += [value for tag, value in driver.step() if tag == RECORDS]
+    assert [(r.first_step, r.output) for r in history] == [(0, b""), (2, b"approved")]
+    expected, _ = backtest_key(b"k", history, asks_a_person, BacktestOptions(config=ESCALATING))
+    assert not expected.HasField("divergence")
+    found = _deliver(asks_a_person, [(b"k", r) for r in history], ESCALATING)
+    assert found["reports"] == [] and found[ERRORS] == []
