@@ -98,7 +98,7 @@ from beam_agents.runtime.dead_letters import (
 )
 from beam_agents.runtime.key_driver import KeyDriver, recording_machine
 from beam_agents.runtime.machine import ERRORS, INTENTS, KeyState
-from beam_agents.runtime.machine_answers import answered_intent_id, made_here
+from beam_agents.runtime.machine_answers import RUNTIME_TOOLS, answered_intent_id, made_here
 from beam_agents.runtime.machine_budgets import budget_asked, budget_question_ids
 from beam_agents.runtime.machine_events import first_seq
 from beam_agents.runtime.machine_state import INT64_MAX
@@ -222,8 +222,13 @@ def taken_in(record: ActivationRecord) -> int | None:
     """When the live key ran the start `record` later than its event's own time: it took the
     event in earlier (queued in a suspension's mailbox, or deferred on a busy model) and ran
     it when drained or retried. The candidate runs it then too, or what it stamps with the
-    time, and the deadlines its answers must meet, would not be the live key's."""
-    if record.HasField("event") and record.now_ms > record.event.event_time_ms:
+    time, and the deadlines its answers must meet, would not be the live key's. Not a start a
+    person declined to raise the budget of: its record's time is the decline's."""
+    if (
+        record.HasField("event")
+        and record.now_ms > record.event.event_time_ms
+        and record.reason != BUDGET_EXCEEDED
+    ):
         return record.now_ms
     return None
 
@@ -669,13 +674,17 @@ def budget_decision(
     declined = recorded.outcome == Outcome.OUTCOME_FAILED and recorded.reason == BUDGET_EXCEEDED
     if not declined:
         return None  # a raise granted is among the recorded answers: the live key was not asked
-    decision = AgentEnvelope(entity_key=question.entity_key, event_time_ms=recorded.now_ms)
+    # No one answered the live question (a person's "no" is among the recorded answers): it
+    # was declined at its deadline, which the candidate's question, asked earlier (the live
+    # retry waited on a busy model), may pass first; an answer after it is refused.
+    at = min(recorded.now_ms, question.expires_at_ms)
+    decision = AgentEnvelope(entity_key=question.entity_key, event_time_ms=at)
     decision.approval.intent_id = question.intent_id
     decision.approval.approved = not declined
     decision.approval.approver = "the recording: the live key " + (
         "ended on its budget" if declined else "went on"
     )
-    decision.approval.decided_at_ms = recorded.now_ms
+    decision.approval.decided_at_ms = at
     return decision
 
 
@@ -815,15 +824,23 @@ def _past_deadline(driver: KeyDriver, recorded: ActivationRecord | None) -> list
         or _place(recorded) == (waiting.seq, waiting.step_index)
     ):
         return []
-    return driver.fire_due(fired_by(recorded, waiting), short_of=_place(recorded))
+    return driver.fire_due(fired_by(recorded, driver.state), short_of=_place(recorded))
 
 
-def fired_by(recorded: ActivationRecord, waiting) -> int:
+def fired_by(recorded: ActivationRecord, state: KeyState) -> int:
     """The time the live key's deadline timer had fired by, before the record `recorded`, for
-    a key suspended on `waiting`: its time, or, for a record of the same seq at a later step
-    (only an escalation moves a suspension's step with no record of it), whenever: a backlog's
-    answer can be stamped before the deadline it came after."""
-    return INT64_MAX if recorded.seq == waiting.seq else recorded.now_ms
+    a key suspended in `state`: the record's time when it is of a later seq; whenever, when it
+    is the resume of that very suspension at a later step (it answers every intent the key
+    waits on: only an escalation moves a suspension's step with no record of it), as a
+    backlog's answer can be stamped before the deadline it came after; never (-1) for another
+    record of the seq: the resume of a later suspension, whose records before it may still be
+    on their way (a shadow's)."""
+    waiting = state.continuation
+    if waiting is None or recorded.seq != waiting.seq:
+        return recorded.now_ms
+    own = {i.intent_id for i in state.pending if i.tool_name not in RUNTIME_TOOLS}
+    answered = {answered_intent_id(a) for a in recorded.answers}
+    return INT64_MAX if own and own <= answered else -1
 
 
 def _count(report: BacktestKeyReport, side: str, record: ActivationRecord) -> None:

@@ -5,6 +5,7 @@ Each test states what issue 42 promises."""
 
 from __future__ import annotations
 
+import json
 import sys
 
 import pytest
@@ -25,6 +26,7 @@ from beam_agents.runtime import (
 from beam_agents.runtime.budget import Budget, OnBudget
 from beam_agents.runtime.key_driver import KeyDriver, recording_machine
 from beam_agents.runtime.machine import KeyState
+from beam_agents.testing.live_history import OK, PlanModel, live_history
 from beam_agents.testing.recorded_history import (
     T0,
     FailsOnce,
@@ -56,6 +58,7 @@ from beam_agents.testing.review_agents import (
     two_calls,
     unanswered_history,
 )
+from beam_agents.testing.simulation_agents import FUNCTION
 from beam_agents.wire.fields import join_delimited
 
 
@@ -733,3 +736,23 @@ def test_a_resume_record_lost_as_too_large_is_a_dead_letter_not_a_divergence():
     assert report is None or not report.HasField("divergence"), report.divergence.detail
     assert [letter.reason for letter in letters] == ["history_incomplete"]
     assert "resume" in letters[0].detail
+
+
+def test_a_start_granted_a_raise_then_left_unanswered_after_a_busy_model_is_no_divergence():
+    # The start asks a raise at once (its first call would pass 12 tokens), is granted a
+    # second later, and runs again on the grant: the model is busy, so it waits a minute's
+    # backoff, then asks for its second call and no one answers: declined at the question's
+    # deadline, a day and a minute on. That record's time is the decline's, not the start's;
+    # and the candidate, answered at once, asks its second question a minute before the live
+    # key did, so its deadline comes first.
+    config = RuntimeConfig(budget=Budget(key_tokens=12, on_exceed=OnBudget.ASK, raise_tokens=6))
+    program = json.dumps({"nonce": 0, "ops": [["llm", "p0"], ["llm", "p0"]]}).encode()
+    event = AgentEnvelope(entity_key=b"k", event_time_ms=T0, external_event=program)
+    answers = iter([(1_000, OK)] + [(None, OK)] * 10)
+    history = live_history(
+        FUNCTION, b"k", [(T0, event)], config, PlanModel(["busy", OK]), lambda i: next(answers)
+    )
+    assert [(r.reason, r.now_ms - T0) for r in history] == [("budget_exceeded", 86_461_000)]
+    report, letters = backtest_key(b"k", history, FUNCTION, BacktestOptions(config=config))
+    assert letters == []
+    assert not report.HasField("divergence"), report.divergence.detail

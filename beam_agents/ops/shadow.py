@@ -30,11 +30,12 @@ go to the retry. A copy of a record already compared is dropped. A record that c
 its turn waits; if its turn has not come once the watermark is `wait_ms` past it, the key is
 not shadowed further, with a `history_incomplete` dead letter (a record lost; a key that began
 before the shadow was added to the job). A suspension the live runtime ended at its deadline with
-no record (a DeadlinePolicy that dead-letters it, or escalates and moves its step on) ends the
-candidate's too: its deadline timer fires once a later live record shows the live key went on
-past it (`_past_deadline`, as the backtest's). Records wait `wait_ms` (two hours of event time
-by default): more than the live job's longest resume backoff, for a failed resume waits for its
-retry.
+no record ends the candidate's too (`_past_deadline`, as the backtest's): one a DeadlinePolicy
+escalated (its step moved on) when the resume at that step comes; one it dead-lettered when a
+later seq's start, after the deadline, has waited `wait_ms` (the watermark past it: no record
+before it can still come, so the resume it may be ahead of never ran). Records wait `wait_ms`
+(two hours of event time by default): more than the live job's longest resume backoff, for a
+failed resume waits for its retry.
 
 Outputs: REPORTS, (entity_key, BacktestKeyReport), once per key, at its first divergence (or
 where the backtest's run would stop: a resume the model failed both live and in the candidate,
@@ -261,6 +262,14 @@ class _Shadow(beam.DoFn):
         held = list(waiting.read())
         turn = self._turns(key, [*held, record], candidate, last, report)
         yield from turn.outputs
+        self._settle(turn, timestamp.micros // 1000, candidate, last, report, waiting,
+                     waiting_since, done, give_up, ttl)  # fmt: skip
+
+    def _settle(
+        self, turn, now, candidate, last, report, waiting, waiting_since, done, give_up, ttl
+    ) -> None:
+        """Writes what `turn` left: the key done, or its TTL, the records still waiting and
+        the time to give up on them (`wait_ms` after `now`, when something moved)."""
         if turn.done:
             _clear(*candidate, last, report, waiting, waiting_since)
             give_up.clear()
@@ -276,7 +285,6 @@ class _Shadow(beam.DoFn):
             give_up.clear()
         elif turn.progressed or turn.attempted or waiting_since.read() is None:
             # Nothing has moved since this element: give up wait_ms after it.
-            now = timestamp.micros // 1000
             waiting_since.write(now)
             give_up.set(timer_timestamp(now + self._wait_ms))
 
@@ -295,9 +303,21 @@ class _Shadow(beam.DoFn):
         waiting=beam.DoFn.StateParam(WAITING),
         waiting_since=beam.DoFn.StateParam(WAITING_SINCE),
         done=beam.DoFn.StateParam(DONE),
+        give_up=beam.DoFn.TimerParam(GIVE_UP),
+        ttl=beam.DoFn.TimerParam(TTL),
     ) -> Iterator:
         held = list(waiting.read())
         if not held or done.read():
+            return
+        # The watermark is wait_ms past the records waiting: any record before them has come.
+        # So a suspension of the candidate the live key went on from with no record of it (a
+        # DeadlinePolicy that dead-letters) ended at its deadline: fired now, their turn comes.
+        candidate = (seq, memory, cache, continuation, pending)
+        turn = self._turns(key, held, candidate, last, report, timely=True)
+        if turn.progressed or turn.done:
+            yield from turn.outputs
+            self._settle(turn, fired.micros // 1000, candidate, last, report, waiting,
+                         waiting_since, done, give_up, ttl)  # fmt: skip
             return
         state = _read(seq, memory, cache, continuation, pending)
         first = min(held, key=_place)
@@ -337,9 +357,10 @@ class _Shadow(beam.DoFn):
             last.write(ActivationRecord(seq=previous.seq, first_step=previous.first_step))
         _set(ttl, (driver.ttl_set, driver.ttl_at))
 
-    def _turns(self, key: bytes, records, candidate, last, report) -> _Turn:
+    def _turns(self, key: bytes, records, candidate, last, report, *, timely=False) -> _Turn:
         """Compares each record whose turn has come, in the order the live key ran them, and
-        writes the candidate's state after them; the rest wait."""
+        writes the candidate's state after them; the rest wait. `timely`: the watermark has
+        passed them all by wait_ms (`_past_deadline`)."""
         turn = _Turn()
         previous, state = last.read(), _read(*candidate)
         # A copy: what a read hands back is the state's own object (Beam's portable harness).
@@ -356,7 +377,7 @@ class _Shadow(beam.DoFn):
             due = sorted((r for r in left if _due(r, state)), key=lambda r: r.now_ms)
             final = [r for r in due if not retried(r)]
             if not final:
-                fired = self._past_deadline(key, state, left, turn)
+                fired = self._past_deadline(key, state, left, turn, timely)
                 if fired is not None:
                     state, moved = fired, True
                     continue
@@ -384,21 +405,31 @@ class _Shadow(beam.DoFn):
         turn.waiting = left
         return turn
 
-    def _past_deadline(self, key: bytes, state: KeyState, left, turn: _Turn) -> KeyState | None:
+    def _past_deadline(
+        self, key: bytes, state: KeyState, left, turn: _Turn, timely: bool
+    ) -> KeyState | None:
         """The candidate's state after its deadline timer fired where the live key's fired with
         no record of it (as `backtest._past_deadline`): it is suspended and a live record after
-        its suspension's place, which is not its resume, came after its due time (a
-        DeadlinePolicy that dead-letters or escalates). None when nothing fires, or when the
-        firing would run an activation: its record is still to come, and is compared then."""
+        its suspension's place, which is not its resume, shows the live key went on past its
+        deadline: the resume of that very suspension at an escalated step (`fired_by`), or,
+        once `timely` (no record before it can still come), a later seq's start after its due
+        time (a DeadlinePolicy that dead-letters). None when nothing fires, when the firing
+        would run an activation (its record is still to come, and is compared then), or when
+        that record's turn would not come of it."""
         waiting = state.continuation
         suspended = (waiting.seq, waiting.step_index) if waiting is not None else None
         later = [r for r in left if suspended is not None and _place(r) > suspended]
         if not later or waiting.retry_at_ms or budget_asked(waiting, state.pending):
             return None
+        if min(later, key=_place).seq != waiting.seq and not timely:
+            return None
         driver = KeyDriver(recording_machine(self._candidate, None, self._config), key, state)
         following = min(later, key=_place)
-        outputs = driver.fire_due(fired_by(following, waiting), short_of=_place(following))
+        outputs = driver.fire_due(fired_by(following, state), short_of=_place(following))
+        # Only if that record's turn comes then: else records before it are still on their way.
         if not outputs or any(tag == RECORDS for tag, _ in outputs):
+            return None
+        if not _due(following, driver.state):
             return None
         turn.ttl = (driver.ttl_set, driver.ttl_at) if driver.ttl_set else turn.ttl
         return driver.state

@@ -6,7 +6,10 @@ once, nothing read from state is changed in place, and nothing is left waiting."
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
+import json
+import random
 import sys
 
 import pytest
@@ -35,7 +38,10 @@ from beam_agents.runtime import (
     agent,
 )
 from beam_agents.runtime.budget import Budget, OnBudget
+from beam_agents.runtime.config import AtDeadline, DeadlinePolicy
+from beam_agents.runtime.function_agent import FunctionAgent
 from beam_agents.runtime.key_driver import KeyDriver, recording_machine
+from beam_agents.testing.live_history import OK, PlanModel, live_history
 from beam_agents.testing.recorded_history import (
     T0,
     FailsOnce,
@@ -67,6 +73,7 @@ from beam_agents.testing.review_agents import (
     two_calls,
     unanswered_history,
 )
+from beam_agents.testing.simulation_agents import FUNCTION, StepAgent
 
 
 class _Cell:
@@ -155,9 +162,13 @@ def _deliver(candidate, records, config: RuntimeConfig | None = None) -> dict:
         for message, data in before:
             assert message.SerializeToString() == data, "a message read from state was changed"
     for key, state in states.items():
-        if state["give_up"].at is not None:
-            fired = state.pop("give_up").at
-            take(fn.at_give_up(key=key, fired=fired, **{n: state[n] for n in (*_CELLS, *_BAGS)}))
+        # The watermark at the end of time: each give-up timer set fires, in turn.
+        for _ in range(len(records) + 1):
+            if state["give_up"].at is None:
+                break
+            fired, state["give_up"].at = state["give_up"].at, None
+            timers = {n: state[n] for n in (*_CELLS, *_BAGS, "give_up", "ttl")}
+            take(fn.at_give_up(key=key, fired=fired, **timers))
     return found
 
 
@@ -386,7 +397,7 @@ def test_a_resume_retried_live_for_longer_than_wait_ms_is_still_shadowed():
         at = Timestamp(micros=record.now_ms * 1000)
         if state["give_up"].at is not None and state["give_up"].at < at:
             fired, state["give_up"].at = state["give_up"].at, None
-            cells = {n: state[n] for n in (*_CELLS, *_BAGS)}
+            cells = {n: state[n] for n in (*_CELLS, *_BAGS, "give_up", "ttl")}
             found += fn.at_give_up(key=key, fired=fired, **cells)
         cells = {n: state[n] for n in (*_CELLS, *_BAGS, "give_up", "ttl")}
         found += fn.process((key, record.SerializeToString()), timestamp=at, **cells)
@@ -699,3 +710,135 @@ def test_an_answer_stamped_before_the_escalation_it_came_after_is_no_divergence_
     assert not expected.HasField("divergence")
     found = _deliver(asks_a_person, [(b"k", r) for r in history], ESCALATING)
     assert found["reports"] == [] and found[ERRORS] == []
+
+
+# -- generated live histories (rev42) -----------------------------------------------------------
+# Programs of model calls, tool calls (one or several at once), approvals, memory writes and
+# failures, run by a function agent and a step agent through the runtime's machine as a
+# streaming job runs them (events late or twice, answers after any delay or never, a model busy
+# or down, deadlines that expire, escalate or dead-letter, budgets put before a person, TTLs),
+# then backtested and shadowed in any order. The unchanged agent never diverges and is never a
+# dead letter, in either; a changed one diverges in the shadow exactly where it does in the
+# backtest.
+
+_SHORT = RuntimeConfig(intent_ttl_ms=600_000, suspend_deadline_ms=1_200_000)
+_ASKING = Budget(key_tokens=12, on_exceed=OnBudget.ASK, raise_tokens=6)
+CONFIGS = {
+    "default": RuntimeConfig(),
+    "short deadlines": dataclasses.replace(_SHORT, resume_retries=1, retryable_resume_retries=2),
+    "budget asked": RuntimeConfig(budget=_ASKING),
+    "ttl": RuntimeConfig(ttl_ms=2 * 3_600_000),
+    "escalate": dataclasses.replace(
+        _SHORT,
+        deadline_policy=DeadlinePolicy(action=AtDeadline.ESCALATE, extension_ms=1_200_000),
+    ),
+    "dead-letter": dataclasses.replace(
+        _SHORT, deadline_policy=DeadlinePolicy(action=AtDeadline.DEAD_LETTER)
+    ),
+}  # fmt: skip
+_TOOLS = ("pay", "lookup")
+_OPS = st.one_of(
+    st.tuples(st.just("put"), st.sampled_from("ab"), st.sampled_from(["1", "2"])).map(list),
+    st.just(["count"]),
+    st.tuples(st.just("llm"), st.sampled_from(["p0", "p1"])).map(list),
+    st.tuples(st.just("call"), st.sampled_from(_TOOLS)).map(list),
+    st.tuples(st.just("calls"), st.lists(st.sampled_from(_TOOLS), min_size=2, max_size=3)).map(
+        list
+    ),
+    st.tuples(st.just("approve"), st.sampled_from(["q0", "q1"])).map(list),
+    st.just(["raise_unless_ok"]),
+)
+
+
+@st.composite
+def _live(draw):
+    """(agent, records, config) of one key's generated live history."""
+    agent = draw(st.sampled_from([FUNCTION, StepAgent()]))
+    events, at = [], T0
+    for nonce in range(draw(st.integers(1, 4))):
+        at += draw(st.sampled_from([0, 1_000, 60_000, 3_600_000, 5 * 3_600_000]))
+        program = {"nonce": nonce, "ops": draw(st.lists(_OPS, max_size=4))}
+        event = AgentEnvelope(
+            entity_key=b"k", event_time_ms=at, external_event=json.dumps(program).encode()
+        )
+        late = draw(st.sampled_from([0, 0, 500, 120_000]))
+        events.append((at + late, event))
+        if draw(st.integers(0, 3)) == 0:  # sent twice
+            events.append((at + late + draw(st.sampled_from([1, 10_000])), event))
+    plan = draw(st.lists(st.sampled_from([OK, OK, OK, "busy", "down"]), max_size=6))
+    delays = st.sampled_from([1_000, 60_000, 3_000_000, None])
+    answers = draw(st.lists(st.tuples(delays, st.sampled_from([OK, OK, "error"])), min_size=1))
+    config = CONFIGS[draw(st.sampled_from(sorted(CONFIGS)))]
+    planned = iter(answers * 100)
+    records = live_history(
+        agent, b"k", events, config, PlanModel(plan), lambda intent: next(planned)
+    )
+    return agent, records, config
+
+
+def _delivered(records, seed: int):
+    delivered = [(b"k", record) for record in records]
+    random.Random(seed).shuffle(delivered)
+    return delivered
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+@given(live=_live(), seed=st.integers(0, 2**16))
+def test_the_unchanged_agent_diverges_nowhere_in_the_backtest_or_the_shadow(live, seed):
+    agent, records, config = live
+    report, letters = backtest_key(b"k", records, agent, BacktestOptions(config=config))
+    assert [(letter.reason, letter.detail) for letter in letters] == []
+    assert not report.HasField("divergence"), report.divergence.detail
+    found = _deliver(agent, _delivered(records, seed), config)
+    assert [(letter.reason, letter.detail) for _, letter in found[ERRORS]] == []
+    # A key whose run the backtest stopped (a resume the model failed both live and here)
+    # has the shadow's report too, as stopped: never a divergence.
+    for _, shadowed in found["reports"]:
+        assert report.stopped and not shadowed.HasField("divergence")
+
+
+def _changed(agent, change: str):
+    """`agent` with its programs changed: no single payment, new prompts, no approvals, or
+    every tool call a lookup."""
+
+    def program(event: bytes) -> bytes:
+        read = json.loads(event)
+        ops = []
+        for op in read["ops"]:
+            if change == "no payment" and op == ["call", "pay"]:
+                continue
+            if change == "no approval" and op[0] == "approve":
+                continue
+            if change == "new prompt" and op[0] == "llm":
+                op = ["llm", op[1] + " (reworded)"]
+            if change == "lookups" and op[0] == "call":
+                op = ["call", "lookup"]
+            ops.append(op)
+        return json.dumps({**read, "ops": ops}).encode()
+
+    if agent is FUNCTION:
+        return FunctionAgent(lambda ctx, event: agent.function(ctx, program(event)), agent.adapter)
+
+    class Changed(StepAgent):
+        def start(self, ctx, event: bytes):
+            return super().start(ctx, program(event))
+
+    return Changed()
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+@given(
+    live=_live(),
+    change=st.sampled_from(["no payment", "no approval", "new prompt", "lookups"]),
+    seed=st.integers(0, 2**16),
+)
+def test_a_changed_agent_diverges_in_the_shadow_where_it_does_in_the_backtest(live, change, seed):
+    agent, records, config = live
+    candidate = _changed(agent, change)
+    expected, _ = backtest_key(b"k", records, candidate, BacktestOptions(config=config))
+    found = _deliver(candidate, _delivered(records, seed), config)
+    divergences = [r.divergence for _, r in found["reports"] if r.HasField("divergence")]
+    if expected.HasField("divergence"):
+        assert divergences == [expected.divergence]
+    else:
+        assert divergences == []
