@@ -22,14 +22,15 @@ graph holds none).
 Divergence. The candidate's activation records are compared, one by one in order, with the
 recording's (an attempt that failed live and that the runtime ran again at its place, a model
 error retried on its timer, is not one of them: the candidate, answered from the recording,
-does not fail there; its tokens count, as they were billed): a model request the recording does
-not answer (`KIND_MODEL_REQUEST`), other intents (`KIND_APPROVAL` when an approval is asked or
-no longer asked, else `KIND_TOOL_CALL`), or the same calls with another outcome or output
-(`KIND_OUTCOME`). The key's report holds its first divergence. By default the key's run stops
-there (`stop_at_divergence`); with a `continue_with` model the run goes on, the requests the
-recording lacks answered by that model within `max_tokens` for the whole key, tools still
-answered only from the recording (a call it does not hold stays unanswered: the run ends there,
-`stopped`).
+does not fail there; its tokens count, as they were billed; an agent that raised there raises
+again, and its runtime runs it again as often, on its timer: `retries`): a model request the
+recording does not answer (`KIND_MODEL_REQUEST`), other intents (`KIND_APPROVAL` when an
+approval is asked or no longer asked, else `KIND_TOOL_CALL`), or the same calls with another
+outcome or output (`KIND_OUTCOME`). The key's report holds its first divergence. By default the
+key's run stops there (`stop_at_divergence`); with a `continue_with` model the run goes on, the
+requests the recording lacks answered by that model within `max_tokens` for the whole key, tools
+still answered only from the recording (a call it does not hold stays unanswered: the run ends
+there, `stopped`).
 
 Bad input is a dead letter on ERRORS, never a failed pipeline: bytes that are no
 ActivationRecord, or one of another message type (`recording_undecodable`); a key's history
@@ -42,9 +43,11 @@ other than a failed attempt and its retry: records of two histories of one key m
 (`recorded_answer_withheld`, the key's run stopped). A candidate that raises is the runtime's
 own failure (`agent_raised`) and, against a recording that completed, a divergence of outcome.
 
-What is not replayed: timers. A suspension's deadline (EXPIRED results the runtime made) and
-the TTL are not fired; a recorded resume whose answers the runtime made is fed those answers as
-if they had arrived. A key must be recorded from its first event (no snapshot restore yet).
+Timers are fired where the live key's were: the candidate's deadline timer where the recorded
+resume holds EXPIRED results the runtime made (after the answers that came; an EXPIRED made for
+an approval is not even of its intent's kind, so it is never fed as an answer), its TTL where
+the live key's next start ran after it (`_idle_past_ttl`). A key must be recorded from its
+first event (no snapshot restore yet).
 """
 
 from __future__ import annotations
@@ -70,13 +73,19 @@ from beam_agents._protos import (
     ToolIntent,
 )
 from beam_agents.errors import LlmCallError
-from beam_agents.intents.identity import content_digest
+from beam_agents.intents.identity import content_digest, intent_id
 from beam_agents.intents.signing import SIGNATURE_FIELDS
 from beam_agents.ops import prism
 from beam_agents.ops.rounds import _AppendLines, _read, env_options
 from beam_agents.runtime.budget import BUDGET_TOOL, Price
 from beam_agents.runtime.config import RuntimeConfig
-from beam_agents.runtime.context import Agent, LlmClient, LlmRequest, LlmResponse
+from beam_agents.runtime.context import (
+    ESCALATION_TOOL,
+    Agent,
+    LlmClient,
+    LlmRequest,
+    LlmResponse,
+)
 from beam_agents.runtime.dead_letters import (
     BUDGET_EXCEEDED,
     HISTORY_INCOMPLETE,
@@ -89,9 +98,10 @@ from beam_agents.runtime.dead_letters import (
 )
 from beam_agents.runtime.key_driver import KeyDriver, recording_machine
 from beam_agents.runtime.machine import ERRORS, INTENTS, KeyState
-from beam_agents.runtime.machine_answers import answered_intent_id
-from beam_agents.runtime.machine_budgets import budget_question_ids
+from beam_agents.runtime.machine_answers import RUNTIME_TOOLS, answered_intent_id, made_here
+from beam_agents.runtime.machine_budgets import budget_asked, budget_question_ids
 from beam_agents.runtime.machine_events import first_seq
+from beam_agents.runtime.machine_state import INT64_MAX
 from beam_agents.runtime.recording import RECORDS, request_digest
 from beam_agents.wire.beam_support import typed
 
@@ -110,11 +120,15 @@ __all__ = [
     "backtest_markdown",
     "backtest_summary",
     "budget_decision",
+    "escalation_ids",
+    "fired_by",
     "in_history_order",
     "kind_name",
     "parse_record",
     "retried",
+    "retries",
     "run_backtest",
+    "taken_in",
     "tool_changes",
 ]
 
@@ -204,6 +218,21 @@ def _place(record: ActivationRecord) -> tuple[int, int]:
     return record.seq, record.first_step
 
 
+def taken_in(record: ActivationRecord) -> int | None:
+    """When the live key ran the start `record` later than its event's own time: it took the
+    event in earlier (queued in a suspension's mailbox, or deferred on a busy model) and ran
+    it when drained or retried. The candidate runs it then too, or what it stamps with the
+    time, and the deadlines its answers must meet, would not be the live key's. Not a start a
+    person declined to raise the budget of: its record's time is the decline's."""
+    if (
+        record.HasField("event")
+        and record.now_ms > record.event.event_time_ms
+        and record.reason != BUDGET_EXCEEDED
+    ):
+        return record.now_ms
+    return None
+
+
 @dataclasses.dataclass
 class _History:
     """A key's history, checked: every record once in the order it ran, the activations a
@@ -219,11 +248,12 @@ class _History:
 
 def retried(record: ActivationRecord) -> bool:
     """A failed resume the runtime runs again at its place, on its timer (a failed start never
-    is; a resume that failed on its last retry is `resume_failed`)."""
+    is; a resume that failed on its last retry is `resume_failed`, one a person declined to
+    raise the budget of `budget_exceeded`: both end the suspension)."""
     return (
         record.outcome == Outcome.OUTCOME_FAILED
         and not record.HasField("event")
-        and record.reason != RESUME_FAILED
+        and record.reason not in (RESUME_FAILED, BUDGET_EXCEEDED)
     )
 
 
@@ -275,8 +305,33 @@ def _history(records: Sequence[ActivationRecord]) -> tuple[_History, str, str]:
                 "the recording began"
             ),
         )
+    for suspended, after in itertools.pairwise(compared):
+        # A key runs a later seq only once its suspension ended: by a resume (its record), or
+        # at the deadline, never before its intents expire. A later start before then means
+        # the resume's record is lost (over RunAgent's max_output_bytes: record_too_large).
+        if (
+            suspended.outcome == Outcome.OUTCOME_SUSPENDED
+            and suspended.intents
+            and after.seq != suspended.seq
+            and after.now_ms < max(i.expires_at_ms for i in suspended.intents)
+        ):
+            return (
+                checked,
+                HISTORY_INCOMPLETE,
+                (
+                    f"the resume of seq {suspended.seq} is not in the recording, yet the key "
+                    f"started seq {after.seq} at {after.now_ms}, before that suspension's intents "
+                    "expired: a record lost (one over RunAgent's max_output_bytes is a "
+                    "record_too_large dead letter instead)"
+                ),
+            )
     asked = {i.intent_id for r in ordered for i in r.intents}
     unanswered = [(r, a) for r in ordered for a in r.answers if answered_intent_id(a) not in asked]
+    # The activation whose suspension each record resumed: the last one before its place.
+    before_it = {}
+    for record, after in itertools.pairwise(ordered):
+        if _place(after) != _place(record):
+            before_it[_place(after)] = record
     # An approval may answer the runtime's own budget question, which no record holds. A key
     # recorded from its start was granted at most one raise per approval or start recorded.
     grants = 1 + sum(r.HasField("event") for r in ordered)
@@ -288,8 +343,11 @@ def _history(records: Sequence[ActivationRecord]) -> tuple[_History, str, str]:
         answered_intent_id(a)
         for r, a in unanswered
         if a.HasField("tool_result")
-        or answered_intent_id(a)
-        not in questions.setdefault(r.seq, budget_question_ids(r.entity_key, r.seq, grants))
+        or (
+            answered_intent_id(a)
+            not in questions.setdefault(r.seq, budget_question_ids(r.entity_key, r.seq, grants))
+            and answered_intent_id(a) not in escalation_ids(r, before_it.get(_place(r)))
+        )
     )
     if unasked:
         return checked, HISTORY_INCOMPLETE, f"answers to intents no record emitted: {unasked}"
@@ -301,29 +359,40 @@ def _history(records: Sequence[ActivationRecord]) -> tuple[_History, str, str]:
 
 class _RecordedModel:
     """Answers a request from the records of the activation the candidate runs (`answer_from`)
-    when they made the same one, each answer once, in order; else `fallback` within
-    `max_tokens`, else refuses. Notes why it refused.
+    when they made the same one, each answer once, in the order the live agent made them;
+    else `fallback` within `max_tokens`, else refuses. Notes why it refused.
 
     Those records are the recorded activation at the candidate's place and the failed attempts
-    the runtime ran before it there: what the live agent asked, at the same point. Answers it
-    replayed from its cache come last: the candidate, run once, asks afresh what the live
-    agent paid for in an attempt no record holds (a start deferred on a busy model, or held
-    for a budget)."""
+    the runtime ran before it there: what the live agent asked, at the same point, including
+    what it replayed from its cache after paying for it in an attempt no record holds (a start
+    deferred on a busy model, or held for a budget), which the candidate, run once, asks
+    afresh. A call the candidate's own cache holds (the same cache key: key, seq, position and
+    request) it replays itself, as the live agent did, so it is not offered: two answers to one
+    request at two positions each go to their own place."""
 
-    def __init__(self, records: Sequence[ActivationRecord], fallback, max_tokens: int) -> None:
-        self.answer_from(records)
+    def __init__(
+        self,
+        records: Sequence[ActivationRecord],
+        fallback,
+        max_tokens: int,
+        state: KeyState | None = None,
+    ) -> None:
+        self.answer_from(records, state)
         self._fallback = fallback
         self._left = max_tokens
         #: (request digest, withheld) of each request the recording did not answer.
         self.misses: list[tuple[bytes, bool]] = []
 
-    def answer_from(self, records: Sequence[ActivationRecord]) -> None:
+    def answer_from(self, records: Sequence[ActivationRecord], state: KeyState | None) -> None:
+        """Offers the calls of `records` the candidate, in `state`, cannot replay itself."""
         self._answers: dict[bytes, collections.deque] = collections.defaultdict(collections.deque)
-        for replayed in (False, True):
-            for record in records:
-                for call in record.model_calls:
-                    if call.replayed == replayed:
-                        self._answers[call.request_digest].append(call)
+        cache = state.cache if state is not None else None
+        seen = {e.cache_key for e in cache.entries if not e.digest_only} if cache else set()
+        for record in records:
+            for call in record.model_calls:
+                if call.cache_key not in seen:  # a failed attempt's call, replayed in its retry
+                    seen.add(call.cache_key)
+                    self._answers[call.request_digest].append(call)
 
     def complete(self, request: LlmRequest) -> LlmResponse:
         digest = request_digest(request.canonical())
@@ -469,32 +538,63 @@ def backtest_key(
         if _place(record) in history.positions:
             for answer in record.answers:
                 answers[answered_intent_id(answer)] = (history.positions[_place(record)], answer)
-    seen = set()
-    for record in history.records:
-        data = record.event.SerializeToString(deterministic=True)
-        if record.HasField("event") and data not in seen:
-            seen.add(data)
-            driver.schedule(record.event, at=history.positions[_place(record)])
+    # One event per place (its start's), however many records there hold it: an event the
+    # live key ran twice (sent again after its start failed for good, which marks nothing as
+    # seen) is two starts, two places, and runs twice here too.
+    for at, record in enumerate(history.compared):
+        if record.HasField("event"):
+            driver.schedule(record.event, at=at, taken_in_ms=taken_in(record))
     report = BacktestKeyReport(entity_key=key, baseline_activations=len(baseline))
     ran: list[ActivationRecord] = []
+    #: The candidate's failed attempts its runtime ran again (not compared; their tokens count).
+    attempts: list[ActivationRecord] = []
     letters: list[ActivationErrorRecord] = []
     halted = False
     answering = None
-    while driver and not halted:
+    while not halted:
+        outputs = []
         if answering != len(ran):
             # The model answers what the live agent was asked at the candidate's next place.
             answering = len(ran)
-            model.answer_from(history.attempts[answering] if answering < len(baseline) else ())
-            _idle_past_ttl(driver, baseline[answering] if answering < len(baseline) else None)
-        for tag, value in driver.step():
-            if tag == RECORDS:
+            recorded = history.attempts[answering] if answering < len(baseline) else ()
+            model.answer_from(recorded, driver.state)
+            following = baseline[answering] if answering < len(baseline) else None
+            _idle_past_ttl(driver, following)
+            outputs = _past_deadline(driver, following)
+        if not outputs:
+            if not driver:
+                break
+            outputs = driver.step()
+        for tag, value in outputs:
+            live = history.attempts[len(ran)] if len(ran) < len(baseline) else ()
+            if tag == RECORDS and retries(driver, value, model.misses, live, attempts):
+                attempts.append(value)
+            elif tag == RECORDS:
                 ran.append(value)
                 halted = _judge(report, baseline, ran, model, driver, answers, options, letters)
                 if halted:
                     break
+            elif tag == INTENTS and value.tool_name == ESCALATION_TOOL:
+                # The runtime's question at the candidate's deadline, as the live key's (the
+                # same key, seq and step: the same id): answered as it was, if it was.
+                if value.intent_id in answers:
+                    position, answer = answers[value.intent_id]
+                    driver.schedule(_addressed(answer, value), at=position)
             elif tag == INTENTS and value.tool_name == BUDGET_TOOL:
                 recorded = baseline[len(ran)] if len(ran) < len(baseline) else None
-                found = answers.get(value.intent_id, (len(ran), None))[1]
+                # Answered only as the live activation at this place was: a question is
+                # numbered by key, seq and raises so far, so a raise granted to a later
+                # activation of the seq has its id too, and must not answer this one.
+                here = history.attempts[len(ran)] if recorded is not None else ()
+                found = next(
+                    (
+                        a
+                        for r in here
+                        for a in r.answers
+                        if answered_intent_id(a) == value.intent_id
+                    ),
+                    None,
+                )
                 decision = budget_decision(value, recorded, found)
                 if decision is not None:
                     driver.schedule(decision, at=len(ran))
@@ -502,7 +602,41 @@ def backtest_key(
         detail = f"the candidate ran {len(ran)} activations, the recording {len(baseline)}"
         report.divergence.CopyFrom(_not_run(len(ran), baseline[len(ran)], driver.state, detail))
     _account(report, history.records, ran)
+    for attempt in attempts:
+        _count(report, "candidate", attempt)
     return report, letters
+
+
+def retries(
+    driver: KeyDriver,
+    record: ActivationRecord,
+    misses: Sequence,
+    live: Sequence[ActivationRecord],
+    attempts: Sequence[ActivationRecord],
+) -> bool:
+    """Whether the candidate's `record` is a failed resume its runtime runs again on its timer
+    as the live key's was, and if so fires that timer next. `live` holds the live key's
+    attempts at the candidate's place, its failed ones and then the one compared
+    (`_History`); while the candidate's failed `attempts` there are fewer (or the live key's
+    retries were all spent: `resume_failed`), and its failure is
+    its own (the recording answered every request it made), its last is compared too. An agent
+    that raises on an answer raises on every retry, live and here; where the live key did not
+    fail, the candidate's first failure is the divergence."""
+    waiting = driver.state.continuation
+    here = sum(_place(a) == _place(record) for a in attempts)
+    # A live resume_failed was run again until its retries were spent (under the same config:
+    # the candidate's too), however many of its attempts have come yet (a shadow's may not).
+    exhausted = bool(live) and live[-1].reason == RESUME_FAILED
+    if (
+        misses
+        or (here >= len(live) - 1 and not exhausted)
+        or not retried(record)
+        or waiting is None
+        or not waiting.retry_at_ms
+    ):
+        return False
+    driver.schedule_deadline(at=-1)  # before anything else waiting: the retry is due first
+    return True
 
 
 def _not_run(index: int, missing: ActivationRecord, state: KeyState, detail: str) -> Divergence:
@@ -540,13 +674,17 @@ def budget_decision(
     declined = recorded.outcome == Outcome.OUTCOME_FAILED and recorded.reason == BUDGET_EXCEEDED
     if not declined:
         return None  # a raise granted is among the recorded answers: the live key was not asked
-    decision = AgentEnvelope(entity_key=question.entity_key, event_time_ms=recorded.now_ms)
+    # No one answered the live question (a person's "no" is among the recorded answers): it
+    # was declined at its deadline, which the candidate's question, asked earlier (the live
+    # retry waited on a busy model), may pass first; an answer after it is refused.
+    at = min(recorded.now_ms, question.expires_at_ms)
+    decision = AgentEnvelope(entity_key=question.entity_key, event_time_ms=at)
     decision.approval.intent_id = question.intent_id
     decision.approval.approved = not declined
     decision.approval.approver = "the recording: the live key " + (
         "ended on its budget" if declined else "went on"
     )
-    decision.approval.decided_at_ms = recorded.now_ms
+    decision.approval.decided_at_ms = at
     return decision
 
 
@@ -625,14 +763,84 @@ def _answer(driver: KeyDriver, ran: ActivationRecord, recorded, answers) -> bool
     """Schedules the recorded answer of each call the suspended activation `ran` made that
     the `recorded` one made too (one the recording never got an answer to waits, as it did);
     False when the candidate made a call the recording did not: nothing can answer it."""
-    answerable = True
+    answerable, expired, came = True, None, []
     for intent, match in _matched(ran.intents, recorded.intents if recorded is not None else ()):
         found = answers.get(match.intent_id) if match is not None else None
         answerable = answerable and match is not None
         if found is not None:
             position, answer = found
-            driver.schedule(_addressed(answer, intent), at=position)
+            if made_here(answer):
+                expired = position, answer.event_time_ms
+            else:
+                came.append((position, answer.event_time_ms, _addressed(answer, intent)))
+    # At each place in the order they came, not the calls' order: the last to come resumes
+    # the candidate, at its time, as it resumed the live key.
+    for position, _, answer in sorted(came, key=lambda c: c[:2]):
+        driver.schedule(answer, at=position)
+    if expired is not None:
+        # No one answered by the deadline: the live key's timer fired (when it made the
+        # EXPIRED), and the candidate's does, after the answers that came (an EXPIRED the
+        # runtime made is no answer to feed: to an approval it is not even of its kind).
+        position, fired = expired
+        driver.schedule_deadline(at=position, until=fired)
     return answerable
+
+
+def escalation_ids(record: ActivationRecord, suspended: ActivationRecord | None) -> frozenset[str]:
+    """The ids the runtime's escalations can have had between the activation `suspended` and
+    the resume `record` of its suspension: each asks at the suspension's step (`ctx.escalate`)
+    and moves it on by one, so they are the steps from the one after `suspended`'s last intent
+    to the record's first (at most `_ESCALATIONS`). None unless the record resumed that
+    suspension: it answers every intent `suspended` emitted (else a record between is lost)."""
+    if (
+        record.HasField("event")
+        or suspended is None
+        or suspended.seq != record.seq
+        or not suspended.intents
+        or {i.intent_id for i in suspended.intents}
+        - {answered_intent_id(a) for a in record.answers}
+    ):
+        return frozenset()
+    first = max(i.step_index for i in suspended.intents) + 1
+    steps = range(max(first, record.first_step - _ESCALATIONS), record.first_step)
+    return frozenset(intent_id(record.entity_key, record.seq, step) for step in steps)
+
+
+#: Escalations of one suspension a history may answer (a DeadlinePolicy's max_escalations).
+_ESCALATIONS = 64
+
+
+def _past_deadline(driver: KeyDriver, recorded: ActivationRecord | None) -> list:
+    """The outputs of the candidate's deadline timer fired where the live key's fired with no
+    record of it: the candidate is suspended and the live key's next activation is not the
+    resume of that suspension but came after its due time (a DeadlinePolicy that dead-letters
+    the suspension, or escalates and moves its step on: `fired_by`). A budget question waits for its
+    decision; a retry is `retries`'."""
+    waiting = driver.state.continuation
+    if (
+        recorded is None
+        or waiting is None
+        or budget_asked(waiting, driver.state.pending)
+        or _place(recorded) == (waiting.seq, waiting.step_index)
+    ):
+        return []
+    return driver.fire_due(fired_by(recorded, driver.state), short_of=_place(recorded))
+
+
+def fired_by(recorded: ActivationRecord, state: KeyState) -> int:
+    """The time the live key's deadline timer had fired by, before the record `recorded`, for
+    a key suspended in `state`: the record's time when it is of a later seq; whenever, when it
+    is the resume of that very suspension at a later step (it answers every intent the key
+    waits on: only an escalation moves a suspension's step with no record of it), as a
+    backlog's answer can be stamped before the deadline it came after; never (-1) for another
+    record of the seq: the resume of a later suspension, whose records before it may still be
+    on their way (a shadow's)."""
+    waiting = state.continuation
+    if waiting is None or recorded.seq != waiting.seq:
+        return recorded.now_ms
+    own = {i.intent_id for i in state.pending if i.tool_name not in RUNTIME_TOOLS}
+    answered = {answered_intent_id(a) for a in recorded.answers}
+    return INT64_MAX if own and own <= answered else -1
 
 
 def _count(report: BacktestKeyReport, side: str, record: ActivationRecord) -> None:

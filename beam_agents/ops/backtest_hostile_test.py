@@ -5,10 +5,16 @@ Each test states what issue 42 promises."""
 
 from __future__ import annotations
 
+import json
+import sys
+
+import pytest
+
 from beam_agents._protos import ActivationRecord, AgentEnvelope
 from beam_agents.errors import LlmCallError
 from beam_agents.examples.support_triage import TOOLS, scripted_model, ticket, triage
 from beam_agents.ops.backtest import BacktestOptions, backtest_key, run_backtest
+from beam_agents.ops.cli import main
 from beam_agents.runtime import (
     RECORDS,
     LlmResponse,
@@ -20,6 +26,7 @@ from beam_agents.runtime import (
 from beam_agents.runtime.budget import Budget, OnBudget
 from beam_agents.runtime.key_driver import KeyDriver, recording_machine
 from beam_agents.runtime.machine import KeyState
+from beam_agents.testing.live_history import OK, PlanModel, live_history
 from beam_agents.testing.recorded_history import (
     T0,
     FailsOnce,
@@ -30,13 +37,29 @@ from beam_agents.testing.recorded_history import (
 )
 from beam_agents.testing.review_agents import (
     ASKING,
+    DEAD_LETTERING,
+    ESCALATING,
     ONE_EVENT,
+    SHORT_DEADLINES,
     BusyOnce,
+    DownOnFirstCall,
+    Numbered,
+    Stamped,
+    StampedPair,
+    asks_a_person,
+    asks_twice,
     calls_per_event,
     counter,
+    declined_payment,
+    pair_history,
+    pays,
+    queued_history,
     raised_then_declined,
     two_calls,
+    unanswered_history,
 )
+from beam_agents.testing.simulation_agents import FUNCTION
+from beam_agents.wire.fields import join_delimited
 
 
 @agent(name="review.asks_anew/v2")
@@ -408,27 +431,13 @@ def test_a_raised_start_whose_model_was_then_busy_live_is_no_divergence():
     assert not report.HasField("divergence"), report.divergence.detail
 
 
-class _DownOnFirstCall:
-    """A model down for the first request it is sent (its client's retries spent), then
-    answering: a live outage that ended one start for good."""
-
-    def __init__(self) -> None:
-        self.calls = 0
-
-    def complete(self, request):
-        self.calls += 1
-        if self.calls == 1:
-            raise LlmCallError("down", model=request.model, retryable=False)
-        return LlmResponse("ok", "m", 10, 5)
-
-
 def test_a_start_the_model_failed_live_does_not_end_the_unchanged_agents_backtest():
     events = [
         AgentEnvelope(entity_key=b"k", event_time_ms=T0 + n * 60_000, external_event=b"1")
         for n in range(3)
     ]
     history = record_history(
-        calls_per_event, events, tools={}, approver=bool, llm_client=_DownOnFirstCall()
+        calls_per_event, events, tools={}, approver=bool, llm_client=DownOnFirstCall()
     )
     assert [r.reason for r in history] == ["llm_failed", "", ""]
     report, letters = backtest_key(b"k", history, calls_per_event)
@@ -464,5 +473,286 @@ def test_a_resume_declined_a_raise_after_a_model_call_live_is_no_divergence():
     report, letters = backtest_key(
         b"k", history, lookup_then_two_calls, BacktestOptions(config=config)
     )
+    assert letters == []
+    assert not report.HasField("divergence"), report.divergence.detail
+
+
+def test_an_event_that_waited_in_a_mailbox_live_runs_when_it_was_drained_not_at_its_own_time():
+    history = queued_history()
+    # Live, the second event ran when the first's ticket was answered, a second after the
+    # first event: its ticket is stamped then, not at its own time.
+    second = history[2]
+    assert second.now_ms == T0 + 1_000 and second.event.event_time_ms == T0 + 500
+    report, letters = backtest_key(b"k", history, Stamped())
+    assert letters == []
+    assert not report.HasField("divergence"), report.divergence.detail
+
+
+def test_a_budget_declined_at_its_deadline_with_an_event_queued_live_is_no_divergence():
+    # No one answers the budget question: it is declined at its deadline, a day later; the
+    # second event, queued meanwhile, runs then, asks again and is declined a day after that.
+    # Run at its own time, the candidate's question would be answered after its deadline.
+    events = [
+        AgentEnvelope(entity_key=b"k", event_time_ms=T0, external_event=b"%d" % n) for n in (3, 2)
+    ]
+    model = ScriptedLlmClient(lambda request: LlmResponse("ok", "m", 10, 5))
+    machine = recording_machine(calls_per_event, model, ASKING)
+    driver = KeyDriver(machine, b"k")
+    for event in events:
+        driver.schedule(event)
+    history = []
+    while driver or driver.state.continuation is not None:
+        if driver:
+            outputs = driver.step()
+        else:
+            outputs = driver.fire_deadline(driver.state.continuation.deadline_ms)
+        history += [value for tag, value in outputs if tag == RECORDS]
+    assert [r.reason for r in history] == ["budget_exceeded"] * 2
+    report, letters = backtest_key(b"k", history, calls_per_event, BacktestOptions(config=ASKING))
+    assert letters == []
+    assert not report.HasField("divergence"), report.divergence.detail
+
+
+def test_an_approval_no_one_answered_live_is_no_divergence_of_the_unchanged_agent():
+    # At the suspension's deadline the runtime resumed the agent with an EXPIRED result for
+    # the approval: the record's answer is the runtime's, a tool_result to an APPROVAL intent.
+    history = unanswered_history(asks_a_person, ONE_EVENT, SHORT_DEADLINES)
+    assert [r.output for r in history] == [b"", b"not approved: 3"]  # EXPIRED
+    report, letters = backtest_key(
+        b"k", history, asks_a_person, BacktestOptions(config=SHORT_DEADLINES)
+    )
+    assert letters == []
+    assert not report.HasField("divergence"), report.divergence.detail
+
+
+def test_a_resume_that_raised_on_every_retry_live_is_no_divergence_of_the_unchanged_agent():
+    # The payment failed, and the agent raises on it: live, its resume failed, was tried
+    # again on its timer three times (resume_retries) and then ended (resume_failed).
+    history = record_history(
+        pays, ONE_EVENT, tools={"pay": declined_payment}, approver=bool, llm_client=None
+    )
+    assert [r.reason for r in history] == ["", *["agent_raised"] * 3, "resume_failed"]
+    report, letters = backtest_key(b"k", history, pays)
+    assert letters == []
+    assert not report.HasField("divergence"), report.divergence.detail
+    assert report.candidate_activations == report.baseline_activations == 2
+
+
+def test_an_event_sent_again_after_its_start_failed_live_is_run_again_as_live():
+    # The model was down for the event's start, which ended for good (llm_failed, its event
+    # not marked as seen); the producer (or an operator replaying the dead letters) sent the
+    # very same event again, and the key ran it again, under the next seq.
+    event = AgentEnvelope(entity_key=b"k", event_time_ms=T0, external_event=b"1")
+    history = record_history(
+        calls_per_event, [event, event], tools={}, approver=bool, llm_client=DownOnFirstCall()
+    )
+    assert [r.reason for r in history] == ["llm_failed", ""]
+    report, letters = backtest_key(b"k", history, calls_per_event)
+    assert letters == []
+    assert not report.HasField("divergence"), report.divergence.detail
+    assert report.candidate_activations == 2
+
+
+def _declined_on_a_resume():
+    """(config, history): the resume's first call fits the key's 25 tokens, its second asks a
+    raise and is declined, the last record of the recording."""
+    config = RuntimeConfig(budget=Budget(key_tokens=25, on_exceed=OnBudget.ASK, raise_tokens=10))
+    model = ScriptedLlmClient(lambda request: LlmResponse("ok", "m", 10, 5))
+    history = record_history(
+        lookup_then_two_calls,
+        ONE_EVENT,
+        tools={"lookup": lambda args, intent: b"found"},
+        approver=lambda intent: False,
+        llm_client=model,
+        config=config,
+    )
+    assert [r.reason for r in history] == ["", "budget_exceeded"]
+    return config, history
+
+
+def test_a_resume_declined_a_raise_live_is_compared_not_taken_for_an_attempt_awaiting_a_retry():
+    # A declined raise ends the suspension for good; the runtime runs no retry of it. Taken
+    # for a failed attempt awaiting its retry, the last record was never compared: the
+    # unchanged agent ran one activation of two, and a new prompt in the resume went unseen.
+    config, history = _declined_on_a_resume()
+    report, letters = backtest_key(
+        b"k", history, lookup_then_two_calls, BacktestOptions(config=config)
+    )
+    assert letters == [] and not report.HasField("divergence")
+    assert report.candidate_activations == report.baseline_activations == 2
+    report, letters = backtest_key(
+        b"k", history, lookup_then_reworded, BacktestOptions(config=config)
+    )
+    assert letters == []
+    assert report.divergence.kind == report.divergence.KIND_MODEL_REQUEST
+
+
+_DEADLINE_ENDINGS = {
+    "escalated, no one answered": (ESCALATING, None, 3_000_000),
+    "escalated, declined": (ESCALATING, False, 3_000_000),
+    "escalated, kept waiting": (ESCALATING, True, 3_000_000),
+    "dead-lettered": (DEAD_LETTERING, None, 3_000_000),
+    "dead-lettered, an event queued": (DEAD_LETTERING, None, 600_000),
+}
+
+
+@pytest.mark.parametrize("ending", sorted(_DEADLINE_ENDINGS))
+def test_a_suspension_its_deadline_policy_ended_live_is_no_divergence_of_the_unchanged_agent(
+    ending,
+):
+    # ESCALATE asks a person at the deadline (an intent of the runtime's, in no record) and
+    # moves the suspension's step; DEAD_LETTER ends it with no resume at all. Either way the
+    # live key went on, and so must the candidate, its deadline timer fired as the live one.
+    config, escalation, later_ms = _DEADLINE_ENDINGS[ending]
+    later = AgentEnvelope(entity_key=b"k", event_time_ms=T0 + later_ms, external_event=b"later")
+    history = unanswered_history(
+        asks_a_person, ONE_EVENT, config, escalation=escalation, events_at=[later]
+    )
+    report, letters = backtest_key(b"k", history, asks_a_person, BacktestOptions(config=config))
+    assert [(letter.reason, letter.detail) for letter in letters] == []
+    assert not report.HasField("divergence"), report.divergence.detail
+    assert report.candidate_activations == report.baseline_activations
+
+
+#: A key's 12 tokens: the second of two 5-token calls asks a person, who raises them.
+_RAISED_AT_THE_SECOND_CALL = RuntimeConfig(
+    budget=Budget(key_tokens=12, on_exceed=OnBudget.ASK, raise_tokens=6)
+)
+
+
+def _asked_twice_history():
+    # Held for the raise, the start ran again: its first answer replayed (paid by the held
+    # attempt), its second asked afresh. Both answers are to the same request.
+    history = record_history(
+        asks_twice,
+        ONE_EVENT,
+        tools={"pay": lambda args, intent: b"{}"},
+        approver=bool,
+        llm_client=Numbered(),
+        config=_RAISED_AT_THE_SECOND_CALL,
+    )
+    assert [c.replayed for c in history[0].model_calls] == [True, False]
+    return history
+
+
+def test_a_request_made_twice_in_a_start_held_for_a_raise_gets_each_answer_in_its_place():
+    history = _asked_twice_history()
+    options = BacktestOptions(config=_RAISED_AT_THE_SECOND_CALL)
+    report, letters = backtest_key(b"k", history, asks_twice, options)
+    assert letters == []
+    assert not report.HasField("divergence"), report.divergence.detail
+
+
+def test_parallel_calls_answered_out_of_their_order_live_resume_at_the_last_answers_time():
+    # The second call was answered first: the live resume ran at the first's answer, a
+    # minute on. Fed in the calls' order, the candidate resumed at the second's, a second on.
+    history = pair_history()
+    report, letters = backtest_key(b"k", history, StampedPair())
+    assert letters == []
+    assert not report.HasField("divergence"), report.divergence.detail
+
+
+# -- the command line misused (rev42) ------------------------------------------------------------
+
+#: Not a model client: what `--continue-with` might name by mistake.
+NOT_A_CLIENT = "gpt-5"
+
+
+@pytest.mark.parametrize(
+    "misuse, said",
+    [
+        (["--agent", "review_boom:agent"], "cannot import review_boom"),
+        (["--report", "{missing}/reports.binpb"], "--report"),
+        (["--html", "{missing}/report.html"], "--html"),
+        ([f"--continue-with={__name__}:NOT_A_CLIENT", "--max-tokens=10"], "not a model client"),
+        (["--max-tokens=10"], "--max-tokens needs --continue-with"),
+        ([f"--continue-with={__name__}:ScriptedLlmClient"], "not a model client"),
+        (["--price-per-million", "-1", "5"], "--price-per-million"),
+    ],
+    ids=["agent raises on import", "report folder missing", "html folder missing",
+         "continue-with no client", "max-tokens alone", "continue-with a class", "negative price"],
+)  # fmt: skip
+def test_a_misused_command_line_is_a_usage_error_before_the_pipeline_runs(
+    misuse, said, tmp_path, capsys, monkeypatch
+):
+    # Each used to end in a traceback (exit 1, which says "some key diverged"), after the
+    # whole pipeline had run for the output ones, or to be ignored, or to crash the pipeline
+    # at the first divergence (a --continue-with that cannot complete).
+    monkeypatch.syspath_prepend(str(tmp_path))
+    (tmp_path / "review_boom.py").write_text("raise RuntimeError('a bad deploy')\n")
+    records = tmp_path / "records.binpb"
+    records.write_bytes(join_delimited(_triage_history(1)))
+    missing = tmp_path / "no such folder"
+    args = [arg.format(missing=missing) for arg in misuse]
+    if "--agent" not in args:
+        args += ["--agent", "beam_agents.examples.support_triage:triage"]
+    assert main(["backtest", str(records), *args]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("beam-agents backtest:") and said in err, err
+    assert "Traceback" not in err
+
+
+@agent(name="review.exits/v2")
+def exits(ctx, event: bytes) -> bytes:
+    """A candidate that calls a helper which ends the process (argparse, click, a CLI's main)."""
+    sys.exit("usage: helper [-h]")
+
+
+def test_a_candidate_that_calls_sys_exit_is_a_divergence_not_a_dead_worker():
+    # SystemExit is no Exception: it went through the runtime's catch, out of the Run DoFn,
+    # and took the worker down with every key of the bundle (retried on a runner, for ever).
+    history = _triage_history(2)
+    reports, letters = run_backtest(history, exits)
+    assert letters == [] and len(reports) == 2
+    for report in reports:
+        assert report.divergence.candidate_outcome == ActivationRecord.OUTCOME_FAILED
+        assert "agent_raised" in report.divergence.detail
+
+
+def test_a_resume_record_lost_as_too_large_is_a_dead_letter_not_a_divergence():
+    # A resume whose record was over RunAgent's max_output_bytes (a tool's answer of a few
+    # megabytes, which the recording keeps whole) is a record_too_large dead letter instead:
+    # the recording lacks it. The key's next start ran before the suspension's intents could
+    # expire, so a resume ran first: the history is incomplete, not the candidate changed.
+    events = [
+        AgentEnvelope(entity_key=b"k", event_time_ms=T0 + n * 10_000, external_event=b"e%d" % n)
+        for n in range(2)
+    ]
+    history = record_history(
+        Stamped(),
+        events,
+        tools={"ticket.open": lambda args, intent: b"{}"},
+        approver=bool,
+        llm_client=None,
+    )
+    assert [(r.seq - history[0].seq, r.first_step) for r in history] == [
+        (0, 0),
+        (0, 1),
+        (1, 0),
+        (1, 1),
+    ]
+    lost = [history[0], *history[2:]]
+    report, letters = backtest_key(b"k", lost, Stamped())
+    assert report is None or not report.HasField("divergence"), report.divergence.detail
+    assert [letter.reason for letter in letters] == ["history_incomplete"]
+    assert "resume" in letters[0].detail
+
+
+def test_a_start_granted_a_raise_then_left_unanswered_after_a_busy_model_is_no_divergence():
+    # The start asks a raise at once (its first call would pass 12 tokens), is granted a
+    # second later, and runs again on the grant: the model is busy, so it waits a minute's
+    # backoff, then asks for its second call and no one answers: declined at the question's
+    # deadline, a day and a minute on. That record's time is the decline's, not the start's;
+    # and the candidate, answered at once, asks its second question a minute before the live
+    # key did, so its deadline comes first.
+    config = RuntimeConfig(budget=Budget(key_tokens=12, on_exceed=OnBudget.ASK, raise_tokens=6))
+    program = json.dumps({"nonce": 0, "ops": [["llm", "p0"], ["llm", "p0"]]}).encode()
+    event = AgentEnvelope(entity_key=b"k", event_time_ms=T0, external_event=program)
+    answers = iter([(1_000, OK)] + [(None, OK)] * 10)
+    history = live_history(
+        FUNCTION, b"k", [(T0, event)], config, PlanModel(["busy", OK]), lambda i: next(answers)
+    )
+    assert [(r.reason, r.now_ms - T0) for r in history] == [("budget_exceeded", 86_461_000)]
+    report, letters = backtest_key(b"k", history, FUNCTION, BacktestOptions(config=config))
     assert letters == []
     assert not report.HasField("divergence"), report.divergence.detail

@@ -58,8 +58,10 @@ BacktestKeyReport (length-delimited). --continue-with names a model client that 
 divergence. --config names the live job's RuntimeConfig (its budgets, TTLs and limits: a
 candidate run under other limits fails, or does not, where the live agent did not). Exit codes:
 0 no key diverged; 1 some did; 3 none did, but some histories could not
-be backtested (dead letters, counted in the report); 2 usage error (a recording whose framing is
-truncated, an agent that is none).
+be backtested (dead letters, counted in the report); 2 usage error, said before any pipeline
+runs (a recording whose framing is truncated, an agent that is none or whose module fails to
+import, a --continue-with that is no model client or --max-tokens without one, a negative
+price, a --report or --html folder that does not exist).
 
 `update-check` compares two builds' pipeline graphs (beam_agents.ops.update_check) and names every
 difference that would make Dataflow refuse an --update or lose state; with --manifest, one
@@ -331,9 +333,25 @@ def _backtest(args: argparse.Namespace) -> int:
             raise ValueError(
                 f"--config {args.config} is a {type(config).__name__}, not a RuntimeConfig"
             )
+        client = None if args.continue_with is None else load_object(args.continue_with)
+        complete = getattr(client, "complete", None)
+        if client is not None and (isinstance(client, type) or not callable(complete)):
+            raise ValueError(
+                f"--continue-with {args.continue_with} is not a model client (an object with "
+                "complete(request)), but a " + type(client).__name__
+            )
+        if args.max_tokens and client is None:
+            raise ValueError("--max-tokens needs --continue-with: the model that spends them")
+        price = None if args.price_per_million is None else Price(*args.price_per_million)
+        if price is not None and min(args.price_per_million) < 0:
+            raise ValueError(f"--price-per-million {args.price_per_million} is below 0")
+        for flag, path in (("--report", args.report), ("--html", args.html)):
+            # Checked before the pipeline runs, not after, when its work would be lost.
+            if path and not Path(path).resolve().parent.is_dir():
+                raise ValueError(f"{flag} {path}: its folder does not exist")
         options = BacktestOptions(
-            stop_at_divergence=args.continue_with is None,
-            continue_with=None if args.continue_with is None else load_object(args.continue_with),
+            stop_at_divergence=client is None,
+            continue_with=client,
             max_tokens=args.max_tokens,
             config=config,
         )
@@ -342,7 +360,6 @@ def _backtest(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     pipeline_options = PipelineOptions(args.pipeline_args) if args.pipeline_args else None
     reports, letters = run_backtest(records, agent, options, pipeline_options=pipeline_options)
-    price = None if args.price_per_million is None else Price(*args.price_per_million)
     summary = backtest_summary(reports, letters, price=price)
     sys.stdout.write(backtest_markdown(summary, max_keys=args.max_keys))
     if args.report:

@@ -17,6 +17,8 @@ def load_object(spec: str) -> object:
         module = importlib.import_module(module_name)
     except ImportError as e:
         raise ValueError(f"cannot import {module_name}: {e}") from None
+    except Exception as e:  # a module that fails as it loads: its error, not a traceback
+        raise ValueError(f"cannot import {module_name}: {type(e).__name__}: {e}") from None
     try:
         return getattr(module, attribute)
     except AttributeError:

@@ -29,11 +29,17 @@ that the runtime runs again at its place (a retried resume) is not compared: its
 go to the retry. A copy of a record already compared is dropped. A record that came ahead of
 its turn waits; if its turn has not come once the watermark is `wait_ms` past it, the key is
 not shadowed further, with a `history_incomplete` dead letter (a record lost; a key that began
-before the shadow was added to the job; a suspension the runtime ended without a resume, as a
-declined budget does). Records wait `wait_ms` (two hours of event time by default): more than
-the live job's longest resume backoff, for a failed resume waits for its retry.
+before the shadow was added to the job). A suspension the live runtime ended at its deadline with
+no record ends the candidate's too (`_past_deadline`, as the backtest's): one a DeadlinePolicy
+escalated (its step moved on) when the resume at that step comes; one it dead-lettered when a
+later seq's start, after the deadline, has waited `wait_ms` (the watermark past it: no record
+before it can still come, so the resume it may be ahead of never ran). Records wait `wait_ms`
+(two hours of event time by default): more than the live job's longest resume backoff, for a
+failed resume waits for its retry.
 
-Outputs: REPORTS, (entity_key, BacktestKeyReport), once per key, at its first divergence;
+Outputs: REPORTS, (entity_key, BacktestKeyReport), once per key, at its first divergence (or
+where the backtest's run would stop: a resume the model failed both live and in the candidate,
+`stopped` with no divergence);
 TRACES, (entity_key, TraceEvent), one SHADOW_ACTIVATION span per live activation the candidate
 was compared on, up to and including the divergent one; ERRORS, (entity_key,
 ActivationErrorRecord), the backtest's dead letters and `history_incomplete`.
@@ -83,17 +89,21 @@ from beam_agents.ops.backtest import (
     _count,
     _divergence,
     _matched,
+    _model_failed_both,
     _not_run,
     _RecordedModel,
     _sort_tools,
     budget_decision,
+    fired_by,
     kind_name,
     parse_record,
     retried,
+    retries,
+    taken_in,
 )
 from beam_agents.runtime.budget import BUDGET_TOOL
 from beam_agents.runtime.config import RuntimeConfig
-from beam_agents.runtime.context import Agent
+from beam_agents.runtime.context import ESCALATION_TOOL, Agent
 from beam_agents.runtime.dead_letters import (
     HISTORY_INCOMPLETE,
     HISTORY_OUT_OF_ORDER,
@@ -103,7 +113,8 @@ from beam_agents.runtime.dead_letters import (
 )
 from beam_agents.runtime.key_driver import KeyDriver, recording_machine
 from beam_agents.runtime.machine import ERRORS, INTENTS, TRACES, KeyState
-from beam_agents.runtime.machine_answers import answered_intent_id
+from beam_agents.runtime.machine_answers import answered_intent_id, made_here
+from beam_agents.runtime.machine_budgets import budget_asked
 from beam_agents.runtime.machine_events import first_seq
 from beam_agents.runtime.recording import RECORDS
 from beam_agents.runtime.trace_ids import span_id, trace_id
@@ -234,6 +245,13 @@ class _Shadow(beam.DoFn):
     ) -> Iterator:
         key, value = element
         record = parse_record(value)
+        if not isinstance(record, str) and record.entity_key != key:
+            # Re-keyed input: run as this key's history, records of other keys would make a
+            # divergence no candidate made. Only this record is skipped.
+            record = (
+                f"a record of key {record.entity_key!r} keyed {key!r}: the shadow takes "
+                "RunAgent's RECORDS as they come, keyed by each record's entity_key"
+            )
         if isinstance(record, str):
             letter = error_record(key, RECORDING_UNDECODABLE, record, 0)
             yield beam.pvalue.TaggedOutput(ERRORS, (key, letter))
@@ -244,6 +262,14 @@ class _Shadow(beam.DoFn):
         held = list(waiting.read())
         turn = self._turns(key, [*held, record], candidate, last, report)
         yield from turn.outputs
+        self._settle(turn, timestamp.micros // 1000, candidate, last, report, waiting,
+                     waiting_since, done, give_up, ttl)  # fmt: skip
+
+    def _settle(
+        self, turn, now, candidate, last, report, waiting, waiting_since, done, give_up, ttl
+    ) -> None:
+        """Writes what `turn` left: the key done, or its TTL, the records still waiting and
+        the time to give up on them (`wait_ms` after `now`, when something moved)."""
         if turn.done:
             _clear(*candidate, last, report, waiting, waiting_since)
             give_up.clear()
@@ -259,7 +285,6 @@ class _Shadow(beam.DoFn):
             give_up.clear()
         elif turn.progressed or turn.attempted or waiting_since.read() is None:
             # Nothing has moved since this element: give up wait_ms after it.
-            now = timestamp.micros // 1000
             waiting_since.write(now)
             give_up.set(timer_timestamp(now + self._wait_ms))
 
@@ -278,17 +303,29 @@ class _Shadow(beam.DoFn):
         waiting=beam.DoFn.StateParam(WAITING),
         waiting_since=beam.DoFn.StateParam(WAITING_SINCE),
         done=beam.DoFn.StateParam(DONE),
+        give_up=beam.DoFn.TimerParam(GIVE_UP),
+        ttl=beam.DoFn.TimerParam(TTL),
     ) -> Iterator:
         held = list(waiting.read())
         if not held or done.read():
+            return
+        # The watermark is wait_ms past the records waiting: any record before them has come.
+        # So a suspension of the candidate the live key went on from with no record of it (a
+        # DeadlinePolicy that dead-letters) ended at its deadline: fired now, their turn comes.
+        candidate = (seq, memory, cache, continuation, pending)
+        turn = self._turns(key, held, candidate, last, report, timely=True)
+        if turn.progressed or turn.done:
+            yield from turn.outputs
+            self._settle(turn, fired.micros // 1000, candidate, last, report, waiting,
+                         waiting_since, done, give_up, ttl)  # fmt: skip
             return
         state = _read(seq, memory, cache, continuation, pending)
         first = min(held, key=_place)
         detail = (
             f"{len(held)} record(s) (seq {first.seq} step {first.first_step} first) waited "
             f"{self._wait_ms} ms for {_expected(state)}, which never came: a record "
-            "lost, a key that began before the shadow was added, or a suspension the runtime "
-            "ended without a resume (a declined budget); the key is no longer shadowed"
+            "lost, or a key that began before the shadow was added; the key is no longer "
+            "shadowed"
         )
         letter = error_record(key, HISTORY_INCOMPLETE, detail, fired.micros // 1000)
         yield beam.pvalue.TaggedOutput(ERRORS, (key, letter))
@@ -320,9 +357,10 @@ class _Shadow(beam.DoFn):
             last.write(ActivationRecord(seq=previous.seq, first_step=previous.first_step))
         _set(ttl, (driver.ttl_set, driver.ttl_at))
 
-    def _turns(self, key: bytes, records, candidate, last, report) -> _Turn:
+    def _turns(self, key: bytes, records, candidate, last, report, *, timely=False) -> _Turn:
         """Compares each record whose turn has come, in the order the live key ran them, and
-        writes the candidate's state after them; the rest wait."""
+        writes the candidate's state after them; the rest wait. `timely`: the watermark has
+        passed them all by wait_ms (`_past_deadline`)."""
         turn = _Turn()
         previous, state = last.read(), _read(*candidate)
         # A copy: what a read hands back is the state's own object (Beam's portable harness).
@@ -331,6 +369,7 @@ class _Shadow(beam.DoFn):
             counts.CopyFrom(stored)
         # A copy (an at-least-once sink, a retried bundle) is one record.
         left = list({r.SerializeToString(deterministic=True): r for r in records}.values())
+        moved = False  # the candidate's deadline fired (`_past_deadline`)
         while True:
             if previous is not None:
                 # What was compared, its failed attempts, and copies that come late are done.
@@ -338,6 +377,10 @@ class _Shadow(beam.DoFn):
             due = sorted((r for r in left if _due(r, state)), key=lambda r: r.now_ms)
             final = [r for r in due if not retried(r)]
             if not final:
+                fired = self._past_deadline(key, state, left, turn, timely)
+                if fired is not None:
+                    state, moved = fired, True
+                    continue
                 # A failed attempt waits for its retry, at its place.
                 turn.attempted = any(r is records[-1] for r in due)
                 break
@@ -355,30 +398,79 @@ class _Shadow(beam.DoFn):
             if turn.done:
                 return turn
             previous, turn.progressed = live, True
-        if turn.progressed:
+        if turn.progressed or moved:
             _write(candidate, state)
             last.write(previous)
             report.write(counts)
         turn.waiting = left
         return turn
 
+    def _past_deadline(
+        self, key: bytes, state: KeyState, left, turn: _Turn, timely: bool
+    ) -> KeyState | None:
+        """The candidate's state after its deadline timer fired where the live key's fired with
+        no record of it (as `backtest._past_deadline`): it is suspended and a live record after
+        its suspension's place, which is not its resume, shows the live key went on past its
+        deadline: the resume of that very suspension at an escalated step (`fired_by`), or,
+        once `timely` (no record before it can still come), a later seq's start after its due
+        time (a DeadlinePolicy that dead-letters). None when nothing fires, when the firing
+        would run an activation (its record is still to come, and is compared then), or when
+        that record's turn would not come of it."""
+        waiting = state.continuation
+        suspended = (waiting.seq, waiting.step_index) if waiting is not None else None
+        later = [r for r in left if suspended is not None and _place(r) > suspended]
+        if not later or waiting.retry_at_ms or budget_asked(waiting, state.pending):
+            return None
+        if min(later, key=_place).seq != waiting.seq and not timely:
+            return None
+        driver = KeyDriver(recording_machine(self._candidate, None, self._config), key, state)
+        following = min(later, key=_place)
+        outputs = driver.fire_due(fired_by(following, state), short_of=_place(following))
+        # Only if that record's turn comes then: else records before it are still on their way.
+        if not outputs or any(tag == RECORDS for tag, _ in outputs):
+            return None
+        if not _due(following, driver.state):
+            return None
+        turn.ttl = (driver.ttl_set, driver.ttl_at) if driver.ttl_set else turn.ttl
+        return driver.state
+
     def _compare(self, key, previous, live, due, state, counts, turn) -> KeyState:
         """Runs the candidate on `live`'s input (its event, or the answers it resumed with to
         the calls the candidate made too), compares, spans and counts; the candidate's state
         after it. `due` holds `live` and the failed attempts before it at its place."""
-        model = _RecordedModel(due, None, 0)
+        model = _RecordedModel(due, None, 0, state)
         driver = KeyDriver(recording_machine(self._candidate, model, self._config), key, state)
         answers = {answered_intent_id(a): a for a in live.answers}
         if live.HasField("event"):
-            driver.schedule(live.event)
+            if state.continuation is None and not state.empty:
+                # The live key sat idle past its TTL before this start if it ran after the
+                # TTL's time (a start before it is stamped no later, on the key's clock): the
+                # candidate's TTL fires then, as the backtest's `_idle_past_ttl`, even where no
+                # watermark fired the timer between the two records (they came reversed).
+                driver.fire_ttl(live.now_ms - 1)
+            driver.schedule(live.event, taken_in_ms=taken_in(live))
         else:
+            expired = None
             for intent, match in _matched(state.pending, previous.intents):
                 if match is not None and match.intent_id in answers:
-                    driver.schedule(_addressed(answers[match.intent_id], intent))
-        ran = []
+                    answer = answers[match.intent_id]
+                    if made_here(answer):
+                        # No one answered: the deadline fired then (as the backtest's).
+                        expired = answer.event_time_ms
+                    else:
+                        driver.schedule(_addressed(answer, intent))
+            for intent in state.pending:
+                # The runtime's escalation at the candidate's deadline has the live one's id.
+                if intent.tool_name == ESCALATION_TOOL and intent.intent_id in answers:
+                    driver.schedule(_addressed(answers[intent.intent_id], intent))
+            if expired is not None:
+                driver.schedule_deadline(at=live.now_ms, until=expired)
+        ran, attempts = [], []
         while driver:
             for tag, value in driver.step():
-                if tag == RECORDS:
+                if tag == RECORDS and retries(driver, value, model.misses, due, attempts):
+                    attempts.append(value)  # run again, as the live key's was
+                elif tag == RECORDS:
                     ran.append(value)
                 elif tag == INTENTS and value.tool_name == BUDGET_TOOL:
                     decision = budget_decision(value, live, answers.get(value.intent_id))
@@ -387,7 +479,7 @@ class _Shadow(beam.DoFn):
         index = counts.baseline_activations
         for attempt in due:
             _count(counts, "baseline", attempt)
-        for activation in ran:
+        for activation in [*attempts, *ran]:
             _count(counts, "candidate", activation)
         counts.baseline_activations += 1
         counts.candidate_activations += len(ran)
@@ -403,16 +495,23 @@ class _Shadow(beam.DoFn):
             turn.outputs.append(beam.pvalue.TaggedOutput(ERRORS, (key, letter)))
             turn.done = True
             return state
+        # Not comparable past a resume the model failed both live and here (the request it
+        # failed on is in no record): the key's shadowing ends there, its report saying it
+        # stopped, as the backtest's run stops there (`backtest._judge`).
+        stopped = False
         if len(ran) == 1:
             found = _divergence(index, live, ran[0], missed)
+            stopped = bool(missed) and _model_failed_both(live, ran[0])
+            stopped = stopped and found is None and not live.HasField("event")
         else:
             detail = f"the candidate ran {len(ran)} activations where the live agent ran one"
             found = _not_run(index, live, driver.state, detail)
         turn.ttl = (driver.ttl_set, driver.ttl_at) if driver.ttl_set else turn.ttl
         span = shadow_span(live, self._candidate.adapter, found)
         turn.outputs.append(beam.pvalue.TaggedOutput(TRACES, (key, span)))
-        if found is not None:
-            counts.divergence.CopyFrom(found)
+        if found is not None or stopped:
+            if found is not None:
+                counts.divergence.CopyFrom(found)
             # The shadow stops at the key's first divergence, and the live key may go on: its
             # counts are what it saw so far (a backtest of the whole history knows more).
             counts.stopped = True

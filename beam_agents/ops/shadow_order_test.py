@@ -6,8 +6,13 @@ once, nothing read from state is changed in place, and nothing is left waiting."
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
+import json
+import random
+import sys
 
+import pytest
 from apache_beam.pvalue import TaggedOutput
 from apache_beam.utils.timestamp import Timestamp
 from hypothesis import HealthCheck, given, settings
@@ -33,7 +38,10 @@ from beam_agents.runtime import (
     agent,
 )
 from beam_agents.runtime.budget import Budget, OnBudget
+from beam_agents.runtime.config import AtDeadline, DeadlinePolicy
+from beam_agents.runtime.function_agent import FunctionAgent
 from beam_agents.runtime.key_driver import KeyDriver, recording_machine
+from beam_agents.testing.live_history import OK, PlanModel, live_history
 from beam_agents.testing.recorded_history import (
     T0,
     FailsOnce,
@@ -44,13 +52,28 @@ from beam_agents.testing.recorded_history import (
 )
 from beam_agents.testing.review_agents import (
     ASKING,
+    DEAD_LETTERING,
+    ESCALATING,
     ONE_EVENT,
+    SHORT_DEADLINES,
     BusyOnce,
+    DownOnFirstCall,
+    Numbered,
+    Stamped,
+    StampedPair,
+    asks_a_person,
+    asks_twice,
     calls_per_event,
     counter,
+    declined_payment,
+    pair_history,
+    pays,
+    queued_history,
     raised_then_declined,
     two_calls,
+    unanswered_history,
 )
+from beam_agents.testing.simulation_agents import FUNCTION, StepAgent
 
 
 class _Cell:
@@ -139,9 +162,13 @@ def _deliver(candidate, records, config: RuntimeConfig | None = None) -> dict:
         for message, data in before:
             assert message.SerializeToString() == data, "a message read from state was changed"
     for key, state in states.items():
-        if state["give_up"].at is not None:
-            fired = state.pop("give_up").at
-            take(fn.at_give_up(key=key, fired=fired, **{n: state[n] for n in (*_CELLS, *_BAGS)}))
+        # The watermark at the end of time: each give-up timer set fires, in turn.
+        for _ in range(len(records) + 1):
+            if state["give_up"].at is None:
+                break
+            fired, state["give_up"].at = state["give_up"].at, None
+            timers = {n: state[n] for n in (*_CELLS, *_BAGS, "give_up", "ttl")}
+            take(fn.at_give_up(key=key, fired=fired, **timers))
     return found
 
 
@@ -370,7 +397,7 @@ def test_a_resume_retried_live_for_longer_than_wait_ms_is_still_shadowed():
         at = Timestamp(micros=record.now_ms * 1000)
         if state["give_up"].at is not None and state["give_up"].at < at:
             fired, state["give_up"].at = state["give_up"].at, None
-            cells = {n: state[n] for n in (*_CELLS, *_BAGS)}
+            cells = {n: state[n] for n in (*_CELLS, *_BAGS, "give_up", "ttl")}
             found += fn.at_give_up(key=key, fired=fired, **cells)
         cells = {n: state[n] for n in (*_CELLS, *_BAGS, "give_up", "ttl")}
         found += fn.process((key, record.SerializeToString()), timestamp=at, **cells)
@@ -448,3 +475,370 @@ def test_a_budget_question_the_live_key_never_asked_is_the_backtests_divergence_
     ((_, report),) = _deliver(calls_per_event, [(b"k", r) for r in history], ASKING)["reports"]
     assert report.divergence.kind == expected.divergence.kind
     assert report.divergence.detail == expected.divergence.detail
+
+
+def test_an_event_that_waited_in_a_mailbox_live_runs_when_it_was_drained_in_the_shadow():
+    history = queued_history()
+    assert history[2].now_ms > history[2].event.event_time_ms  # it ran when drained
+    found = _deliver(Stamped(), [(b"k", r) for r in history])
+    assert found["reports"] == [] and found[ERRORS] == []
+
+
+def test_an_approval_no_one_answered_live_is_no_divergence_in_the_shadow():
+    history = unanswered_history(asks_a_person, ONE_EVENT, SHORT_DEADLINES)
+    found = _deliver(asks_a_person, [(b"k", r) for r in history], SHORT_DEADLINES)
+    assert found["reports"] == [] and found[ERRORS] == []
+
+
+def test_a_resume_that_raised_on_every_retry_live_is_no_divergence_in_the_shadow():
+    history = record_history(
+        pays, ONE_EVENT, tools={"pay": declined_payment}, approver=bool, llm_client=None
+    )
+    found = _deliver(pays, [(b"k", r) for r in history])
+    assert found["reports"] == [] and found[ERRORS] == []
+
+
+def test_an_event_sent_again_after_its_start_failed_live_is_shadowed_as_live():
+    event = AgentEnvelope(entity_key=b"k", event_time_ms=T0, external_event=b"1")
+    history = record_history(
+        calls_per_event, [event, event], tools={}, approver=bool, llm_client=DownOnFirstCall()
+    )
+    found = _deliver(calls_per_event, [(b"k", r) for r in history])
+    assert found["reports"] == [] and found[ERRORS] == []
+    assert len(found[TRACES]) == 2
+
+
+def test_a_resume_declined_a_raise_live_is_shadowed_not_waited_on_for_a_retry():
+    # The resume's model call would pass the key's 5 tokens: a person is asked, and declines.
+    config = RuntimeConfig(budget=Budget(key_tokens=5, on_exceed=OnBudget.ASK, raise_tokens=10))
+    history = record_history(
+        lookup_then_model,
+        ONE_EVENT,
+        tools={"lookup": lambda args, intent: b"found"},
+        approver=lambda intent: False,
+        llm_client=ScriptedLlmClient(lambda request: LlmResponse("ok", "m", 20, 10)),
+        config=config,
+    )
+    assert [r.reason for r in history] == ["", "budget_exceeded"]
+    found = _deliver(lookup_then_model, [(b"k", r) for r in history], config)
+    assert found["reports"] == [] and found[ERRORS] == []
+    assert len(found[TRACES]) == 2
+
+
+def test_a_resume_that_raised_on_every_retry_live_is_no_divergence_in_any_order_of_its_records():
+    history = record_history(
+        pays, ONE_EVENT, tools={"pay": declined_payment}, approver=bool, llm_client=None
+    )
+    # The start, then the resume that ended it all, then (late) the attempts before it.
+    order = [history[0], history[-1], *history[1:-1]]
+    found = _deliver(pays, [(b"k", r) for r in order])
+    assert found["reports"] == [] and found[ERRORS] == []
+
+
+_DEADLINE_ENDINGS = {
+    "escalated, no one answered": (ESCALATING, None, 3_000_000),
+    "escalated, declined": (ESCALATING, False, 3_000_000),
+    "escalated, kept waiting": (ESCALATING, True, 3_000_000),
+    "dead-lettered": (DEAD_LETTERING, None, 3_000_000),
+    "dead-lettered, an event queued": (DEAD_LETTERING, None, 600_000),
+}
+
+
+@pytest.mark.parametrize("ending", sorted(_DEADLINE_ENDINGS))
+def test_a_suspension_its_deadline_policy_ended_live_is_no_divergence_in_the_shadow(ending):
+    config, escalation, later_ms = _DEADLINE_ENDINGS[ending]
+    later = AgentEnvelope(entity_key=b"k", event_time_ms=T0 + later_ms, external_event=b"later")
+    history = unanswered_history(
+        asks_a_person, ONE_EVENT, config, escalation=escalation, events_at=[later]
+    )
+    found = _deliver(asks_a_person, [(b"k", r) for r in history], config)
+    assert [(letter.reason, letter.detail) for _, letter in found[ERRORS]] == []
+    assert found["reports"] == []
+    assert len(found[TRACES]) == len(history)
+
+
+class _DownFor:
+    """A model down (its client's retries spent) for its first `calls` requests."""
+
+    def __init__(self, calls: int) -> None:
+        self._left = calls
+
+    def complete(self, request):
+        if self._left:
+            self._left -= 1
+            raise LlmCallError("down", model=request.model, retryable=False)
+        return LlmResponse("ok", "m", 10, 5)
+
+
+def test_a_resume_the_model_failed_for_good_live_stops_the_shadow_as_the_backtest_not_a_wait():
+    # The model was down through the resume's retries (resume_failed), then back for the
+    # key's next event. The request it failed on is in no record: the backtest stops the key's
+    # run there (stopped, no divergence), and so must the shadow, not wait for a resume of its
+    # candidate's that will never come and dead-letter the key history_incomplete.
+    events = [
+        AgentEnvelope(entity_key=b"k", event_time_ms=T0 + n * 3_600_000, external_event=b"e")
+        for n in range(2)
+    ]
+    history = record_history(
+        lookup_then_model,
+        events,
+        tools={"lookup": lambda args, intent: b"found"},
+        approver=bool,
+        llm_client=_DownFor(4),
+    )
+    assert [r.reason for r in history if r.reason][-1] == "resume_failed"
+    expected, letters = backtest_key(b"k", history, lookup_then_model)
+    assert letters == [] and expected.stopped and not expected.HasField("divergence")
+    found = _deliver(lookup_then_model, [(b"k", r) for r in history])
+    assert found[ERRORS] == []
+    ((_, report),) = found["reports"]
+    assert report.stopped and not report.HasField("divergence")
+
+
+def test_a_key_idle_past_its_ttl_live_is_wiped_in_the_shadow_when_its_records_come_reversed():
+    # The later start's record comes first and waits; the earlier one releases it in the same
+    # bundle, before any watermark could fire the candidate's TTL between them. The live key
+    # was wiped between them (the counter counts from 1 again), so the candidate must be too.
+    config = RuntimeConfig(ttl_ms=60_000)
+    live = KeyDriver(recording_machine(counter, None, config), b"k")
+    records = []
+    for n in range(2):
+        live.schedule(AgentEnvelope(entity_key=b"k", event_time_ms=T0 + n * 600_000,
+                                    external_event=b"e%d" % n))  # fmt: skip
+        records += [value for tag, value in live.step() if tag == RECORDS]
+        if n == 0:
+            live.fire_ttl(live.ttl_at)
+    assert [r.output for r in records] == [b"event 1 of this key"] * 2
+    found = _deliver(counter, [(b"k", r) for r in reversed(records)], config)
+    assert found["reports"] == [] and found[ERRORS] == []
+
+
+#: A key's 12 tokens: the second of two 5-token calls asks a person, who raises them.
+_RAISED_AT_THE_SECOND_CALL = RuntimeConfig(
+    budget=Budget(key_tokens=12, on_exceed=OnBudget.ASK, raise_tokens=6)
+)
+
+
+def _asked_twice_history():
+    # Held for the raise, the start ran again: its first answer replayed (paid by the held
+    # attempt), its second asked afresh. Both answers are to the same request.
+    history = record_history(
+        asks_twice,
+        ONE_EVENT,
+        tools={"pay": lambda args, intent: b"{}"},
+        approver=bool,
+        llm_client=Numbered(),
+        config=_RAISED_AT_THE_SECOND_CALL,
+    )
+    assert [c.replayed for c in history[0].model_calls] == [True, False]
+    return history
+
+
+def test_a_request_made_twice_in_a_start_held_for_a_raise_is_no_divergence_in_the_shadow():
+    history = _asked_twice_history()
+    found = _deliver(asks_twice, [(b"k", r) for r in history], _RAISED_AT_THE_SECOND_CALL)
+    assert found["reports"] == [] and found[ERRORS] == []
+
+
+def test_a_record_keyed_under_another_key_is_a_dead_letter_not_a_divergence():
+    # The shadow's input re-keyed (by customer, by a constant): one key's shadow would run the
+    # records of many live keys as one history and report a divergence no candidate made.
+    key = sorted(_BY_KEY)[-1]
+    records = _BY_KEY[key]
+    found = _deliver(triage, [(b"all tickets", r) for r in records])
+    assert found["reports"] == [] and found[TRACES] == []
+    letters = [letter for _, letter in found[ERRORS]]
+    assert [letter.reason for letter in letters] == ["recording_undecodable"] * len(records)
+    assert "keyed" in letters[0].detail
+
+
+def test_parallel_calls_answered_out_of_their_order_live_are_no_divergence_in_the_shadow():
+    history = pair_history()
+    found = _deliver(StampedPair(), [(b"k", r) for r in history])
+    assert found["reports"] == [] and found[ERRORS] == []
+
+
+def test_a_request_moved_to_an_earlier_activation_past_a_budget_asks_a_person_now():
+    # Live, the resume's model call passed the key's 5 tokens and a person raised them. The
+    # candidate makes the call in its start: a question the live start was not asked (the
+    # same id: a budget question is numbered by its key, seq and raises so far), which the
+    # raise granted to the later activation must not answer.
+    config = RuntimeConfig(budget=Budget(key_tokens=5, on_exceed=OnBudget.ASK, raise_tokens=100))
+    history = record_history(
+        lookup_then_model,
+        ONE_EVENT,
+        tools={"lookup": lambda args, intent: b"found"},
+        approver=bool,
+        llm_client=ScriptedLlmClient(lambda request: "ok"),
+        config=config,
+    )
+    assert [r.outcome for r in history][-1] == history[-1].OUTCOME_COMPLETED
+    expected, _ = backtest_key(b"k", history, model_then_lookup, BacktestOptions(config=config))
+    assert expected.divergence.kind == expected.divergence.KIND_APPROVAL
+    found = _deliver(model_then_lookup, [(b"k", r) for r in history], config)
+    assert [report.divergence for _, report in found["reports"]] == [expected.divergence]
+
+
+@agent(name="review.exits/v2")
+def exits(ctx, event: bytes) -> bytes:
+    sys.exit("usage: helper [-h]")
+
+
+def test_a_candidate_that_calls_sys_exit_is_the_backtests_divergence_in_the_shadow():
+    key = sorted(_BY_KEY)[-1]
+    expected, _ = backtest_key(key, _BY_KEY[key], exits)
+    found = _deliver(exits, [(key, r) for r in _BY_KEY[key]])
+    assert [report.divergence for _, report in found["reports"]] == [expected.divergence]
+
+
+def test_an_answer_stamped_before_the_escalation_it_came_after_is_no_divergence_in_the_shadow():
+    # A backlog: the watermark passed the deadline, which escalated (the suspension's step
+    # moved on), and then the answer came, stamped five seconds after the event. The resume's
+    # record is at the escalated step but stamped before the deadline it came after.
+    driver = KeyDriver(recording_machine(asks_a_person, None, ESCALATING), b"k")
+    driver.schedule(ONE_EVENT[0])
+    history = [value for tag, value in driver.step() if tag == RECORDS]
+    (asked,) = history[0].intents
+    driver.fire_deadline(driver.state.continuation.deadline_ms)
+    answer = AgentEnvelope(entity_key=b"k", event_time_ms=T0 + 5_000)
+    answer.approval.intent_id = asked.intent_id
+    answer.approval.approved = True
+    driver.schedule(answer)
+    history += [value for tag, value in driver.step() if tag == RECORDS]
+    assert [(r.first_step, r.output) for r in history] == [(0, b""), (2, b"approved")]
+    expected, _ = backtest_key(b"k", history, asks_a_person, BacktestOptions(config=ESCALATING))
+    assert not expected.HasField("divergence")
+    found = _deliver(asks_a_person, [(b"k", r) for r in history], ESCALATING)
+    assert found["reports"] == [] and found[ERRORS] == []
+
+
+# -- generated live histories (rev42) -----------------------------------------------------------
+# Programs of model calls, tool calls (one or several at once), approvals, memory writes and
+# failures, run by a function agent and a step agent through the runtime's machine as a
+# streaming job runs them (events late or twice, answers after any delay or never, a model busy
+# or down, deadlines that expire, escalate or dead-letter, budgets put before a person, TTLs),
+# then backtested and shadowed in any order. The unchanged agent never diverges and is never a
+# dead letter, in either; a changed one diverges in the shadow exactly where it does in the
+# backtest.
+
+_SHORT = RuntimeConfig(intent_ttl_ms=600_000, suspend_deadline_ms=1_200_000)
+_ASKING = Budget(key_tokens=12, on_exceed=OnBudget.ASK, raise_tokens=6)
+CONFIGS = {
+    "default": RuntimeConfig(),
+    "short deadlines": dataclasses.replace(_SHORT, resume_retries=1, retryable_resume_retries=2),
+    "budget asked": RuntimeConfig(budget=_ASKING),
+    "ttl": RuntimeConfig(ttl_ms=2 * 3_600_000),
+    "escalate": dataclasses.replace(
+        _SHORT,
+        deadline_policy=DeadlinePolicy(action=AtDeadline.ESCALATE, extension_ms=1_200_000),
+    ),
+    "dead-letter": dataclasses.replace(
+        _SHORT, deadline_policy=DeadlinePolicy(action=AtDeadline.DEAD_LETTER)
+    ),
+}  # fmt: skip
+_TOOLS = ("pay", "lookup")
+_OPS = st.one_of(
+    st.tuples(st.just("put"), st.sampled_from("ab"), st.sampled_from(["1", "2"])).map(list),
+    st.just(["count"]),
+    st.tuples(st.just("llm"), st.sampled_from(["p0", "p1"])).map(list),
+    st.tuples(st.just("call"), st.sampled_from(_TOOLS)).map(list),
+    st.tuples(st.just("calls"), st.lists(st.sampled_from(_TOOLS), min_size=2, max_size=3)).map(
+        list
+    ),
+    st.tuples(st.just("approve"), st.sampled_from(["q0", "q1"])).map(list),
+    st.just(["raise_unless_ok"]),
+)
+
+
+@st.composite
+def _live(draw):
+    """(agent, records, config) of one key's generated live history."""
+    agent = draw(st.sampled_from([FUNCTION, StepAgent()]))
+    events, at = [], T0
+    for nonce in range(draw(st.integers(1, 4))):
+        at += draw(st.sampled_from([0, 1_000, 60_000, 3_600_000, 5 * 3_600_000]))
+        program = {"nonce": nonce, "ops": draw(st.lists(_OPS, max_size=4))}
+        event = AgentEnvelope(
+            entity_key=b"k", event_time_ms=at, external_event=json.dumps(program).encode()
+        )
+        late = draw(st.sampled_from([0, 0, 500, 120_000]))
+        events.append((at + late, event))
+        if draw(st.integers(0, 3)) == 0:  # sent twice
+            events.append((at + late + draw(st.sampled_from([1, 10_000])), event))
+    plan = draw(st.lists(st.sampled_from([OK, OK, OK, "busy", "down"]), max_size=6))
+    delays = st.sampled_from([1_000, 60_000, 3_000_000, None])
+    answers = draw(st.lists(st.tuples(delays, st.sampled_from([OK, OK, "error"])), min_size=1))
+    config = CONFIGS[draw(st.sampled_from(sorted(CONFIGS)))]
+    planned = iter(answers * 100)
+    records = live_history(
+        agent, b"k", events, config, PlanModel(plan), lambda intent: next(planned)
+    )
+    return agent, records, config
+
+
+def _delivered(records, seed: int):
+    delivered = [(b"k", record) for record in records]
+    random.Random(seed).shuffle(delivered)
+    return delivered
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+@given(live=_live(), seed=st.integers(0, 2**16))
+def test_the_unchanged_agent_diverges_nowhere_in_the_backtest_or_the_shadow(live, seed):
+    agent, records, config = live
+    report, letters = backtest_key(b"k", records, agent, BacktestOptions(config=config))
+    assert [(letter.reason, letter.detail) for letter in letters] == []
+    assert not report.HasField("divergence"), report.divergence.detail
+    found = _deliver(agent, _delivered(records, seed), config)
+    assert [(letter.reason, letter.detail) for _, letter in found[ERRORS]] == []
+    # A key whose run the backtest stopped (a resume the model failed both live and here)
+    # has the shadow's report too, as stopped: never a divergence.
+    for _, shadowed in found["reports"]:
+        assert report.stopped and not shadowed.HasField("divergence")
+
+
+def _changed(agent, change: str):
+    """`agent` with its programs changed: no single payment, new prompts, no approvals, or
+    every tool call a lookup."""
+
+    def program(event: bytes) -> bytes:
+        read = json.loads(event)
+        ops = []
+        for op in read["ops"]:
+            if change == "no payment" and op == ["call", "pay"]:
+                continue
+            if change == "no approval" and op[0] == "approve":
+                continue
+            if change == "new prompt" and op[0] == "llm":
+                op = ["llm", op[1] + " (reworded)"]
+            if change == "lookups" and op[0] == "call":
+                op = ["call", "lookup"]
+            ops.append(op)
+        return json.dumps({**read, "ops": ops}).encode()
+
+    if agent is FUNCTION:
+        return FunctionAgent(lambda ctx, event: agent.function(ctx, program(event)), agent.adapter)
+
+    class Changed(StepAgent):
+        def start(self, ctx, event: bytes):
+            return super().start(ctx, program(event))
+
+    return Changed()
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+@given(
+    live=_live(),
+    change=st.sampled_from(["no payment", "no approval", "new prompt", "lookups"]),
+    seed=st.integers(0, 2**16),
+)
+def test_a_changed_agent_diverges_in_the_shadow_where_it_does_in_the_backtest(live, change, seed):
+    agent, records, config = live
+    candidate = _changed(agent, change)
+    expected, _ = backtest_key(b"k", records, candidate, BacktestOptions(config=config))
+    found = _deliver(candidate, _delivered(records, seed), config)
+    divergences = [r.divergence for _, r in found["reports"] if r.HasField("divergence")]
+    if expected.HasField("divergence"):
+        assert divergences == [expected.divergence]
+    else:
+        assert divergences == []

@@ -17,10 +17,15 @@ from beam_agents._protos import AgentEnvelope
 from beam_agents.runtime.config import RuntimeConfig
 from beam_agents.runtime.context import Agent, LlmClient
 from beam_agents.runtime.machine import KeyMachine, KeyState
+from beam_agents.runtime.machine_state import due_at, timer_ms
 from beam_agents.runtime.recording import Recording
 from beam_agents.state.migration import CURRENT_STATE_SCHEMA_VERSION
 
 __all__ = ["KeyDriver", "recording_machine"]
+
+#: At most this many deadline firings at once (`fire_due`): each escalation moves the
+#: deadline on, and a policy escalates a bounded number of times.
+_MAX_FIRINGS = 64
 
 #: Keeps every answer whole.
 _WHOLE = Recording(max_answer_bytes=2**62)
@@ -39,12 +44,44 @@ class KeyDriver:
         self._state = KeyState() if state is None else state
         self.ttl_set = False
         self.ttl_at: int | None = None
-        self._queue: list[tuple[int, int, AgentEnvelope]] = []
+        #: (place, order, envelope or None: the deadline timer, taken_in_ms or its `until`).
+        self._queue: list[tuple[int, int, AgentEnvelope | None, int | None]] = []
         self._order = itertools.count()
 
-    def schedule(self, envelope: AgentEnvelope, *, at: int | None = None) -> None:
+    def schedule(
+        self, envelope: AgentEnvelope, *, at: int | None = None, taken_in_ms: int | None = None
+    ) -> None:
+        """Queues `envelope`; `taken_in_ms`: an event the live key ran from its mailbox or a
+        retry at that time, which runs no earlier (`KeyMachine.on_envelope`)."""
         place = envelope.event_time_ms if at is None else at
-        heapq.heappush(self._queue, (place, next(self._order), envelope))
+        heapq.heappush(self._queue, (place, next(self._order), envelope, taken_in_ms))
+
+    def schedule_deadline(self, *, at: int, until: int | None = None) -> None:
+        """Queues firings of the key's deadline timer (the backtest and the shadow: the live
+        key's fired there): when it comes, the timer fires at its suspension's due time while
+        that is no later than `until` (an escalation moves it on), or once (a retry's, or
+        any) without one."""
+        heapq.heappush(self._queue, (at, next(self._order), None, until))
+
+    def fire_due(
+        self, until: int, *, short_of: tuple[int, int] | None = None
+    ) -> list[tuple[str, object]]:
+        """The outputs of the key's deadline timer fired at each due time of its suspension
+        up to `until` (a deadline, or an escalation's extension), as a watermark at `until`
+        fires them, while the suspension is not at the place (seq, step) `short_of`; a
+        retry's timer is not fired."""
+        outputs = []
+        for _ in range(_MAX_FIRINGS):
+            suspended = self._state.continuation
+            if (
+                suspended is None
+                or suspended.retry_at_ms
+                or timer_ms(due_at(suspended)) > until
+                or (suspended.seq, suspended.step_index) == short_of
+            ):
+                break
+            outputs += self.fire_deadline(timer_ms(due_at(suspended)))
+        return outputs
 
     @property
     def state(self) -> KeyState:
@@ -54,8 +91,15 @@ class KeyDriver:
         return bool(self._queue)
 
     def step(self) -> list[tuple[str, object]]:
-        _, _, envelope = heapq.heappop(self._queue)
-        return self._apply(self._machine.on_envelope(self._key, self._state, envelope))
+        _, _, envelope, taken_in_ms = heapq.heappop(self._queue)
+        if envelope is None:
+            suspended = self._state.continuation
+            if taken_in_ms is not None:
+                return self.fire_due(taken_in_ms)
+            return [] if suspended is None else self.fire_deadline(timer_ms(due_at(suspended)))
+        return self._apply(
+            self._machine.on_envelope(self._key, self._state, envelope, taken_in_ms=taken_in_ms)
+        )
 
     def fire_deadline(self, at_ms: int) -> list[tuple[str, object]]:
         """The outputs of the key's deadline timer fired at `at_ms` (a suspension's deadline,

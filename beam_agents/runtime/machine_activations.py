@@ -174,7 +174,10 @@ class Activations:
             return Run(
                 ctx, result, memory=ctx.memory.to_blob(), cache=cache, event=event, granted=granted
             )
-        except Exception as e:  # the agent's failure is a dead letter, never the bundle's
+        # The agent's failure is a dead letter, never the bundle's: SystemExit too (an agent,
+        # or a library it calls, argparse or click, that ends the process would take the
+        # worker and every key of its bundle down, retried for ever; a backtest's candidate).
+        except (Exception, SystemExit) as e:
             return Run(ctx, error=e, event=event, granted=granted)
 
     def _commit_run(self, work: Work, run: Run, now: int, *, marks, anchor, mailbox) -> None:

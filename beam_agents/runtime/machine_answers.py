@@ -34,6 +34,7 @@ __all__ = [
     "RUNTIME_TOOLS",
     "AnswerChecks",
     "answered_intent_id",
+    "made_here",
     "ordered_answers",
     "unanswered_intents",
 ]
@@ -72,11 +73,7 @@ class AnswerChecks:
         # awaits its retry: the agent has seen nothing yet, so a genuine answer on time takes
         # its place.
         stand_in = next(
-            (
-                a
-                for a in suspended.answers
-                if answered_intent_id(a) == answered_id and _made_here(a)
-            ),
+            (a for a in suspended.answers if answered_intent_id(a) == answered_id and made_here(a)),
             None,
         )
         if stand_in is None and any(
@@ -157,7 +154,7 @@ def answered_intent_id(envelope: AgentEnvelope) -> str:
     return envelope.tool_result.intent_id
 
 
-def _made_here(answer: AgentEnvelope) -> bool:
+def made_here(answer: AgentEnvelope) -> bool:
     """An EXPIRED result `_expire_and_resume` made (unsigned, bound to no content)."""
     result = answer.tool_result
     return (

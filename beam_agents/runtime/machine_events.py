@@ -199,7 +199,13 @@ class Intake:
 
     # -- external events --------------------------------------------------------------------
 
-    def _external(self, work: Work, envelope: AgentEnvelope, idempotency_key: bytes) -> None:
+    def _external(
+        self,
+        work: Work,
+        envelope: AgentEnvelope,
+        idempotency_key: bytes,
+        taken_in_ms: int | None = None,
+    ) -> None:
         now = envelope.event_time_ms
         state = work.state
         digests = event_digests(envelope, idempotency_key)
@@ -213,7 +219,7 @@ class Intake:
             return
         suspended = state.continuation
         if suspended is None:
-            self._start(work, envelope, digests)
+            self._start(work, envelope, digests, since=taken_in_ms)
             return
         config = self._config
         queued_bytes = sum(len(e.external_event) for e in suspended.mailbox)

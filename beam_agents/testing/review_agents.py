@@ -6,20 +6,47 @@ request), with the budget config that asks a person to raise a key's tokens.
 
 from __future__ import annotations
 
-from beam_agents._protos import AgentEnvelope
+import dataclasses
+
+from beam_agents._protos import AgentEnvelope, ToolResult
 from beam_agents.errors import LlmCallError
-from beam_agents.runtime import LlmResponse, RuntimeConfig, ScriptedLlmClient, agent
+from beam_agents.runtime import (
+    INTENTS,
+    RECORDS,
+    LlmResponse,
+    RuntimeConfig,
+    ScriptedLlmClient,
+    agent,
+)
 from beam_agents.runtime.budget import Budget, OnBudget
+from beam_agents.runtime.config import AtDeadline, DeadlinePolicy
+from beam_agents.runtime.context import ESCALATION_TOOL
+from beam_agents.runtime.key_driver import KeyDriver, recording_machine
+from beam_agents.runtime.machine_state import due_at
 from beam_agents.testing.recorded_history import T0, record_history
 
 __all__ = [
     "ASKING",
+    "DEAD_LETTERING",
+    "ESCALATING",
     "ONE_EVENT",
+    "SHORT_DEADLINES",
     "BusyOnce",
+    "DownOnFirstCall",
+    "Numbered",
+    "Stamped",
+    "StampedPair",
+    "asks_a_person",
+    "asks_twice",
     "calls_per_event",
     "counter",
+    "declined_payment",
+    "pair_history",
+    "pays",
+    "queued_history",
     "raised_then_declined",
     "two_calls",
+    "unanswered_history",
 ]
 
 #: One event of key b"k".
@@ -54,6 +81,170 @@ def calls_per_event(ctx, event: bytes) -> bytes:
     for n in range(int(event)):
         text = ctx.llm([{"role": "user", "content": f"q{n} {text}"}], model="m", temperature=0).text
     return text.encode()
+
+
+class Stamped:
+    """A step agent that opens a ticket stamped with its activation's time (`ctx.now_ms`, as
+    agents stamp what they create), then completes when the ticket is answered."""
+
+    adapter = "review.stamped/v1"
+
+    def start(self, ctx, event: bytes):
+        ctx.call_tool("ticket.open", {"event": event.decode(), "at": ctx.now_ms})
+        return ctx.suspend()
+
+    def resume(self, ctx, answers):
+        return ctx.complete(b"opened at %d" % ctx.now_ms)
+
+
+class StampedPair:
+    """A step agent that makes two calls at once and says when its resume ran."""
+
+    adapter = "review.stamped_pair/v1"
+
+    def start(self, ctx, event: bytes):
+        ctx.call_tools([("first", {}), ("second", {})])
+        return ctx.suspend()
+
+    def resume(self, ctx, answers):
+        return ctx.complete(b"resumed at %d" % ctx.now_ms)
+
+
+def pair_history():
+    """`StampedPair`'s records on one event whose first call is answered a minute after the
+    event and its second a second after it: it resumes at the later answer."""
+    driver = KeyDriver(recording_machine(StampedPair(), None, RuntimeConfig()), b"k")
+    driver.schedule(ONE_EVENT[0])
+    history = []
+    while driver:
+        for tag, value in driver.step():
+            if tag == RECORDS:
+                history.append(value)
+            elif tag == INTENTS:
+                at = T0 + (60_000 if value.tool_name == "first" else 1_000)
+                answer = AgentEnvelope(entity_key=b"k", event_time_ms=at)
+                answer.tool_result.intent_id = value.intent_id
+                answer.tool_result.status = ToolResult.OK
+                driver.schedule(answer)
+    return history
+
+
+def queued_history():
+    """A key's two events half a second apart, the second reaching the key while it waits on
+    the first one's ticket (answered a second after it was asked): it waits in the mailbox and
+    runs when the first completes, at that time."""
+    events = [
+        AgentEnvelope(entity_key=b"k", event_time_ms=T0 + n * 500, external_event=b"e%d" % n)
+        for n in range(2)
+    ]
+    return record_history(
+        Stamped(),
+        events,
+        tools={"ticket.open": lambda args, intent: b"{}"},
+        approver=bool,
+        llm_client=None,
+    )
+
+
+@agent(name="review.asks_a_person/v1")
+def asks_a_person(ctx, event: bytes) -> bytes:
+    """Asks a person whether to act on the event; says what it was told."""
+    answer = ctx.request_approval("act on " + event.decode() + "?")
+    return b"approved" if answer.ok else b"not approved: %d" % answer.result.status
+
+
+#: A live job whose suspensions end twenty minutes on (its intents expire in ten).
+SHORT_DEADLINES = RuntimeConfig(intent_ttl_ms=600_000, suspend_deadline_ms=1_200_000)
+#: The same, asking a person at the deadline whether to wait twenty minutes more.
+ESCALATING = dataclasses.replace(
+    SHORT_DEADLINES,
+    deadline_policy=DeadlinePolicy(action=AtDeadline.ESCALATE, extension_ms=1_200_000),
+)
+#: The same, ending a suspension at its deadline with a dead letter (no resume).
+DEAD_LETTERING = dataclasses.replace(
+    SHORT_DEADLINES, deadline_policy=DeadlinePolicy(action=AtDeadline.DEAD_LETTER)
+)
+
+
+def unanswered_history(agent, events, config, *, escalation=None, events_at=()):
+    """The records of `agent` on `events` (one key's) under `config` where no intent of the
+    agent's is ever answered: each suspension ends at its deadline, as the key's deadline timer
+    fires, by the config's DeadlinePolicy. A person answers an escalation at once (keep
+    waiting: `escalation` True, or not) when `escalation` is not None. `events_at` are more
+    events, sent when the watermark reaches their time (the timers before them fire first)."""
+    key = events[0].entity_key
+    driver = KeyDriver(recording_machine(agent, None, config), key)
+    for event in events:
+        driver.schedule(event)
+    later = sorted(events_at, key=lambda e: e.event_time_ms)
+    history = []
+    while driver or driver.state.continuation is not None or later:
+        waiting = driver.state.continuation
+        if driver:
+            outputs = driver.step()
+        elif waiting is not None and (not later or due_at(waiting) < later[0].event_time_ms):
+            outputs = driver.fire_deadline(due_at(waiting))
+        else:
+            driver.schedule(later.pop(0))
+            continue
+        for tag, value in outputs:
+            if tag == RECORDS:
+                history.append(value)
+            elif tag == INTENTS and value.tool_name == ESCALATION_TOOL and escalation is not None:
+                answer = AgentEnvelope(entity_key=key, event_time_ms=value.created_at_ms + 1_000)
+                answer.approval.intent_id = value.intent_id
+                answer.approval.approved = escalation
+                answer.approval.decided_at_ms = value.created_at_ms + 1_000
+                driver.schedule(answer)
+    return history
+
+
+@agent(name="review.pays/v1")
+def pays(ctx, event: bytes) -> bytes:
+    """Pays, and raises when the payment failed: on every retry of its resume alike."""
+    if not ctx.call_tool("pay", {"for": event.decode()}).ok:
+        raise RuntimeError("the payment failed")
+    return b"paid"
+
+
+def declined_payment(args, intent) -> bytes:
+    """A payment tool that fails (its ERROR result)."""
+    raise RuntimeError("card declined")
+
+
+class DownOnFirstCall:
+    """A model down for the first request it is sent (its client's retries spent), then
+    answering: a live outage that ended one start for good."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def complete(self, request):
+        self.calls += 1
+        if self.calls == 1:
+            raise LlmCallError("down", model=request.model, retryable=False)
+        return LlmResponse("ok", "m", 10, 5)
+
+
+@agent(name="review.asks_twice/v1")
+def asks_twice(ctx, event: bytes) -> bytes:
+    """The same request twice (a retry of its own, a second opinion), then acts on the second
+    answer."""
+    first = ctx.llm([{"role": "user", "content": "p0"}], model="m", temperature=0).text
+    second = ctx.llm([{"role": "user", "content": "p0"}], model="m", temperature=0).text
+    ctx.call_tool("pay", {"first": first, "second": second})
+    return b"paid"
+
+
+class Numbered:
+    """A model whose n-th answer says n: two answers to one request differ."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def complete(self, request):
+        self.calls += 1
+        return LlmResponse(f"answer {self.calls}", "m", 3, 2)
 
 
 class BusyOnce:
