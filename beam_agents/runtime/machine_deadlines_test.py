@@ -68,6 +68,18 @@ def test_the_agents_own_answers_resume_it_while_an_escalation_is_pending():
     assert h.values("completions") == [b"a.tool,b.tool,c.tool"]
 
 
+def test_a_declined_escalation_resumes_the_agent_at_once_with_its_calls_expired():
+    # The person chose not to wait: the agent goes on now, told that each call it waits for
+    # expired, instead of waiting out the extension.
+    h = Harness(parallel, config=_escalating())
+    h.send(event(T0, b"go"))
+    h.fire_deadline()  # escalates
+    escalation = pending(h)[3]
+    h.send(approve(T0 + 20, escalation, approved=False))
+    assert h.values("completions") == [b",,"]  # three EXPIRED answers, no payloads
+    assert h.continuation is None and pending(h) == []
+
+
 def test_escalations_are_counted_per_suspension_and_never_asked_about_nothing():
     h = Harness(asks, config=_escalating())
     h.send(event(T0, b"1"))
