@@ -669,7 +669,8 @@ def _select(mutant: Mutant, job: _Job, base: dict, *, by_function: bool) -> list
     own test files (`foo_test.py`, `foo_*_test.py`: where defaults are pinned), and the test
     functions that import what it defines.
     A fresh-import child selects by function, not parameter id: an id may name a value of the
-    process that collected it (a pid, a temporary path), which that child does not reproduce.
+    process that collected it (a pid, a temporary path), which that child does not reproduce;
+    but a function one of whose parameters fails without a mutant is given by its passing ids.
     """
     lines: dict[str, list[int]] = base.get("lines", {})
     seconds: dict[str, float] = base.get("seconds", {})
@@ -690,10 +691,15 @@ def _select(mutant: Mutant, job: _Job, base: dict, *, by_function: bool) -> list
         # mutant unreached that is not.
         tests = {t for t, hit in lines.items() if t != "<import>" and users & set(hit)}
         tests = tests or {t for t in lines if t != "<import>"}
+    # A fresh-import child runs every parameter of a function it is given: of a function one
+    # of whose parameters fails without a mutant it is given the passing parameters by id (an
+    # id it does not reproduce is its error, never a kill).
+    broken = {test.split("[", 1)[0] for test in failed}
     cost: dict[str, float] = {}
     for test in tests:
         if test not in failed:
-            key = test.split("[", 1)[0] if by_function else test
+            key = test.split("[", 1)[0]
+            key = key if by_function and key not in broken else test
             cost[key] = cost.get(key, 0.0) + seconds.get(test, 0.0)
     return sorted(cost, key=lambda key: (cost[key], key))
 
@@ -1275,7 +1281,7 @@ def _reimport(job: _Job, pending: list[Mutant], base: dict, record) -> None:
         env = job.mutant_env(mutant)
         log = Path(env["BEAM_AGENTS_MUTANT_SOURCE"]).with_suffix(".log")
         pid = _fork_pytest(["-x", *tests], root=job.root, log=log, env=env)
-        spent = sum(v for t, v in seconds.items() if t.split("[", 1)[0] in tests)
+        spent = sum(v for t, v in seconds.items() if {t, t.split("[", 1)[0]} & set(tests))
         return pid, job.budget(base.get("startup", 0.0) + spent), log
 
     _schedule(pending, jobs=job.jobs, launch=launch, record=record, tests_sha=job.tests_sha)

@@ -357,3 +357,24 @@ def test_a_mutant_that_breaks_a_test_modules_import_is_killed(tmp_path):
     done = _tool(root, cache, "--min-timeout", "10", str(root / "pkg" / "conf.py"))
     found = json.loads(cache.read_text())["pkg/conf.py"]["mutants"]
     assert found["1:7:const"]["status"] == "killed", done.stdout + done.stderr
+
+
+def test_a_failing_parameter_of_a_test_does_not_kill_an_import_time_mutant(tmp_path):
+    # A fresh-import child selects whole test functions: one parameter that fails without any
+    # mutant must not be run there, or every import-time mutant its function reaches dies.
+    root = tmp_path / "tree"
+    (root / "pkg").mkdir(parents=True)
+    (root / "pkg" / "__init__.py").write_text("")
+    (root / "pkg" / "conf.py").write_text(
+        "LIMIT = 10\n\n\ndef clamp(n):\n    return min(n, LIMIT)\n"
+    )
+    (root / "pkg" / "conf_test.py").write_text(
+        "import pytest\n\nfrom pkg.conf import clamp\n\n\n"
+        "@pytest.mark.parametrize('n', [1, 2])\n"
+        "def test_clamp(n):\n    assert clamp(n) == 1\n"
+    )
+    cache = tmp_path / "results.json"
+    done = _tool(root, cache, "--min-timeout", "10", str(root / "pkg" / "conf.py"))
+    found = json.loads(cache.read_text())["pkg/conf.py"]["mutants"]
+    # LIMIT = 10 -> 11: clamp(1) is still 1, so no passing test kills it.
+    assert found["1:8:const"]["status"] == "survived", done.stdout + done.stderr
