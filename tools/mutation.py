@@ -69,7 +69,9 @@ adding the missing test and rerunning costs only the survivors.
 
 The score is killed / (killed + survived + unreached), per module and in total; a mutant whose
 tests could not run (`error`) is reported and left out. A mutant under which a test module
-fails to import is killed (its test fails at collection).
+fails to import is killed (its test fails at collection), if the same tests collect without it
+(a child collects only its selected files, and a test module may fail to import alone: then
+the mutant is an `error`).
 
 Sampling. `--sample F` runs a uniform random sample of the mutants, each kept with
 probability F by a hash of its module, id and `--seed`: the same mutants on every run and
@@ -705,6 +707,9 @@ def _select(mutant: Mutant, job: _Job, base: dict, *, by_function: bool) -> list
 
 
 _KILLED = {"killed", "timeout"}
+# The detail of a kill by a test module's failed import: `_reimport` checks that the same tests
+# collect without the mutant.
+_COLLECTION = "a test module failed to import"
 
 
 def _outcome(code: int | None, seconds: float, tests_sha: str, log: Path) -> Outcome:
@@ -712,14 +717,15 @@ def _outcome(code: int | None, seconds: float, tests_sha: str, log: Path) -> Out
         return Outcome(status="timeout", seconds=seconds, tests_sha=tests_sha)
     if code == 0:
         return Outcome(status="survived", seconds=seconds, tests_sha=tests_sha)
-    # 1: a test failed; 2: collection failed (the mutant broke an import).
-    if code in (1, 2):
+    # 1: a test failed.
+    if code == 1:
         return Outcome(status="killed", seconds=seconds, tests_sha=tests_sha)
     text = log.read_text(errors="replace") if log.exists() else ""
-    # 4 with a collection error: a test module named by id failed to import under the mutant
-    # (a constant a test module's own constant is built from); 4 alone is a bad test id.
-    if code == 4 and "ERROR collecting" in text:
-        return Outcome(status="killed", seconds=seconds, tests_sha=tests_sha)
+    # 2: collection failed (the mutant broke an import); 4 with a collection error: a test
+    # module named by id failed to import under the mutant (a constant a test module's own
+    # constant is built from); 4 alone is a bad test id.
+    if code == 2 or (code == 4 and "ERROR collecting" in text):
+        return Outcome(status="killed", seconds=seconds, tests_sha=tests_sha, detail=_COLLECTION)
     tail = text[-2000:]
     return Outcome(
         status="error",
@@ -1273,18 +1279,40 @@ def _reimport(job: _Job, pending: list[Mutant], base: dict, record) -> None:
     a timeout of the in-place path: a whole collection per mutant, so the slow path.
     """
     seconds = base.get("seconds", {})
+    selected: dict[str, list[str]] = {}
+    clean: dict[tuple[str, ...], bool] = {}
+
+    def collects(tests: list[str]) -> bool:
+        # The session collected every candidate file together; a child collects only the
+        # selected ones, and a test module may fail to import alone (an import cycle that
+        # works in one order only) with no mutant at all.
+        if tuple(tests) not in clean:
+            log = job.work / f"collect-{os.getpid()}-{time.monotonic_ns()}.log"
+            env = {"PYTHONPATH": job.pythonpath}
+            pid = _fork_pytest(["--collect-only", *tests], root=job.root, log=log, env=env)
+            clean[tuple(tests)] = _wait(pid) == 0
+            log.unlink(missing_ok=True)
+        return clean[tuple(tests)]
+
+    def checked(mutant: Mutant, outcome: Outcome) -> None:
+        tests = selected.pop(mutant.id, [])
+        if outcome.detail == _COLLECTION and not collects(tests):
+            detail = f"the tests fail to collect without the mutant: {' '.join(tests)[:500]}"
+            outcome = dataclasses.replace(outcome, status="error", detail=detail)
+        record(mutant, outcome)
 
     def launch(mutant: Mutant):
         tests = _select(mutant, job, base, by_function=True)
         if not tests:
             return Outcome(status="unreached", seconds=0.0, tests_sha=job.tests_sha)
+        selected[mutant.id] = tests
         env = job.mutant_env(mutant)
         log = Path(env["BEAM_AGENTS_MUTANT_SOURCE"]).with_suffix(".log")
         pid = _fork_pytest(["-x", *tests], root=job.root, log=log, env=env)
         spent = sum(v for t, v in seconds.items() if {t, t.split("[", 1)[0]} & set(tests))
         return pid, job.budget(base.get("startup", 0.0) + spent), log
 
-    _schedule(pending, jobs=job.jobs, launch=launch, record=record, tests_sha=job.tests_sha)
+    _schedule(pending, jobs=job.jobs, launch=launch, record=checked, tests_sha=job.tests_sha)
 
 
 def _schedule(pending: list[Mutant], *, jobs: int, launch, record, tests_sha: str) -> None:

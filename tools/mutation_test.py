@@ -378,3 +378,27 @@ def test_a_failing_parameter_of_a_test_does_not_kill_an_import_time_mutant(tmp_p
     found = json.loads(cache.read_text())["pkg/conf.py"]["mutants"]
     # LIMIT = 10 -> 11: clamp(1) is still 1, so no passing test kills it.
     assert found["1:8:const"]["status"] == "survived", done.stdout + done.stderr
+
+
+def test_a_test_module_that_fails_to_import_alone_does_not_kill_a_mutant(tmp_path):
+    # pkg/a.py and pkg/b.py import each other: importing b first works (as the session, which
+    # collects b_test.py first, does), importing a first fails. A fresh-import child collects
+    # only conf_test.py, which imports a: its collection error is no mutant's kill.
+    root = tmp_path / "tree"
+    (root / "pkg").mkdir(parents=True)
+    (root / "pkg" / "__init__.py").write_text("")
+    (root / "pkg" / "a.py").write_text("from pkg import b\n\n\ndef f():\n    return b\n")
+    (root / "pkg" / "b.py").write_text("from pkg.a import f\n")
+    (root / "pkg" / "b_test.py").write_text("import pkg.b\n\n\ndef test_b():\n    assert pkg.b.f\n")
+    (root / "pkg" / "conf.py").write_text("SIZE = 4\n\n\ndef size():\n    return SIZE\n")
+    (root / "pkg" / "conf_test.py").write_text(
+        "import pkg.a\nfrom pkg.conf import size\n\n\ndef test_size():\n    assert size() > 0\n"
+    )
+    cache = tmp_path / "results.json"
+    conf = root / "pkg" / "conf.py"
+    done = _tool(root, cache, "--min-timeout", "10", str(conf))
+    found = json.loads(cache.read_text())["pkg/conf.py"]["mutants"]
+    # SIZE = 4 -> 5: size() is still above 0; no test kills it, and none may be said to.
+    assert found["1:7:const"]["status"] != "killed", done.stdout + done.stderr
+    assert found["1:7:const"]["status"] == "error"
+    assert "without the mutant" in found["1:7:const"]["detail"]
