@@ -398,24 +398,34 @@ def _sources(root: Path) -> dict[str, Path]:
     return found
 
 
+def _package(path: Path, root: Path) -> str:
+    """The package a relative import in `path` starts from."""
+    dotted = _dotted(path, root)
+    return dotted if path.name == "__init__.py" else dotted.rpartition(".")[0]
+
+
+def _from(node: ast.ImportFrom, package: str) -> str:
+    """The absolute name of the module a `from ... import` statement in `package` reads."""
+    base = node.module or ""
+    if node.level:
+        anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+        base = ".".join([*anchor, base] if base else anchor)
+    return base
+
+
 def _imported(path: Path, root: Path, known: dict[str, Path]) -> set[str]:
     """The repository modules `path` imports anywhere in its body (a function's import too).
 
     Importing `a.b.c` runs `a` and `a.b` first, so a package's `__init__` counts as imported,
     and `from a.b import c` imports the module `a.b.c` when there is one.
     """
-    package = _dotted(path, root)
-    if path.name != "__init__.py":
-        package = package.rpartition(".")[0]
+    package = _package(path, root)
     names: set[str] = set()
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
         if isinstance(node, ast.Import):
             names.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
-                base = ".".join([*anchor, base] if base else anchor)
+            base = _from(node, package)
             names.add(base)
             names.update(f"{base}.{alias.name}" for alias in node.names)
     found = set()
@@ -630,35 +640,50 @@ def _span(tree: ast.Module, mutant: Mutant) -> set[int]:
 
 def _readers(job: _Job, names: set[str]) -> set[str]:
     """The test functions (`file::name`, or `file::Class::name`) of the module's candidate
-    files that import one of `names` from it and use it: a test that reads a constant
+    files that read one of `names` from it: imported by name (`from pkg.limits import LIMIT`,
+    relative or renamed too) and used, or read as an attribute of the module (`from pkg import
+    limits`, `import pkg.limits as lim`, `import pkg.limits`). A test that reads a constant
     directly executes none of the module's lines."""
-    found = set()
+    found: set[str] = set()
+    if not names:
+        return found
     for path in job.tests:
         tree = ast.parse(path.read_text(encoding="utf-8"))
-        imports = {
-            alias.name
-            for node in ast.walk(tree)
-            if isinstance(node, ast.ImportFrom) and node.module == job.dotted
-            for alias in node.names
-        }
-        if not names & imports:
+        package = _package(path, job.root)
+        local: set[str] = set()  # the test module's names for `names`
+        modules: set[str] = set()  # its names for the module, or for a package above it
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom):
+                base = _from(node, package)
+                for alias in node.names:
+                    if base == job.dotted and alias.name in names:
+                        local.add(alias.asname or alias.name)
+                    elif f"{base}.{alias.name}" == job.dotted:
+                        modules.add(alias.asname or alias.name)
+            elif isinstance(node, ast.Import):
+                for alias in node.names:
+                    if f"{job.dotted}.".startswith(f"{alias.name}."):
+                        modules.add(alias.asname or alias.name.partition(".")[0])
+        if not local and not modules:
             continue
         rel = path.relative_to(job.root).as_posix()
-        tests = [(f"{rel}::{f.name}", f) for f in tree.body if isinstance(f, ast.FunctionDef)]
+        functions = ast.FunctionDef | ast.AsyncFunctionDef
+        tests = [(f"{rel}::{f.name}", f) for f in tree.body if isinstance(f, functions)]
         tests += [
             (f"{rel}::{c.name}::{f.name}", f)
             for c in tree.body
             if isinstance(c, ast.ClassDef)
             for f in c.body
-            if isinstance(f, ast.FunctionDef)
+            if isinstance(f, functions)
         ]
         for nodeid, function in tests:
-            used = {
-                getattr(node, "id", None) or getattr(node, "attr", None) or node.name
-                for node in ast.walk(function)
-                if isinstance(node, ast.Name | ast.Attribute | ast.alias)
-            }
-            if function.name.startswith("test") and names & imports & used:
+            nodes = list(ast.walk(function))
+            used = {n.id for n in nodes if isinstance(n, ast.Name)}
+            used |= {n.asname or n.name for n in nodes if isinstance(n, ast.alias)}
+            attrs = {n.attr for n in nodes if isinstance(n, ast.Attribute)}
+            if function.name.startswith("test") and (
+                local & used or (modules & used and names & attrs)
+            ):
                 found.add(nodeid)
     return found
 

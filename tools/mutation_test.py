@@ -402,3 +402,39 @@ def test_a_test_module_that_fails_to_import_alone_does_not_kill_a_mutant(tmp_pat
     assert found["1:7:const"]["status"] != "killed", done.stdout + done.stderr
     assert found["1:7:const"]["status"] == "error"
     assert "without the mutant" in found["1:7:const"]["detail"]
+
+
+def test_a_test_reading_a_constant_through_the_module_it_imports_is_selected(tmp_path):
+    # Tests that read a constant as an attribute of the module (`from pkg import limits`,
+    # `import pkg.limits as lim`, `import pkg.limits`) or under another name execute none of
+    # its lines either.
+    root = tmp_path / "tree"
+    (root / "pkg").mkdir(parents=True)
+    (root / "checks").mkdir()
+    (root / "pkg" / "__init__.py").write_text("")
+    (root / "pkg" / "limits.py").write_text(
+        "REASONS = {'lost': 'gone'}\nLIMIT = 3\nSIZE = 8\nDEPTH = 2\n"
+    )
+    # A relative import of a renamed constant, beside the module.
+    (root / "pkg" / "depth_test.py").write_text(
+        "from .limits import DEPTH as D\n\n\ndef test_depth():\n    assert D == 2\n"
+    )
+    (root / "checks" / "reasons_test.py").write_text(
+        "from pkg import limits\n\n\n"
+        "def test_reasons():\n    assert sorted(limits.REASONS) == ['lost']\n"
+    )
+    (root / "checks" / "limit_test.py").write_text(
+        "import pkg.limits as lim\n\n\ndef test_limit():\n    assert lim.LIMIT == 3\n"
+    )
+    (root / "checks" / "size_test.py").write_text(
+        "import pkg.limits\n\n\ndef test_size():\n    assert pkg.limits.SIZE == 8\n"
+    )
+    cache = tmp_path / "results.json"
+    done = _tool(root, cache, "--min-timeout", "10", str(root / "pkg" / "limits.py"))
+    found = json.loads(cache.read_text())["pkg/limits.py"]["mutants"]
+    statuses = {mutant_id: outcome["status"] for mutant_id, outcome in found.items()}
+    assert statuses["1:11:const"] == "killed", done.stdout + done.stderr  # 'lost'
+    assert statuses["1:19:const"] == "survived"  # 'gone': read by no test
+    assert statuses["2:8:const"] == "killed"  # LIMIT
+    assert statuses["3:7:const"] == "killed"  # SIZE
+    assert statuses["4:8:const"] == "killed"  # DEPTH
