@@ -39,9 +39,11 @@ as unreached: the score is conservative, never inflated).
 Two ways to run a mutant, both in children forked from this process after the heavy
 third-party imports (`--preload`):
 
-  - In place, for a mutant inside a function's body (most of them). One pytest session per
-    run, forked from the tool, collects the candidate test files of every module given (pooled)
-    once; the baseline runs in a child of it and traces every mutated file at once.
+  - In place, for a mutant inside a function's body (most of them) whose lines no import or
+    collection ran (a function building a constant or a test's parameters has made what it
+    makes before the swap: it takes the fresh import). One pytest session per run, forked
+    from the tool, collects the candidate test files of every module given (pooled) once; the
+    baseline runs in a child of it and traces every mutated file at once.
     For each mutant the session compiles the mutated module, takes the code object
     of the outermost function holding the change (by qualified name and first line), and forks
     a child that assigns it to the `__code__` of every live function object made from the
@@ -51,9 +53,10 @@ third-party imports (`--preload`):
     a collection. Children are forked after collection but before any test ran in the
     session, so each starts from the state a fresh run would have after collecting.
   - Fresh import, for a mutant that runs at import (a constant, a class attribute, a default,
-    a decorator), for a function the session holds no live object of, and to confirm a
-    timeout of the in-place path: a child runs pytest on the selected test functions with
-    `-x`, and serves the mutant's source in place of the module through an import hook.
+    a decorator), for a function that ran at import or collection or the session holds no
+    live object of, and to confirm a timeout of the in-place path: a child runs pytest on the
+    selected test functions with `-x`, and serves the mutant's source in place of the module
+    through an import hook.
 
 Both put the hook (tools/mutation_hook.py) on the children's PYTHONPATH as `sitecustomize`,
 with the mutant's source named in the environment, so a Python process a test starts runs the
@@ -1243,8 +1246,14 @@ class _Session:
         functions = _live_functions(str(job.path))
         filename = next((fs[0].__code__.co_filename for fs in functions.values()), str(job.path))
         seconds = base.get("seconds", {})
+        imported = set(base.get("lines", {}).get("<import>", []))
 
         def launch(mutant: Mutant):
+            if _span(job.tree, mutant) & imported:
+                # The function ran at import or collection (it built a constant, or a test's
+                # parameters): code swapped in after collection changes none of what it made.
+                left.append(mutant.id)
+                return None
             selected: list = []
             for test in _select(mutant, job, base, by_function=False):
                 # A cached baseline from another process may name a parameter differently.

@@ -438,3 +438,25 @@ def test_a_test_reading_a_constant_through_the_module_it_imports_is_selected(tmp
     assert statuses["2:8:const"] == "killed"  # LIMIT
     assert statuses["3:7:const"] == "killed"  # SIZE
     assert statuses["4:8:const"] == "killed"  # DEPTH
+
+
+def test_a_mutant_of_a_function_that_runs_at_collection_runs_in_a_fresh_import(tmp_path):
+    # cases() builds a test's parameters at collection: swapping its code after collection (in
+    # place) changes nothing, and only a fresh collection under the mutant shows its effect.
+    root = tmp_path / "tree"
+    (root / "pkg").mkdir(parents=True)
+    (root / "pkg" / "__init__.py").write_text("")
+    source = "def double(n):\n    return n * 2\n\n\ndef cases():\n    return [(1, 2), (2, 4)]\n"
+    (root / "pkg" / "calc.py").write_text(source)
+    (root / "pkg" / "calc_test.py").write_text(
+        "import pytest\n\nfrom pkg.calc import cases, double\n\n\n"
+        "@pytest.mark.parametrize(('n', 'want'), cases())\n"
+        "def test_double(n, want):\n    assert double(n) == want\n"
+    )
+    cache = tmp_path / "results.json"
+    done = _tool(root, cache, "--min-timeout", "10", str(root / "pkg" / "calc.py"))
+    found = json.loads(cache.read_text())["pkg/calc.py"]["mutants"]
+    in_cases = [m for m in mutation.mutants(source) if m.line == 6]
+    assert in_cases
+    # Each changes a pair so that double(n) != want, or returns no pairs at all.
+    assert {found[m.id]["status"] for m in in_cases} == {"killed"}, done.stdout + done.stderr
