@@ -424,7 +424,12 @@ def _imported(path: Path, root: Path, known: dict[str, Path]) -> set[str]:
     """
     package = _package(path, root)
     names: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+    try:
+        # Bytes: `ast` reads a file's coding declaration as Python does.
+        tree = ast.parse(path.read_bytes())
+    except (SyntaxError, ValueError):
+        return set()  # data, not a module (a syntax error a linter's test reads)
+    for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             names.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
@@ -488,7 +493,7 @@ def _candidates(path: Path, root: Path, chosen: list[Path]) -> list[Path]:
         parts = test.relative_to(root).parts
         if parts[0].startswith(".") or parts[0] in _SKIPPED:
             continue
-        if test not in found and names.search(test.read_text(encoding="utf-8")):
+        if test not in found and names.search(test.read_text(encoding="utf-8", errors="replace")):
             found.add(test)
     return sorted(found)
 
@@ -651,7 +656,7 @@ def _readers(job: _Job, names: set[str]) -> set[str]:
     if not names:
         return found
     for path in job.tests:
-        tree = ast.parse(path.read_text(encoding="utf-8"))
+        tree = ast.parse(path.read_bytes())
         package = _package(path, job.root)
         local: set[str] = set()  # the test module's names for `names`
         modules: set[str] = set()  # its names for the module, or for a package above it

@@ -460,3 +460,21 @@ def test_a_mutant_of_a_function_that_runs_at_collection_runs_in_a_fresh_import(t
     assert in_cases
     # Each changes a pair so that double(n) != want, or returns no pairs at all.
     assert {found[m.id]["status"] for m in in_cases} == {"killed"}, done.stdout + done.stderr
+
+
+def test_files_that_do_not_parse_or_decode_are_no_candidates_and_no_crash(tmp_path):
+    # A repository may hold Python files that are data (a syntax error a linter's test reads,
+    # bytes that are no text): they import nothing. A file in another encoding that says so
+    # is Python like any other.
+    root = tmp_path / "tree"
+    calc = _tree(root)
+    (root / "testdata").mkdir()
+    (root / "testdata" / "broken.py").write_text("def broken(:\n")
+    (root / "testdata" / "noise.py").write_bytes(b"\xff\xfe\x00import pkg.calc\n")
+    (root / "testdata" / "latin_test.py").write_bytes(
+        b"# -*- coding: latin-1 -*-\n# caf\xe9\nimport pkg.calc\n"
+    )
+    assert mutation._candidates(calc, root, []) == [
+        root / "pkg" / "calc_test.py",
+        root / "testdata" / "latin_test.py",
+    ]
