@@ -72,9 +72,11 @@ adding the missing test and rerunning costs only the survivors.
 
 The score is killed / (killed + survived + unreached), per module and in total; a mutant whose
 tests could not run (`error`) is reported and left out. A mutant under which a test module
-fails to import is killed (its test fails at collection), if the same tests collect without it
-(a child collects only its selected files, and a test module may fail to import alone: then
-the mutant is an `error`).
+fails to import is killed (its test fails at collection). A kill is checked: a child runs only
+the mutant's selected tests, where a test module may fail to import alone (an import cycle
+that works in one order only) or a test fail without the test run before it in the baseline;
+so the tests the child ran are run again in that order without the mutant (once per such
+list), and if they fail there too (no earlier), the mutant is an `error`, not a kill.
 
 Sampling. `--sample F` runs a uniform random sample of the mutants, each kept with
 probability F by a hash of its module, id and `--seed`: the same mutants on every run and
@@ -1205,11 +1207,12 @@ class _Session:
         left: dict[str, list[str]] = {}
         for module in self.modules:
             ids = left[module.name] = []
+            verify: dict = {}
             _schedule(
                 module.in_place,
                 jobs=module.job.jobs,
-                launch=self._plan(module.job, items, module.entry["baseline"], ids),
-                record=self._record(self.record(module), ids),
+                launch=self._plan(module.job, items, module.entry["baseline"], ids, verify),
+                record=self._record(self.record(module), ids, verify),
                 tests_sha=module.job.tests_sha,
             )
         self.left.write_text(json.dumps(left))
@@ -1243,7 +1246,7 @@ class _Session:
         return found
 
     @staticmethod
-    def _plan(job: _Job, items: list, base: dict, left: list[str]):
+    def _plan(job: _Job, items: list, base: dict, left: list[str], verify: dict):
         by_id = {item.nodeid: item for item in items}
         by_function: dict[str, list] = {}
         for item in items:
@@ -1282,33 +1285,64 @@ class _Session:
                 left.append(mutant.id)
                 return None
             env = job.mutant_env(mutant)
+            failed = _failed_file(job, mutant)
 
             def body() -> int:
                 os.environ.update(env)
                 for function in originals:
                     function.__code__ = new
-                for i, item in enumerate(selected):
-                    following = selected[i + 1] if i + 1 < len(selected) else None
-                    reports = runtestprotocol(item, log=False, nextitem=following)
-                    if any(report.failed for report in reports):
-                        return 1
-                return 0
+                return _run_items(selected, failed)
 
             log = Path(env["BEAM_AGENTS_MUTANT_SOURCE"]).with_suffix(".log")
             spent = sum(seconds.get(item.nodeid, 0.0) for item in selected)
+            verify[mutant.id] = functools.partial(passes, selected, failed)
             return _fork(body, log), job.budget(spent), log
+
+        clean: dict[tuple[str, ...], bool] = {}
+
+        def passes(selected: list, failed: Path) -> bool:
+            # Whether the tests the mutant's child ran, up to the one that failed there, pass
+            # in that order without the mutant: the child runs only its selected tests, and a
+            # test may need one run before it in the baseline (state a test leaves behind).
+            with contextlib.suppress(FileNotFoundError, ValueError):
+                ran = selected[: int(failed.read_text()) + 1]
+                failed.unlink()
+                key = tuple(item.nodeid for item in ran)
+                if key not in clean:
+                    log = job.work / f"clean-{os.getpid()}-{time.monotonic_ns()}.log"
+                    clean[key] = _wait(_fork(lambda: _run_items(ran, None), log)) == 0
+                    log.unlink(missing_ok=True)
+                return clean[key]
+            return True  # no test failed (the child's own error)
 
         return launch
 
     @staticmethod
-    def _record(keep, left: list[str]):
+    def _record(keep, left: list[str], verify: dict):
         def record(mutant: Mutant, outcome: Outcome) -> None:
+            passes = verify.pop(mutant.id, None)
             if outcome.status == "timeout":
                 left.append(mutant.id)
-            else:
-                keep(mutant, outcome)
+                return
+            if outcome.status == "killed" and passes is not None and not passes():
+                detail = "the test that failed fails without the mutant after the tests before it"
+                outcome = dataclasses.replace(outcome, status="error", detail=detail)
+            keep(mutant, outcome)
 
         return record
+
+
+def _run_items(items: list, failed: Path | None) -> int:
+    """Run collected `items` in order (in a forked child), stopping at the first failure: 1
+    and its position in `failed`, or 0."""
+    for i, item in enumerate(items):
+        following = items[i + 1] if i + 1 < len(items) else None
+        reports = runtestprotocol(item, log=False, nextitem=following)
+        if any(report.failed for report in reports):
+            if failed is not None:
+                failed.write_text(str(i))
+            return 1
+    return 0
 
 
 def _reimport(job: _Job, pending: list[Mutant], base: dict, record) -> None:
@@ -1319,25 +1353,34 @@ def _reimport(job: _Job, pending: list[Mutant], base: dict, record) -> None:
     """
     seconds = base.get("seconds", {})
     selected: dict[str, list[str]] = {}
-    clean: dict[tuple[str, ...], bool] = {}
+    clean: dict[tuple[str, ...], tuple[int, float]] = {}
 
-    def collects(tests: list[str]) -> bool:
-        # The session collected every candidate file together; a child collects only the
-        # selected ones, and a test module may fail to import alone (an import cycle that
-        # works in one order only) with no mutant at all.
+    def without_mutant(tests: list[str]) -> tuple[int, float]:
+        # The baseline ran every candidate file in one session; a child collects and runs only
+        # the selected ones, where a test module may fail to import (an import cycle that works
+        # in one order only) or a test fail (it needs a test run before it) with no mutant.
         if tuple(tests) not in clean:
-            log = job.work / f"collect-{os.getpid()}-{time.monotonic_ns()}.log"
+            log = job.work / f"clean-{os.getpid()}-{time.monotonic_ns()}.log"
+            first = _FirstFailure(log.with_suffix(".failed"))
             env = {"PYTHONPATH": job.pythonpath}
-            pid = _fork_pytest(["--collect-only", *tests], root=job.root, log=log, env=env)
-            clean[tuple(tests)] = _wait(pid) == 0
+            pid = _fork_pytest(["-x", *tests], root=job.root, log=log, env=env, plugin=first)
+            clean[tuple(tests)] = _wait(pid), first.read()
             log.unlink(missing_ok=True)
         return clean[tuple(tests)]
 
     def checked(mutant: Mutant, outcome: Outcome) -> None:
         tests = selected.pop(mutant.id, [])
-        if outcome.detail == _COLLECTION and not collects(tests):
-            detail = f"the tests fail to collect without the mutant: {' '.join(tests)[:500]}"
-            outcome = dataclasses.replace(outcome, status="error", detail=detail)
+        failed = _FirstFailure(_failed_file(job, mutant)).read()
+        if outcome.status == "killed":
+            code, first = without_mutant(tests)
+            # A kill is the mutant's if the tests pass without it, or fail there only later
+            # (`-x`: the tests before the mutant's failure passed without it).
+            if outcome.detail == _COLLECTION and code not in (0, 1):
+                detail = f"the tests fail to collect without the mutant: {' '.join(tests)[:500]}"
+                outcome = dataclasses.replace(outcome, status="error", detail=detail)
+            elif outcome.detail != _COLLECTION and code != 0 and not failed < first:
+                detail = f"the tests fail without the mutant: {' '.join(tests)[:500]}"
+                outcome = dataclasses.replace(outcome, status="error", detail=detail)
         record(mutant, outcome)
 
     def launch(mutant: Mutant):
@@ -1347,11 +1390,39 @@ def _reimport(job: _Job, pending: list[Mutant], base: dict, record) -> None:
         selected[mutant.id] = tests
         env = job.mutant_env(mutant)
         log = Path(env["BEAM_AGENTS_MUTANT_SOURCE"]).with_suffix(".log")
-        pid = _fork_pytest(["-x", *tests], root=job.root, log=log, env=env)
+        first = _FirstFailure(_failed_file(job, mutant))
+        pid = _fork_pytest(["-x", *tests], root=job.root, log=log, env=env, plugin=first)
         spent = sum(v for t, v in seconds.items() if {t, t.split("[", 1)[0]} & set(tests))
         return pid, job.budget(base.get("startup", 0.0) + spent), log
 
     _schedule(pending, jobs=job.jobs, launch=launch, record=checked, tests_sha=job.tests_sha)
+
+
+class _FirstFailure:
+    """A pytest plugin: the position, among the run's items, of the first test that fails."""
+
+    def __init__(self, out: Path) -> None:
+        self.out = out
+        self.order: list[str] = []
+
+    def pytest_collection_finish(self, session) -> None:
+        self.order = [item.nodeid for item in session.items]
+
+    def pytest_runtest_logreport(self, report) -> None:
+        if report.failed and not self.out.exists() and report.nodeid in self.order:
+            self.out.write_text(str(self.order.index(report.nodeid)))
+
+    def read(self) -> float:
+        """The position, or infinity when no test failed (or none ran)."""
+        with contextlib.suppress(FileNotFoundError, ValueError):
+            found = float(self.out.read_text())
+            self.out.unlink()
+            return found
+        return float("inf")
+
+
+def _failed_file(job: _Job, mutant: Mutant) -> Path:
+    return job.work / f"failed-{job.dotted}-{mutant.id}.txt"
 
 
 def _schedule(pending: list[Mutant], *, jobs: int, launch, record, tests_sha: str) -> None:
@@ -1373,7 +1444,8 @@ def _schedule(pending: list[Mutant], *, jobs: int, launch, record, tests_sha: st
                     pid, budget, log = launched
                     now = time.monotonic()
                     running[pid] = (mutant, now, now + budget, log)
-            for pid, (mutant, started, deadline, log) in list(running.items()):
+            for pid in list(running):
+                mutant, started, deadline, log = running[pid]
                 done, status = os.waitpid(pid, os.WNOHANG)
                 if done:
                     code: int | None = os.waitstatus_to_exitcode(status)
@@ -1383,7 +1455,13 @@ def _schedule(pending: list[Mutant], *, jobs: int, launch, record, tests_sha: st
                 else:
                     continue
                 del running[pid]
-                record(mutant, _outcome(code, time.monotonic() - started, tests_sha, log))
+                before = time.monotonic()
+                record(mutant, _outcome(code, before - started, tests_sha, log))
+                # Recording may run the tests again without the mutant, beside the children
+                # still running: that time is not theirs, and does not count towards a timeout.
+                waited = time.monotonic() - before
+                for other, (m, start, end, path) in running.items():
+                    running[other] = (m, start + waited, end + waited, path)
                 log.unlink(missing_ok=True)
                 log.with_suffix(".py").unlink(missing_ok=True)
             time.sleep(0.02)

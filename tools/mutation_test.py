@@ -478,3 +478,29 @@ def test_files_that_do_not_parse_or_decode_are_no_candidates_and_no_crash(tmp_pa
         root / "pkg" / "calc_test.py",
         root / "testdata" / "latin_test.py",
     ]
+
+
+def test_a_test_that_fails_without_the_tests_run_before_it_does_not_kill_a_mutant(tmp_path):
+    # test_reads passes after test_fills (as in the baseline) and fails alone, with no mutant:
+    # a mutant's child runs it alone, and its failure there is no kill.
+    root = tmp_path / "tree"
+    (root / "pkg").mkdir(parents=True)
+    (root / "pkg" / "__init__.py").write_text("")
+    source = "SCALE = 2\n\n\ndef scale(n):\n    return n * SCALE\n"
+    (root / "pkg" / "calc.py").write_text(source)
+    (root / "pkg" / "calc_test.py").write_text(
+        "from pkg.calc import scale\n\nSTATE = {}\n\n\n"
+        "def test_fills():\n    STATE['n'] = 3\n\n\n"
+        "def test_reads():\n    assert scale(STATE['n']) > 0\n"
+    )
+    cache = tmp_path / "results.json"
+    done = _tool(root, cache, "--min-timeout", "10", str(root / "pkg" / "calc.py"))
+    found = json.loads(cache.read_text())["pkg/calc.py"]["mutants"]
+    statuses = {mutant_id: outcome["status"] for mutant_id, outcome in found.items()}
+    # n * SCALE -> n / SCALE (in place), SCALE = 2 -> 3 (a fresh import): still above 0. And
+    # return None fails the same test that fails without it: the tool cannot tell either way.
+    assert statuses == {"5:11:binop": "error", "1:8:const": "error", "5:4:return": "error"}, (
+        done.stdout + done.stderr
+    )
+    assert "fails without the mutant" in found["5:11:binop"]["detail"]
+    assert "fail without the mutant" in found["1:8:const"]["detail"]
