@@ -39,9 +39,11 @@ as unreached: the score is conservative, never inflated).
 Two ways to run a mutant, both in children forked from this process after the heavy
 third-party imports (`--preload`):
 
-  - In place, for a mutant inside a function's body (most of them). One pytest session per
-    run, forked from the tool, collects the candidate test files of every module given (pooled)
-    once; the baseline runs in a child of it and traces every mutated file at once.
+  - In place, for a mutant inside a function's body (most of them) whose lines no import or
+    collection ran (a function building a constant or a test's parameters has made what it
+    makes before the swap: it takes the fresh import). One pytest session per run, forked
+    from the tool, collects the candidate test files of every module given (pooled) once; the
+    baseline runs in a child of it and traces every mutated file at once.
     For each mutant the session compiles the mutated module, takes the code object
     of the outermost function holding the change (by qualified name and first line), and forks
     a child that assigns it to the `__code__` of every live function object made from the
@@ -51,9 +53,10 @@ third-party imports (`--preload`):
     a collection. Children are forked after collection but before any test ran in the
     session, so each starts from the state a fresh run would have after collecting.
   - Fresh import, for a mutant that runs at import (a constant, a class attribute, a default,
-    a decorator), for a function the session holds no live object of, and to confirm a
-    timeout of the in-place path: a child runs pytest on the selected test functions with
-    `-x`, and serves the mutant's source in place of the module through an import hook.
+    a decorator), for a function that ran at import or collection or the session holds no
+    live object of, and to confirm a timeout of the in-place path: a child runs pytest on the
+    selected test functions with `-x`, and serves the mutant's source in place of the module
+    through an import hook.
 
 Both put the hook (tools/mutation_hook.py) on the children's PYTHONPATH as `sitecustomize`,
 with the mutant's source named in the environment, so a Python process a test starts runs the
@@ -69,7 +72,11 @@ adding the missing test and rerunning costs only the survivors.
 
 The score is killed / (killed + survived + unreached), per module and in total; a mutant whose
 tests could not run (`error`) is reported and left out. A mutant under which a test module
-fails to import is killed (its test fails at collection).
+fails to import is killed (its test fails at collection). A kill is checked: a child runs only
+the mutant's selected tests, where a test module may fail to import alone (an import cycle
+that works in one order only) or a test fail without the test run before it in the baseline;
+so the tests the child ran are run again in that order without the mutant (once per such
+list), and if they fail there too (no earlier), the mutant is an `error`, not a kill.
 
 Sampling. `--sample F` runs a uniform random sample of the mutants, each kept with
 probability F by a hash of its module, id and `--seed`: the same mutants on every run and
@@ -396,24 +403,39 @@ def _sources(root: Path) -> dict[str, Path]:
     return found
 
 
+def _package(path: Path, root: Path) -> str:
+    """The package a relative import in `path` starts from."""
+    dotted = _dotted(path, root)
+    return dotted if path.name == "__init__.py" else dotted.rpartition(".")[0]
+
+
+def _from(node: ast.ImportFrom, package: str) -> str:
+    """The absolute name of the module a `from ... import` statement in `package` reads."""
+    base = node.module or ""
+    if node.level:
+        anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+        base = ".".join([*anchor, base] if base else anchor)
+    return base
+
+
 def _imported(path: Path, root: Path, known: dict[str, Path]) -> set[str]:
     """The repository modules `path` imports anywhere in its body (a function's import too).
 
     Importing `a.b.c` runs `a` and `a.b` first, so a package's `__init__` counts as imported,
     and `from a.b import c` imports the module `a.b.c` when there is one.
     """
-    package = _dotted(path, root)
-    if path.name != "__init__.py":
-        package = package.rpartition(".")[0]
+    package = _package(path, root)
     names: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+    try:
+        # Bytes: `ast` reads a file's coding declaration as Python does.
+        tree = ast.parse(path.read_bytes())
+    except (SyntaxError, ValueError):
+        return set()  # data, not a module (a syntax error a linter's test reads)
+    for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             names.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
-                base = ".".join([*anchor, base] if base else anchor)
+            base = _from(node, package)
             names.add(base)
             names.update(f"{base}.{alias.name}" for alias in node.names)
     found = set()
@@ -473,7 +495,7 @@ def _candidates(path: Path, root: Path, chosen: list[Path]) -> list[Path]:
         parts = test.relative_to(root).parts
         if parts[0].startswith(".") or parts[0] in _SKIPPED:
             continue
-        if test not in found and names.search(test.read_text(encoding="utf-8")):
+        if test not in found and names.search(test.read_text(encoding="utf-8", errors="replace")):
             found.add(test)
     return sorted(found)
 
@@ -628,35 +650,50 @@ def _span(tree: ast.Module, mutant: Mutant) -> set[int]:
 
 def _readers(job: _Job, names: set[str]) -> set[str]:
     """The test functions (`file::name`, or `file::Class::name`) of the module's candidate
-    files that import one of `names` from it and use it: a test that reads a constant
+    files that read one of `names` from it: imported by name (`from pkg.limits import LIMIT`,
+    relative or renamed too) and used, or read as an attribute of the module (`from pkg import
+    limits`, `import pkg.limits as lim`, `import pkg.limits`). A test that reads a constant
     directly executes none of the module's lines."""
-    found = set()
+    found: set[str] = set()
+    if not names:
+        return found
     for path in job.tests:
-        tree = ast.parse(path.read_text(encoding="utf-8"))
-        imports = {
-            alias.name
-            for node in ast.walk(tree)
-            if isinstance(node, ast.ImportFrom) and node.module == job.dotted
-            for alias in node.names
-        }
-        if not names & imports:
+        tree = ast.parse(path.read_bytes())
+        package = _package(path, job.root)
+        local: set[str] = set()  # the test module's names for `names`
+        modules: set[str] = set()  # its names for the module, or for a package above it
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom):
+                base = _from(node, package)
+                for alias in node.names:
+                    if base == job.dotted and alias.name in names:
+                        local.add(alias.asname or alias.name)
+                    elif f"{base}.{alias.name}" == job.dotted:
+                        modules.add(alias.asname or alias.name)
+            elif isinstance(node, ast.Import):
+                for alias in node.names:
+                    if f"{job.dotted}.".startswith(f"{alias.name}."):
+                        modules.add(alias.asname or alias.name.partition(".")[0])
+        if not local and not modules:
             continue
         rel = path.relative_to(job.root).as_posix()
-        tests = [(f"{rel}::{f.name}", f) for f in tree.body if isinstance(f, ast.FunctionDef)]
+        functions = ast.FunctionDef | ast.AsyncFunctionDef
+        tests = [(f"{rel}::{f.name}", f) for f in tree.body if isinstance(f, functions)]
         tests += [
             (f"{rel}::{c.name}::{f.name}", f)
             for c in tree.body
             if isinstance(c, ast.ClassDef)
             for f in c.body
-            if isinstance(f, ast.FunctionDef)
+            if isinstance(f, functions)
         ]
         for nodeid, function in tests:
-            used = {
-                getattr(node, "id", None) or getattr(node, "attr", None) or node.name
-                for node in ast.walk(function)
-                if isinstance(node, ast.Name | ast.Attribute | ast.alias)
-            }
-            if function.name.startswith("test") and names & imports & used:
+            nodes = list(ast.walk(function))
+            used = {n.id for n in nodes if isinstance(n, ast.Name)}
+            used |= {n.asname or n.name for n in nodes if isinstance(n, ast.alias)}
+            attrs = {n.attr for n in nodes if isinstance(n, ast.Attribute)}
+            if function.name.startswith("test") and (
+                local & used or (modules & used and names & attrs)
+            ):
                 found.add(nodeid)
     return found
 
@@ -669,7 +706,8 @@ def _select(mutant: Mutant, job: _Job, base: dict, *, by_function: bool) -> list
     own test files (`foo_test.py`, `foo_*_test.py`: where defaults are pinned), and the test
     functions that import what it defines.
     A fresh-import child selects by function, not parameter id: an id may name a value of the
-    process that collected it (a pid, a temporary path), which that child does not reproduce.
+    process that collected it (a pid, a temporary path), which that child does not reproduce;
+    but a function one of whose parameters fails without a mutant is given by its passing ids.
     """
     lines: dict[str, list[int]] = base.get("lines", {})
     seconds: dict[str, float] = base.get("seconds", {})
@@ -690,15 +728,23 @@ def _select(mutant: Mutant, job: _Job, base: dict, *, by_function: bool) -> list
         # mutant unreached that is not.
         tests = {t for t, hit in lines.items() if t != "<import>" and users & set(hit)}
         tests = tests or {t for t in lines if t != "<import>"}
+    # A fresh-import child runs every parameter of a function it is given: of a function one
+    # of whose parameters fails without a mutant it is given the passing parameters by id (an
+    # id it does not reproduce is its error, never a kill).
+    broken = {test.split("[", 1)[0] for test in failed}
     cost: dict[str, float] = {}
     for test in tests:
         if test not in failed:
-            key = test.split("[", 1)[0] if by_function else test
+            key = test.split("[", 1)[0]
+            key = key if by_function and key not in broken else test
             cost[key] = cost.get(key, 0.0) + seconds.get(test, 0.0)
     return sorted(cost, key=lambda key: (cost[key], key))
 
 
 _KILLED = {"killed", "timeout"}
+# The detail of a kill by a test module's failed import: `_reimport` checks that the same tests
+# collect without the mutant.
+_COLLECTION = "a test module failed to import"
 
 
 def _outcome(code: int | None, seconds: float, tests_sha: str, log: Path) -> Outcome:
@@ -706,14 +752,15 @@ def _outcome(code: int | None, seconds: float, tests_sha: str, log: Path) -> Out
         return Outcome(status="timeout", seconds=seconds, tests_sha=tests_sha)
     if code == 0:
         return Outcome(status="survived", seconds=seconds, tests_sha=tests_sha)
-    # 1: a test failed; 2: collection failed (the mutant broke an import).
-    if code in (1, 2):
+    # 1: a test failed.
+    if code == 1:
         return Outcome(status="killed", seconds=seconds, tests_sha=tests_sha)
     text = log.read_text(errors="replace") if log.exists() else ""
-    # 4 with a collection error: a test module named by id failed to import under the mutant
-    # (a constant a test module's own constant is built from); 4 alone is a bad test id.
-    if code == 4 and "ERROR collecting" in text:
-        return Outcome(status="killed", seconds=seconds, tests_sha=tests_sha)
+    # 2: collection failed (the mutant broke an import); 4 with a collection error: a test
+    # module named by id failed to import under the mutant (a constant a test module's own
+    # constant is built from); 4 alone is a bad test id.
+    if code == 2 or (code == 4 and "ERROR collecting" in text):
+        return Outcome(status="killed", seconds=seconds, tests_sha=tests_sha, detail=_COLLECTION)
     tail = text[-2000:]
     return Outcome(
         status="error",
@@ -1160,11 +1207,12 @@ class _Session:
         left: dict[str, list[str]] = {}
         for module in self.modules:
             ids = left[module.name] = []
+            verify: dict = {}
             _schedule(
                 module.in_place,
                 jobs=module.job.jobs,
-                launch=self._plan(module.job, items, module.entry["baseline"], ids),
-                record=self._record(self.record(module), ids),
+                launch=self._plan(module.job, items, module.entry["baseline"], ids, verify),
+                record=self._record(self.record(module), ids, verify),
                 tests_sha=module.job.tests_sha,
             )
         self.left.write_text(json.dumps(left))
@@ -1198,7 +1246,7 @@ class _Session:
         return found
 
     @staticmethod
-    def _plan(job: _Job, items: list, base: dict, left: list[str]):
+    def _plan(job: _Job, items: list, base: dict, left: list[str], verify: dict):
         by_id = {item.nodeid: item for item in items}
         by_function: dict[str, list] = {}
         for item in items:
@@ -1206,8 +1254,14 @@ class _Session:
         functions = _live_functions(str(job.path))
         filename = next((fs[0].__code__.co_filename for fs in functions.values()), str(job.path))
         seconds = base.get("seconds", {})
+        imported = set(base.get("lines", {}).get("<import>", []))
 
         def launch(mutant: Mutant):
+            if _span(job.tree, mutant) & imported:
+                # The function ran at import or collection (it built a constant, or a test's
+                # parameters): code swapped in after collection changes none of what it made.
+                left.append(mutant.id)
+                return None
             selected: list = []
             for test in _select(mutant, job, base, by_function=False):
                 # A cached baseline from another process may name a parameter differently.
@@ -1231,33 +1285,64 @@ class _Session:
                 left.append(mutant.id)
                 return None
             env = job.mutant_env(mutant)
+            failed = _failed_file(job, mutant)
 
             def body() -> int:
                 os.environ.update(env)
                 for function in originals:
                     function.__code__ = new
-                for i, item in enumerate(selected):
-                    following = selected[i + 1] if i + 1 < len(selected) else None
-                    reports = runtestprotocol(item, log=False, nextitem=following)
-                    if any(report.failed for report in reports):
-                        return 1
-                return 0
+                return _run_items(selected, failed)
 
             log = Path(env["BEAM_AGENTS_MUTANT_SOURCE"]).with_suffix(".log")
             spent = sum(seconds.get(item.nodeid, 0.0) for item in selected)
+            verify[mutant.id] = functools.partial(passes, selected, failed)
             return _fork(body, log), job.budget(spent), log
+
+        clean: dict[tuple[str, ...], bool] = {}
+
+        def passes(selected: list, failed: Path) -> bool:
+            # Whether the tests the mutant's child ran, up to the one that failed there, pass
+            # in that order without the mutant: the child runs only its selected tests, and a
+            # test may need one run before it in the baseline (state a test leaves behind).
+            with contextlib.suppress(FileNotFoundError, ValueError):
+                ran = selected[: int(failed.read_text()) + 1]
+                failed.unlink()
+                key = tuple(item.nodeid for item in ran)
+                if key not in clean:
+                    log = job.work / f"clean-{os.getpid()}-{time.monotonic_ns()}.log"
+                    clean[key] = _wait(_fork(lambda: _run_items(ran, None), log)) == 0
+                    log.unlink(missing_ok=True)
+                return clean[key]
+            return True  # no test failed (the child's own error)
 
         return launch
 
     @staticmethod
-    def _record(keep, left: list[str]):
+    def _record(keep, left: list[str], verify: dict):
         def record(mutant: Mutant, outcome: Outcome) -> None:
+            passes = verify.pop(mutant.id, None)
             if outcome.status == "timeout":
                 left.append(mutant.id)
-            else:
-                keep(mutant, outcome)
+                return
+            if outcome.status == "killed" and passes is not None and not passes():
+                detail = "the test that failed fails without the mutant after the tests before it"
+                outcome = dataclasses.replace(outcome, status="error", detail=detail)
+            keep(mutant, outcome)
 
         return record
+
+
+def _run_items(items: list, failed: Path | None) -> int:
+    """Run collected `items` in order (in a forked child), stopping at the first failure: 1
+    and its position in `failed`, or 0."""
+    for i, item in enumerate(items):
+        following = items[i + 1] if i + 1 < len(items) else None
+        reports = runtestprotocol(item, log=False, nextitem=following)
+        if any(report.failed for report in reports):
+            if failed is not None:
+                failed.write_text(str(i))
+            return 1
+    return 0
 
 
 def _reimport(job: _Job, pending: list[Mutant], base: dict, record) -> None:
@@ -1267,18 +1352,77 @@ def _reimport(job: _Job, pending: list[Mutant], base: dict, record) -> None:
     a timeout of the in-place path: a whole collection per mutant, so the slow path.
     """
     seconds = base.get("seconds", {})
+    selected: dict[str, list[str]] = {}
+    clean: dict[tuple[str, ...], tuple[int, float]] = {}
+
+    def without_mutant(tests: list[str]) -> tuple[int, float]:
+        # The baseline ran every candidate file in one session; a child collects and runs only
+        # the selected ones, where a test module may fail to import (an import cycle that works
+        # in one order only) or a test fail (it needs a test run before it) with no mutant.
+        if tuple(tests) not in clean:
+            log = job.work / f"clean-{os.getpid()}-{time.monotonic_ns()}.log"
+            first = _FirstFailure(log.with_suffix(".failed"))
+            env = {"PYTHONPATH": job.pythonpath}
+            pid = _fork_pytest(["-x", *tests], root=job.root, log=log, env=env, plugin=first)
+            clean[tuple(tests)] = _wait(pid), first.read()
+            log.unlink(missing_ok=True)
+        return clean[tuple(tests)]
+
+    def checked(mutant: Mutant, outcome: Outcome) -> None:
+        tests = selected.pop(mutant.id, [])
+        failed = _FirstFailure(_failed_file(job, mutant)).read()
+        if outcome.status == "killed":
+            code, first = without_mutant(tests)
+            # A kill is the mutant's if the tests pass without it, or fail there only later
+            # (`-x`: the tests before the mutant's failure passed without it).
+            if outcome.detail == _COLLECTION and code not in (0, 1):
+                detail = f"the tests fail to collect without the mutant: {' '.join(tests)[:500]}"
+                outcome = dataclasses.replace(outcome, status="error", detail=detail)
+            elif outcome.detail != _COLLECTION and code != 0 and not failed < first:
+                detail = f"the tests fail without the mutant: {' '.join(tests)[:500]}"
+                outcome = dataclasses.replace(outcome, status="error", detail=detail)
+        record(mutant, outcome)
 
     def launch(mutant: Mutant):
         tests = _select(mutant, job, base, by_function=True)
         if not tests:
             return Outcome(status="unreached", seconds=0.0, tests_sha=job.tests_sha)
+        selected[mutant.id] = tests
         env = job.mutant_env(mutant)
         log = Path(env["BEAM_AGENTS_MUTANT_SOURCE"]).with_suffix(".log")
-        pid = _fork_pytest(["-x", *tests], root=job.root, log=log, env=env)
-        spent = sum(v for t, v in seconds.items() if t.split("[", 1)[0] in tests)
+        first = _FirstFailure(_failed_file(job, mutant))
+        pid = _fork_pytest(["-x", *tests], root=job.root, log=log, env=env, plugin=first)
+        spent = sum(v for t, v in seconds.items() if {t, t.split("[", 1)[0]} & set(tests))
         return pid, job.budget(base.get("startup", 0.0) + spent), log
 
-    _schedule(pending, jobs=job.jobs, launch=launch, record=record, tests_sha=job.tests_sha)
+    _schedule(pending, jobs=job.jobs, launch=launch, record=checked, tests_sha=job.tests_sha)
+
+
+class _FirstFailure:
+    """A pytest plugin: the position, among the run's items, of the first test that fails."""
+
+    def __init__(self, out: Path) -> None:
+        self.out = out
+        self.order: list[str] = []
+
+    def pytest_collection_finish(self, session) -> None:
+        self.order = [item.nodeid for item in session.items]
+
+    def pytest_runtest_logreport(self, report) -> None:
+        if report.failed and not self.out.exists() and report.nodeid in self.order:
+            self.out.write_text(str(self.order.index(report.nodeid)))
+
+    def read(self) -> float:
+        """The position, or infinity when no test failed (or none ran)."""
+        with contextlib.suppress(FileNotFoundError, ValueError):
+            found = float(self.out.read_text())
+            self.out.unlink()
+            return found
+        return float("inf")
+
+
+def _failed_file(job: _Job, mutant: Mutant) -> Path:
+    return job.work / f"failed-{job.dotted}-{mutant.id}.txt"
 
 
 def _schedule(pending: list[Mutant], *, jobs: int, launch, record, tests_sha: str) -> None:
@@ -1300,7 +1444,8 @@ def _schedule(pending: list[Mutant], *, jobs: int, launch, record, tests_sha: st
                     pid, budget, log = launched
                     now = time.monotonic()
                     running[pid] = (mutant, now, now + budget, log)
-            for pid, (mutant, started, deadline, log) in list(running.items()):
+            for pid in list(running):
+                mutant, started, deadline, log = running[pid]
                 done, status = os.waitpid(pid, os.WNOHANG)
                 if done:
                     code: int | None = os.waitstatus_to_exitcode(status)
@@ -1310,7 +1455,13 @@ def _schedule(pending: list[Mutant], *, jobs: int, launch, record, tests_sha: st
                 else:
                     continue
                 del running[pid]
-                record(mutant, _outcome(code, time.monotonic() - started, tests_sha, log))
+                before = time.monotonic()
+                record(mutant, _outcome(code, before - started, tests_sha, log))
+                # Recording may run the tests again without the mutant, beside the children
+                # still running: that time is not theirs, and does not count towards a timeout.
+                waited = time.monotonic() - before
+                for other, (m, start, end, path) in running.items():
+                    running[other] = (m, start + waited, end + waited, path)
                 log.unlink(missing_ok=True)
                 log.with_suffix(".py").unlink(missing_ok=True)
             time.sleep(0.02)

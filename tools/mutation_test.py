@@ -357,3 +357,150 @@ def test_a_mutant_that_breaks_a_test_modules_import_is_killed(tmp_path):
     done = _tool(root, cache, "--min-timeout", "10", str(root / "pkg" / "conf.py"))
     found = json.loads(cache.read_text())["pkg/conf.py"]["mutants"]
     assert found["1:7:const"]["status"] == "killed", done.stdout + done.stderr
+
+
+def test_a_failing_parameter_of_a_test_does_not_kill_an_import_time_mutant(tmp_path):
+    # A fresh-import child selects whole test functions: one parameter that fails without any
+    # mutant must not be run there, or every import-time mutant its function reaches dies.
+    root = tmp_path / "tree"
+    (root / "pkg").mkdir(parents=True)
+    (root / "pkg" / "__init__.py").write_text("")
+    (root / "pkg" / "conf.py").write_text(
+        "LIMIT = 10\n\n\ndef clamp(n):\n    return min(n, LIMIT)\n"
+    )
+    (root / "pkg" / "conf_test.py").write_text(
+        "import pytest\n\nfrom pkg.conf import clamp\n\n\n"
+        "@pytest.mark.parametrize('n', [1, 2])\n"
+        "def test_clamp(n):\n    assert clamp(n) == 1\n"
+    )
+    cache = tmp_path / "results.json"
+    done = _tool(root, cache, "--min-timeout", "10", str(root / "pkg" / "conf.py"))
+    found = json.loads(cache.read_text())["pkg/conf.py"]["mutants"]
+    # LIMIT = 10 -> 11: clamp(1) is still 1, so no passing test kills it.
+    assert found["1:8:const"]["status"] == "survived", done.stdout + done.stderr
+
+
+def test_a_test_module_that_fails_to_import_alone_does_not_kill_a_mutant(tmp_path):
+    # pkg/a.py and pkg/b.py import each other: importing b first works (as the session, which
+    # collects b_test.py first, does), importing a first fails. A fresh-import child collects
+    # only conf_test.py, which imports a: its collection error is no mutant's kill.
+    root = tmp_path / "tree"
+    (root / "pkg").mkdir(parents=True)
+    (root / "pkg" / "__init__.py").write_text("")
+    (root / "pkg" / "a.py").write_text("from pkg import b\n\n\ndef f():\n    return b\n")
+    (root / "pkg" / "b.py").write_text("from pkg.a import f\n")
+    (root / "pkg" / "b_test.py").write_text("import pkg.b\n\n\ndef test_b():\n    assert pkg.b.f\n")
+    (root / "pkg" / "conf.py").write_text("SIZE = 4\n\n\ndef size():\n    return SIZE\n")
+    (root / "pkg" / "conf_test.py").write_text(
+        "import pkg.a\nfrom pkg.conf import size\n\n\ndef test_size():\n    assert size() > 0\n"
+    )
+    cache = tmp_path / "results.json"
+    conf = root / "pkg" / "conf.py"
+    done = _tool(root, cache, "--min-timeout", "10", str(conf))
+    found = json.loads(cache.read_text())["pkg/conf.py"]["mutants"]
+    # SIZE = 4 -> 5: size() is still above 0; no test kills it, and none may be said to.
+    assert found["1:7:const"]["status"] != "killed", done.stdout + done.stderr
+    assert found["1:7:const"]["status"] == "error"
+    assert "without the mutant" in found["1:7:const"]["detail"]
+
+
+def test_a_test_reading_a_constant_through_the_module_it_imports_is_selected(tmp_path):
+    # Tests that read a constant as an attribute of the module (`from pkg import limits`,
+    # `import pkg.limits as lim`, `import pkg.limits`) or under another name execute none of
+    # its lines either.
+    root = tmp_path / "tree"
+    (root / "pkg").mkdir(parents=True)
+    (root / "checks").mkdir()
+    (root / "pkg" / "__init__.py").write_text("")
+    (root / "pkg" / "limits.py").write_text(
+        "REASONS = {'lost': 'gone'}\nLIMIT = 3\nSIZE = 8\nDEPTH = 2\n"
+    )
+    # A relative import of a renamed constant, beside the module.
+    (root / "pkg" / "depth_test.py").write_text(
+        "from .limits import DEPTH as D\n\n\ndef test_depth():\n    assert D == 2\n"
+    )
+    (root / "checks" / "reasons_test.py").write_text(
+        "from pkg import limits\n\n\n"
+        "def test_reasons():\n    assert sorted(limits.REASONS) == ['lost']\n"
+    )
+    (root / "checks" / "limit_test.py").write_text(
+        "import pkg.limits as lim\n\n\ndef test_limit():\n    assert lim.LIMIT == 3\n"
+    )
+    (root / "checks" / "size_test.py").write_text(
+        "import pkg.limits\n\n\ndef test_size():\n    assert pkg.limits.SIZE == 8\n"
+    )
+    cache = tmp_path / "results.json"
+    done = _tool(root, cache, "--min-timeout", "10", str(root / "pkg" / "limits.py"))
+    found = json.loads(cache.read_text())["pkg/limits.py"]["mutants"]
+    statuses = {mutant_id: outcome["status"] for mutant_id, outcome in found.items()}
+    assert statuses["1:11:const"] == "killed", done.stdout + done.stderr  # 'lost'
+    assert statuses["1:19:const"] == "survived"  # 'gone': read by no test
+    assert statuses["2:8:const"] == "killed"  # LIMIT
+    assert statuses["3:7:const"] == "killed"  # SIZE
+    assert statuses["4:8:const"] == "killed"  # DEPTH
+
+
+def test_a_mutant_of_a_function_that_runs_at_collection_runs_in_a_fresh_import(tmp_path):
+    # cases() builds a test's parameters at collection: swapping its code after collection (in
+    # place) changes nothing, and only a fresh collection under the mutant shows its effect.
+    root = tmp_path / "tree"
+    (root / "pkg").mkdir(parents=True)
+    (root / "pkg" / "__init__.py").write_text("")
+    source = "def double(n):\n    return n * 2\n\n\ndef cases():\n    return [(1, 2), (2, 4)]\n"
+    (root / "pkg" / "calc.py").write_text(source)
+    (root / "pkg" / "calc_test.py").write_text(
+        "import pytest\n\nfrom pkg.calc import cases, double\n\n\n"
+        "@pytest.mark.parametrize(('n', 'want'), cases())\n"
+        "def test_double(n, want):\n    assert double(n) == want\n"
+    )
+    cache = tmp_path / "results.json"
+    done = _tool(root, cache, "--min-timeout", "10", str(root / "pkg" / "calc.py"))
+    found = json.loads(cache.read_text())["pkg/calc.py"]["mutants"]
+    in_cases = [m for m in mutation.mutants(source) if m.line == 6]
+    assert in_cases
+    # Each changes a pair so that double(n) != want, or returns no pairs at all.
+    assert {found[m.id]["status"] for m in in_cases} == {"killed"}, done.stdout + done.stderr
+
+
+def test_files_that_do_not_parse_or_decode_are_no_candidates_and_no_crash(tmp_path):
+    # A repository may hold Python files that are data (a syntax error a linter's test reads,
+    # bytes that are no text): they import nothing. A file in another encoding that says so
+    # is Python like any other.
+    root = tmp_path / "tree"
+    calc = _tree(root)
+    (root / "testdata").mkdir()
+    (root / "testdata" / "broken.py").write_text("def broken(:\n")
+    (root / "testdata" / "noise.py").write_bytes(b"\xff\xfe\x00import pkg.calc\n")
+    (root / "testdata" / "latin_test.py").write_bytes(
+        b"# -*- coding: latin-1 -*-\n# caf\xe9\nimport pkg.calc\n"
+    )
+    assert mutation._candidates(calc, root, []) == [
+        root / "pkg" / "calc_test.py",
+        root / "testdata" / "latin_test.py",
+    ]
+
+
+def test_a_test_that_fails_without_the_tests_run_before_it_does_not_kill_a_mutant(tmp_path):
+    # test_reads passes after test_fills (as in the baseline) and fails alone, with no mutant:
+    # a mutant's child runs it alone, and its failure there is no kill.
+    root = tmp_path / "tree"
+    (root / "pkg").mkdir(parents=True)
+    (root / "pkg" / "__init__.py").write_text("")
+    source = "SCALE = 2\n\n\ndef scale(n):\n    return n * SCALE\n"
+    (root / "pkg" / "calc.py").write_text(source)
+    (root / "pkg" / "calc_test.py").write_text(
+        "from pkg.calc import scale\n\nSTATE = {}\n\n\n"
+        "def test_fills():\n    STATE['n'] = 3\n\n\n"
+        "def test_reads():\n    assert scale(STATE['n']) > 0\n"
+    )
+    cache = tmp_path / "results.json"
+    done = _tool(root, cache, "--min-timeout", "10", str(root / "pkg" / "calc.py"))
+    found = json.loads(cache.read_text())["pkg/calc.py"]["mutants"]
+    statuses = {mutant_id: outcome["status"] for mutant_id, outcome in found.items()}
+    # n * SCALE -> n / SCALE (in place), SCALE = 2 -> 3 (a fresh import): still above 0. And
+    # return None fails the same test that fails without it: the tool cannot tell either way.
+    assert statuses == {"5:11:binop": "error", "1:8:const": "error", "5:4:return": "error"}, (
+        done.stdout + done.stderr
+    )
+    assert "fails without the mutant" in found["5:11:binop"]["detail"]
+    assert "fail without the mutant" in found["1:8:const"]["detail"]
