@@ -494,7 +494,7 @@ def test_a_test_that_fails_without_the_tests_run_before_it_does_not_kill_a_mutan
         "def test_reads():\n    assert scale(STATE['n']) > 0\n"
     )
     cache = tmp_path / "results.json"
-    done = _tool(root, cache, "--min-timeout", "10", str(root / "pkg" / "calc.py"))
+    done = _tool(root, cache, "--min-timeout", "120", str(root / "pkg" / "calc.py"))
     found = json.loads(cache.read_text())["pkg/calc.py"]["mutants"]
     statuses = {mutant_id: outcome["status"] for mutant_id, outcome in found.items()}
     # n * SCALE -> n / SCALE (in place), SCALE = 2 -> 3 (a fresh import): still above 0. And
