@@ -24,13 +24,13 @@ import json
 import tempfile
 import time
 
+from driver_benchmark import _machine
+
 from beam_agents import ScriptedLlmClient, agent, run_locally
 from beam_agents._protos import AgentEnvelope
 from beam_agents.ops.rounds import env_options, run_round
-from beam_agents.runtime import RunAgent, RuntimeConfig
+from beam_agents.runtime import RunAgent
 from beam_agents.runtime.key_driver import KeyDriver
-from beam_agents.runtime.machine import KeyMachine
-from beam_agents.state.migration import CURRENT_STATE_SCHEMA_VERSION
 from beam_agents.testing.recorded_history import record_history
 
 GOAL = 0.05
@@ -68,16 +68,7 @@ def _events(keys: int) -> list[AgentEnvelope]:
 
 def _driver_round(events: list[AgentEnvelope]) -> float:
     """Keys a second of the machine taking each key's event and the round's closing export."""
-    machine = KeyMachine(
-        summarise,
-        llm_client=ScriptedLlmClient(_model),
-        keyring=None,
-        result_keyring=None,
-        approval_keyring=None,
-        config=RuntimeConfig(),
-        registry=None,
-        current_version=CURRENT_STATE_SCHEMA_VERSION,
-    )
+    machine = _machine(summarise)
     began = time.perf_counter()
     for event in events:
         driver = KeyDriver(machine, event.entity_key)
@@ -101,7 +92,10 @@ def main() -> None:
     began = time.perf_counter()
     with tempfile.TemporaryDirectory() as workdir:
         outputs = run_round(
-            RunAgent(summarise, llm_client=ScriptedLlmClient(_model)), events, workdir
+            # The driver's model (driver_benchmark._machine): the same answer.
+            RunAgent(summarise, llm_client=ScriptedLlmClient(lambda request: "a summary")),
+            events,
+            workdir,
         )
     local = args.keys / (time.perf_counter() - began)
     assert len(outputs.completions) == args.keys, len(outputs.completions)
