@@ -29,16 +29,16 @@ that the runtime runs again at its place (a retried resume) is not compared: its
 go to the retry. A resume that ended its suspension on a failure (`resume_failed`, a declined
 raise's `budget_exceeded`) can come before those attempts: where the candidate, run on what
 came, departs from it or fails more often, it waits for them (`_attempts_missing`) until the
-watermark is `wait_ms` past it. A copy of a record already compared is dropped. A record that came ahead of
-its turn waits; if its turn has not come once the watermark is `wait_ms` past it, the key is
-not shadowed further, with a `history_incomplete` dead letter (a record lost; a key that began
-before the shadow was added to the job). A suspension the live runtime ended at its deadline with
-no record ends the candidate's too (`_past_deadline`, as the backtest's): one a DeadlinePolicy
-escalated (its step moved on) when the resume at that step comes; one it dead-lettered when a
-later seq's start, after the deadline, has waited `wait_ms` (the watermark past it: no record
-before it can still come, so the resume it may be ahead of never ran). Records wait `wait_ms`
-(two hours of event time by default): more than the live job's longest resume backoff, for a
-failed resume waits for its retry.
+watermark is `wait_ms` past it. A copy of a record already compared is dropped. A record that
+came ahead of its turn waits; if its turn has not come once the watermark is `wait_ms` past it,
+the key is not shadowed further, with a `history_incomplete` dead letter (a record lost; a key
+that began before the shadow was added to the job). A suspension the live runtime ended at its
+deadline with no record ends the candidate's too (`_past_deadline`, as the backtest's): one a
+DeadlinePolicy escalated (its step moved on) when the resume at that step comes; one it
+dead-lettered when a later seq's start, after the deadline, has waited `wait_ms` (the watermark
+past it: no record before it can still come, so the resume it may be ahead of never ran).
+Records wait `wait_ms` (two hours of event time by default): more than the live job's longest
+resume backoff, for a failed resume waits for its retry.
 
 Outputs: REPORTS, (entity_key, BacktestKeyReport), once per key, at its first divergence (or
 where the backtest's run would stop: a resume the model failed both live and in the candidate,
@@ -461,8 +461,11 @@ class _Shadow(beam.DoFn):
                 # The live key sat idle past its TTL before this start if it ran after the
                 # TTL's time (a start before it is stamped no later, on the key's clock): the
                 # candidate's TTL fires then, as the backtest's `_idle_past_ttl`, even where no
-                # watermark fired the timer between the two records (they came reversed).
-                driver.fire_ttl(live.now_ms - 1)
+                # watermark fired the timer between the two records (they came reversed). A
+                # start the live key took in earlier (queued while it was suspended, drained
+                # when a failure ended the suspension) ran with no idle time before it: only
+                # a TTL due before its event's own time fired first.
+                driver.fire_ttl(min(live.now_ms, live.event.event_time_ms) - 1)
             driver.schedule(live.event, taken_in_ms=taken_in(live))
         else:
             expired = None

@@ -752,6 +752,29 @@ def test_a_changed_agent_on_a_resume_that_failed_for_good_diverges_as_in_the_bac
     assert found[ERRORS] == []
 
 
+def test_a_start_drained_when_a_failure_ended_a_long_suspension_is_no_ttl_wipe_in_the_shadow():
+    # Live: the key suspends on a payment no one answers, an event queues meanwhile; a day on
+    # the deadline's EXPIRED makes the resume raise until its retries are spent, and the queued
+    # start runs at once, in the same bundle: no idle time, no TTL. The shadow fired the
+    # candidate's TTL (two hours, counted from the suspension) before that start, wiping the
+    # count the live key kept: "completed -> completed" in every order of the records.
+    config = RuntimeConfig(ttl_ms=2 * 3_600_000)
+    programs = [[["count"]], [["call", "pay"], ["raise_unless_ok"]], [["count"]]]
+    events = [
+        (T0, AgentEnvelope(entity_key=b"k", event_time_ms=T0,
+                           external_event=json.dumps({"nonce": n, "ops": ops}).encode()))
+        for n, ops in enumerate(programs)
+    ]  # fmt: skip
+    history = live_history(FUNCTION, b"k", events, config, PlanModel([]), lambda i: (None, OK))
+    assert [r.reason for r in history] == ["", "", *["agent_raised"] * 3, "resume_failed", ""]
+    assert history[-1].now_ms == history[-2].now_ms > history[-1].event.event_time_ms
+    report, _ = backtest_key(b"k", history, FUNCTION, BacktestOptions(config=config))
+    assert not report.HasField("divergence")
+    for seed in range(4):
+        found = _deliver(FUNCTION, _delivered(history, seed), config)
+        assert found["reports"] == [] and found[ERRORS] == []
+
+
 # -- generated live histories (rev42) -----------------------------------------------------------
 # Programs of model calls, tool calls (one or several at once), approvals, memory writes and
 # failures, run by a function agent and a step agent through the runtime's machine as a
