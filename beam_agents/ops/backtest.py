@@ -387,12 +387,18 @@ class _RecordedModel:
         """Offers the calls of `records` the candidate, in `state`, cannot replay itself."""
         self._answers: dict[bytes, collections.deque] = collections.defaultdict(collections.deque)
         cache = state.cache if state is not None else None
-        seen = {e.cache_key for e in cache.entries if not e.digest_only} if cache else set()
+        cached = {e.cache_key for e in cache.entries if not e.digest_only} if cache else set()
+        offered: set[str] = set()
         for record in records:
             for call in record.model_calls:
-                if call.cache_key not in seen:  # a failed attempt's call, replayed in its retry
-                    seen.add(call.cache_key)
-                    self._answers[call.request_digest].append(call)
+                # A call replayed from the live cache was paid for before (by an attempt the
+                # model or the budget stopped, kept for its retry): offered once. One the model
+                # answered again is offered again: an attempt the agent failed kept nothing, so
+                # its retry asked afresh, and may have been answered otherwise.
+                if call.cache_key in cached or (call.replayed and call.cache_key in offered):
+                    continue
+                offered.add(call.cache_key)
+                self._answers[call.request_digest].append(call)
 
     def complete(self, request: LlmRequest) -> LlmResponse:
         digest = request_digest(request.canonical())

@@ -40,6 +40,8 @@ from beam_agents.testing.review_agents import (
     DEAD_LETTERING,
     ESCALATING,
     ONE_EVENT,
+    RAISED_BY_SIX,
+    RETRIED_ONCE,
     SHORT_DEADLINES,
     BusyOnce,
     DownOnFirstCall,
@@ -54,6 +56,7 @@ from beam_agents.testing.review_agents import (
     pair_history,
     pays,
     queued_history,
+    raised_on_a_failed_payment,
     raised_then_declined,
     two_calls,
     unanswered_history,
@@ -754,5 +757,70 @@ def test_a_start_granted_a_raise_then_left_unanswered_after_a_busy_model_is_no_d
     )
     assert [(r.reason, r.now_ms - T0) for r in history] == [("budget_exceeded", 86_461_000)]
     report, letters = backtest_key(b"k", history, FUNCTION, BacktestOptions(config=config))
+    assert letters == []
+    assert not report.HasField("divergence"), report.divergence.detail
+
+
+def test_a_resume_that_raised_after_a_model_call_asks_the_model_afresh_on_its_retry_as_live():
+    # The payment failed, so the resume raised after its model call: a failure of the agent's
+    # keeps no answer for the retry, which asked the model again and got another answer (both
+    # records hold the call, under one cache key). Offered once, as if the retry had replayed
+    # it, the second request went unanswered: the unchanged agent diverged.
+    history = raised_on_a_failed_payment(RETRIED_ONCE)
+    assert [r.reason for r in history] == ["", "agent_raised", "resume_failed"]
+    first, retry = (r.model_calls[0] for r in history[1:])
+    assert first.cache_key == retry.cache_key and first.response != retry.response
+    assert not retry.replayed
+    report, letters = backtest_key(b"k", history, FUNCTION, BacktestOptions(config=RETRIED_ONCE))
+    assert letters == []
+    assert not report.HasField("divergence"), report.divergence.detail
+    # Both attempts paid for the call, live and in the candidate.
+    assert report.candidate_input_tokens == report.baseline_input_tokens == 6
+
+
+def test_a_resume_that_raised_after_a_raise_then_was_declined_one_is_no_divergence():
+    # Granted a raise, the resume made its call and raised; its retry asked again, and no one
+    # answered: budget_exceeded at the question's deadline.
+    history = raised_on_a_failed_payment(RAISED_BY_SIX)
+    assert [r.reason for r in history] == ["", "agent_raised", "budget_exceeded"]
+    report, letters = backtest_key(b"k", history, FUNCTION, BacktestOptions(config=RAISED_BY_SIX))
+    assert letters == []
+    assert not report.HasField("divergence"), report.divergence.detail
+
+
+def _raised_between_busy_models():
+    """The pay-then-model-then-raise history with the model busy on every second request: the
+    resume's attempts alternate, raised (after its model call) and llm_failed (busy), until
+    its retries are spent."""
+    ops = [["call", "pay"], ["llm", "p0"], ["raise_unless_ok"]]
+    event = AgentEnvelope(
+        entity_key=b"k",
+        event_time_ms=T0,
+        external_event=json.dumps({"nonce": 0, "ops": ops}).encode(),
+    )
+    answers = iter([(1_000, "error")] + [(None, OK)] * 10)
+    return live_history(
+        FUNCTION,
+        b"k",
+        [(T0, event)],
+        RuntimeConfig(),
+        PlanModel([OK, "busy"]),
+        lambda i: next(answers),
+    )
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="open (gen42): the candidate, answered from the recording, never fails where the live "
+    "model was busy, so its attempts fall out of step with the live key's and its last asks a "
+    "request no record answers: the recorded model would have to fail the candidate's attempt "
+    "where the live attempt was llm_failed (after the calls that attempt recorded)",
+)
+def test_a_resume_that_raised_between_busy_model_attempts_is_no_divergence():
+    history = _raised_between_busy_models()
+    assert [r.reason for r in history] == [
+        "", "agent_raised", "llm_failed", "agent_raised", "llm_failed", "resume_failed"
+    ]  # fmt: skip
+    report, letters = backtest_key(b"k", history, FUNCTION)
     assert letters == []
     assert not report.HasField("divergence"), report.divergence.detail

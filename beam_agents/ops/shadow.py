@@ -26,16 +26,19 @@ the order the live key ran them: a key's first activation (a start under the fir
 key, `machine_events.first_seq`), then, while the candidate is suspended, the resume of its
 suspension (the same seq and step), else the next seq's start. A record that failed live and
 that the runtime runs again at its place (a retried resume) is not compared: its model answers
-go to the retry. A copy of a record already compared is dropped. A record that came ahead of
-its turn waits; if its turn has not come once the watermark is `wait_ms` past it, the key is
-not shadowed further, with a `history_incomplete` dead letter (a record lost; a key that began
-before the shadow was added to the job). A suspension the live runtime ended at its deadline with
-no record ends the candidate's too (`_past_deadline`, as the backtest's): one a DeadlinePolicy
-escalated (its step moved on) when the resume at that step comes; one it dead-lettered when a
-later seq's start, after the deadline, has waited `wait_ms` (the watermark past it: no record
-before it can still come, so the resume it may be ahead of never ran). Records wait `wait_ms`
-(two hours of event time by default): more than the live job's longest resume backoff, for a
-failed resume waits for its retry.
+go to the retry. A resume that ended its suspension on a failure (`resume_failed`, a declined
+raise's `budget_exceeded`) can come before those attempts: where the candidate, run on what
+came, departs from it or fails more often, it waits for them (`_attempts_missing`) until the
+watermark is `wait_ms` past it. A copy of a record already compared is dropped. A record that
+came ahead of its turn waits; if its turn has not come once the watermark is `wait_ms` past it,
+the key is not shadowed further, with a `history_incomplete` dead letter (a record lost; a key
+that began before the shadow was added to the job). A suspension the live runtime ended at its
+deadline with no record ends the candidate's too (`_past_deadline`, as the backtest's): one a
+DeadlinePolicy escalated (its step moved on) when the resume at that step comes; one it
+dead-lettered when a later seq's start, after the deadline, has waited `wait_ms` (the watermark
+past it: no record before it can still come, so the resume it may be ahead of never ran).
+Records wait `wait_ms` (two hours of event time by default): more than the live job's longest
+resume backoff, for a failed resume waits for its retry.
 
 Outputs: REPORTS, (entity_key, BacktestKeyReport), once per key, at its first divergence (or
 where the backtest's run would stop: a resume the model failed both live and in the candidate,
@@ -105,10 +108,12 @@ from beam_agents.runtime.budget import BUDGET_TOOL
 from beam_agents.runtime.config import RuntimeConfig
 from beam_agents.runtime.context import ESCALATION_TOOL, Agent
 from beam_agents.runtime.dead_letters import (
+    BUDGET_EXCEEDED,
     HISTORY_INCOMPLETE,
     HISTORY_OUT_OF_ORDER,
     RECORDED_ANSWER_WITHHELD,
     RECORDING_UNDECODABLE,
+    RESUME_FAILED,
     error_record,
 )
 from beam_agents.runtime.key_driver import KeyDriver, recording_machine
@@ -394,7 +399,13 @@ class _Shadow(beam.DoFn):
                 turn.done = True
                 return turn
             (live,) = final
-            state = self._compare(key, previous, live, due, state, counts, turn)
+            compared = self._compare(key, previous, live, due, state, counts, turn, timely)
+            if compared is None:
+                # A failed attempt before it has not come: it waits, and its give-up counts
+                # from it, when the watermark has passed every record before it.
+                turn.attempted = turn.attempted or any(r is records[-1] for r in due)
+                break
+            state = compared
             if turn.done:
                 return turn
             previous, turn.progressed = live, True
@@ -434,10 +445,14 @@ class _Shadow(beam.DoFn):
         turn.ttl = (driver.ttl_set, driver.ttl_at) if driver.ttl_set else turn.ttl
         return driver.state
 
-    def _compare(self, key, previous, live, due, state, counts, turn) -> KeyState:
+    def _compare(
+        self, key, previous, live, due, state, counts, turn, timely=False
+    ) -> KeyState | None:
         """Runs the candidate on `live`'s input (its event, or the answers it resumed with to
         the calls the candidate made too), compares, spans and counts; the candidate's state
-        after it. `due` holds `live` and the failed attempts before it at its place."""
+        after it. `due` holds `live` and the failed attempts before it at its place. None, and
+        nothing done, when `live` ended its suspension after failed attempts of which some may
+        not have come (`_attempts_missing`): it is compared when they have, or once `timely`."""
         model = _RecordedModel(due, None, 0, state)
         driver = KeyDriver(recording_machine(self._candidate, model, self._config), key, state)
         answers = {answered_intent_id(a): a for a in live.answers}
@@ -446,8 +461,11 @@ class _Shadow(beam.DoFn):
                 # The live key sat idle past its TTL before this start if it ran after the
                 # TTL's time (a start before it is stamped no later, on the key's clock): the
                 # candidate's TTL fires then, as the backtest's `_idle_past_ttl`, even where no
-                # watermark fired the timer between the two records (they came reversed).
-                driver.fire_ttl(live.now_ms - 1)
+                # watermark fired the timer between the two records (they came reversed). A
+                # start the live key took in earlier (queued while it was suspended, drained
+                # when a failure ended the suspension) ran with no idle time before it: only
+                # a TTL due before its event's own time fired first.
+                driver.fire_ttl(min(live.now_ms, live.event.event_time_ms) - 1)
             driver.schedule(live.event, taken_in_ms=taken_in(live))
         else:
             expired = None
@@ -477,24 +495,8 @@ class _Shadow(beam.DoFn):
                     if decision is not None:
                         driver.schedule(decision)
         index = counts.baseline_activations
-        for attempt in due:
-            _count(counts, "baseline", attempt)
-        for activation in [*attempts, *ran]:
-            _count(counts, "candidate", activation)
-        counts.baseline_activations += 1
-        counts.candidate_activations += len(ran)
         missed = model.misses
         withheld = [digest for digest, held in missed if held]
-        if withheld:
-            detail = (
-                f"activation {index} (seq {live.seq}) needs the recorded answer to request "
-                f"{withheld[0].hex()[:16]}, kept as a digest only: raise the recording's "
-                "max_answer_bytes to shadow this key"
-            )
-            letter = error_record(key, RECORDED_ANSWER_WITHHELD, detail, live.now_ms)
-            turn.outputs.append(beam.pvalue.TaggedOutput(ERRORS, (key, letter)))
-            turn.done = True
-            return state
         # Not comparable past a resume the model failed both live and here (the request it
         # failed on is in no record): the key's shadowing ends there, its report saying it
         # stopped, as the backtest's run stops there (`backtest._judge`).
@@ -506,6 +508,26 @@ class _Shadow(beam.DoFn):
         else:
             detail = f"the candidate ran {len(ran)} activations where the live agent ran one"
             found = _not_run(index, live, driver.state, detail)
+        if not timely and _attempts_missing(
+            live, due, attempts, bool(withheld or found or stopped)
+        ):
+            return None
+        for attempt in due:
+            _count(counts, "baseline", attempt)
+        for activation in [*attempts, *ran]:
+            _count(counts, "candidate", activation)
+        counts.baseline_activations += 1
+        counts.candidate_activations += len(ran)
+        if withheld:
+            detail = (
+                f"activation {index} (seq {live.seq}) needs the recorded answer to request "
+                f"{withheld[0].hex()[:16]}, kept as a digest only: raise the recording's "
+                "max_answer_bytes to shadow this key"
+            )
+            letter = error_record(key, RECORDED_ANSWER_WITHHELD, detail, live.now_ms)
+            turn.outputs.append(beam.pvalue.TaggedOutput(ERRORS, (key, letter)))
+            turn.done = True
+            return state
         turn.ttl = (driver.ttl_set, driver.ttl_at) if driver.ttl_set else turn.ttl
         span = shadow_span(live, self._candidate.adapter, found)
         turn.outputs.append(beam.pvalue.TaggedOutput(TRACES, (key, span)))
@@ -519,6 +541,20 @@ class _Shadow(beam.DoFn):
             turn.outputs.append((key, counts))
             turn.done = True
         return driver.state
+
+
+def _attempts_missing(live: ActivationRecord, due, attempts, departed: bool) -> bool:
+    """Whether failed attempts of the live key before `live` may not have come yet: `live`
+    ended its suspension on a failure (its retries spent, `resume_failed`, or a raise its
+    budget needed declined, `budget_exceeded`), which the runtime may have run after any
+    number of failed attempts at its place, each with model answers of its own, and the
+    candidate run on the records that came (`due`) departed from it or failed more often than
+    the live attempts that came (`attempts`). Its records can come in any order: compared
+    now, the candidate would miss the answers of an attempt still on its way and diverge
+    where it does not (the backtest, holding them all, does not)."""
+    ended = live.outcome == Outcome.OUTCOME_FAILED and not live.HasField("event")
+    ended = ended and live.reason in (RESUME_FAILED, BUDGET_EXCEEDED)
+    return ended and (departed or len(attempts) != len(due) - 1)
 
 
 def _read(seq, memory, cache, continuation, pending) -> KeyState:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import itertools
 import json
 import random
 import sys
@@ -55,6 +56,8 @@ from beam_agents.testing.review_agents import (
     DEAD_LETTERING,
     ESCALATING,
     ONE_EVENT,
+    RAISED_BY_SIX,
+    RETRIED_ONCE,
     SHORT_DEADLINES,
     BusyOnce,
     DownOnFirstCall,
@@ -69,6 +72,7 @@ from beam_agents.testing.review_agents import (
     pair_history,
     pays,
     queued_history,
+    raised_on_a_failed_payment,
     raised_then_declined,
     two_calls,
     unanswered_history,
@@ -710,6 +714,65 @@ def test_an_answer_stamped_before_the_escalation_it_came_after_is_no_divergence_
     assert not expected.HasField("divergence")
     found = _deliver(asks_a_person, [(b"k", r) for r in history], ESCALATING)
     assert found["reports"] == [] and found[ERRORS] == []
+
+
+_FAILED_ENDINGS = {"resume_failed": RETRIED_ONCE, "budget_exceeded": RAISED_BY_SIX}
+
+
+@pytest.mark.parametrize("ending", sorted(_FAILED_ENDINGS))
+def test_a_resume_that_failed_for_good_after_an_attempt_is_no_divergence_in_any_order(ending):
+    # The resume made a model call and raised; its retry asked the model afresh (a failure of
+    # the agent's keeps no answer) and ended the suspension: its retries spent, or its budget
+    # question declined. Its record delivered before the attempt's, the shadow compared it
+    # at once and missed the attempt's answer: a divergence of the unchanged agent. It now
+    # waits for the attempts before it.
+    config = _FAILED_ENDINGS[ending]
+    history = raised_on_a_failed_payment(config)
+    assert [r.reason for r in history] == ["", "agent_raised", ending]
+    for order in itertools.permutations(history):
+        found = _deliver(FUNCTION, [(b"k", r) for r in order], config)
+        assert found["reports"] == [] and found[ERRORS] == [], [r.reason for r in order]
+        assert len(found[TRACES]) == 2  # the start and the ending; the attempt is not compared
+
+
+@pytest.mark.parametrize("ending", sorted(_FAILED_ENDINGS))
+def test_a_changed_agent_on_a_resume_that_failed_for_good_diverges_as_in_the_backtest(ending):
+    # The ending comes first and the candidate departs on it (a divergence, or, against a
+    # resume_failed, which a model failure ends too, a stop: its request is one the recording
+    # lacks): the report waits for the attempt, then says what the backtest, holding every
+    # record, says.
+    config = _FAILED_ENDINGS[ending]
+    history = raised_on_a_failed_payment(config)
+    candidate = _changed(FUNCTION, "new prompt")
+    expected, _ = backtest_key(b"k", history, candidate, BacktestOptions(config=config))
+    assert expected.HasField("divergence") != (ending == "resume_failed")
+    order = [history[0], history[2], history[1]]
+    found = _deliver(candidate, [(b"k", r) for r in order], config)
+    assert [r.divergence for _, r in found["reports"]] == [expected.divergence]
+    assert found[ERRORS] == []
+
+
+def test_a_start_drained_when_a_failure_ended_a_long_suspension_is_no_ttl_wipe_in_the_shadow():
+    # Live: the key suspends on a payment no one answers, an event queues meanwhile; a day on
+    # the deadline's EXPIRED makes the resume raise until its retries are spent, and the queued
+    # start runs at once, in the same bundle: no idle time, no TTL. The shadow fired the
+    # candidate's TTL (two hours, counted from the suspension) before that start, wiping the
+    # count the live key kept: "completed -> completed" in every order of the records.
+    config = RuntimeConfig(ttl_ms=2 * 3_600_000)
+    programs = [[["count"]], [["call", "pay"], ["raise_unless_ok"]], [["count"]]]
+    events = [
+        (T0, AgentEnvelope(entity_key=b"k", event_time_ms=T0,
+                           external_event=json.dumps({"nonce": n, "ops": ops}).encode()))
+        for n, ops in enumerate(programs)
+    ]  # fmt: skip
+    history = live_history(FUNCTION, b"k", events, config, PlanModel([]), lambda i: (None, OK))
+    assert [r.reason for r in history] == ["", "", *["agent_raised"] * 3, "resume_failed", ""]
+    assert history[-1].now_ms == history[-2].now_ms > history[-1].event.event_time_ms
+    report, _ = backtest_key(b"k", history, FUNCTION, BacktestOptions(config=config))
+    assert not report.HasField("divergence")
+    for seed in range(4):
+        found = _deliver(FUNCTION, _delivered(history, seed), config)
+        assert found["reports"] == [] and found[ERRORS] == []
 
 
 # -- generated live histories (rev42) -----------------------------------------------------------

@@ -7,6 +7,7 @@ request), with the budget config that asks a person to raise a key's tokens.
 from __future__ import annotations
 
 import dataclasses
+import json
 
 from beam_agents._protos import AgentEnvelope, ToolResult
 from beam_agents.errors import LlmCallError
@@ -23,13 +24,17 @@ from beam_agents.runtime.config import AtDeadline, DeadlinePolicy
 from beam_agents.runtime.context import ESCALATION_TOOL
 from beam_agents.runtime.key_driver import KeyDriver, recording_machine
 from beam_agents.runtime.machine_state import due_at
+from beam_agents.testing.live_history import OK, PlanModel, live_history
 from beam_agents.testing.recorded_history import T0, record_history
+from beam_agents.testing.simulation_agents import FUNCTION
 
 __all__ = [
     "ASKING",
     "DEAD_LETTERING",
     "ESCALATING",
     "ONE_EVENT",
+    "RAISED_BY_SIX",
+    "RETRIED_ONCE",
     "SHORT_DEADLINES",
     "BusyOnce",
     "DownOnFirstCall",
@@ -44,6 +49,7 @@ __all__ = [
     "pair_history",
     "pays",
     "queued_history",
+    "raised_on_a_failed_payment",
     "raised_then_declined",
     "two_calls",
     "unanswered_history",
@@ -284,3 +290,27 @@ def raised_then_declined():
         calls_per_event, events, tools={}, approver=approver, llm_client=model, config=config
     )
     return config, history
+
+
+#: Resumes retried once (twice on a busy model), under short deadlines.
+RETRIED_ONCE = dataclasses.replace(SHORT_DEADLINES, resume_retries=1, retryable_resume_retries=2)
+#: A key's 12 tokens: a call's estimate passes them, and a person is asked for 6 more.
+RAISED_BY_SIX = RuntimeConfig(budget=Budget(key_tokens=12, on_exceed=OnBudget.ASK, raise_tokens=6))
+
+
+def raised_on_a_failed_payment(config: RuntimeConfig):
+    """The history of `FUNCTION` on one event that pays, asks the model and raises when the
+    payment failed, under `config`: the payment fails (its ERROR a second after), so each
+    resume asks the model afresh (a failure of the agent's keeps no answer for its retry,
+    `Activations._keep_paid`) and raises. Its budget questions, if `config` asks them: the
+    first granted a second after, the rest never answered."""
+    ops = [["call", "pay"], ["llm", "p0"], ["raise_unless_ok"]]
+    event = AgentEnvelope(
+        entity_key=b"k",
+        event_time_ms=T0,
+        external_event=json.dumps({"nonce": 0, "ops": ops}).encode(),
+    )
+    answers = iter([(1_000, "error"), (1_000, OK)] + [(None, OK)] * 10)
+    return live_history(
+        FUNCTION, b"k", [(T0, event)], config, PlanModel([]), lambda intent: next(answers)
+    )
