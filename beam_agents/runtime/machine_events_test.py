@@ -505,6 +505,20 @@ def test_a_ttl_timer_fired_on_a_due_suspension_sets_a_lost_deadline_timer_again(
     assert h.continuation is suspended
 
 
+def test_a_ttl_timer_fired_after_the_ttl_moved_forward_is_counted_stale_and_wipes_nothing():
+    # A runner may fire the timer an earlier activation set after a later one reset it: the
+    # key was active since, so the firing is stale, counted, and the memory stays.
+    h = Harness(echo)
+    h.send(event(T0, b"1"))
+    first_ttl = h.timers[1].at_ms
+    h.send(event(T0 + 1000, b"2"))
+    assert h.timers[1].at_ms > first_ttl
+    memory = h.states[0].value
+    effects = h.fire_ttl(first_ttl)
+    assert effects.counters == ["stale_ttl_timers"] and effects.outputs == []
+    assert h.states[0].value is memory
+
+
 def test_a_suspension_longer_than_the_ttl_drains_its_mailbox_at_the_answer():
     """A suspended key is not idle until its deadline: an answer on time, after more than a
     TTL, is no wrong clock, and the events queued behind it run at its time."""
