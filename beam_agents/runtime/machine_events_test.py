@@ -533,3 +533,21 @@ def test_a_suspension_longer_than_the_ttl_drains_its_mailbox_at_the_answer():
     (asked,) = pending(h)
     assert asked.created_at_ms == answered_at
     assert h.memory.last_activity_ms == answered_at
+
+
+@agent(name="tests.raises_on_boom/v1")
+def raises_on_boom(ctx, event: bytes) -> bytes:
+    if event == b"boom":
+        raise ValueError("the agent's own defect")
+    return b"echo " + event
+
+
+def test_a_start_that_raised_before_any_model_call_still_moves_the_key_past_its_seq():
+    # Nothing was paid, so nothing else is committed: the seq alone must move, or the next
+    # start reuses the failed one's seq (its ids, its replay-cache slots).
+    h = Harness(raises_on_boom)
+    h.send(event(T0, b"boom"))
+    assert [e.reason for e in h.values(ERRORS)] == ["agent_raised"]
+    assert h.export().seq == SEQ
+    h.send(event(T0, b"next"))
+    assert h.values("completions") == [b"echo next"] and h.export().seq == SEQ + 1
