@@ -104,7 +104,8 @@ REASONS = {
     "naming another entity, or an approval editing arguments its request does not allow",
     DEADLINE_EXCEEDED: "no answer by the deadline under the dead-letter policy; the "
     "suspension was ended",
-    TTL_WIPED_SUSPENDED: "a suspended key idle past its TTL; its state was cleared",
+    TTL_WIPED_SUSPENDED: "a suspended key idle past its TTL; its state was cleared (no longer "
+    "written: a suspension's deadline always ends it before its TTL can pass)",
     RESTORE_CONFLICT: "a StateSnapshot for a key that already has state; nothing restored",
     RESUME_FAILED: "a resume failed on every retry; the suspension ended, its answers are in "
     "the record",

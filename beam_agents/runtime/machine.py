@@ -264,18 +264,11 @@ class KeyMachine(Commits, Checks, Intake, AnswerChecks, Activations, DueTimes, B
             work.count("stale_ttl_timers")
             work.commit(state)
             return self._finish(work)
-        if self._ttl_at(state.memory, state.continuation, 0) > fired_ms:
+        # A suspension counts in the TTL from its due time on, so a key suspended still (not
+        # due) is not past its TTL either: only an idle key is wiped, and no answer is lost.
+        if self._ttl_at(state.memory, suspended, 0) > fired_ms:
             work.count("stale_ttl_timers")  # the TTL moved forward since it was set
             return self._finish(work)  # what the state's checks changed, if anything
-        if suspended is not None:
-            work.dead_suspension(
-                dl.TTL_WIPED_SUSPENDED,
-                suspended,
-                fired_ms,
-                detail="idle past its TTL while suspended on "
-                f"{list(suspended.pending_intent_ids)}; state cleared",
-                queued="queued while the key was suspended; the key was wiped first",
-            )
         work.commit(KeyState(seq=state.seq))
         return self._finish(work)
 
