@@ -12,12 +12,14 @@ import json
 import struct
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from beam_agents._protos import MemoryBlob, TraceEvent
-from beam_agents.runtime import RuntimeConfig, agent
+from beam_agents.runtime import AtDeadline, DeadlinePolicy, RuntimeConfig, agent
 from beam_agents.runtime.machine import ERRORS
 from beam_agents.runtime.machine_events import event_digests, marks_problem
-from beam_agents.runtime.machine_state import INT64_MAX
+from beam_agents.runtime.machine_state import INT64_MAX, due_at, timer_ms
 from beam_agents.testing.machine_harness import (
     SEQ,
     T0,
@@ -551,3 +553,142 @@ def test_a_start_that_raised_before_any_model_call_still_moves_the_key_past_its_
     assert h.export().seq == SEQ
     h.send(event(T0, b"next"))
     assert h.values("completions") == [b"echo next"] and h.export().seq == SEQ + 1
+
+
+# Review of the TTL's wipe of a suspended key (gone as unreachable) ------------------------------
+
+DAY = 24 * 60 * 60 * 1000
+#: The first and last millisecond a global-window timer holds (`timer_ms` clamps into them).
+_FIRST_MS, _LAST_MS = timer_ms(-INT64_MAX - 1), timer_ms(INT64_MAX)
+_TIMES = st.one_of(
+    st.sampled_from(
+        [
+            0,
+            -1,
+            -(10**12),
+            T0,
+            T0 + DAY,
+            T0 + 10**12,
+            _FIRST_MS,
+            _LAST_MS,
+            INT64_MAX,
+            -INT64_MAX - 1,
+        ]
+    ),
+    st.integers(T0 - 10**4, T0 + 3 * DAY),
+)
+#: A firing: the timer's own (None), one by the suspension's due time (a TTL set earlier, in
+#: flight), or any time a timer holds.
+_FIRINGS = st.one_of(
+    st.none(),
+    st.sampled_from([("due", -1000), ("due", -1), ("due", 0), ("due", 1)]),
+    st.sampled_from([_FIRST_MS, _LAST_MS, T0]),
+    st.integers(T0 - 10**4, T0 + 3 * DAY),
+)
+_STEPS = st.one_of(
+    st.tuples(st.just("event"), _TIMES, st.sampled_from([b"1", b"2"])),
+    st.tuples(st.just("answer"), _TIMES, st.booleans()),
+    st.tuples(st.just("ttl"), _FIRINGS),
+    st.tuples(st.just("deadline"), _FIRINGS),
+    st.tuples(st.just("release"), _TIMES),
+)
+
+
+def _fire(h: Harness, which: str, at) -> None:
+    """Fires a timer as a runner does: its own (`at` None) is consumed unless the step sets it
+    again. A TTL firing on a suspended key keeps the suspension, or dead-letters it."""
+    timer = h.timers[0 if which == "deadline" else 1]
+    suspended = h.continuation
+    if at is None:
+        if timer.at_ms is None:
+            return
+        at = timer.at_ms
+        timer.clear()
+    elif isinstance(at, tuple):
+        if suspended is None:
+            return
+        at = max(_FIRST_MS, min(timer_ms(due_at(suspended)) + at[1], _LAST_MS))
+    emitted = len(h.outputs)
+    (h.fire_deadline if which == "deadline" else h.fire_ttl)(at)
+    if which == "ttl" and suspended is not None:
+        assert h.continuation is not None or h.values(ERRORS)[emitted:], (
+            f"a TTL at {at} dropped a suspension due {due_at(suspended)} (intents "
+            f"{list(suspended.pending_intent_ids)}, mailbox {len(suspended.mailbox)}) silently"
+        )
+
+
+@settings(
+    max_examples=200, derandomize=True, deadline=None, suppress_health_check=list(HealthCheck)
+)
+@given(
+    ttl=st.sampled_from([0, 1, 1000, DAY, 10**9, INT64_MAX // 2, INT64_MAX]),
+    intent_ttl=st.sampled_from([0, 1000, 60 * 60 * 1000]),
+    longer=st.sampled_from([0, 500, DAY, 10**13]),
+    action=st.sampled_from(list(AtDeadline)),
+    escalations=st.integers(0, 2),
+    extension=st.sampled_from([0, 1000, 10**13]),
+    model_down=st.one_of(st.none(), st.integers(1, 3)),
+    restored=st.one_of(st.none(), st.tuples(_TIMES, st.one_of(st.just(0), _TIMES), _TIMES)),
+    steps=st.lists(_STEPS, max_size=8),
+)
+def test_no_ttl_firing_drops_a_suspension_silently_and_every_suspension_ends_by_its_deadline(
+    ttl, intent_ttl, longer, action, escalations, extension, model_down, restored, steps
+):
+    """a401499's argument, checked: a TTL firing at any time a timer holds finds a suspended
+    key either due (left to its deadline timer) or not past its TTL, so it never wipes one;
+    and once the watermark runs on, every suspension ends at its due time and the key is
+    wiped. Suspensions on an approval or on a busy model (retry_at_ms), stored or restored with
+    any deadline, retry and activity mark; timers fired twice, early, late, out of order."""
+    config = RuntimeConfig(
+        ttl_ms=ttl,
+        intent_ttl_ms=intent_ttl,
+        suspend_deadline_ms=intent_ttl + longer,
+        deadline_policy=DeadlinePolicy(action, escalations, extension),
+        resume_retries=1,
+        retryable_resume_retries=2,
+        resume_backoff_ms=1000,
+        resume_backoff_max_ms=4000,
+    )
+
+    def harness() -> Harness:
+        if model_down is None:
+            return Harness(asks, config=config)
+        return Harness(summarise_event, llm=DownOnce(model_down), config=config)
+
+    h = harness()
+    if restored is None:
+        h.send(event(T0, b"5"))
+        h.send(event(T0 + 1, b"6"))  # queued behind the suspension
+    else:
+        source = harness()
+        source.send(event(T0, b"5"))
+        source.send(event(T0 + 1, b"6"))
+        snapshot = source.export(T0 + 2)
+        snapshot.continuation.deadline_ms, snapshot.continuation.retry_at_ms = restored[:2]
+        snapshot.memory.last_activity_ms = restored[2]
+        h.restore(snapshot)
+    for kind, at, *more in steps:
+        if kind == "event":
+            h.send(event(at, *more))
+        elif kind == "answer" and h.continuation is not None and pending(h):
+            h.send(approve(at, pending(h)[0], *more, ring=None))
+        elif kind == "release" and h.continuation is None:
+            h.export(at)  # no hand-off of a suspension: its snapshot would carry it away
+        elif kind in ("ttl", "deadline"):
+            _fire(h, kind, at)
+        if h.continuation is not None:
+            assert h.timers[0].at_ms == timer_ms(due_at(h.continuation))
+    # The watermark runs to the end of time: timers fire in time order, on a tie the TTL's
+    # first, then the one that did not fire last.
+    last = 0
+    for _ in range(200):
+        timers = [(t.at_ms, i) for i, t in enumerate(h.timers) if t.at_ms is not None]
+        if not timers:
+            break
+        _, last = min(timers, key=lambda timer: (timer[0], timer[1] == last))
+        _fire(h, ("deadline", "ttl")[last], None)
+    else:
+        raise AssertionError("the key's timers never ran out")
+    assert h.continuation is None, "a suspension outlived its deadline"
+    if h.machine._ttl_at(h.memory, None, 0) <= _LAST_MS:  # else idle past the end of time
+        assert h.memory is None and not pending(h), "an idle key was never wiped"
