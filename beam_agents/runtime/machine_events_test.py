@@ -16,6 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from beam_agents._protos import MemoryBlob, TraceEvent
+from beam_agents.errors import RuntimeConfigError
 from beam_agents.runtime import AtDeadline, DeadlinePolicy, RuntimeConfig, agent
 from beam_agents.runtime.machine import ERRORS
 from beam_agents.runtime.machine_events import event_digests, marks_problem
@@ -692,3 +693,23 @@ def test_no_ttl_firing_drops_a_suspension_silently_and_every_suspension_ends_by_
     assert h.continuation is None, "a suspension outlived its deadline"
     if h.machine._ttl_at(h.memory, None, 0) <= _LAST_MS:  # else idle past the end of time
         assert h.memory is None and not pending(h), "an idle key was never wiped"
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="RuntimeConfig takes a negative ttl_ms: a suspended key's TTL then comes before its "
+    "due time, and since a401499 the TTL wipes the suspension without a dead letter",
+)
+def test_a_negative_ttl_is_refused_rather_than_wiping_a_suspended_key_silently():
+    # a401499's argument needs ttl_ms >= 0: the TTL of a suspension counts from its due time.
+    try:
+        config = RuntimeConfig(ttl_ms=-1)
+    except RuntimeConfigError as refused:
+        assert refused.field == "ttl_ms"
+        return
+    h = Harness(asks, config=config)
+    h.send(event(T0, b"5"))
+    h.send(event(T0 + 1, b"6"))  # queued behind the suspension
+    assert h.timers[1].at_ms == h.timers[0].at_ms - 1  # the TTL, before the deadline
+    h.fire_ttl()
+    assert h.continuation is not None or h.values(ERRORS), "the suspension went silently"
