@@ -100,6 +100,9 @@ class RuntimeConfig:
 
     def __post_init__(self) -> None:
         for name in (
+            # A suspension counts in the TTL from its due time on (`_ttl_at`): a negative TTL
+            # would come before it, and the TTL timer wipe the suspended key.
+            "ttl_ms",
             "resume_retries",
             "retryable_resume_retries",
             "resume_backoff_ms",

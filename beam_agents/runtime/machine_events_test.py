@@ -695,11 +695,6 @@ def test_no_ttl_firing_drops_a_suspension_silently_and_every_suspension_ends_by_
         assert h.memory is None and not pending(h), "an idle key was never wiped"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="RuntimeConfig takes a negative ttl_ms: a suspended key's TTL then comes before its "
-    "due time, and since a401499 the TTL wipes the suspension without a dead letter",
-)
 def test_a_negative_ttl_is_refused_rather_than_wiping_a_suspended_key_silently():
     # a401499's argument needs ttl_ms >= 0: the TTL of a suspension counts from its due time.
     try:
