@@ -45,9 +45,9 @@ from beam_agents.testing.review_agents import (
     SHORT_DEADLINES,
     BusyOnce,
     DownOnFirstCall,
-    Numbered,
     Stamped,
     StampedPair,
+    asked_twice_history,
     asks_a_person,
     asks_twice,
     calls_per_event,
@@ -617,30 +617,9 @@ def test_a_suspension_its_deadline_policy_ended_live_is_no_divergence_of_the_unc
     assert report.candidate_activations == report.baseline_activations
 
 
-#: A key's 12 tokens: the second of two 5-token calls asks a person, who raises them.
-_RAISED_AT_THE_SECOND_CALL = RuntimeConfig(
-    budget=Budget(key_tokens=12, on_exceed=OnBudget.ASK, raise_tokens=6)
-)
-
-
-def _asked_twice_history():
-    # Held for the raise, the start ran again: its first answer replayed (paid by the held
-    # attempt), its second asked afresh. Both answers are to the same request.
-    history = record_history(
-        asks_twice,
-        ONE_EVENT,
-        tools={"pay": lambda args, intent: b"{}"},
-        approver=bool,
-        llm_client=Numbered(),
-        config=_RAISED_AT_THE_SECOND_CALL,
-    )
-    assert [c.replayed for c in history[0].model_calls] == [True, False]
-    return history
-
-
 def test_a_request_made_twice_in_a_start_held_for_a_raise_gets_each_answer_in_its_place():
-    history = _asked_twice_history()
-    options = BacktestOptions(config=_RAISED_AT_THE_SECOND_CALL)
+    history = asked_twice_history()
+    options = BacktestOptions(config=RAISED_BY_SIX)
     report, letters = backtest_key(b"k", history, asks_twice, options)
     assert letters == []
     assert not report.HasField("divergence"), report.divergence.detail

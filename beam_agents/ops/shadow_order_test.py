@@ -61,9 +61,9 @@ from beam_agents.testing.review_agents import (
     SHORT_DEADLINES,
     BusyOnce,
     DownOnFirstCall,
-    Numbered,
     Stamped,
     StampedPair,
+    asked_twice_history,
     asks_a_person,
     asks_twice,
     calls_per_event,
@@ -617,30 +617,9 @@ def test_a_key_idle_past_its_ttl_live_is_wiped_in_the_shadow_when_its_records_co
     assert found["reports"] == [] and found[ERRORS] == []
 
 
-#: A key's 12 tokens: the second of two 5-token calls asks a person, who raises them.
-_RAISED_AT_THE_SECOND_CALL = RuntimeConfig(
-    budget=Budget(key_tokens=12, on_exceed=OnBudget.ASK, raise_tokens=6)
-)
-
-
-def _asked_twice_history():
-    # Held for the raise, the start ran again: its first answer replayed (paid by the held
-    # attempt), its second asked afresh. Both answers are to the same request.
-    history = record_history(
-        asks_twice,
-        ONE_EVENT,
-        tools={"pay": lambda args, intent: b"{}"},
-        approver=bool,
-        llm_client=Numbered(),
-        config=_RAISED_AT_THE_SECOND_CALL,
-    )
-    assert [c.replayed for c in history[0].model_calls] == [True, False]
-    return history
-
-
 def test_a_request_made_twice_in_a_start_held_for_a_raise_is_no_divergence_in_the_shadow():
-    history = _asked_twice_history()
-    found = _deliver(asks_twice, [(b"k", r) for r in history], _RAISED_AT_THE_SECOND_CALL)
+    history = asked_twice_history()
+    found = _deliver(asks_twice, [(b"k", r) for r in history], RAISED_BY_SIX)
     assert found["reports"] == [] and found[ERRORS] == []
 
 

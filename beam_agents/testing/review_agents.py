@@ -41,6 +41,7 @@ __all__ = [
     "Numbered",
     "Stamped",
     "StampedPair",
+    "asked_twice_history",
     "asks_a_person",
     "asks_twice",
     "calls_per_event",
@@ -268,6 +269,22 @@ class BusyOnce:
             raise LlmCallError("busy", model=request.model, retryable=True)
         text = request.messages[-1]["content"]
         return LlmResponse(text="ok: " + text, model="m", input_tokens=10, output_tokens=5)
+
+
+def asked_twice_history():
+    """`asks_twice`'s records on one event under `RAISED_BY_SIX`: held for a raise at its
+    second call, the start ran again, its first answer replayed (paid by the held attempt) and
+    its second asked afresh, both answers to the same request."""
+    history = record_history(
+        asks_twice,
+        ONE_EVENT,
+        tools={"pay": lambda args, intent: b"{}"},
+        approver=bool,
+        llm_client=Numbered(),
+        config=RAISED_BY_SIX,
+    )
+    assert [c.replayed for c in history[0].model_calls] == [True, False]
+    return history
 
 
 def raised_then_declined():
