@@ -250,9 +250,14 @@ def test_a_key_recorded_from_its_middle_is_one_dead_letter_not_a_wait_forever():
     assert letter.reason == "history_incomplete" and "the key's first start" in letter.detail
 
 
-def test_a_key_idle_past_its_ttl_is_wiped_in_the_shadow_as_live_and_shadowed_on():
-    config = RuntimeConfig(ttl_ms=60_000)
-    live = KeyDriver(recording_machine(counter, None, config), b"k")
+#: A TTL of a minute: `counter`'s key, idle ten minutes between its two events, is wiped.
+_TTL_OF_A_MINUTE = RuntimeConfig(ttl_ms=60_000)
+
+
+def _wiped_between_two_events():
+    """(records, the wiped key's TTL time) of `counter`'s key, live, wiped between its events
+    (the counter counts from 1 again)."""
+    live = KeyDriver(recording_machine(counter, None, _TTL_OF_A_MINUTE), b"k")
     records = []
     for n in range(2):
         live.schedule(AgentEnvelope(entity_key=b"k", event_time_ms=T0 + n * 600_000,
@@ -260,9 +265,14 @@ def test_a_key_idle_past_its_ttl_is_wiped_in_the_shadow_as_live_and_shadowed_on(
         records += [value for tag, value in live.step() if tag == RECORDS]
         if n == 0:
             idle_until = live.ttl_at
-            live.fire_ttl(idle_until)  # the live key, idle 10 minutes, is wiped
+            live.fire_ttl(idle_until)
     assert [r.output for r in records] == [b"event 1 of this key"] * 2
-    fn = _Shadow(counter, 60_000, config)
+    return records, idle_until
+
+
+def test_a_key_idle_past_its_ttl_is_wiped_in_the_shadow_as_live_and_shadowed_on():
+    records, idle_until = _wiped_between_two_events()
+    fn = _Shadow(counter, 60_000, _TTL_OF_A_MINUTE)
     state = {
         **{n: _Cell() for n in _CELLS},
         **{n: _Bag() for n in _BAGS},
@@ -603,17 +613,8 @@ def test_a_key_idle_past_its_ttl_live_is_wiped_in_the_shadow_when_its_records_co
     # The later start's record comes first and waits; the earlier one releases it in the same
     # bundle, before any watermark could fire the candidate's TTL between them. The live key
     # was wiped between them (the counter counts from 1 again), so the candidate must be too.
-    config = RuntimeConfig(ttl_ms=60_000)
-    live = KeyDriver(recording_machine(counter, None, config), b"k")
-    records = []
-    for n in range(2):
-        live.schedule(AgentEnvelope(entity_key=b"k", event_time_ms=T0 + n * 600_000,
-                                    external_event=b"e%d" % n))  # fmt: skip
-        records += [value for tag, value in live.step() if tag == RECORDS]
-        if n == 0:
-            live.fire_ttl(live.ttl_at)
-    assert [r.output for r in records] == [b"event 1 of this key"] * 2
-    found = _deliver(counter, [(b"k", r) for r in reversed(records)], config)
+    records, _ = _wiped_between_two_events()
+    found = _deliver(counter, [(b"k", r) for r in reversed(records)], _TTL_OF_A_MINUTE)
     assert found["reports"] == [] and found[ERRORS] == []
 
 
