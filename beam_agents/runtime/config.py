@@ -99,10 +99,22 @@ class RuntimeConfig:
     mailbox_max_bytes: int = 1024 * 1024
 
     def __post_init__(self) -> None:
+        # A suspension counts in the TTL from its due time on (`_ttl_at`): a negative TTL would
+        # come before it, and the TTL timer wipe the suspended key; a TTL of 0 ties with the
+        # deadline timer, and a TTL firing on a due suspension sets both again at that time.
+        if isinstance(self.ttl_ms, bool) or not isinstance(self.ttl_ms, int) or self.ttl_ms < 1:
+            raise RuntimeConfigError(
+                f"RuntimeConfig.ttl_ms must be a positive int, not {self.ttl_ms!r}",
+                field="ttl_ms",
+            )
         for name in (
-            # A suspension counts in the TTL from its due time on (`_ttl_at`): a negative TTL
-            # would come before it, and the TTL timer wipe the suspended key.
-            "ttl_ms",
+            # A cap below 0 evicts what no cap evicts; an intent born expired; a deadline
+            # before the suspension it ends.
+            "cache_max_entries",
+            "cache_max_bytes",
+            "cache_max_response_bytes",
+            "intent_ttl_ms",
+            "suspend_deadline_ms",
             "resume_retries",
             "retryable_resume_retries",
             "resume_backoff_ms",
@@ -117,6 +129,25 @@ class RuntimeConfig:
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise RuntimeConfigError(
                     f"RuntimeConfig.{name} must be a non-negative int, not {value!r}", field=name
+                )
+        budget = self.memory_budget_bytes
+        if budget is not None and (
+            isinstance(budget, bool) or not isinstance(budget, int) or budget < 0
+        ):
+            raise RuntimeConfigError(
+                f"RuntimeConfig.memory_budget_bytes must be None or a non-negative int, "
+                f"not {budget!r}",
+                field="memory_budget_bytes",
+            )
+        policy = self.deadline_policy
+        for name in ("max_escalations", "extension_ms"):
+            value = getattr(policy, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                # An escalation that moves the deadline back ends the suspension it extends.
+                raise RuntimeConfigError(
+                    f"RuntimeConfig.deadline_policy.{name} must be a non-negative int, "
+                    f"not {value!r}",
+                    field=f"deadline_policy.{name}",
                 )
         cap = self.llm_concurrency
         if cap is not None and (isinstance(cap, bool) or not isinstance(cap, int) or cap < 1):

@@ -1,9 +1,13 @@
-"""RuntimeConfig (config): its defaults are the ones the operations guide lists."""
+"""RuntimeConfig (config): its defaults are the ones the operations guide lists, and a time or
+count out of range is refused when the config is made, naming its field."""
 
 from __future__ import annotations
 
 import dataclasses
 
+import pytest
+
+from beam_agents.errors import RuntimeConfigError
 from beam_agents.runtime import AtDeadline, DeadlinePolicy, RuntimeConfig
 
 
@@ -33,3 +37,46 @@ def test_the_defaults_are_the_ones_the_operations_guide_lists():
         "mailbox_max_events": 100,
         "mailbox_max_bytes": mib,
     }
+
+
+@pytest.mark.parametrize(
+    ("fields", "named"),
+    [
+        # A TTL of 0 ties the TTL timer with a suspension's deadline timer; below it, the TTL
+        # would fire before a suspension is due.
+        ({"ttl_ms": 0}, "ttl_ms"),
+        ({"ttl_ms": -1}, "ttl_ms"),
+        ({"ttl_ms": 1.5}, "ttl_ms"),
+        ({"memory_budget_bytes": -1}, "memory_budget_bytes"),
+        ({"cache_max_entries": -1}, "cache_max_entries"),
+        ({"cache_max_bytes": -1}, "cache_max_bytes"),
+        ({"cache_max_response_bytes": -1}, "cache_max_response_bytes"),
+        ({"intent_ttl_ms": -1, "suspend_deadline_ms": 0}, "intent_ttl_ms"),
+        ({"intent_ttl_ms": -2, "suspend_deadline_ms": -1}, "intent_ttl_ms"),
+        ({"deadline_policy": DeadlinePolicy(extension_ms=-1)}, "deadline_policy.extension_ms"),
+        (
+            {"deadline_policy": DeadlinePolicy(max_escalations=-1)},
+            "deadline_policy.max_escalations",
+        ),
+        (
+            {"deadline_policy": DeadlinePolicy(max_escalations=True)},
+            "deadline_policy.max_escalations",
+        ),
+    ],
+)
+def test_a_time_or_count_out_of_range_is_refused_naming_its_field(fields, named):
+    with pytest.raises(RuntimeConfigError) as refused:
+        RuntimeConfig(**fields)
+    assert refused.value.field == named and named in str(refused.value)
+
+
+def test_the_least_times_in_range_are_taken():
+    config = RuntimeConfig(
+        memory_budget_bytes=None,
+        cache_max_entries=0,
+        ttl_ms=1,
+        intent_ttl_ms=0,
+        suspend_deadline_ms=0,
+        deadline_policy=DeadlinePolicy(AtDeadline.ESCALATE, max_escalations=0, extension_ms=0),
+    )
+    assert (config.ttl_ms, config.intent_ttl_ms, config.deadline_policy.extension_ms) == (1, 0, 0)
