@@ -260,9 +260,13 @@ class KeyMachine(Commits, Checks, Intake, AnswerChecks, Activations, DueTimes, B
             # stamped with this firing, a TTL later, and its intents born expired (and the
             # outputs would depend on the order the runner fired the two in). Nothing changes:
             # the commit only sets both timers again (the deadline's at that due time, so it
-            # fires even were it lost), the TTL for a key still idle that long after it.
+            # fires even were it lost), the TTL for a key still idle that long after it. Not
+            # the TTL at this very firing (a suspension due past the global window's end, where
+            # both timers clamp to its last millisecond): a runner that fired the TTL first
+            # every time would loop; the due suspension's own commit sets it.
             work.count("stale_ttl_timers")
-            work.commit(state)
+            ttl_at = timer_ms(self._ttl_at(state.memory, suspended, work.anchor))
+            work.commit(state, activity=ttl_at > fired_ms)
             return self._finish(work)
         # A suspension counts in the TTL from its due time on, so a key suspended still (not
         # due) is not past its TTL either: only an idle key is wiped, and no answer is lost.

@@ -708,3 +708,18 @@ def test_a_negative_ttl_is_refused_rather_than_wiping_a_suspended_key_silently()
     assert h.timers[1].at_ms == h.timers[0].at_ms - 1  # the TTL, before the deadline
     h.fire_ttl()
     assert h.continuation is not None or h.values(ERRORS), "the suspension went silently"
+
+
+def test_a_ttl_firing_at_the_windows_end_on_a_suspension_due_past_it_does_not_set_itself_again():
+    # Both timers clamp to the window's last millisecond: set again there, the TTL would tie
+    # with the deadline timer once more, and a runner firing the TTL first would loop.
+    config = RuntimeConfig(suspend_deadline_ms=INT64_MAX // 2)
+    h = Harness(asks, config=config)
+    h.send(event(T0, b"1"))
+    assert h.timers[0].at_ms == h.timers[1].at_ms == _LAST_MS
+    h.timers[1].clear()  # consumed by its firing
+    effects = h.fire_ttl(_LAST_MS)
+    assert effects.counters == ["stale_ttl_timers"] and h.continuation is not None
+    assert (h.timers[0].at_ms, h.timers[1].at_ms) == (_LAST_MS, None)
+    h.fire_deadline()  # the suspension ends at its own timer, which sets the TTL again
+    assert h.continuation is None and h.timers[1].at_ms == _LAST_MS
