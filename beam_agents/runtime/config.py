@@ -102,11 +102,7 @@ class RuntimeConfig:
         # A suspension counts in the TTL from its due time on (`_ttl_at`): a negative TTL would
         # come before it, and the TTL timer wipe the suspended key; a TTL of 0 ties with the
         # deadline timer, and a TTL firing on a due suspension sets both again at that time.
-        if isinstance(self.ttl_ms, bool) or not isinstance(self.ttl_ms, int) or self.ttl_ms < 1:
-            raise RuntimeConfigError(
-                f"RuntimeConfig.ttl_ms must be a positive int, not {self.ttl_ms!r}",
-                field="ttl_ms",
-            )
+        _check_int("ttl_ms", self.ttl_ms, least=1)
         for name in (
             # A cap below 0 evicts what no cap evicts; an intent born expired; a deadline
             # before the suspension it ends.
@@ -125,36 +121,12 @@ class RuntimeConfig:
             "mailbox_max_events",
             "mailbox_max_bytes",
         ):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise RuntimeConfigError(
-                    f"RuntimeConfig.{name} must be a non-negative int, not {value!r}", field=name
-                )
-        budget = self.memory_budget_bytes
-        if budget is not None and (
-            isinstance(budget, bool) or not isinstance(budget, int) or budget < 0
-        ):
-            raise RuntimeConfigError(
-                f"RuntimeConfig.memory_budget_bytes must be None or a non-negative int, "
-                f"not {budget!r}",
-                field="memory_budget_bytes",
-            )
-        policy = self.deadline_policy
+            _check_int(name, getattr(self, name))
+        _check_int("memory_budget_bytes", self.memory_budget_bytes, optional=True)
+        # An escalation that moves the deadline back ends the suspension it extends.
         for name in ("max_escalations", "extension_ms"):
-            value = getattr(policy, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                # An escalation that moves the deadline back ends the suspension it extends.
-                raise RuntimeConfigError(
-                    f"RuntimeConfig.deadline_policy.{name} must be a non-negative int, "
-                    f"not {value!r}",
-                    field=f"deadline_policy.{name}",
-                )
-        cap = self.llm_concurrency
-        if cap is not None and (isinstance(cap, bool) or not isinstance(cap, int) or cap < 1):
-            raise RuntimeConfigError(
-                f"RuntimeConfig.llm_concurrency must be None or >= 1, not {cap!r}",
-                field="llm_concurrency",
-            )
+            _check_int(f"deadline_policy.{name}", getattr(self.deadline_policy, name))
+        _check_int("llm_concurrency", self.llm_concurrency, least=1, optional=True)
         if self.suspend_deadline_ms < self.intent_ttl_ms:
             raise RuntimeConfigError(
                 f"RuntimeConfig.suspend_deadline_ms ({self.suspend_deadline_ms}) is shorter than "
@@ -166,3 +138,16 @@ class RuntimeConfig:
     def backoff_ms(self, failures: int) -> int:
         """Event time from the `failures`-th failed resume to its retry."""
         return min(self.resume_backoff_ms << min(failures - 1, 40), self.resume_backoff_max_ms)
+
+
+def _check_int(field: str, value, *, least: int = 0, optional: bool = False) -> None:
+    """Refuses `value` for RuntimeConfig.`field` unless it is an int (not a bool) of at least
+    `least`, or None where the field is `optional`."""
+    if optional and value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+        bound = "a non-negative int" if least == 0 else f"an int >= {least}"
+        raise RuntimeConfigError(
+            f"RuntimeConfig.{field} must be {'None or ' if optional else ''}{bound}, not {value!r}",
+            field=field,
+        )
