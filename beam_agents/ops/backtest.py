@@ -20,10 +20,11 @@ no intent ever reaches a tool (`Backtest` builds no ExecuteIntents, and its test
 graph holds none).
 
 Divergence. The candidate's activation records are compared, one by one in order, with the
-recording's (an attempt that failed live and that the runtime ran again at its place, a model
-error retried on its timer, is not one of them: the candidate, answered from the recording,
-does not fail there; its tokens count, as they were billed; an agent that raised there raises
-again, and its runtime runs it again as often, on its timer: `retries`): a model request the
+recording's (an attempt that failed live and that the runtime ran again at its place is not
+one of them: the candidate's attempt there is answered with that attempt's recorded calls, and
+then the model is busy where the live one was, so it fails there too; an agent that raised
+there raises again; either way its runtime runs it again as often, on its timer, and its tokens
+count, as they were billed: `retries`): a model request the
 recording does not answer (`KIND_MODEL_REQUEST`), other intents (`KIND_APPROVAL` when an
 approval is asked or no longer asked, else `KIND_TOOL_CALL`), or the same calls with another
 outcome or output (`KIND_OUTCOME`). The key's report holds its first divergence. By default the
@@ -368,7 +369,16 @@ class _RecordedModel:
     deferred on a busy model, or held for a budget), which the candidate, run once, asks
     afresh. A call the candidate's own cache holds (the same cache key: key, seq, position and
     request) it replays itself, as the live agent did, so it is not offered: two answers to one
-    request at two positions each go to their own place."""
+    request at two positions each go to their own place.
+
+    Where the live key's retries there were all spent (`resume_failed`), the candidate's
+    attempts must keep in step with them, as they share their retries and limits: each attempt
+    is offered its own live attempt's calls (`next_attempt`), and where the live model failed
+    (`llm_failed`) the model fails too, past that attempt's calls, on a request a later attempt
+    there made (a call that raised is not logged: the request it failed on is known only if a
+    retry asked it again); any other request is a miss. Elsewhere no failure needs repeating,
+    and the calls of every attempt there are offered at once: a shadow compares a resume that
+    went on when its record comes, perhaps before those of its failed attempts."""
 
     def __init__(
         self,
@@ -376,7 +386,10 @@ class _RecordedModel:
         fallback,
         max_tokens: int,
         state: KeyState | None = None,
+        *,
+        config: RuntimeConfig,
     ) -> None:
+        self._config = config
         self.answer_from(records, state)
         self._fallback = fallback
         self._left = max_tokens
@@ -384,12 +397,33 @@ class _RecordedModel:
         self.misses: list[tuple[bytes, bool]] = []
 
     def answer_from(self, records: Sequence[ActivationRecord], state: KeyState | None) -> None:
-        """Offers the calls of `records` the candidate, in `state`, cannot replay itself."""
+        """Offers the calls of `records` the candidate, in `state`, cannot replay itself: of
+        the first attempt if its retries are to keep in step, else of all."""
+        self._attempts = list(records)
+        self._in_step = bool(records) and records[-1].reason == RESUME_FAILED
+        self._attempt = -1
+        self.next_attempt(state)
+
+    def next_attempt(self, state: KeyState | None) -> None:
+        """The candidate's runtime runs its failed attempt again: offers the live key's next
+        attempt's calls if they keep in step (none past the last)."""
+        self._attempt += 1
+        if not self._in_step and self._attempt:
+            return
+        offer = (
+            self._attempts[self._attempt : self._attempt + 1] if self._in_step else self._attempts
+        )
+        self._failing = self._failure(offer[0]) if self._in_step and offer else None
+        self._asked_later = {
+            call.request_digest
+            for later in self._attempts[self._attempt + 1 :]
+            for call in later.model_calls
+        }
         self._answers: dict[bytes, collections.deque] = collections.defaultdict(collections.deque)
         cache = state.cache if state is not None else None
         cached = {e.cache_key for e in cache.entries if not e.digest_only} if cache else set()
         offered: set[str] = set()
-        for record in records:
+        for record in offer:
             for call in record.model_calls:
                 # A call replayed from the live cache was paid for before (by an attempt the
                 # model or the budget stopped, kept for its retry): offered once. One the model
@@ -399,6 +433,16 @@ class _RecordedModel:
                     continue
                 offered.add(call.cache_key)
                 self._answers[call.request_digest].append(call)
+
+    def _failure(self, record: ActivationRecord) -> bool | None:
+        """Whether the model fails busy (retryable) past the calls `record`, the live key's
+        attempt of this number, made; None where it does not fail. The record says only that
+        the model failed and the runtime ran the attempt again: busy or for good is as its
+        count of failures and the config's two limits have it (where both allow a retry,
+        either does)."""
+        if not retried(record) or record.reason != LLM_FAILED:
+            return None
+        return self._attempt + 1 > self._config.resume_retries
 
     def complete(self, request: LlmRequest) -> LlmResponse:
         digest = request_digest(request.canonical())
@@ -412,6 +456,16 @@ class _RecordedModel:
                 "the recorded answer was kept as a digest only",
                 model=request.model,
                 retryable=False,
+            )
+        if (
+            self._failing is not None
+            and digest in self._asked_later
+            and not any(self._answers.values())
+        ):
+            raise LlmCallError(
+                "failed, as the live model did on this attempt",
+                model=request.model,
+                retryable=self._failing,
             )
         self.misses.append((digest, False))
         if self._fallback is not None and self._left > 0:
@@ -504,14 +558,15 @@ def _divergence(
 
 
 def _model_failed_both(baseline: ActivationRecord | None, candidate: ActivationRecord) -> bool:
-    """The model failed both live and here. The request it failed on is in no record (a call
-    that raised is not logged), so the candidate's, unanswered, may be the same one or not:
-    not a divergence, and nothing after it can be compared (`_judge` stops the run there)."""
+    """The model failed both live and here (here on its last retry too: `resume_failed`).
+    The request it failed on is in no record (a call that raised is not logged), so the
+    candidate's, unanswered, may be the same one or not: not a divergence, and nothing after
+    it can be compared (`_judge` stops the run there)."""
     return (
         baseline is not None
         and baseline.outcome == candidate.outcome == Outcome.OUTCOME_FAILED
         and baseline.reason in (LLM_FAILED, RESUME_FAILED)
-        and candidate.reason == LLM_FAILED
+        and candidate.reason in (LLM_FAILED, RESUME_FAILED)
     )
 
 
@@ -536,7 +591,7 @@ def backtest_key(
     if reason:
         return None, [error_record(key, reason, detail, at)]
     baseline = history.compared
-    model = _RecordedModel((), options.continue_with, options.max_tokens)
+    model = _RecordedModel((), options.continue_with, options.max_tokens, config=options.config)
     driver = KeyDriver(recording_machine(candidate, model, options.config), key)
     # Each input goes in where the live key took it in: (its activation's index, the answer).
     answers = {}
@@ -573,7 +628,7 @@ def backtest_key(
             outputs = driver.step()
         for tag, value in outputs:
             live = history.attempts[len(ran)] if len(ran) < len(baseline) else ()
-            if tag == RECORDS and retries(driver, value, model.misses, live, attempts):
+            if tag == RECORDS and retries(driver, value, model, live, attempts):
                 attempts.append(value)
             elif tag == RECORDS:
                 ran.append(value)
@@ -616,12 +671,13 @@ def backtest_key(
 def retries(
     driver: KeyDriver,
     record: ActivationRecord,
-    misses: Sequence,
+    model: _RecordedModel,
     live: Sequence[ActivationRecord],
     attempts: Sequence[ActivationRecord],
 ) -> bool:
     """Whether the candidate's `record` is a failed resume its runtime runs again on its timer
-    as the live key's was, and if so fires that timer next. `live` holds the live key's
+    as the live key's was, and if so fires that timer next, `model` answering it as the live
+    key's next attempt was answered. `live` holds the live key's
     attempts at the candidate's place, its failed ones and then the one compared
     (`_History`); while the candidate's failed `attempts` there are fewer (or the live key's
     retries were all spent: `resume_failed`), and its failure is
@@ -634,7 +690,7 @@ def retries(
     # the candidate's too), however many of its attempts have come yet (a shadow's may not).
     exhausted = bool(live) and live[-1].reason == RESUME_FAILED
     if (
-        misses
+        model.misses
         or (here >= len(live) - 1 and not exhausted)
         or not retried(record)
         or waiting is None
@@ -642,6 +698,7 @@ def retries(
     ):
         return False
     driver.schedule_deadline(at=-1)  # before anything else waiting: the retry is due first
+    model.next_attempt(driver.state)
     return True
 
 

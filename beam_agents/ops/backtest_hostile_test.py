@@ -767,10 +767,10 @@ def test_a_resume_that_raised_after_a_raise_then_was_declined_one_is_no_divergen
     assert not report.HasField("divergence"), report.divergence.detail
 
 
-def _raised_between_busy_models():
-    """The pay-then-model-then-raise history with the model busy on every second request: the
-    resume's attempts alternate, raised (after its model call) and llm_failed (busy), until
-    its retries are spent."""
+def _raised_between_busy_models(plan=(OK, "busy")):
+    """The pay-then-model-then-raise history with the model as `plan` has it, by default busy
+    on every second request: the resume's attempts alternate, raised (after its model call)
+    and llm_failed (busy), until its retries are spent."""
     ops = [["call", "pay"], ["llm", "p0"], ["raise_unless_ok"]]
     event = AgentEnvelope(
         entity_key=b"k",
@@ -783,18 +783,11 @@ def _raised_between_busy_models():
         b"k",
         [(T0, event)],
         RuntimeConfig(),
-        PlanModel([OK, "busy"]),
+        PlanModel(plan),
         lambda i: next(answers),
     )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="open (gen42): the candidate, answered from the recording, never fails where the live "
-    "model was busy, so its attempts fall out of step with the live key's and its last asks a "
-    "request no record answers: the recorded model would have to fail the candidate's attempt "
-    "where the live attempt was llm_failed (after the calls that attempt recorded)",
-)
 def test_a_resume_that_raised_between_busy_model_attempts_is_no_divergence():
     history = _raised_between_busy_models()
     assert [r.reason for r in history] == [
@@ -803,3 +796,27 @@ def test_a_resume_that_raised_between_busy_model_attempts_is_no_divergence():
     report, letters = backtest_key(b"k", history, FUNCTION)
     assert letters == []
     assert not report.HasField("divergence"), report.divergence.detail
+    # Its attempts kept in step with the live key's: busy past resume_retries (3) is run
+    # again, so it asked the model as often, billed alike.
+    assert (
+        (report.candidate_input_tokens, report.candidate_output_tokens)
+        == (
+            report.baseline_input_tokens,
+            report.baseline_output_tokens,
+        )
+        == (9, 6)
+    )
+
+
+def test_a_resume_whose_last_attempt_the_model_failed_for_good_after_busy_ones_stops_the_run():
+    # Found by the generated test of the unchanged agent in shadow_order_test: the recorded
+    # model fails the candidate's second attempt, busy as the live one was, and the last
+    # asks the request the live model failed on for good, which no record answers.
+    history = _raised_between_busy_models([OK, "busy", OK, "down"])
+    assert [r.reason for r in history] == [
+        "", "agent_raised", "llm_failed", "agent_raised", "resume_failed"
+    ]  # fmt: skip
+    assert not history[-1].model_calls
+    report, letters = backtest_key(b"k", history, FUNCTION)
+    assert letters == []
+    assert report.stopped and not report.HasField("divergence"), report.divergence.detail

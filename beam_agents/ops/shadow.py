@@ -453,7 +453,7 @@ class _Shadow(beam.DoFn):
         after it. `due` holds `live` and the failed attempts before it at its place. None, and
         nothing done, when `live` ended its suspension after failed attempts of which some may
         not have come (`_attempts_missing`): it is compared when they have, or once `timely`."""
-        model = _RecordedModel(due, None, 0, state)
+        model = _RecordedModel(due, None, 0, state, config=self._config)
         driver = KeyDriver(recording_machine(self._candidate, model, self._config), key, state)
         answers = {answered_intent_id(a): a for a in live.answers}
         if live.HasField("event"):
@@ -486,7 +486,7 @@ class _Shadow(beam.DoFn):
         ran, attempts = [], []
         while driver:
             for tag, value in driver.step():
-                if tag == RECORDS and retries(driver, value, model.misses, due, attempts):
+                if tag == RECORDS and retries(driver, value, model, due, attempts):
                     attempts.append(value)  # run again, as the live key's was
                 elif tag == RECORDS:
                     ran.append(value)

@@ -16,7 +16,7 @@ import sys
 import pytest
 from apache_beam.pvalue import TaggedOutput
 from apache_beam.utils.timestamp import Timestamp
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from beam_agents._protos import AgentEnvelope
@@ -825,21 +825,10 @@ def _delivered(records, seed: int):
     return delivered
 
 
-def _known_open(records) -> bool:
-    """A history the backtest is known to get wrong, left out of the generated tests while it
-    is open: a resume whose attempts the live model failed (busy) and that then raised, or
-    that ended resume_failed (the recorded model never fails the candidate where the live one
-    failed; the strict xfail test_a_resume_that_raised_between_busy_model_attempts in
-    backtest_hostile_test)."""
-    reasons = {record.reason for record in records}
-    return "llm_failed" in reasons and bool({"agent_raised", "resume_failed"} & reasons)
-
-
 @settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
 @given(live=_live(), seed=st.integers(0, 2**16))
 def test_the_unchanged_agent_diverges_nowhere_in_the_backtest_or_the_shadow(live, seed):
     agent, records, config = live
-    assume(not _known_open(records))
     report, letters = backtest_key(b"k", records, agent, BacktestOptions(config=config))
     assert [(letter.reason, letter.detail) for letter in letters] == []
     assert not report.HasField("divergence"), report.divergence.detail
@@ -888,7 +877,6 @@ def _changed(agent, change: str):
 )
 def test_a_changed_agent_diverges_in_the_shadow_where_it_does_in_the_backtest(live, change, seed):
     agent, records, config = live
-    assume(not _known_open(records))
     candidate = _changed(agent, change)
     expected, _ = backtest_key(b"k", records, candidate, BacktestOptions(config=config))
     found = _deliver(candidate, _delivered(records, seed), config)
