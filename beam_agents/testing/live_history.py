@@ -104,22 +104,25 @@ def live_history(
         if driver.ttl_set:
             timers["ttl"] = driver.ttl_at
 
-    def fire_before(watermark: int) -> None:
-        for _ in range(_MAX_FIRINGS):
-            due = [(at, name) for name, at in timers.items() if at is not None and at < watermark]
-            if not due:
-                return
+    # Inputs by arrival, each after the timers due before it, then the timers left, in turn:
+    # a timer's firing may ask something (a retry's budget question) whose answer comes later.
+    watermark, firings = 0, 0
+    while True:
+        due = [(at, name) for name, at in timers.items() if at is not None]
+        if inputs:
+            watermark = max(watermark, inputs[0][0])
+        if due and (not inputs or min(due)[0] < watermark):
+            if firings == _MAX_FIRINGS:
+                raise AssertionError(f"the key's timers fired {_MAX_FIRINGS} times in a row")
+            firings += 1
             at, name = min(due)
             timers[name] = None
             take(driver.fire_deadline(at) if name == "deadline" else driver.fire_ttl(at))
-        raise AssertionError(f"the key's timers fired {_MAX_FIRINGS} times before {watermark}")
-
-    watermark = 0
-    while inputs:
-        arrival, _, envelope = heapq.heappop(inputs)
-        watermark = max(watermark, arrival)
-        fire_before(watermark)
-        effects = machine.on_envelope(key, driver.state, envelope, arrival_ms=arrival)
-        take(driver._apply(effects))
-    fire_before(2**62)
+        elif inputs:
+            arrival, _, envelope = heapq.heappop(inputs)
+            firings = 0
+            effects = machine.on_envelope(key, driver.state, envelope, arrival_ms=arrival)
+            take(driver._apply(effects))
+        else:
+            break
     return records
