@@ -365,7 +365,7 @@ class ExecutionRecord(_message.Message):
     def __init__(self, intent_id: _Optional[str] = ..., entity_key: _Optional[bytes] = ..., content_digest: _Optional[bytes] = ..., outcome: _Optional[_Union[ExecutionRecord.Outcome, str]] = ..., result: _Optional[_Union[ToolResult, _Mapping]] = ..., latest_expires_at_ms: _Optional[int] = ..., claimed_by: _Optional[str] = ..., lease_expires_at_ms: _Optional[int] = ..., lease_owner: _Optional[str] = ...) -> None: ...
 
 class ActivationRecord(_message.Message):
-    __slots__ = ("entity_key", "seq", "first_step", "now_ms", "adapter", "event", "answers", "model_calls", "intents", "outcome", "output", "reason")
+    __slots__ = ("entity_key", "seq", "first_step", "now_ms", "adapter", "event", "answers", "model_calls", "intents", "outcome", "output", "reason", "model_failures", "attempt")
     class Outcome(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
         __slots__ = ()
         OUTCOME_UNSPECIFIED: _ClassVar[ActivationRecord.Outcome]
@@ -397,6 +397,25 @@ class ActivationRecord(_message.Message):
         input_tokens: int
         output_tokens: int
         def __init__(self, cache_key: _Optional[str] = ..., request_digest: _Optional[bytes] = ..., response: _Optional[bytes] = ..., response_digest: _Optional[bytes] = ..., digest_only: bool = ..., replayed: bool = ..., model: _Optional[str] = ..., input_tokens: _Optional[int] = ..., output_tokens: _Optional[int] = ...) -> None: ...
+    class ModelFailure(_message.Message):
+        __slots__ = ("after_calls", "cache_key", "request_digest", "model", "retryable", "input_tokens", "output_tokens", "error")
+        AFTER_CALLS_FIELD_NUMBER: _ClassVar[int]
+        CACHE_KEY_FIELD_NUMBER: _ClassVar[int]
+        REQUEST_DIGEST_FIELD_NUMBER: _ClassVar[int]
+        MODEL_FIELD_NUMBER: _ClassVar[int]
+        RETRYABLE_FIELD_NUMBER: _ClassVar[int]
+        INPUT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+        OUTPUT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+        ERROR_FIELD_NUMBER: _ClassVar[int]
+        after_calls: int
+        cache_key: str
+        request_digest: bytes
+        model: str
+        retryable: bool
+        input_tokens: int
+        output_tokens: int
+        error: str
+        def __init__(self, after_calls: _Optional[int] = ..., cache_key: _Optional[str] = ..., request_digest: _Optional[bytes] = ..., model: _Optional[str] = ..., retryable: bool = ..., input_tokens: _Optional[int] = ..., output_tokens: _Optional[int] = ..., error: _Optional[str] = ...) -> None: ...
     ENTITY_KEY_FIELD_NUMBER: _ClassVar[int]
     SEQ_FIELD_NUMBER: _ClassVar[int]
     FIRST_STEP_FIELD_NUMBER: _ClassVar[int]
@@ -409,6 +428,8 @@ class ActivationRecord(_message.Message):
     OUTCOME_FIELD_NUMBER: _ClassVar[int]
     OUTPUT_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FAILURES_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
     entity_key: bytes
     seq: int
     first_step: int
@@ -421,7 +442,9 @@ class ActivationRecord(_message.Message):
     outcome: ActivationRecord.Outcome
     output: bytes
     reason: str
-    def __init__(self, entity_key: _Optional[bytes] = ..., seq: _Optional[int] = ..., first_step: _Optional[int] = ..., now_ms: _Optional[int] = ..., adapter: _Optional[str] = ..., event: _Optional[_Union[AgentEnvelope, _Mapping]] = ..., answers: _Optional[_Iterable[_Union[AgentEnvelope, _Mapping]]] = ..., model_calls: _Optional[_Iterable[_Union[ActivationRecord.ModelCall, _Mapping]]] = ..., intents: _Optional[_Iterable[_Union[ToolIntent, _Mapping]]] = ..., outcome: _Optional[_Union[ActivationRecord.Outcome, str]] = ..., output: _Optional[bytes] = ..., reason: _Optional[str] = ...) -> None: ...
+    model_failures: _containers.RepeatedCompositeFieldContainer[ActivationRecord.ModelFailure]
+    attempt: int
+    def __init__(self, entity_key: _Optional[bytes] = ..., seq: _Optional[int] = ..., first_step: _Optional[int] = ..., now_ms: _Optional[int] = ..., adapter: _Optional[str] = ..., event: _Optional[_Union[AgentEnvelope, _Mapping]] = ..., answers: _Optional[_Iterable[_Union[AgentEnvelope, _Mapping]]] = ..., model_calls: _Optional[_Iterable[_Union[ActivationRecord.ModelCall, _Mapping]]] = ..., intents: _Optional[_Iterable[_Union[ToolIntent, _Mapping]]] = ..., outcome: _Optional[_Union[ActivationRecord.Outcome, str]] = ..., output: _Optional[bytes] = ..., reason: _Optional[str] = ..., model_failures: _Optional[_Iterable[_Union[ActivationRecord.ModelFailure, _Mapping]]] = ..., attempt: _Optional[int] = ...) -> None: ...
 
 class BacktestKeyReport(_message.Message):
     __slots__ = ("entity_key", "baseline_activations", "candidate_activations", "divergence", "stopped", "tool_calls", "baseline_input_tokens", "baseline_output_tokens", "candidate_input_tokens", "candidate_output_tokens")

@@ -210,9 +210,10 @@ def _unknown_numbers(message) -> Iterator[int]:
 
 
 def in_history_order(records: Iterable[ActivationRecord]) -> list[ActivationRecord]:
-    """A key's records in the order they ran: seq, then step, then time (the order a
-    divergence's `activation` index counts in)."""
-    return sorted(records, key=lambda r: (r.seq, r.first_step, r.now_ms))
+    """A key's records in the order they ran: seq, then step, then time, then attempt (a
+    resume retried without backoff runs again at the same time; the order a divergence's
+    `activation` index counts in)."""
+    return sorted(records, key=lambda r: (r.seq, r.first_step, r.now_ms, r.attempt))
 
 
 def _place(record: ActivationRecord) -> tuple[int, int]:
@@ -361,7 +362,9 @@ def _history(records: Sequence[ActivationRecord]) -> tuple[_History, str, str]:
 class _RecordedModel:
     """Answers a request from the records of the activation the candidate runs (`answer_from`)
     when they made the same one, each answer once, in the order the live agent made them;
-    else `fallback` within `max_tokens`, else refuses. Notes why it refused.
+    else `fallback` within `max_tokens`, else refuses. Notes why it refused. Where the live
+    model failed a request (a record's `model_failures`), the same request fails here, with
+    the live failure's retryability and billed usage, in its place among the answers.
 
     Those records are the recorded activation at the candidate's place and the failed attempts
     the runtime ran before it there: what the live agent asked, at the same point, including
@@ -373,12 +376,10 @@ class _RecordedModel:
 
     Where the live key's retries there were all spent (`resume_failed`), the candidate's
     attempts must keep in step with them, as they share their retries and limits: each attempt
-    is offered its own live attempt's calls (`next_attempt`), and where the live model failed
-    (`llm_failed`) the model fails too, past that attempt's calls, on a request a later attempt
-    there made (a call that raised is not logged: the request it failed on is known only if a
-    retry asked it again); any other request is a miss. Elsewhere no failure needs repeating,
-    and the calls of every attempt there are offered at once: a shadow compares a resume that
-    went on when its record comes, perhaps before those of its failed attempts."""
+    is offered its own live attempt's calls and failures (`next_attempt`). Elsewhere no failed
+    attempt needs repeating: the answers of every attempt there are offered at once, with the
+    failures of the compared one only (those its agent caught), as a shadow compares a resume
+    that went on when its record comes, perhaps before those of its failed attempts."""
 
     def __init__(
         self,
@@ -386,10 +387,7 @@ class _RecordedModel:
         fallback,
         max_tokens: int,
         state: KeyState | None = None,
-        *,
-        config: RuntimeConfig,
     ) -> None:
-        self._config = config
         self.answer_from(records, state)
         self._fallback = fallback
         self._left = max_tokens
@@ -413,18 +411,23 @@ class _RecordedModel:
         offer = (
             self._attempts[self._attempt : self._attempt + 1] if self._in_step else self._attempts
         )
-        self._failing = self._failure(offer[0]) if self._in_step and offer else None
-        self._asked_later = {
-            call.request_digest
-            for later in self._attempts[self._attempt + 1 :]
-            for call in later.model_calls
-        }
         self._answers: dict[bytes, collections.deque] = collections.defaultdict(collections.deque)
         cache = state.cache if state is not None else None
         cached = {e.cache_key for e in cache.entries if not e.digest_only} if cache else set()
         offered: set[str] = set()
+        # A start's attempts deferred on a busy model are in no record: the failure that
+        # ended its last one ends the candidate's start at once, as busy no longer.
+        self._final = [
+            r.model_failures[-1]
+            for r in offer
+            if r.HasField("event") and r.reason == LLM_FAILED and r.model_failures
+        ]
         for record in offer:
-            for call in record.model_calls:
+            failures = record.model_failures if self._in_step or record is offer[-1] else ()
+            for call in _in_call_order(record.model_calls, failures):
+                if isinstance(call, ActivationRecord.ModelFailure):
+                    self._answers[call.request_digest].append(call)
+                    continue
                 # A call replayed from the live cache was paid for before (by an attempt the
                 # model or the budget stopped, kept for its retry): offered once. One the model
                 # answered again is offered again: an attempt the agent failed kept nothing, so
@@ -434,21 +437,19 @@ class _RecordedModel:
                 offered.add(call.cache_key)
                 self._answers[call.request_digest].append(call)
 
-    def _failure(self, record: ActivationRecord) -> bool | None:
-        """Whether the model fails busy (retryable) past the calls `record`, the live key's
-        attempt of this number, made; None where it does not fail. The record says only that
-        the model failed and the runtime ran the attempt again: busy or for good is as its
-        count of failures and the config's two limits have it (where both allow a retry,
-        either does)."""
-        if not retried(record) or record.reason != LLM_FAILED:
-            return None
-        return self._attempt + 1 > self._config.resume_retries
-
     def complete(self, request: LlmRequest) -> LlmResponse:
         digest = request_digest(request.canonical())
         queue = self._answers.get(digest)
         if queue:
             call = queue.popleft()
+            if isinstance(call, ActivationRecord.ModelFailure):
+                raise LlmCallError(
+                    call.error or "failed, as the live model did",
+                    model=request.model,
+                    retryable=call.retryable and call not in self._final,
+                    input_tokens=call.input_tokens,
+                    output_tokens=call.output_tokens,
+                )
             if not call.digest_only:
                 return LlmResponse.from_bytes(call.response)
             self.misses.append((digest, True))
@@ -456,16 +457,6 @@ class _RecordedModel:
                 "the recorded answer was kept as a digest only",
                 model=request.model,
                 retryable=False,
-            )
-        if (
-            self._failing is not None
-            and digest in self._asked_later
-            and not any(self._answers.values())
-        ):
-            raise LlmCallError(
-                "failed, as the live model did on this attempt",
-                model=request.model,
-                retryable=self._failing,
             )
         self.misses.append((digest, False))
         if self._fallback is not None and self._left > 0:
@@ -475,6 +466,16 @@ class _RecordedModel:
         raise LlmCallError(
             "the recording has no answer to this request", model=request.model, retryable=False
         )
+
+
+def _in_call_order(calls, failures) -> Iterator:
+    """The answered `calls` and the `failures` of one record, in the order they were made."""
+    placed = sorted(failures, key=lambda failure: failure.after_calls)
+    for index, call in enumerate(calls):
+        while placed and placed[0].after_calls <= index:
+            yield placed.pop(0)
+        yield call
+    yield from placed
 
 
 # -- one key --------------------------------------------------------------------------------
@@ -558,12 +559,15 @@ def _divergence(
 
 
 def _model_failed_both(baseline: ActivationRecord | None, candidate: ActivationRecord) -> bool:
-    """The model failed both live and here (here on its last retry too: `resume_failed`).
-    The request it failed on is in no record (a call that raised is not logged), so the
-    candidate's, unanswered, may be the same one or not: not a divergence, and nothing after
-    it can be compared (`_judge` stops the run there)."""
+    """The model failed both live and here (here on its last retry too: `resume_failed`),
+    and the request it failed on live is in no record (one written before records held
+    failed calls, or an LlmCallError the agent raised itself), so the candidate's,
+    unanswered, may be the same one or not: not a divergence, and nothing after it can be
+    compared (`_judge` stops the run there). Where the record holds it, the candidate's same
+    request failed as it did, and another request is a divergence."""
     return (
         baseline is not None
+        and not baseline.model_failures
         and baseline.outcome == candidate.outcome == Outcome.OUTCOME_FAILED
         and baseline.reason in (LLM_FAILED, RESUME_FAILED)
         and candidate.reason in (LLM_FAILED, RESUME_FAILED)
@@ -591,7 +595,7 @@ def backtest_key(
     if reason:
         return None, [error_record(key, reason, detail, at)]
     baseline = history.compared
-    model = _RecordedModel((), options.continue_with, options.max_tokens, config=options.config)
+    model = _RecordedModel((), options.continue_with, options.max_tokens)
     driver = KeyDriver(recording_machine(candidate, model, options.config), key)
     # Each input goes in where the live key took it in: (its activation's index, the answer).
     answers = {}
@@ -908,8 +912,9 @@ def fired_by(recorded: ActivationRecord, state: KeyState) -> int:
 
 def _count(report: BacktestKeyReport, side: str, record: ActivationRecord) -> None:
     """Adds one activation of `side` ("baseline" or "candidate") to the report's tool counts
-    and token totals: every attempt's tokens (a failed one was billed too), the intents of
-    one that did not fail (a failed one's never left it). `_sort_tools` then orders them."""
+    and token totals: every attempt's tokens (a failed one was billed too, as was an answer
+    the model's client refused), the intents of one that did not fail (a failed one's never
+    left it). `_sort_tools` then orders them."""
     if record.outcome != Outcome.OUTCOME_FAILED:
         for intent in record.intents:
             calls = next((c for c in report.tool_calls if c.tool_name == intent.tool_name), None)
@@ -919,12 +924,12 @@ def _count(report: BacktestKeyReport, side: str, record: ActivationRecord) -> No
     # A start's replayed answers were paid for by an attempt of it no record holds (deferred
     # on a busy model, or held for a budget); a resume's, by an activation before it.
     start = record.first_step == 0 and record.HasField("event")
-    for call in record.model_calls:
-        if start or not call.replayed:
-            name = f"{side}_input_tokens"
-            setattr(report, name, getattr(report, name) + call.input_tokens)
-            name = f"{side}_output_tokens"
-            setattr(report, name, getattr(report, name) + call.output_tokens)
+    billed = [c for c in record.model_calls if start or not c.replayed]
+    for call in itertools.chain(billed, record.model_failures):
+        name = f"{side}_input_tokens"
+        setattr(report, name, getattr(report, name) + call.input_tokens)
+        name = f"{side}_output_tokens"
+        setattr(report, name, getattr(report, name) + call.output_tokens)
 
 
 def _sort_tools(report: BacktestKeyReport) -> None:

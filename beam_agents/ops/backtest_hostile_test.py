@@ -56,6 +56,7 @@ from beam_agents.testing.review_agents import (
     pair_history,
     pays,
     queued_history,
+    raised_between_busy_models,
     raised_on_a_failed_payment,
     raised_then_declined,
     two_calls,
@@ -767,29 +768,8 @@ def test_a_resume_that_raised_after_a_raise_then_was_declined_one_is_no_divergen
     assert not report.HasField("divergence"), report.divergence.detail
 
 
-def _raised_between_busy_models(plan=(OK, "busy")):
-    """The pay-then-model-then-raise history with the model as `plan` has it, by default busy
-    on every second request: the resume's attempts alternate, raised (after its model call)
-    and llm_failed (busy), until its retries are spent."""
-    ops = [["call", "pay"], ["llm", "p0"], ["raise_unless_ok"]]
-    event = AgentEnvelope(
-        entity_key=b"k",
-        event_time_ms=T0,
-        external_event=json.dumps({"nonce": 0, "ops": ops}).encode(),
-    )
-    answers = iter([(1_000, "error")] + [(None, OK)] * 10)
-    return live_history(
-        FUNCTION,
-        b"k",
-        [(T0, event)],
-        RuntimeConfig(),
-        PlanModel(plan),
-        lambda i: next(answers),
-    )
-
-
 def test_a_resume_that_raised_between_busy_model_attempts_is_no_divergence():
-    history = _raised_between_busy_models()
+    history = raised_between_busy_models()
     assert [r.reason for r in history] == [
         "", "agent_raised", "llm_failed", "agent_raised", "llm_failed", "resume_failed"
     ]  # fmt: skip
@@ -808,15 +788,145 @@ def test_a_resume_that_raised_between_busy_model_attempts_is_no_divergence():
     )
 
 
-def test_a_resume_whose_last_attempt_the_model_failed_for_good_after_busy_ones_stops_the_run():
-    # Found by the generated test of the unchanged agent in shadow_order_test: the recorded
-    # model fails the candidate's second attempt, busy as the live one was, and the last
-    # asks the request the live model failed on for good, which no record answers.
-    history = _raised_between_busy_models([OK, "busy", OK, "down"])
+def test_a_resume_whose_last_attempt_the_model_failed_for_good_after_busy_ones_is_no_divergence():
+    # Found by the generated test of the unchanged agent in shadow_order_test: the last
+    # attempt asks the request the live model failed on for good, which no answer holds; the
+    # record's failure fails it here too, for good, so the suspension ends as it did live.
+    history = raised_between_busy_models([OK, "busy", OK, "down"])
     assert [r.reason for r in history] == [
         "", "agent_raised", "llm_failed", "agent_raised", "resume_failed"
     ]  # fmt: skip
     assert not history[-1].model_calls
+    assert [f.retryable for f in history[-1].model_failures] == [False]
+    report, letters = backtest_key(b"k", history, FUNCTION)
+    assert letters == []
+    assert not report.stopped and not report.HasField("divergence"), report.divergence.detail
+    # The start, then the resume (its attempts are one activation compared).
+    assert report.candidate_activations == report.baseline_activations == 2
+    assert report.candidate_input_tokens == report.baseline_input_tokens == 6
+
+
+def test_a_model_failure_a_record_does_not_hold_stops_the_run_where_both_failed():
+    # A record written before records held failed calls: the request the live model failed on
+    # is unknown, so the candidate's unanswered one may be it. Not comparable past it.
+    history = raised_between_busy_models([OK, "busy", OK, "down"])
+    for record in history:
+        del record.model_failures[:]
     report, letters = backtest_key(b"k", history, FUNCTION)
     assert letters == []
     assert report.stopped and not report.HasField("divergence"), report.divergence.detail
+
+
+class _FailsFirst:
+    """A model whose first `calls` requests fail, busy (`retryable`) or down, each billed 4
+    tokens (an answer its client refused); then it answers."""
+
+    def __init__(self, calls: int, *, retryable: bool) -> None:
+        self._left, self._retryable = calls, retryable
+
+    def complete(self, request):
+        if self._left:
+            self._left -= 1
+            raise LlmCallError(
+                "busy" if self._retryable else "down",
+                model=request.model,
+                retryable=self._retryable,
+                input_tokens=3,
+                output_tokens=1,
+            )
+        return LlmResponse("ok", "m", 10, 5)
+
+
+@agent(name="review.reads_retryable/v1")
+def reads_retryable(ctx, event: bytes) -> bytes:
+    """Catches the model's failure and answers after what kind it was."""
+    try:
+        return ctx.llm([{"role": "user", "content": event.decode()}], model="m").text.encode()
+    except LlmCallError as e:
+        return b"busy" if e.retryable else b"down"
+
+
+@pytest.mark.parametrize("retryable", [True, False], ids=["busy", "down"])
+def test_a_model_failure_the_agent_caught_live_is_no_divergence_of_the_unchanged_agent(
+    retryable,
+):
+    event = AgentEnvelope(entity_key=b"k", event_time_ms=T0, external_event=b"classify")
+    history = record_history(
+        reads_retryable,
+        [event],
+        tools={},
+        approver=bool,
+        llm_client=_FailsFirst(1, retryable=retryable),
+    )
+    ((record,),) = [history]
+    assert record.output == (b"busy" if retryable else b"down")
+    assert [(f.after_calls, f.retryable) for f in record.model_failures] == [(0, retryable)]
+    asked = []
+    options = BacktestOptions(
+        stop_at_divergence=False,
+        continue_with=ScriptedLlmClient(lambda r: asked.append(r) or LlmResponse("x", "m", 1, 1)),
+        max_tokens=100,
+    )
+    for given in (BacktestOptions(), options):
+        report, letters = backtest_key(b"k", history, reads_retryable, given)
+        assert letters == []
+        assert not report.HasField("divergence"), report.divergence.detail
+        # The refused answer was billed live and here alike.
+        assert (report.baseline_input_tokens, report.candidate_input_tokens) == (3, 3)
+    # The request the live model failed fails here too: continue_with is not asked it.
+    assert asked == []
+
+
+@agent(name="review.lookup_then_reads_retryable/v1")
+def lookup_then_reads_retryable(ctx, event: bytes) -> bytes:
+    """On its resume, leaves a busy model to the runtime's retries and falls back on a down
+    one."""
+    found = ctx.call_tool("lookup", {"q": "x"}).payload
+    try:
+        return ctx.llm([{"role": "user", "content": "classify"}], model="m").text.encode() + found
+    except LlmCallError as e:
+        if e.retryable:
+            raise
+        return b"down " + found
+
+
+def test_a_busy_model_live_is_not_made_a_down_one_for_an_agent_that_reads_retryable():
+    # Busy through every retry (retryable_resume_retries): the resume's suspension ended. Its
+    # first attempts were within resume_retries too, where a down model would have been
+    # retried as well; only the record says which it was.
+    event = AgentEnvelope(entity_key=b"k", event_time_ms=T0, external_event=b"e")
+    history = record_history(
+        lookup_then_reads_retryable,
+        [event],
+        tools={"lookup": lambda args, intent: b"found"},
+        approver=bool,
+        llm_client=_FailsFirst(100, retryable=True),
+    )
+    assert history[-1].reason == "resume_failed"
+    assert all(f.retryable for r in history for f in r.model_failures)
+    report, letters = backtest_key(b"k", history, lookup_then_reads_retryable)
+    assert letters == []
+    assert not report.HasField("divergence"), report.divergence.detail
+    assert not report.stopped
+    assert report.candidate_input_tokens == report.baseline_input_tokens == 3 * 11
+
+
+def test_attempts_retried_without_backoff_are_each_run_whatever_order_they_come_in():
+    # resume_backoff_ms=0: every attempt of the resume ran at the same time. Their records
+    # differ by their attempt, so none is taken for a copy of another, and they are put in
+    # the order they ran whichever order they are read in.
+    config = RuntimeConfig(resume_backoff_ms=0)
+    history = raised_between_busy_models(config=config)
+    resumes = history[1:]
+    assert len({r.now_ms for r in resumes}) == 1
+    assert [r.attempt for r in resumes] == [0, 1, 2, 3, 4]
+    assert len({r.SerializeToString(deterministic=True) for r in history}) == len(history)
+    options = BacktestOptions(config=config)
+    found = [
+        backtest_key(b"k", ordered, FUNCTION, options)
+        for ordered in (history, history[::-1], [history[0], *resumes[::-1]])
+    ]
+    for report, letters in found:
+        assert letters == []
+        assert not report.HasField("divergence"), report.divergence.detail
+    assert found[0] == found[1] == found[2]

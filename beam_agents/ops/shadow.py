@@ -379,7 +379,7 @@ class _Shadow(beam.DoFn):
             if previous is not None:
                 # What was compared, its failed attempts, and copies that come late are done.
                 left = [r for r in left if _place(r) > _place(previous)]
-            due = sorted((r for r in left if _due(r, state)), key=lambda r: r.now_ms)
+            due = sorted((r for r in left if _due(r, state)), key=lambda r: (r.now_ms, r.attempt))
             final = [r for r in due if not retried(r)]
             if not final:
                 fired = self._past_deadline(key, state, left, turn, timely)
@@ -453,7 +453,7 @@ class _Shadow(beam.DoFn):
         after it. `due` holds `live` and the failed attempts before it at its place. None, and
         nothing done, when `live` ended its suspension after failed attempts of which some may
         not have come (`_attempts_missing`): it is compared when they have, or once `timely`."""
-        model = _RecordedModel(due, None, 0, state, config=self._config)
+        model = _RecordedModel(due, None, 0, state)
         driver = KeyDriver(recording_machine(self._candidate, model, self._config), key, state)
         answers = {answered_intent_id(a): a for a in live.answers}
         if live.HasField("event"):

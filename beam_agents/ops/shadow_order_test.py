@@ -19,7 +19,7 @@ from apache_beam.utils.timestamp import Timestamp
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from beam_agents._protos import AgentEnvelope
+from beam_agents._protos import ActivationRecord, AgentEnvelope
 from beam_agents.errors import LlmCallError
 from beam_agents.examples.support_triage import TOOLS, scripted_model, ticket, triage
 from beam_agents.ops.backtest import (
@@ -72,6 +72,7 @@ from beam_agents.testing.review_agents import (
     pair_history,
     pays,
     queued_history,
+    raised_between_busy_models,
     raised_on_a_failed_payment,
     raised_then_declined,
     two_calls,
@@ -584,11 +585,9 @@ class _DownFor:
         return LlmResponse("ok", "m", 10, 5)
 
 
-def test_a_resume_the_model_failed_for_good_live_stops_the_shadow_as_the_backtest_not_a_wait():
-    # The model was down through the resume's retries (resume_failed), then back for the
-    # key's next event. The request it failed on is in no record: the backtest stops the key's
-    # run there (stopped, no divergence), and so must the shadow, not wait for a resume of its
-    # candidate's that will never come and dead-letter the key history_incomplete.
+def _down_through_a_resume() -> list[ActivationRecord]:
+    """The model was down through the resume's retries (resume_failed), then back for the
+    key's next event."""
     events = [
         AgentEnvelope(entity_key=b"k", event_time_ms=T0 + n * 3_600_000, external_event=b"e")
         for n in range(2)
@@ -601,6 +600,26 @@ def test_a_resume_the_model_failed_for_good_live_stops_the_shadow_as_the_backtes
         llm_client=_DownFor(4),
     )
     assert [r.reason for r in history if r.reason][-1] == "resume_failed"
+    return history
+
+
+def test_a_resume_the_model_failed_for_good_live_is_no_divergence_in_the_shadow():
+    # The records hold the failed requests: the candidate's fail as the live ones did.
+    history = _down_through_a_resume()
+    expected, letters = backtest_key(b"k", history, lookup_then_model)
+    assert letters == [] and not expected.stopped and not expected.HasField("divergence")
+    found = _deliver(lookup_then_model, [(b"k", r) for r in history])
+    assert found[ERRORS] == [] and found["reports"] == []
+
+
+def test_a_resume_the_model_failed_for_good_live_stops_the_shadow_as_the_backtest_not_a_wait():
+    # Records that do not hold the request the model failed on (written before they held
+    # failed calls): the backtest stops the key's run there (stopped, no divergence), and so
+    # must the shadow, not wait for a resume of its candidate's that will never come and
+    # dead-letter the key history_incomplete.
+    history = _down_through_a_resume()
+    for record in history:
+        del record.model_failures[:]
     expected, letters = backtest_key(b"k", history, lookup_then_model)
     assert letters == [] and expected.stopped and not expected.HasField("divergence")
     found = _deliver(lookup_then_model, [(b"k", r) for r in history])
@@ -885,3 +904,15 @@ def test_a_changed_agent_diverges_in_the_shadow_where_it_does_in_the_backtest(li
         assert divergences == [expected.divergence]
     else:
         assert divergences == []
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_attempts_retried_without_backoff_are_shadowed_in_the_order_they_ran(seed):
+    # Every attempt of the resume ran at the same time (resume_backoff_ms=0): only their
+    # recorded attempt tells their order, and none is a copy of another.
+    config = RuntimeConfig(resume_backoff_ms=0)
+    history = raised_between_busy_models(config=config)
+    assert len({r.now_ms for r in history[1:]}) == 1
+    found = _deliver(FUNCTION, _delivered(history, seed), config)
+    assert [(letter.reason, letter.detail) for _, letter in found[ERRORS]] == []
+    assert found["reports"] == []

@@ -494,6 +494,19 @@ class ActivationContext:
                     self.model_calls += 1
                     if self.meter is not None:
                         self.meter.record(model, *billed)
+                if self.model_log is not None:
+                    self.model_log.append(
+                        ModelCallLog(
+                            cache_key=key,
+                            canonical=canonical,
+                            response=b"",
+                            replayed=False,
+                            model=model,
+                            input_tokens=billed[0],
+                            output_tokens=billed[1],
+                            error=e,
+                        )
+                    )
                 raise
             response = _as_reported(response, model)
             replayed = False

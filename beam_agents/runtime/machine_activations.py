@@ -338,6 +338,7 @@ class Activations:
                 outcome=outcome,
                 output=output,
                 reason=reason,
+                attempt=0 if resumed is None else resumed.resume_failures,
             ),
         )
 

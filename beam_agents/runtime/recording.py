@@ -4,12 +4,14 @@
 ActivationRecord): for each activation (a start, a resume, a failed attempt of either) the
 event or answers it ran on, each model call with the answer it used (its replay-cache key and
 the SHA-256 of its canonical request, so a later run can tell the same request from another),
-the intents it emitted and its outcome. An activation a person's declined budget raise ended
-has one too (FAILED, `budget_exceeded`), holding the model calls of the attempt the question
-held up (kept meanwhile in the Continuation, `held_calls`), so a key's records start at its
-first activation and every answer a live attempt used is in one. Writing the records to Kafka,
-files or BigQuery is ordinary Beam; `beam-agents backtest` (beam_agents/ops/backtest.py) runs a
-candidate agent over them.
+each call the model's client failed (`model_failures`: where among the calls, busy or down,
+what a refused answer was billed), the intents it emitted, its outcome and, for a resume,
+which attempt at its place it was. An activation a person's declined budget raise ended has
+one too (FAILED, `budget_exceeded`), holding the model calls of the attempt the question held
+up (kept meanwhile in the Continuation, `held_calls`; not the failures its agent caught), so a
+key's records start at its first activation and every answer a live attempt used is in one.
+Writing the records to Kafka, files or BigQuery is ordinary Beam; `beam-agents backtest`
+(beam_agents/ops/backtest.py) runs a candidate agent over them.
 
 Off by default, and then nothing changes: RunAgent's graph has no RECORDS output, its state
 specs are the same (beam_agents/ops/state_manifest.json) and the machine builds no record, so a
@@ -28,6 +30,7 @@ import hashlib
 from collections.abc import Sequence
 
 from beam_agents._protos import ActivationRecord, AgentEnvelope, ToolIntent
+from beam_agents.errors import LlmCallError
 
 __all__ = ["RECORDS", "ModelCallLog", "Outcome", "Recording", "request_digest"]
 
@@ -36,10 +39,14 @@ RECORDS = "records"
 
 Outcome = ActivationRecord.Outcome
 
+#: A failed call's error text is kept to this many bytes of UTF-8.
+_MAX_ERROR_BYTES = 1024
+
 
 @dataclasses.dataclass(frozen=True)
 class ModelCallLog:
-    """One model call as the activation made it (ActivationContext.model_log)."""
+    """One model call as the activation made it (ActivationContext.model_log): answered, or
+    failed with `error` (then `response` is empty and the tokens are what it was billed)."""
 
     cache_key: str
     canonical: str
@@ -48,6 +55,7 @@ class ModelCallLog:
     model: str
     input_tokens: int
     output_tokens: int
+    error: LlmCallError | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,6 +84,7 @@ class Recording:
         outcome: int,
         output: bytes = b"",
         reason: str = "",
+        attempt: int = 0,
     ) -> ActivationRecord:
         record = ActivationRecord(
             entity_key=entity_key,
@@ -85,18 +94,20 @@ class Recording:
             adapter=adapter,
             answers=answers,
             model_calls=self.model_calls(model_log),
+            model_failures=_failures(model_log),
             intents=intents,
             outcome=outcome,
             output=output,
             reason=reason,
+            attempt=attempt,
         )
         if event is not None:
             record.event.CopyFrom(event)
         return record
 
     def model_calls(self, model_log: Sequence[ModelCallLog]) -> list[ActivationRecord.ModelCall]:
-        """The calls of `model_log` as a record holds them, under the size policy."""
-        return [self._call(call) for call in model_log]
+        """The answered calls of `model_log` as a record holds them, under the size policy."""
+        return [self._call(call) for call in model_log if call.error is None]
 
     def _call(self, call: ModelCallLog) -> ActivationRecord.ModelCall:
         kept = len(call.response) <= self.max_answer_bytes
@@ -111,6 +122,34 @@ class Recording:
             input_tokens=call.input_tokens,
             output_tokens=call.output_tokens,
         )
+
+
+def _failures(model_log: Sequence[ModelCallLog]) -> list[ActivationRecord.ModelFailure]:
+    """The failed calls of `model_log`, each placed after the answered ones before it."""
+    failures, answered = [], 0
+    for call in model_log:
+        if call.error is None:
+            answered += 1
+            continue
+        failures.append(
+            ActivationRecord.ModelFailure(
+                after_calls=answered,
+                cache_key=call.cache_key,
+                request_digest=request_digest(call.canonical),
+                model=call.model,
+                retryable=bool(call.error.retryable),
+                input_tokens=call.input_tokens,
+                output_tokens=call.output_tokens,
+                error=_cut(str(call.error.reason), _MAX_ERROR_BYTES),
+            )
+        )
+    return failures
+
+
+def _cut(text: str, limit: int) -> str:
+    """`text` as UTF-8 of at most `limit` bytes, cut on a character boundary (a lone
+    surrogate, which a proto string cannot hold, made "?")."""
+    return text.encode("utf-8", "replace")[:limit].decode("utf-8", "ignore")
 
 
 def request_digest(canonical: str) -> bytes:

@@ -10,11 +10,12 @@ import apache_beam as beam
 import pytest
 
 from beam_agents._protos import ActivationRecord, ToolResult
+from beam_agents.errors import LlmCallError
 from beam_agents.examples.support_triage import MODEL, SYSTEM, TOOLS, scripted_model, ticket, triage
 from beam_agents.ops.local_run import run_locally
 from beam_agents.ops.rounds import env_options
 from beam_agents.ops.update_check import describe_graph, differences
-from beam_agents.runtime import RECORDS, LlmRequest, Recording, RunAgent
+from beam_agents.runtime import RECORDS, LlmRequest, LlmResponse, Recording, RunAgent, agent
 from beam_agents.runtime.recording import request_digest
 from beam_agents.testing.recorded_history import record_history, triage_tickets
 
@@ -132,3 +133,58 @@ def test_a_recording_limit_must_be_a_size(size):
 def test_runagent_takes_only_a_recording():
     with pytest.raises(TypeError, match="Recording"):
         RunAgent(triage, recording=True)
+
+
+class _RefusesThenAnswers:
+    """A model client that refuses its first answer (billed, its reason long and holding a
+    lone surrogate), then answers, then fails for good."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def complete(self, request):
+        self.calls += 1
+        if self.calls == 1:
+            raise LlmCallError(
+                "\ud800" + "x" * 5_000, model=request.model, retryable=True, input_tokens=7
+            )
+        if self.calls == 2:
+            return LlmResponse("ok", "m", 10, 5)
+        raise LlmCallError("down", model=request.model, retryable=False)
+
+
+@agent(name="recording_test.asks_again/v1")
+def asks_again(ctx, event: bytes) -> bytes:
+    """Asks once more after a failure it catches; the third request's failure ends it."""
+    try:
+        ctx.llm([{"role": "user", "content": "first"}], model="m")
+    except LlmCallError:
+        ctx.llm([{"role": "user", "content": "first"}], model="m")
+    return ctx.llm([{"role": "user", "content": "third"}], model="m").text.encode()
+
+
+def test_a_model_call_that_failed_is_recorded_in_its_place_with_its_retryability_and_billing():
+    run = run_locally(
+        asks_again,
+        [b"e"],
+        tools={},
+        approver=_approve,
+        llm_client=_RefusesThenAnswers(),
+        options=env_options(),
+        recording=Recording(),
+    )
+    (record,) = run.records
+    assert (record.outcome, record.reason) == (Outcome.OUTCOME_FAILED, "llm_failed")
+    assert [c.request_digest for c in record.model_calls] == [_digest("first")]
+    busy, down = record.model_failures
+    assert (busy.after_calls, busy.request_digest, busy.retryable) == (0, _digest("first"), True)
+    assert (busy.input_tokens, busy.output_tokens, busy.model) == (7, 0, "m")
+    assert busy.error == "?" + "x" * 1_023
+    assert (down.after_calls, down.request_digest, down.retryable) == (1, _digest("third"), False)
+    assert (down.error, down.input_tokens) == ("down", 0)
+    # Each failed call has the cache key of its position, as an answered one would.
+    assert len({busy.cache_key, down.cache_key, record.model_calls[0].cache_key}) == 3
+
+
+def _digest(content: str) -> bytes:
+    return request_digest(LlmRequest("m", ({"role": "user", "content": content},)).canonical())

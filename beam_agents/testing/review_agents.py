@@ -50,6 +50,7 @@ __all__ = [
     "pair_history",
     "pays",
     "queued_history",
+    "raised_between_busy_models",
     "raised_on_a_failed_payment",
     "raised_then_declined",
     "two_calls",
@@ -330,4 +331,25 @@ def raised_on_a_failed_payment(config: RuntimeConfig):
     answers = iter([(1_000, "error"), (1_000, OK)] + [(None, OK)] * 10)
     return live_history(
         FUNCTION, b"k", [(T0, event)], config, PlanModel([]), lambda intent: next(answers)
+    )
+
+
+def raised_between_busy_models(plan=(OK, "busy"), config: RuntimeConfig | None = None):
+    """The pay-then-model-then-raise history with the model as `plan` has it, by default busy
+    on every second request: the resume's attempts alternate, raised (after its model call)
+    and llm_failed (busy), until its retries are spent."""
+    ops = [["call", "pay"], ["llm", "p0"], ["raise_unless_ok"]]
+    event = AgentEnvelope(
+        entity_key=b"k",
+        event_time_ms=T0,
+        external_event=json.dumps({"nonce": 0, "ops": ops}).encode(),
+    )
+    answers = iter([(1_000, "error")] + [(None, OK)] * 10)
+    return live_history(
+        FUNCTION,
+        b"k",
+        [(T0, event)],
+        config or RuntimeConfig(),
+        PlanModel(plan),
+        lambda i: next(answers),
     )

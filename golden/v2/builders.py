@@ -477,6 +477,35 @@ def activation_record_digest_only():
     return record
 
 
+def activation_record_model_failed():
+    """A recorded resume's third attempt, failed (`llm_failed`) after one answered call: its
+    agent caught a busy model's failure, then the model, down, failed a request again and the
+    attempt."""
+    record = activation_record()
+    del record.intents[:]
+    record.outcome = ActivationRecord.OUTCOME_FAILED
+    record.reason = "llm_failed"
+    record.attempt = 2
+    record.model_failures.add(
+        after_calls=0,
+        cache_key=hashlib.sha256(b"golden busy cache key").hexdigest(),
+        request_digest=hashlib.sha256(b"golden request").digest(),
+        model="triage-model",
+        retryable=True,
+        error="HTTP 429: rate limited",
+    )
+    record.model_failures.add(
+        after_calls=1,
+        cache_key=hashlib.sha256(b"golden down cache key").hexdigest(),
+        request_digest=hashlib.sha256(b"golden second request").digest(),
+        model="triage-model",
+        input_tokens=30,
+        output_tokens=2,
+        error="the answer was not valid JSON",
+    )
+    return record
+
+
 def backtest_key_report():
     """A key whose candidate no longer asks for a refund's approval: its first divergence,
     the tool counts and tokens of both runs."""
@@ -542,6 +571,7 @@ FIXTURES = {
         execution_record_running,
         activation_record,
         activation_record_digest_only,
+        activation_record_model_failed,
         backtest_key_report,
     )
 }
