@@ -33,6 +33,7 @@ __all__ = [
     "TurnLimitError",
     "UnversionedMessageError",
     "error_text",
+    "said_retryable",
     "with_article",
 ]
 
@@ -43,13 +44,23 @@ def with_article(noun: str) -> str:
     return f"{'an' if noun[:1].lower() in 'aeiou' else 'a'} {noun}"
 
 
-def error_text(error: BaseException) -> str:
-    """`str(error)`, or what its failure was: an exception type of a tool's or an agent's may
-    fail to print itself, and quoting it must not fail what records it."""
+def error_text(error: object) -> str:
+    """`str(error)`, or what its failure was: an exception type of a tool's or an agent's (or
+    the reason it carries) may fail to print itself, and quoting it must not fail what
+    records it."""
     try:
         return str(error)
     except Exception as e:
         return f"(its text raised {type(e).__name__})"
+
+
+def said_retryable(error: BaseException) -> bool:
+    """Whether `error` is an LlmCallError that says the same call may succeed later. A client's
+    or an agent's may hold any object there: one whose truth cannot be told says no."""
+    try:
+        return isinstance(error, LlmCallError) and bool(error.retryable)
+    except Exception:
+        return False
 
 
 class BeamAgentsError(Exception):

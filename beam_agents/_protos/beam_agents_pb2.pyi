@@ -365,7 +365,7 @@ class ExecutionRecord(_message.Message):
     def __init__(self, intent_id: _Optional[str] = ..., entity_key: _Optional[bytes] = ..., content_digest: _Optional[bytes] = ..., outcome: _Optional[_Union[ExecutionRecord.Outcome, str]] = ..., result: _Optional[_Union[ToolResult, _Mapping]] = ..., latest_expires_at_ms: _Optional[int] = ..., claimed_by: _Optional[str] = ..., lease_expires_at_ms: _Optional[int] = ..., lease_owner: _Optional[str] = ...) -> None: ...
 
 class ActivationRecord(_message.Message):
-    __slots__ = ("entity_key", "seq", "first_step", "now_ms", "adapter", "event", "answers", "model_calls", "intents", "outcome", "output", "reason", "model_failures", "attempt")
+    __slots__ = ("entity_key", "seq", "first_step", "now_ms", "adapter", "event", "answers", "model_calls", "intents", "outcome", "output", "reason", "model_failures", "attempt", "asked_at_ms")
     class Outcome(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
         __slots__ = ()
         OUTCOME_UNSPECIFIED: _ClassVar[ActivationRecord.Outcome]
@@ -430,6 +430,7 @@ class ActivationRecord(_message.Message):
     REASON_FIELD_NUMBER: _ClassVar[int]
     MODEL_FAILURES_FIELD_NUMBER: _ClassVar[int]
     ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    ASKED_AT_MS_FIELD_NUMBER: _ClassVar[int]
     entity_key: bytes
     seq: int
     first_step: int
@@ -444,7 +445,8 @@ class ActivationRecord(_message.Message):
     reason: str
     model_failures: _containers.RepeatedCompositeFieldContainer[ActivationRecord.ModelFailure]
     attempt: int
-    def __init__(self, entity_key: _Optional[bytes] = ..., seq: _Optional[int] = ..., first_step: _Optional[int] = ..., now_ms: _Optional[int] = ..., adapter: _Optional[str] = ..., event: _Optional[_Union[AgentEnvelope, _Mapping]] = ..., answers: _Optional[_Iterable[_Union[AgentEnvelope, _Mapping]]] = ..., model_calls: _Optional[_Iterable[_Union[ActivationRecord.ModelCall, _Mapping]]] = ..., intents: _Optional[_Iterable[_Union[ToolIntent, _Mapping]]] = ..., outcome: _Optional[_Union[ActivationRecord.Outcome, str]] = ..., output: _Optional[bytes] = ..., reason: _Optional[str] = ..., model_failures: _Optional[_Iterable[_Union[ActivationRecord.ModelFailure, _Mapping]]] = ..., attempt: _Optional[int] = ...) -> None: ...
+    asked_at_ms: int
+    def __init__(self, entity_key: _Optional[bytes] = ..., seq: _Optional[int] = ..., first_step: _Optional[int] = ..., now_ms: _Optional[int] = ..., adapter: _Optional[str] = ..., event: _Optional[_Union[AgentEnvelope, _Mapping]] = ..., answers: _Optional[_Iterable[_Union[AgentEnvelope, _Mapping]]] = ..., model_calls: _Optional[_Iterable[_Union[ActivationRecord.ModelCall, _Mapping]]] = ..., intents: _Optional[_Iterable[_Union[ToolIntent, _Mapping]]] = ..., outcome: _Optional[_Union[ActivationRecord.Outcome, str]] = ..., output: _Optional[bytes] = ..., reason: _Optional[str] = ..., model_failures: _Optional[_Iterable[_Union[ActivationRecord.ModelFailure, _Mapping]]] = ..., attempt: _Optional[int] = ..., asked_at_ms: _Optional[int] = ...) -> None: ...
 
 class BacktestKeyReport(_message.Message):
     __slots__ = ("entity_key", "baseline_activations", "candidate_activations", "divergence", "stopped", "tool_calls", "baseline_input_tokens", "baseline_output_tokens", "candidate_input_tokens", "candidate_output_tokens")

@@ -213,7 +213,7 @@ def in_history_order(records: Iterable[ActivationRecord]) -> list[ActivationReco
     """A key's records in the order they ran: seq, then step, then time, then attempt (a
     resume retried without backoff runs again at the same time; the order a divergence's
     `activation` index counts in)."""
-    return sorted(records, key=lambda r: (r.seq, r.first_step, r.now_ms, r.attempt))
+    return sorted(records, key=lambda r: (r.seq, r.first_step, r.attempt, r.now_ms))
 
 
 def _place(record: ActivationRecord) -> tuple[int, int]:
@@ -222,17 +222,28 @@ def _place(record: ActivationRecord) -> tuple[int, int]:
 
 def taken_in(record: ActivationRecord) -> int | None:
     """When the live key ran the start `record` later than its event's own time: it took the
-    event in earlier (queued in a suspension's mailbox, or deferred on a busy model) and ran
-    it when drained or retried. The candidate runs it then too, or what it stamps with the
-    time, and the deadlines its answers must meet, would not be the live key's. Not a start a
-    person declined to raise the budget of: its record's time is the decline's."""
-    if (
-        record.HasField("event")
-        and record.now_ms > record.event.event_time_ms
-        and record.reason != BUDGET_EXCEEDED
-    ):
-        return record.now_ms
-    return None
+    event in earlier (queued in a suspension's mailbox, deferred on a busy model, or held for
+    a budget raise) and ran it when drained, retried or raised. The candidate runs it then
+    too, or what it stamps with the time, and the deadlines its answers must meet, would not
+    be the live key's. A start a person declined to raise the budget of ran when its last
+    question was asked (its record's time is the decline's; a record written before it held
+    that time says nothing)."""
+    if not record.HasField("event"):
+        return None
+    ran = record.asked_at_ms if record.reason == BUDGET_EXCEEDED else record.now_ms
+    return ran if ran > record.event.event_time_ms else None
+
+
+def deferrals(record: ActivationRecord, config: RuntimeConfig) -> int:
+    """How often the candidate counts the start `record` as deferred on a busy model already:
+    its runtime defers a start the model failed busy until `retryable_resume_retries`, and
+    those attempts are in no record. Where the live start failed on the model (`llm_failed`)
+    with the model busy, it had spent them all, or it would have been deferred again; so the
+    candidate's start fails at once too, as that attempt's record did, its error as it was.
+    (Where the model was down, the count changes nothing.)"""
+    if record.HasField("event") and record.reason == LLM_FAILED:
+        return config.retryable_resume_retries
+    return 0
 
 
 @dataclasses.dataclass
@@ -415,13 +426,6 @@ class _RecordedModel:
         cache = state.cache if state is not None else None
         cached = {e.cache_key for e in cache.entries if not e.digest_only} if cache else set()
         offered: set[str] = set()
-        # A start's attempts deferred on a busy model are in no record: the failure that
-        # ended its last one ends the candidate's start at once, as busy no longer.
-        self._final = [
-            r.model_failures[-1]
-            for r in offer
-            if r.HasField("event") and r.reason == LLM_FAILED and r.model_failures
-        ]
         for record in offer:
             failures = record.model_failures if self._in_step or record is offer[-1] else ()
             for call in _in_call_order(record.model_calls, failures):
@@ -444,9 +448,9 @@ class _RecordedModel:
             call = queue.popleft()
             if isinstance(call, ActivationRecord.ModelFailure):
                 raise LlmCallError(
-                    call.error or "failed, as the live model did",
-                    model=request.model,
-                    retryable=call.retryable and call not in self._final,
+                    call.error,
+                    model=call.model,
+                    retryable=call.retryable,
                     input_tokens=call.input_tokens,
                     output_tokens=call.output_tokens,
                 )
@@ -608,7 +612,12 @@ def backtest_key(
     # seen) is two starts, two places, and runs twice here too.
     for at, record in enumerate(history.compared):
         if record.HasField("event"):
-            driver.schedule(record.event, at=at, taken_in_ms=taken_in(record))
+            driver.schedule(
+                record.event,
+                at=at,
+                taken_in_ms=taken_in(record),
+                deferred=deferrals(record, options.config),
+            )
     report = BacktestKeyReport(entity_key=key, baseline_activations=len(baseline))
     ran: list[ActivationRecord] = []
     #: The candidate's failed attempts its runtime ran again (not compared; their tokens count).

@@ -55,6 +55,7 @@ from beam_agents.testing.review_agents import (
     declined_payment,
     pair_history,
     pays,
+    queued_behind_a_question_history,
     queued_history,
     raised_between_busy_models,
     raised_on_a_failed_payment,
@@ -930,3 +931,196 @@ def test_attempts_retried_without_backoff_are_each_run_whatever_order_they_come_
         assert letters == []
         assert not report.HasField("divergence"), report.divergence.detail
     assert found[0] == found[1] == found[2]
+
+
+class _Busy:
+    """A model busy on every call (its client's retries spent)."""
+
+    def complete(self, request):
+        raise LlmCallError("busy", model=request.model, retryable=True)
+
+
+@agent(name="review.retries_a_busy_model_once/v1")
+def retries_a_busy_model_once(ctx, event: bytes) -> bytes:
+    """Asks again once when the model is busy; a model down for good is answered "down"."""
+    for attempt in range(2):
+        try:
+            return ctx.llm([{"role": "user", "content": "classify"}], model="m").text.encode()
+        except LlmCallError as e:
+            if not e.retryable:
+                return b"down"
+            if attempt == 1:
+                raise
+    raise AssertionError("unreachable")
+
+
+def test_a_start_that_failed_busy_twice_in_its_last_attempt_is_no_divergence():
+    event = AgentEnvelope(entity_key=b"k", event_time_ms=T0, external_event=b"e")
+    history = record_history(
+        retries_a_busy_model_once, [event], tools={}, approver=bool, llm_client=_Busy()
+    )
+    (record,) = history
+    assert record.reason == "llm_failed"
+    assert [f.retryable for f in record.model_failures] == [True, True]
+    report, letters = backtest_key(b"k", history, retries_a_busy_model_once)
+    assert letters == []
+    assert not report.HasField("divergence"), report.divergence.detail
+
+
+class RateLimited(LlmCallError):
+    """A provider client's own kind of LlmCallError."""
+
+
+class _DownOnce:
+    """A model whose client raises its own LlmCallError subclass on the first call."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def complete(self, request):
+        self.calls += 1
+        if self.calls == 1:
+            raise RateLimited("rate limited", model=request.model, retryable=False)
+        return LlmResponse("ok", request.model, 3, 2)
+
+
+@agent(name="review.asks_once/v1")
+def asks_once(ctx, event: bytes) -> bytes:
+    return ctx.llm([{"role": "user", "content": event.decode()}], model="m").text.encode()
+
+
+def test_a_model_client_raising_a_subclass_of_llm_call_error_is_no_divergence():
+    event = AgentEnvelope(entity_key=b"k", event_time_ms=T0, external_event=b"e")
+    history = record_history(asks_once, [event], tools={}, approver=bool, llm_client=_DownOnce())
+    (record,) = history
+    assert [f.error for f in record.model_failures] == ["rate limited"]
+    report, letters = backtest_key(b"k", history, asks_once)
+    assert letters == []
+    assert not report.HasField("divergence"), report.divergence.detail
+
+
+class _FailsFirstWith:
+    """A model whose client raises `error(request)` on its first call, then answers."""
+
+    def __init__(self, error) -> None:
+        self._error, self.calls = error, 0
+
+    def complete(self, request):
+        self.calls += 1
+        if self.calls == 1:
+            raise self._error(request)
+        return LlmResponse("ok", request.model, 3, 2)
+
+
+@agent(name="review.tells_the_error/v1")
+def tells_the_error(ctx, event: bytes) -> bytes:
+    """Answers with the model's error when it fails (as many agents log or return it)."""
+    try:
+        return ctx.llm([{"role": "user", "content": "a"}], model="m").text.encode()
+    except LlmCallError as e:
+        return f"failed: {e}".encode()
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        lambda r: LlmCallError("", model=r.model, retryable=False),
+        lambda r: LlmCallError("x" * 2_000, model=r.model, retryable=False),
+        lambda r: LlmCallError("down", model="m-2024-05-01", retryable=False),
+    ],
+    ids=["empty reason", "reason over 1 KiB", "client names the model it resolved"],
+)
+def test_an_agent_that_reads_the_model_error_gets_the_live_one(error):
+    event = AgentEnvelope(entity_key=b"k", event_time_ms=T0, external_event=b"e")
+    history = record_history(
+        tells_the_error, [event], tools={}, approver=bool, llm_client=_FailsFirstWith(error)
+    )
+    (record,) = history
+    assert record.output.startswith(b"failed: ")
+    report, letters = backtest_key(b"k", history, tells_the_error)
+    assert letters == []
+    assert not report.HasField("divergence"), report.divergence.detail
+
+
+class _NoTruth:
+    def __bool__(self):
+        raise ValueError("the truth value is ambiguous")
+
+
+class _NoText:
+    def __format__(self, spec: str) -> str:
+        return "no text"
+
+    def __str__(self) -> str:
+        raise ValueError("no text")
+
+
+def _hostile_retryable(request):
+    error = LlmCallError("busy", model=request.model, retryable=True)
+    error.retryable = _NoTruth()
+    return error
+
+
+def _hostile_reason(request):
+    return LlmCallError(_NoText(), model=request.model, retryable=False)
+
+
+@agent(name="review.falls_back/v1")
+def falls_back(ctx, event: bytes) -> bytes:
+    """Falls back on a fixed answer whatever the model's failure."""
+    try:
+        return ctx.llm([{"role": "user", "content": "a"}], model="m").text.encode()
+    except LlmCallError:
+        return b"fallback"
+
+
+@pytest.mark.parametrize(
+    "error", [_hostile_retryable, _hostile_reason], ids=["retryable", "reason"]
+)
+def test_a_failure_the_agent_caught_with_hostile_attributes_still_makes_a_record(error):
+    # Without recording the key completes; with it, building the record must not raise (it
+    # would fail the bundle, over and over).
+    event = AgentEnvelope(entity_key=b"k", event_time_ms=T0, external_event=b"e")
+    history = record_history(
+        falls_back, [event], tools={}, approver=bool, llm_client=_FailsFirstWith(error)
+    )
+    assert [r.output for r in history] == [b"fallback"]
+
+
+@agent(name="review.gives_up_on_a_busy_model/v1")
+def gives_up_on_a_busy_model(ctx, event: bytes) -> bytes:
+    """Gives up at once (its own LlmCallError, for good) when the model is busy; answers
+    "down" when it is down."""
+    try:
+        return ctx.llm([{"role": "user", "content": "a"}], model="m").text.encode()
+    except LlmCallError as e:
+        if e.retryable:
+            raise LlmCallError("gave up: busy", model="m", retryable=False) from e
+        return b"down"
+
+
+def test_a_start_that_gave_up_on_a_busy_model_itself_is_no_divergence():
+    # The start failed llm_failed on the agent's own error: the model's busy failure it
+    # caught is the record's last, yet did not end the start.
+    event = AgentEnvelope(entity_key=b"k", event_time_ms=T0, external_event=b"e")
+    history = record_history(
+        gives_up_on_a_busy_model, [event], tools={}, approver=bool, llm_client=_Busy()
+    )
+    (record,) = history
+    assert record.reason == "llm_failed"
+    assert [f.retryable for f in record.model_failures] == [True]
+    report, letters = backtest_key(b"k", history, gives_up_on_a_busy_model)
+    assert letters == []
+    assert not report.HasField("divergence"), report.divergence.detail
+
+
+def test_a_start_a_budget_question_ended_runs_when_its_last_question_was_asked():
+    # Found by the generated test of the unchanged agent: run at its event's own time, the
+    # second start's question expired a day before the raise the live key was granted.
+    history = queued_behind_a_question_history()
+    assert [r.reason for r in history] == ["budget_exceeded", "budget_exceeded"]
+    first, second = history
+    assert second.asked_at_ms == first.now_ms + 1_000 > second.event.event_time_ms
+    report, letters = backtest_key(b"k", history, FUNCTION, BacktestOptions(config=RAISED_BY_SIX))
+    assert letters == []
+    assert not report.HasField("divergence"), report.divergence.detail

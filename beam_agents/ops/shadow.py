@@ -97,6 +97,7 @@ from beam_agents.ops.backtest import (
     _RecordedModel,
     _sort_tools,
     budget_decision,
+    deferrals,
     fired_by,
     kind_name,
     parse_record,
@@ -466,7 +467,9 @@ class _Shadow(beam.DoFn):
                 # when a failure ended the suspension) ran with no idle time before it: only
                 # a TTL due before its event's own time fired first.
                 driver.fire_ttl(min(live.now_ms, live.event.event_time_ms) - 1)
-            driver.schedule(live.event, taken_in_ms=taken_in(live))
+            driver.schedule(
+                live.event, taken_in_ms=taken_in(live), deferred=deferrals(live, self._config)
+            )
         else:
             expired = None
             for intent, match in _matched(state.pending, previous.intents):

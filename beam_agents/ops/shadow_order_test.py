@@ -71,6 +71,7 @@ from beam_agents.testing.review_agents import (
     declined_payment,
     pair_history,
     pays,
+    queued_behind_a_question_history,
     queued_history,
     raised_between_busy_models,
     raised_on_a_failed_payment,
@@ -914,5 +915,13 @@ def test_attempts_retried_without_backoff_are_shadowed_in_the_order_they_ran(see
     history = raised_between_busy_models(config=config)
     assert len({r.now_ms for r in history[1:]}) == 1
     found = _deliver(FUNCTION, _delivered(history, seed), config)
+    assert [(letter.reason, letter.detail) for _, letter in found[ERRORS]] == []
+    assert found["reports"] == []
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_start_a_budget_question_ended_is_shadowed_as_it_is_backtested(seed):
+    history = queued_behind_a_question_history()
+    found = _deliver(FUNCTION, _delivered(history, seed), RAISED_BY_SIX)
     assert [(letter.reason, letter.detail) for _, letter in found[ERRORS]] == []
     assert found["reports"] == []

@@ -36,7 +36,14 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol, runtime_checkable
 
 from beam_agents._protos import AgentEnvelope, Continuation, ToolIntent, ToolResult, TraceEvent
-from beam_agents.errors import AgentContractError, ApprovalEditError, LlmCallError, with_article
+from beam_agents.errors import (
+    AgentContractError,
+    ApprovalEditError,
+    LlmCallError,
+    error_text,
+    said_retryable,
+    with_article,
+)
 from beam_agents.intents.approval_edits import approval_args, approved_args
 from beam_agents.intents.identity import canonical_args_json, intent_id
 from beam_agents.intents.signing import Keyring, sign
@@ -317,6 +324,16 @@ def _saturating_add(ms: int, delta_ms: int) -> int:
     return min(ms + delta_ms, 2**63 - 1)
 
 
+def _said(error: LlmCallError, name: str, default: str) -> str:
+    """The text `error` holds as `name` (its reason, its model): a client's may hold any
+    object there, or fail to hand it over, and recording it must not fail the activation."""
+    try:
+        value = getattr(error, name)
+    except Exception:
+        return default
+    return value if isinstance(value, str) else error_text(value)
+
+
 def _as_reported(response: object, model: str) -> LlmResponse:
     """`response` with its token counts as usage takes them (`reported_tokens`): what the agent,
     the replay cache and the budget all see. A client's answer of another type is its
@@ -501,10 +518,12 @@ class ActivationContext:
                             canonical=canonical,
                             response=b"",
                             replayed=False,
-                            model=model,
+                            model=_said(e, "model", model),
                             input_tokens=billed[0],
                             output_tokens=billed[1],
-                            error=e,
+                            failed=True,
+                            retryable=said_retryable(e),
+                            reason=_said(e, "reason", ""),
                         )
                     )
                 raise

@@ -44,24 +44,31 @@ class KeyDriver:
         self._state = KeyState() if state is None else state
         self.ttl_set = False
         self.ttl_at: int | None = None
-        #: (place, order, envelope or None: the deadline timer, taken_in_ms or its `until`).
-        self._queue: list[tuple[int, int, AgentEnvelope | None, int | None]] = []
+        #: (place, order, envelope or None: the deadline timer, taken_in_ms or its `until`,
+        #: deferred).
+        self._queue: list[tuple[int, int, AgentEnvelope | None, int | None, int]] = []
         self._order = itertools.count()
 
     def schedule(
-        self, envelope: AgentEnvelope, *, at: int | None = None, taken_in_ms: int | None = None
+        self,
+        envelope: AgentEnvelope,
+        *,
+        at: int | None = None,
+        taken_in_ms: int | None = None,
+        deferred: int = 0,
     ) -> None:
         """Queues `envelope`; `taken_in_ms`: an event the live key ran from its mailbox or a
-        retry at that time, which runs no earlier (`KeyMachine.on_envelope`)."""
+        retry at that time, which runs no earlier; `deferred`: how often the live key had
+        deferred its start on a busy model (`KeyMachine.on_envelope`)."""
         place = envelope.event_time_ms if at is None else at
-        heapq.heappush(self._queue, (place, next(self._order), envelope, taken_in_ms))
+        heapq.heappush(self._queue, (place, next(self._order), envelope, taken_in_ms, deferred))
 
     def schedule_deadline(self, *, at: int, until: int | None = None) -> None:
         """Queues firings of the key's deadline timer (the backtest and the shadow: the live
         key's fired there): when it comes, the timer fires at its suspension's due time while
         that is no later than `until` (an escalation moves it on), or once (a retry's, or
         any) without one."""
-        heapq.heappush(self._queue, (at, next(self._order), None, until))
+        heapq.heappush(self._queue, (at, next(self._order), None, until, 0))
 
     def fire_due(
         self, until: int, *, short_of: tuple[int, int] | None = None
@@ -91,14 +98,16 @@ class KeyDriver:
         return bool(self._queue)
 
     def step(self) -> list[tuple[str, object]]:
-        _, _, envelope, taken_in_ms = heapq.heappop(self._queue)
+        _, _, envelope, taken_in_ms, deferred = heapq.heappop(self._queue)
         if envelope is None:
             suspended = self._state.continuation
             if taken_in_ms is not None:
                 return self.fire_due(taken_in_ms)
             return [] if suspended is None else self.fire_deadline(timer_ms(due_at(suspended)))
         return self._apply(
-            self._machine.on_envelope(self._key, self._state, envelope, taken_in_ms=taken_in_ms)
+            self._machine.on_envelope(
+                self._key, self._state, envelope, taken_in_ms=taken_in_ms, deferred=deferred
+            )
         )
 
     def fire_deadline(self, at_ms: int) -> list[tuple[str, object]]:

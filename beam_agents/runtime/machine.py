@@ -137,10 +137,13 @@ class KeyMachine(Commits, Checks, Intake, AnswerChecks, Activations, DueTimes, B
         arrival_ms: int = 0,
         idempotency_key: bytes = b"",
         taken_in_ms: int | None = None,
+        deferred: int = 0,
     ) -> Effects:
-        """One envelope into the key. `taken_in_ms` is for a recorded start run again (the
-        backtest, the shadow): the live key took its event in earlier and ran it from its
-        mailbox or a retry at that time, so a start runs no earlier than then, as it did."""
+        """One envelope into the key. `taken_in_ms` and `deferred` are for a recorded start
+        run again (the backtest, the shadow): the live key took its event in earlier and ran
+        it from its mailbox or a retry at that time, so a start runs no earlier than then, as
+        it did; and it had deferred it `deferred` times on a busy model, which count against
+        `retryable_resume_retries` as they did."""
         now = envelope.event_time_ms
         payload = envelope.WhichOneof("payload")
         if payload is None:
@@ -158,7 +161,7 @@ class KeyMachine(Commits, Checks, Intake, AnswerChecks, Activations, DueTimes, B
             return self._finish(work)
         self._checked(work, now)
         if payload == "external_event":
-            self._external(work, envelope, idempotency_key, taken_in_ms)
+            self._external(work, envelope, idempotency_key, taken_in_ms, deferred)
         else:
             self._answer(work, envelope, payload)
         return self._finish(work)

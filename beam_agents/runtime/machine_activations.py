@@ -29,6 +29,7 @@ from beam_agents.errors import (
     LlmCallError,
     MemoryBudgetError,
     error_text,
+    said_retryable,
     with_article,
 )
 from beam_agents.runtime import dead_letters as dl
@@ -298,13 +299,10 @@ class Activations:
         ERROR trace event."""
         ctx, error = run.ctx, run.error
         work.count("failed_activations")
-        reason = reason or {
-            BudgetExceededError: dl.BUDGET_EXCEEDED,
-            CheckpointRejectedError: dl.CHECKPOINT_REJECTED,
-            MemoryBudgetError: dl.MEMORY_BUDGET,
-            AgentContractError: dl.AGENT_CONTRACT,
-            LlmCallError: dl.LLM_FAILED,
-        }.get(type(error), dl.AGENT_RAISED)
+        # By kind, not exact type: a provider client's own LlmCallError is a model failure.
+        reason = reason or next(
+            (named for kind, named in _REASONS if isinstance(error, kind)), dl.AGENT_RAISED
+        )
         ctx.traces.clear()
         ctx.trace_child(
             TraceEvent.ERROR,
@@ -404,6 +402,17 @@ class Activations:
         self._drain(work, list(suspended.mailbox), work.anchor)
 
 
+#: The dead-letter reason of an activation that failed on each kind of error (else
+#: `agent_raised`).
+_REASONS = (
+    (BudgetExceededError, dl.BUDGET_EXCEEDED),
+    (CheckpointRejectedError, dl.CHECKPOINT_REJECTED),
+    (MemoryBudgetError, dl.MEMORY_BUDGET),
+    (AgentContractError, dl.AGENT_CONTRACT),
+    (LlmCallError, dl.LLM_FAILED),
+)
+
+
 def model_busy(error: Exception) -> bool:
     """A model that stayed busy or unreachable past its client's own retries."""
-    return isinstance(error, LlmCallError) and error.retryable
+    return said_retryable(error)

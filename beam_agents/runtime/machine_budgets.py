@@ -56,10 +56,12 @@ class BudgetQuestions:
         event=None,
         digests=(),
         anchor=0,
+        deferred=0,
         suspended: Continuation | None = None,
     ) -> None:
         """Puts the budget before a person: an APPROVAL intent of BUDGET_TOOL, on which the key
-        waits with its event first in the mailbox (a start) or with its answers (a resume)."""
+        waits with its event first in the mailbox (a start, `deferred` times on a busy model
+        so far: a raise does not give it those retries again) or with its answers (a resume)."""
         work.count("budget_asks")
         config = self._config
         seq = suspended.seq if suspended is not None else run.ctx.seq
@@ -101,6 +103,7 @@ class BudgetQuestions:
                 # The raises the start was granted before it asked again: its record holds
                 # every one (`Run.granted`).
                 answers=list(run.granted),
+                resume_failures=deferred,
             )
             waiting.state_schema_version = self._version
             memory = self._marked(work.state.memory, digests, anchor, owned=False)
@@ -172,8 +175,12 @@ class BudgetQuestions:
                 intents=(),
                 outcome=ActivationRecord.OUTCOME_FAILED,
                 reason=dl.BUDGET_EXCEEDED,
+                attempt=0 if start else suspended.resume_failures,
             )
             record.model_calls.extend(suspended.held_calls)
+            if start:
+                # The question was asked when its attempt ran: a backtest runs it then too.
+                record.asked_at_ms = suspended.suspended_at_ms
             work.emit(RECORDS, record)
         if start:
             self._end_start(work, suspended.seq)

@@ -471,3 +471,34 @@ def test_a_budget_question_is_traced_as_an_intent_the_key_emitted():
     assert span.event_type == TraceEvent.INTENT_EMITTED
     assert span.attributes["gen_ai.tool.name"] == BUDGET_TOOL
     assert span.attributes["beam_agents.intent_id"] == question.intent_id
+
+
+class _BusyBilled(_Counting):
+    """A model busy on every call (its client's retries spent), each refused answer billed."""
+
+    def complete(self, request):
+        self.calls += 1
+        raise LlmCallError("busy", model=request.model, retryable=True, input_tokens=10)
+
+
+def test_a_raise_granted_to_a_start_deferred_on_a_busy_model_gives_it_no_retries_again():
+    # Deferred once (its refused answer billed), the start's retry is over the budget and asks
+    # a person; granted, it goes on with its one retry left, not with its whole count again.
+    from beam_agents.runtime.budget import Budget, OnBudget
+
+    model = _BusyBilled()
+    config = RuntimeConfig(
+        retryable_resume_retries=2,
+        budget=Budget(key_tokens=20, on_exceed=OnBudget.ASK, raise_tokens=1000),
+    )
+    h = Harness(summarise_event, llm=model, config=config)
+    h.send(event(T0, b"x"))
+    assert model.calls == 1 and h.continuation.resume_failures == 1
+    h.fire_deadline()
+    (question,) = pending(h)
+    assert model.calls == 1 and h.continuation.resume_failures == 1
+    h.send(approve(T0 + 10**6, question))  # granted: tried again, deferred the second time
+    assert model.calls == 2 and h.continuation.resume_failures == 2
+    h.fire_deadline()  # the last retry: failed for good
+    assert model.calls == 3 and h.continuation is None
+    assert [letter.reason for letter in h.values(ERRORS)] == ["llm_failed"]

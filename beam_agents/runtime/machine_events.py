@@ -205,6 +205,7 @@ class Intake:
         envelope: AgentEnvelope,
         idempotency_key: bytes,
         taken_in_ms: int | None = None,
+        deferred: int = 0,
     ) -> None:
         now = envelope.event_time_ms
         state = work.state
@@ -219,7 +220,7 @@ class Intake:
             return
         suspended = state.continuation
         if suspended is None:
-            self._start(work, envelope, digests, since=taken_in_ms)
+            self._start(work, envelope, digests, since=taken_in_ms, failures=deferred)
             return
         config = self._config
         queued_bytes = sum(len(e.external_event) for e in suspended.mailbox)
@@ -320,7 +321,9 @@ class Intake:
             self._defer(work, envelope, digests, anchor, failures + 1, granted)
             self._keep_paid(work, run, ended=False)
         elif self._asks(run.error):
-            self._ask_budget(work, run, now, event=envelope, digests=digests, anchor=anchor)
+            self._ask_budget(
+                work, run, now, event=envelope, digests=digests, anchor=anchor, deferred=failures
+            )
             self._keep_paid(work, run, ended=False)
         else:
             # Ended for good, whatever this attempt paid: an earlier one may have kept answers.

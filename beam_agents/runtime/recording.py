@@ -30,7 +30,6 @@ import hashlib
 from collections.abc import Sequence
 
 from beam_agents._protos import ActivationRecord, AgentEnvelope, ToolIntent
-from beam_agents.errors import LlmCallError
 
 __all__ = ["RECORDS", "ModelCallLog", "Outcome", "Recording", "request_digest"]
 
@@ -39,14 +38,12 @@ RECORDS = "records"
 
 Outcome = ActivationRecord.Outcome
 
-#: A failed call's error text is kept to this many bytes of UTF-8.
-_MAX_ERROR_BYTES = 1024
-
 
 @dataclasses.dataclass(frozen=True)
 class ModelCallLog:
     """One model call as the activation made it (ActivationContext.model_log): answered, or
-    failed with `error` (then `response` is empty and the tokens are what it was billed)."""
+    `failed` (then `response` is empty, the tokens are what it was billed, and `retryable`,
+    `reason` and `model` are the client's LlmCallError's, in plain types)."""
 
     cache_key: str
     canonical: str
@@ -55,7 +52,9 @@ class ModelCallLog:
     model: str
     input_tokens: int
     output_tokens: int
-    error: LlmCallError | None = None
+    failed: bool = False
+    retryable: bool = False
+    reason: str = ""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,7 +93,7 @@ class Recording:
             adapter=adapter,
             answers=answers,
             model_calls=self.model_calls(model_log),
-            model_failures=_failures(model_log),
+            model_failures=self._failures(model_log),
             intents=intents,
             outcome=outcome,
             output=output,
@@ -107,7 +106,29 @@ class Recording:
 
     def model_calls(self, model_log: Sequence[ModelCallLog]) -> list[ActivationRecord.ModelCall]:
         """The answered calls of `model_log` as a record holds them, under the size policy."""
-        return [self._call(call) for call in model_log if call.error is None]
+        return [self._call(call) for call in model_log if not call.failed]
+
+    def _failures(self, model_log: Sequence[ModelCallLog]) -> list[ActivationRecord.ModelFailure]:
+        """The failed calls of `model_log`, each placed after the answered ones before it, its
+        reason cut to `max_answer_bytes`."""
+        failures, answered = [], 0
+        for call in model_log:
+            if not call.failed:
+                answered += 1
+                continue
+            failures.append(
+                ActivationRecord.ModelFailure(
+                    after_calls=answered,
+                    cache_key=call.cache_key,
+                    request_digest=request_digest(call.canonical),
+                    model=call.model,
+                    retryable=call.retryable,
+                    input_tokens=call.input_tokens,
+                    output_tokens=call.output_tokens,
+                    error=_cut(call.reason, self.max_answer_bytes),
+                )
+            )
+        return failures
 
     def _call(self, call: ModelCallLog) -> ActivationRecord.ModelCall:
         kept = len(call.response) <= self.max_answer_bytes
@@ -122,28 +143,6 @@ class Recording:
             input_tokens=call.input_tokens,
             output_tokens=call.output_tokens,
         )
-
-
-def _failures(model_log: Sequence[ModelCallLog]) -> list[ActivationRecord.ModelFailure]:
-    """The failed calls of `model_log`, each placed after the answered ones before it."""
-    failures, answered = [], 0
-    for call in model_log:
-        if call.error is None:
-            answered += 1
-            continue
-        failures.append(
-            ActivationRecord.ModelFailure(
-                after_calls=answered,
-                cache_key=call.cache_key,
-                request_digest=request_digest(call.canonical),
-                model=call.model,
-                retryable=bool(call.error.retryable),
-                input_tokens=call.input_tokens,
-                output_tokens=call.output_tokens,
-                error=_cut(str(call.error.reason), _MAX_ERROR_BYTES),
-            )
-        )
-    return failures
 
 
 def _cut(text: str, limit: int) -> str:

@@ -171,7 +171,8 @@ def test_a_model_call_that_failed_is_recorded_in_its_place_with_its_retryability
         approver=_approve,
         llm_client=_RefusesThenAnswers(),
         options=env_options(),
-        recording=Recording(),
+        # The failures' reasons are cut as answers are.
+        recording=Recording(max_answer_bytes=1_024),
     )
     (record,) = run.records
     assert (record.outcome, record.reason) == (Outcome.OUTCOME_FAILED, "llm_failed")

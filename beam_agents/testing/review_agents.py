@@ -49,6 +49,7 @@ __all__ = [
     "declined_payment",
     "pair_history",
     "pays",
+    "queued_behind_a_question_history",
     "queued_history",
     "raised_between_busy_models",
     "raised_on_a_failed_payment",
@@ -352,4 +353,28 @@ def raised_between_busy_models(plan=(OK, "busy"), config: RuntimeConfig | None =
         config or RuntimeConfig(),
         PlanModel(plan),
         lambda i: next(answers),
+    )
+
+
+def queued_behind_a_question_history():
+    """Two events at once, each asking the model over the key's budget (RAISED_BY_SIX): the
+    first's question is never answered, so the second waits in the mailbox until its
+    deadline; drained then, the second is granted a raise a second later, asks again, and
+    that question is never answered either."""
+    events = [
+        AgentEnvelope(
+            entity_key=b"k",
+            event_time_ms=T0,
+            external_event=json.dumps({"nonce": n, "ops": [["llm", "p0"]] * (n + 1)}).encode(),
+        )
+        for n in range(2)
+    ]
+    plan = iter([(None, OK), (1_000, OK), (None, OK)])
+    return live_history(
+        FUNCTION,
+        b"k",
+        [(T0, event) for event in events],
+        RAISED_BY_SIX,
+        PlanModel([]),
+        lambda intent: next(plan),
     )

@@ -506,6 +506,22 @@ def activation_record_model_failed():
     return record
 
 
+def activation_record_budget_declined():
+    """A recorded start a person declined to raise the budget of: the raise it was granted
+    first, the model call its held attempt paid for, when its last question was asked."""
+    record = activation_record_digest_only()
+    call = record.model_calls[0]
+    call.response = activation_record().model_calls[0].response
+    call.digest_only = False
+    record.answers.add().CopyFrom(continuation_budget_held().answers[0])
+    record.outcome = ActivationRecord.OUTCOME_FAILED
+    record.output = b""
+    record.reason = "budget_exceeded"
+    record.now_ms = 1_764_547_205_000
+    record.asked_at_ms = 1_764_460_805_000
+    return record
+
+
 def backtest_key_report():
     """A key whose candidate no longer asks for a refund's approval: its first divergence,
     the tool counts and tokens of both runs."""
@@ -572,6 +588,7 @@ FIXTURES = {
         activation_record,
         activation_record_digest_only,
         activation_record_model_failed,
+        activation_record_budget_declined,
         backtest_key_report,
     )
 }
