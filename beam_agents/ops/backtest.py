@@ -385,12 +385,12 @@ class _RecordedModel:
     request) it replays itself, as the live agent did, so it is not offered: two answers to one
     request at two positions each go to their own place.
 
-    Where the live key's retries there were all spent (`resume_failed`), the candidate's
-    attempts must keep in step with them, as they share their retries and limits: each attempt
-    is offered its own live attempt's calls and failures (`next_attempt`). Elsewhere no failed
-    attempt needs repeating: the answers of every attempt there are offered at once, with the
-    failures of the compared one only (those its agent caught), as a shadow compares a resume
-    that went on when its record comes, perhaps before those of its failed attempts."""
+    The candidate's attempts keep in step with the live ones where the records number them
+    and hold every model failure (`in_step`), and where the live key's retries there were all
+    spent (`resume_failed`: they share their retries and limits): each attempt is offered its
+    own live attempt's calls and failures (`next_attempt`). Records of an older binary say
+    neither: the answers of every attempt there are offered at once, with the failures of the
+    compared one only (those its agent caught)."""
 
     def __init__(
         self,
@@ -409,7 +409,7 @@ class _RecordedModel:
         """Offers the calls of `records` the candidate, in `state`, cannot replay itself: of
         the first attempt if its retries are to keep in step, else of all."""
         self._attempts = list(records)
-        self._in_step = bool(records) and records[-1].reason == RESUME_FAILED
+        self._in_step = bool(records) and (records[-1].reason == RESUME_FAILED or in_step(records))
         self._attempt = -1
         self.next_attempt(state)
 
@@ -470,6 +470,16 @@ class _RecordedModel:
         raise LlmCallError(
             "the recording has no answer to this request", model=request.model, retryable=False
         )
+
+
+def in_step(records: Sequence[ActivationRecord]) -> bool:
+    """Whether the live attempts at a place, `records` in the order they ran, say all the
+    candidate's attempts there need to keep in step with them: each its `attempt`, and each
+    failure of the model's (`llm_failed`) with the request it failed on (a binary older than
+    `attempt` and `model_failures` wrote neither)."""
+    return [r.attempt for r in records] == list(range(len(records))) and not any(
+        r.reason == LLM_FAILED and not r.model_failures for r in records
+    )
 
 
 def _in_call_order(calls, failures) -> Iterator:

@@ -1124,3 +1124,41 @@ def test_a_start_a_budget_question_ended_runs_when_its_last_question_was_asked()
     report, letters = backtest_key(b"k", history, FUNCTION, BacktestOptions(config=RAISED_BY_SIX))
     assert letters == []
     assert not report.HasField("divergence"), report.divergence.detail
+
+
+@agent(name="review.pays_after_what_the_model_said/v1")
+def pays_after_what_the_model_said(ctx, event: bytes) -> bytes:
+    """Asks the model twice, taking its failure (busy or down) for an answer, then pays with
+    what it said. Re-run from the top on its resume."""
+    said = []
+    for _ in range(2):
+        try:
+            said.append(ctx.llm([{"role": "user", "content": "a"}], model="m").text)
+        except LlmCallError as e:
+            said.append("busy" if e.retryable else "down")
+    ctx.call_tool("pay", {"said": said})
+    return " ".join(said).encode()
+
+
+def test_a_resume_that_caught_failures_after_a_failed_attempt_is_no_divergence():
+    # Busy, down, busy, answered, in turn. The start: busy, down, pays. Its resume asks again
+    # (a function agent runs from the top): busy, answered, so it pays otherwise and fails
+    # (agent_contract); its retry: busy, down, as the start was, and completes. Each of the
+    # candidate's attempts is offered its own live attempt's answers and failures.
+    plan = ["busy", "down", "busy", OK]
+    history = live_history(
+        pays_after_what_the_model_said,
+        b"k",
+        [(T0, AgentEnvelope(entity_key=b"k", event_time_ms=T0, external_event=b"e"))],
+        RuntimeConfig(),
+        PlanModel(plan),
+        lambda intent: (1_000, OK),
+    )
+    assert [(r.reason, r.attempt, len(r.model_calls), len(r.model_failures)) for r in history] == [
+        ("", 0, 0, 2),
+        ("agent_contract", 0, 1, 1),
+        ("", 1, 0, 2),
+    ]
+    report, letters = backtest_key(b"k", history, pays_after_what_the_model_said)
+    assert letters == []
+    assert not report.HasField("divergence"), report.divergence.detail

@@ -380,7 +380,7 @@ class _Shadow(beam.DoFn):
             if previous is not None:
                 # What was compared, its failed attempts, and copies that come late are done.
                 left = [r for r in left if _place(r) > _place(previous)]
-            due = sorted((r for r in left if _due(r, state)), key=lambda r: (r.now_ms, r.attempt))
+            due = sorted((r for r in left if _due(r, state)), key=lambda r: (r.attempt, r.now_ms))
             final = [r for r in due if not retried(r)]
             if not final:
                 fired = self._past_deadline(key, state, left, turn, timely)
@@ -547,14 +547,17 @@ class _Shadow(beam.DoFn):
 
 
 def _attempts_missing(live: ActivationRecord, due, attempts, departed: bool) -> bool:
-    """Whether failed attempts of the live key before `live` may not have come yet: `live`
+    """Whether failed attempts of the live key before `live` may not have come yet. Its
+    records can come in any order: compared now, the candidate would miss the answers of an
+    attempt still on its way and diverge where it does not (the backtest, holding them all,
+    does not). They have not where `live` says it was a later attempt than the records that
+    came (`due`) hold; with no attempt said (a binary older than `attempt`), where `live`
     ended its suspension on a failure (its retries spent, `resume_failed`, or a raise its
     budget needed declined, `budget_exceeded`), which the runtime may have run after any
-    number of failed attempts at its place, each with model answers of its own, and the
-    candidate run on the records that came (`due`) departed from it or failed more often than
-    the live attempts that came (`attempts`). Its records can come in any order: compared
-    now, the candidate would miss the answers of an attempt still on its way and diverge
-    where it does not (the backtest, holding them all, does not)."""
+    number of failed attempts at its place, and the candidate run on the records that came
+    departed from it or failed more often than the live attempts that came (`attempts`)."""
+    if live.attempt:
+        return len({r.attempt for r in due}) <= live.attempt
     ended = live.outcome == Outcome.OUTCOME_FAILED and not live.HasField("event")
     ended = ended and live.reason in (RESUME_FAILED, BUDGET_EXCEEDED)
     return ended and (departed or len(attempts) != len(due) - 1)

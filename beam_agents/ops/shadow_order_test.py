@@ -925,3 +925,46 @@ def test_a_start_a_budget_question_ended_is_shadowed_as_it_is_backtested(seed):
     found = _deliver(FUNCTION, _delivered(history, seed), RAISED_BY_SIX)
     assert [(letter.reason, letter.detail) for _, letter in found[ERRORS]] == []
     assert found["reports"] == []
+
+
+@agent(name="review.pays_after_three_answers/v1")
+def pays_after_three_answers(ctx, event: bytes) -> bytes:
+    """Asks the model three times, the last two taking its failure (busy or down) for an
+    answer, then pays with what it said. Re-run from the top on its resume."""
+    messages = [{"role": "user", "content": "a"}]
+    said = [ctx.llm(messages, model="m").text]
+    for _ in range(2):
+        try:
+            said.append(ctx.llm(messages, model="m").text)
+        except LlmCallError as e:
+            said.append("busy" if e.retryable else "down")
+    ctx.call_tool("pay", {"said": said})
+    return " ".join(said).encode()
+
+
+def test_the_shadow_compares_a_resume_as_the_backtest_whichever_attempt_comes_first():
+    # Answered, busy, down, in turn. The start: answered, busy, down, pays. Its resume (from
+    # the top; the first answer replayed) gets other failures, pays otherwise, and fails
+    # (agent_contract) twice; its third attempt is answered as the start was and completes.
+    # The shadow, handed the completed attempt before the second failed one, waits for it
+    # (the completed one says it was attempt 2), as the backtest holds them all.
+    history = live_history(
+        pays_after_three_answers,
+        b"k",
+        [(T0, AgentEnvelope(entity_key=b"k", event_time_ms=T0, external_event=b"e"))],
+        RuntimeConfig(),
+        PlanModel([OK, "busy", "down"]),
+        lambda intent: (1_000, OK),
+    )
+    assert [(r.reason, r.attempt) for r in history] == [
+        ("", 0),
+        ("agent_contract", 0),
+        ("agent_contract", 1),
+        ("", 2),
+    ]
+    report, letters = backtest_key(b"k", history, pays_after_three_answers)
+    assert letters == [] and not report.HasField("divergence")
+    start, first, second, last = history
+    found = _deliver(pays_after_three_answers, [(b"k", r) for r in (first, start, last, second)])
+    assert found[ERRORS] == []
+    assert [r.divergence.detail for _, r in found["reports"] if r.HasField("divergence")] == []
