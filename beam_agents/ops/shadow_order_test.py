@@ -803,7 +803,7 @@ _TOOLS = ("pay", "lookup")
 _OPS = st.one_of(
     st.tuples(st.just("put"), st.sampled_from("ab"), st.sampled_from(["1", "2"])).map(list),
     st.just(["count"]),
-    st.tuples(st.just("llm"), st.sampled_from(["p0", "p1"])).map(list),
+    st.tuples(st.sampled_from(["llm", "try_llm"]), st.sampled_from(["p0", "p1"])).map(list),
     st.tuples(st.just("call"), st.sampled_from(_TOOLS)).map(list),
     st.tuples(st.just("calls"), st.lists(st.sampled_from(_TOOLS), min_size=2, max_size=3)).map(
         list

@@ -7,6 +7,8 @@ A program is a JSON list of operations carried in the external event:
     ["put", key, value]   a memory write
     ["count"]             visits = memory["visits"] + 1 (one visit per completed event)
     ["llm", prompt]       a model call; later tool arguments carry its answer
+    ["try_llm", prompt]   a model call whose failure the agent catches: its answer is then
+                          the failure's kind ("busy" or "down") and text
     ["call", tool]        one tool call, suspending until it is answered
     ["calls", [tools]]    parallel tool calls in one step
     ["approve", question] an approval, answered by the simulated human
@@ -97,8 +99,8 @@ def _function(ctx, event: bytes) -> bytes:
         elif name == "count":
             visits = int(ctx.memory.get("visits", b"0")) + 1
             ctx.memory.put("visits", str(visits).encode())
-        elif name == "llm":
-            last = ctx.llm([{"role": "user", "content": op[1]}], model="sim").text
+        elif name in ("llm", "try_llm"):
+            last = _ask(ctx, name, op[1])
         elif name in ("call", "calls"):
             tools = [op[1]] if name == "call" else op[1]
             answers = ctx.call_tools([(t, {"i": index, "llm": last}) for t in tools])
@@ -114,6 +116,16 @@ def _function(ctx, event: bytes) -> bytes:
 
 
 FUNCTION = _function
+
+
+def _ask(ctx, op: str, prompt: str) -> str:
+    """The model's answer to `prompt`; under "try_llm", a failure's kind and text instead."""
+    try:
+        return ctx.llm([{"role": "user", "content": prompt}], model="sim").text
+    except LlmCallError as e:
+        if op == "llm":
+            raise
+        return f"{'busy' if e.retryable else 'down'}: {e}"
 
 
 class StepAgent:
@@ -139,8 +151,8 @@ class StepAgent:
             name = op[0]
             if name == "put":
                 ctx.memory.put(op[1], op[2].encode())
-            elif name == "llm":
-                last = ctx.llm([{"role": "user", "content": f"{op[1]}@{index}"}], model="sim").text
+            elif name in ("llm", "try_llm"):
+                last = _ask(ctx, name, f"{op[1]}@{index}")
             elif name in ("call", "calls", "approve"):
                 if name == "approve":
                     ctx.request_approval(op[1], llm=last)
