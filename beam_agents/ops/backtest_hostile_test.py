@@ -1162,3 +1162,50 @@ def test_a_resume_that_caught_failures_after_a_failed_attempt_is_no_divergence()
     report, letters = backtest_key(b"k", history, pays_after_what_the_model_said)
     assert letters == []
     assert not report.HasField("divergence"), report.divergence.detail
+
+
+@agent(name="review.asks_again_while_busy/v1")
+def asks_again_while_busy(ctx, event: bytes) -> bytes:
+    """Asks again while the model is busy (up to twice), then asks it once more."""
+    messages = [{"role": "user", "content": "a"}]
+    failed = 0
+    while True:
+        try:
+            first = ctx.llm(messages, model="m").text
+            break
+        except LlmCallError:
+            failed += 1
+            if failed == 2:
+                raise
+    second = ctx.llm(messages, model="m").text
+    return f"{failed} {first} {second}".encode()
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="open: a failure caught in an attempt a budget question held is in no record "
+    "(docs/backtest.md); recording held attempts as attempts of their own would fix it",
+)
+def test_failures_caught_in_attempts_held_for_a_budget_question_are_no_divergence():
+    # Busy on every second call. The start: busy (caught), answered, then over its budget: a
+    # person is asked and grants a raise; its retry: busy again (caught), the answer replayed,
+    # then asked again, granted; the last retry completes. The failure of a held attempt is in
+    # no record (Continuation.held_calls holds answers only).
+    config = RuntimeConfig(budget=Budget(key_tokens=12, on_exceed=OnBudget.ASK, raise_tokens=6))
+    event = AgentEnvelope(entity_key=b"k", event_time_ms=T0, external_event=b"e")
+    history = live_history(
+        asks_again_while_busy,
+        b"k",
+        [(T0, event)],
+        config,
+        PlanModel(["busy", OK]),
+        lambda intent: (1_000, OK),
+    )
+    (record,) = history
+    assert record.outcome == ActivationRecord.OUTCOME_COMPLETED
+    assert len(record.answers) == 2  # two raises granted
+    report, letters = backtest_key(
+        b"k", history, asks_again_while_busy, BacktestOptions(config=config)
+    )
+    assert letters == []
+    assert not report.HasField("divergence"), report.divergence.detail

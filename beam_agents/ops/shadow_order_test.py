@@ -800,27 +800,39 @@ CONFIGS = {
     ),
 }  # fmt: skip
 _TOOLS = ("pay", "lookup")
-_OPS = st.one_of(
-    st.tuples(st.just("put"), st.sampled_from("ab"), st.sampled_from(["1", "2"])).map(list),
-    st.just(["count"]),
-    st.tuples(st.sampled_from(["llm", "try_llm"]), st.sampled_from(["p0", "p1"])).map(list),
-    st.tuples(st.just("call"), st.sampled_from(_TOOLS)).map(list),
-    st.tuples(st.just("calls"), st.lists(st.sampled_from(_TOOLS), min_size=2, max_size=3)).map(
-        list
-    ),
-    st.tuples(st.just("approve"), st.sampled_from(["q0", "q1"])).map(list),
-    st.just(["raise_unless_ok"]),
-)
+
+
+def _ops(asks: tuple[str, ...]):
+    return st.one_of(
+        st.tuples(st.just("put"), st.sampled_from("ab"), st.sampled_from(["1", "2"])).map(list),
+        st.just(["count"]),
+        st.tuples(st.sampled_from(asks), st.sampled_from(["p0", "p1"])).map(list),
+        st.tuples(st.just("call"), st.sampled_from(_TOOLS)).map(list),
+        st.tuples(st.just("calls"), st.lists(st.sampled_from(_TOOLS), min_size=2, max_size=3)).map(
+            list
+        ),
+        st.tuples(st.just("approve"), st.sampled_from(["q0", "q1"])).map(list),
+        st.just(["raise_unless_ok"]),
+    )
+
+
+_OPS = _ops(("llm", "try_llm"))
+# Open (docs/backtest.md): a failure caught in an attempt a budget question held up is in no
+# record, so the unchanged agent can diverge where budgets are asked and failures caught
+# (`backtest_hostile_test`'s strict xfail of it).
+_OPS_UNDER_ASK = _ops(("llm",))
 
 
 @st.composite
 def _live(draw):
     """(agent, records, config) of one key's generated live history."""
     agent = draw(st.sampled_from([FUNCTION, StepAgent()]))
+    config = CONFIGS[draw(st.sampled_from(sorted(CONFIGS)))]
+    ops = _OPS_UNDER_ASK if config.budget is not None else _OPS
     events, at = [], T0
     for nonce in range(draw(st.integers(1, 4))):
         at += draw(st.sampled_from([0, 1_000, 60_000, 3_600_000, 5 * 3_600_000]))
-        program = {"nonce": nonce, "ops": draw(st.lists(_OPS, max_size=4))}
+        program = {"nonce": nonce, "ops": draw(st.lists(ops, max_size=4))}
         event = AgentEnvelope(
             entity_key=b"k", event_time_ms=at, external_event=json.dumps(program).encode()
         )
@@ -831,7 +843,6 @@ def _live(draw):
     plan = draw(st.lists(st.sampled_from([OK, OK, OK, "busy", "down"]), max_size=6))
     delays = st.sampled_from([1_000, 60_000, 3_000_000, None])
     answers = draw(st.lists(st.tuples(delays, st.sampled_from([OK, OK, "error"])), min_size=1))
-    config = CONFIGS[draw(st.sampled_from(sorted(CONFIGS)))]
     planned = iter(answers * 100)
     records = live_history(
         agent, b"k", events, config, PlanModel(plan), lambda intent: next(planned)
