@@ -41,6 +41,7 @@ from beam_agents.testing.review_agents import (
     ESCALATING,
     ONE_EVENT,
     RAISED_BY_SIX,
+    RETRIED_FOR_EVER,
     RETRIED_ONCE,
     SHORT_DEADLINES,
     BusyOnce,
@@ -60,6 +61,7 @@ from beam_agents.testing.review_agents import (
     raised_between_busy_models,
     raised_on_a_failed_payment,
     raised_then_declined,
+    raised_then_down_history,
     two_calls,
     unanswered_history,
 )
@@ -1209,3 +1211,14 @@ def test_failures_caught_in_attempts_held_for_a_budget_question_are_no_divergenc
     )
     assert letters == []
     assert not report.HasField("divergence"), report.divergence.detail
+
+
+def test_a_start_that_failed_on_the_model_under_the_largest_retry_limit_backtests():
+    # The candidate's start counts config.retryable_resume_retries deferrals spent
+    # (backtest.deferrals); its budget question stores them in Continuation.resume_failures,
+    # a uint32: a larger limit is refused by RuntimeConfig (config_test), this one fits.
+    history = raised_then_down_history()
+    report, letters = backtest_key(
+        b"k", history, FUNCTION, BacktestOptions(config=RETRIED_FOR_EVER)
+    )
+    assert letters == [] and not report.HasField("divergence")

@@ -57,6 +57,7 @@ from beam_agents.testing.review_agents import (
     ESCALATING,
     ONE_EVENT,
     RAISED_BY_SIX,
+    RETRIED_FOR_EVER,
     RETRIED_ONCE,
     SHORT_DEADLINES,
     BusyOnce,
@@ -76,6 +77,7 @@ from beam_agents.testing.review_agents import (
     raised_between_busy_models,
     raised_on_a_failed_payment,
     raised_then_declined,
+    raised_then_down_history,
     two_calls,
     unanswered_history,
 )
@@ -979,3 +981,9 @@ def test_the_shadow_compares_a_resume_as_the_backtest_whichever_attempt_comes_fi
     found = _deliver(pays_after_three_answers, [(b"k", r) for r in (first, start, last, second)])
     assert found[ERRORS] == []
     assert [r.divergence.detail for _, r in found["reports"] if r.HasField("divergence")] == []
+
+
+def test_a_start_that_failed_on_the_model_under_the_largest_retry_limit_is_shadowed():
+    history = raised_then_down_history()
+    found = _deliver(FUNCTION, [(b"k", r) for r in history], RETRIED_FOR_EVER)
+    assert found[ERRORS] == [] and found["reports"] == []

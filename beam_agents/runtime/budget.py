@@ -30,14 +30,23 @@ from beam_agents.errors import BudgetExceededError
 from beam_agents.intents.identity import MAX_SAFE_INTEGER
 from beam_agents.runtime.machine_state import INT64_MAX, saturating_add
 
-__all__ = ["BUDGET_TOOL", "Budget", "BudgetMeter", "OnBudget", "Price", "reported_tokens"]
+__all__ = [
+    "BUDGET_TOOL",
+    "UINT32_MAX",
+    "Budget",
+    "BudgetMeter",
+    "OnBudget",
+    "Price",
+    "reported_tokens",
+]
 
 #: The tool_name of the runtime's APPROVAL intents asking a person to raise a key's budget.
 BUDGET_TOOL = "beam_agents.budget"
 _CHARS_PER_TOKEN = 4
 
 
-_UINT32_MAX = 2**32 - 1
+#: The largest count a uint32 field of the state holds.
+UINT32_MAX = 2**32 - 1
 
 
 def reported_tokens(count: object) -> int:
@@ -197,4 +206,4 @@ class BudgetMeter:
         blob.cost_micros = saturating_add(key_cost, self.cost)
         blob.token_allowance = min(self.token_allowance, INT64_MAX)
         blob.cost_allowance_micros = min(self.cost_allowance, INT64_MAX)
-        blob.budget_grants = min(self.grants, _UINT32_MAX)
+        blob.budget_grants = min(self.grants, UINT32_MAX)

@@ -9,7 +9,7 @@ import dataclasses
 import enum
 
 from beam_agents.errors import RuntimeConfigError
-from beam_agents.runtime.budget import Budget
+from beam_agents.runtime.budget import UINT32_MAX, Budget
 
 __all__ = ["AtDeadline", "DeadlinePolicy", "RuntimeConfig"]
 
@@ -111,8 +111,6 @@ class RuntimeConfig:
             "cache_max_response_bytes",
             "intent_ttl_ms",
             "suspend_deadline_ms",
-            "resume_retries",
-            "retryable_resume_retries",
             "resume_backoff_ms",
             "resume_backoff_max_ms",
             "dedupe_window_ms",
@@ -122,6 +120,10 @@ class RuntimeConfig:
             "mailbox_max_bytes",
         ):
             _check_int(name, getattr(self, name))
+        # A resume's (or a deferred start's) failures are counted in a uint32 of its
+        # Continuation, up to the limit.
+        for name in ("resume_retries", "retryable_resume_retries"):
+            _check_int(name, getattr(self, name), most=UINT32_MAX)
         _check_int("memory_budget_bytes", self.memory_budget_bytes, optional=True)
         # An escalation that moves the deadline back ends the suspension it extends.
         for name in ("max_escalations", "extension_ms"):
@@ -140,13 +142,22 @@ class RuntimeConfig:
         return min(self.resume_backoff_ms << min(failures - 1, 40), self.resume_backoff_max_ms)
 
 
-def _check_int(field: str, value, *, least: int = 0, optional: bool = False) -> None:
+def _check_int(
+    field: str, value, *, least: int = 0, most: int | None = None, optional: bool = False
+) -> None:
     """Refuses `value` for RuntimeConfig.`field` unless it is an int (not a bool) of at least
-    `least`, or None where the field is `optional`."""
+    `least` (and at most `most`), or None where the field is `optional`."""
     if optional and value is None:
         return
-    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int)
+        or value < least
+        or (most is not None and value > most)
+    ):
         bound = "a non-negative int" if least == 0 else f"an int >= {least}"
+        if most is not None:
+            bound += f" of at most {most}"
         raise RuntimeConfigError(
             f"RuntimeConfig.{field} must be {'None or ' if optional else ''}{bound}, not {value!r}",
             field=field,

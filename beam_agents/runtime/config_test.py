@@ -62,6 +62,10 @@ def test_the_defaults_are_the_ones_the_operations_guide_lists():
             {"deadline_policy": DeadlinePolicy(max_escalations=True)},
             "deadline_policy.max_escalations",
         ),
+        # A resume's failures are counted in a uint32 of its Continuation.
+        ({"resume_retries": -1}, "resume_retries"),
+        ({"resume_retries": 2**32}, "resume_retries"),
+        ({"retryable_resume_retries": 2**32}, "retryable_resume_retries"),
     ],
 )
 def test_a_time_or_count_out_of_range_is_refused_naming_its_field(fields, named):

@@ -506,7 +506,11 @@ class ActivationContext:
             except LlmCallError as e:
                 # An answer the client refused was billed all the same: it counts, and the
                 # failure commits its count (a key answered only so must not call for free).
-                billed = reported_tokens(e.input_tokens), reported_tokens(e.output_tokens)
+                # A client's own kind of the error may not have run LlmCallError's __init__.
+                billed = (
+                    reported_tokens(getattr(e, "input_tokens", 0)),
+                    reported_tokens(getattr(e, "output_tokens", 0)),
+                )
                 if any(billed):
                     self.model_calls += 1
                     if self.meter is not None:

@@ -44,7 +44,7 @@ from beam_agents.runtime.machine_state import (
     KeyState,
     Work,
     past_every_expiry,
-    saturating_add,
+    retry_at,
 )
 from beam_agents.runtime.recording import RECORDS, Outcome
 from beam_agents.state.memory import Memory, ReplayCache, calls_dropped
@@ -385,7 +385,7 @@ class Activations:
         retry.resume_failures = failures
         # From the later of the answer's time and the input's, so an answer stamped far behind
         # does not make its retries due at once.
-        retry.retry_at_ms = saturating_add(max(now, work.anchor), self._config.backoff_ms(failures))
+        retry.retry_at_ms = retry_at(max(now, work.anchor), self._config.backoff_ms(failures))
         self._failed(
             work,
             run,

@@ -60,6 +60,7 @@ from beam_agents.runtime.machine_state import (
     KeyState,
     Work,
     due_at,
+    retry_at,
     saturating_add,
 )
 from beam_agents.state.memory import calls_dropped
@@ -354,13 +355,13 @@ class Intake:
         the start is tried again with backoff. Nothing else changes, so the retry runs the
         same seq and emits the same ids, and records the raises it was `granted`."""
         work.count("deferred_activations")
-        retry_at = saturating_add(anchor, self._config.backoff_ms(failures))
+        due = retry_at(anchor, self._config.backoff_ms(failures))
         deferred = new_state_blob(
             Continuation,
             adapter=self._agent.adapter,
             suspended_at_ms=envelope.event_time_ms,
-            deadline_ms=retry_at,
-            retry_at_ms=retry_at,
+            deadline_ms=due,
+            retry_at_ms=due,
             resume_failures=failures,
             mailbox=[envelope],
             answers=list(granted),

@@ -38,6 +38,7 @@ __all__ = [
     "Work",
     "due_at",
     "past_every_expiry",
+    "retry_at",
     "saturating_add",
     "timer_ms",
 ]
@@ -244,6 +245,12 @@ class Commits:
 def due_at(suspended: Continuation) -> int:
     """When a suspension's timer is due: its retry, else its deadline."""
     return suspended.retry_at_ms or suspended.deadline_ms
+
+
+def retry_at(after_ms: int, backoff_ms: int) -> int:
+    """A failed attempt's Continuation.retry_at_ms: `backoff_ms` after `after_ms`, and never
+    0, which says no retry is due (an event at time 0 retried without backoff)."""
+    return max(saturating_add(after_ms, backoff_ms), 1)
 
 
 def past_every_expiry(deadline_ms: int, intents) -> int:

@@ -121,7 +121,7 @@ class Recording:
                     after_calls=answered,
                     cache_key=call.cache_key,
                     request_digest=request_digest(call.canonical),
-                    model=call.model,
+                    model=_cut(call.model, self.max_answer_bytes),
                     retryable=call.retryable,
                     input_tokens=call.input_tokens,
                     output_tokens=call.output_tokens,

@@ -34,6 +34,7 @@ __all__ = [
     "ESCALATING",
     "ONE_EVENT",
     "RAISED_BY_SIX",
+    "RETRIED_FOR_EVER",
     "RETRIED_ONCE",
     "SHORT_DEADLINES",
     "BusyOnce",
@@ -54,6 +55,7 @@ __all__ = [
     "raised_between_busy_models",
     "raised_on_a_failed_payment",
     "raised_then_declined",
+    "raised_then_down_history",
     "two_calls",
     "unanswered_history",
 ]
@@ -378,3 +380,25 @@ def queued_behind_a_question_history():
         PlanModel([]),
         lambda intent: next(plan),
     )
+
+
+#: A job that retries a busy model "for ever" (the largest limit a Continuation counts to),
+#: its key budget asked.
+RETRIED_FOR_EVER = RuntimeConfig(
+    budget=Budget(key_tokens=12, on_exceed=OnBudget.ASK, raise_tokens=6),
+    retryable_resume_retries=2**32 - 1,
+)
+
+
+def raised_then_down_history():
+    """One start: its budget raised (approved), then the model down on its last call."""
+    program = {"nonce": 0, "ops": [["llm", "p0"], ["llm", "p1"], ["llm", "p2"], ["llm", "p3"]]}
+    event = AgentEnvelope(
+        entity_key=b"k", event_time_ms=T0, external_event=json.dumps(program).encode()
+    )
+    history = live_history(
+        FUNCTION, b"k", [(T0, event)], RETRIED_FOR_EVER, PlanModel([OK, OK, OK, "down"]),
+        lambda intent: (1_000, OK),
+    )  # fmt: skip
+    assert [r.reason for r in history] == ["llm_failed"]
+    return history
