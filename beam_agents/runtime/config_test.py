@@ -47,6 +47,8 @@ def test_the_defaults_are_the_ones_the_operations_guide_lists():
         ({"ttl_ms": 0}, "ttl_ms"),
         ({"ttl_ms": -1}, "ttl_ms"),
         ({"ttl_ms": 1.5}, "ttl_ms"),
+        ({"ttl_ms": None}, "ttl_ms"),
+        ({"cache_max_entries": None}, "cache_max_entries"),
         ({"memory_budget_bytes": -1}, "memory_budget_bytes"),
         ({"cache_max_entries": -1}, "cache_max_entries"),
         ({"cache_max_bytes": -1}, "cache_max_bytes"),
@@ -84,3 +86,17 @@ def test_the_least_times_in_range_are_taken():
         deadline_policy=DeadlinePolicy(AtDeadline.ESCALATE, max_escalations=0, extension_ms=0),
     )
     assert (config.ttl_ms, config.intent_ttl_ms, config.deadline_policy.extension_ms) == (1, 0, 0)
+
+
+@pytest.mark.parametrize(
+    ("fields", "bound"),
+    [
+        ({"ttl_ms": 0}, "must be an int >= 1, not 0"),
+        ({"cache_max_entries": -1}, "must be a non-negative int, not -1"),
+        ({"resume_retries": 2**32}, "must be a non-negative int of at most 4294967295"),
+        ({"llm_concurrency": 0}, "must be None or an int >= 1, not 0"),
+    ],
+)
+def test_a_refusal_says_the_range_the_field_takes(fields, bound):
+    with pytest.raises(RuntimeConfigError, match=bound):
+        RuntimeConfig(**fields)

@@ -502,3 +502,32 @@ def test_a_raise_granted_to_a_start_deferred_on_a_busy_model_gives_it_no_retries
     h.fire_deadline()  # the last retry: failed for good
     assert model.calls == 3 and h.continuation is None
     assert [letter.reason for letter in h.values(ERRORS)] == ["llm_failed"]
+
+
+class _BusyThenDownOn(_Counting):
+    """As _Counting, but busy on the first request for `content` and down on the second."""
+
+    def __init__(self, content: str) -> None:
+        super().__init__()
+        self.failures = iter([True, False])
+        self.on = content
+
+    def complete(self, request):
+        if request.messages[-1]["content"] == self.on:
+            retryable = next(self.failures, None)
+            if retryable is not None:
+                raise LlmCallError("failed", model=request.model, retryable=retryable)
+        return super().complete(request)
+
+
+def test_a_deferred_start_that_then_failed_for_good_drops_the_answers_its_attempts_paid_for():
+    # Its first attempt paid for "a" and was deferred on "b" (the key kept "a" for the retry,
+    # at its seq); the retry replayed "a" and failed for good on "b". No later start can
+    # replay "a": the cache drops it, though the key's seq did not move.
+    model = _BusyThenDownOn("b")
+    h = Harness(_two_calls, llm=model, config=_budgeted())
+    h.send(event(T0, b"x"))
+    assert model.calls == 1 and len(h.states[2].value.entries) == 1
+    h.fire_deadline()
+    assert [letter.reason for letter in h.values(ERRORS)] == ["llm_failed"]
+    assert model.calls == 1 and list(h.states[2].value.entries) == []

@@ -87,6 +87,8 @@ def test_escalations_are_counted_per_suspension_and_never_asked_about_nothing():
     h.fire_deadline()  # escalation 1 of 1
     escalation = pending(h)[1]
     h.send(approve(T0 + 20, escalation))  # keep waiting
+    # Kept with the suspension: the extension was granted, and not asked again.
+    assert [a.approval.intent_id for a in h.continuation.answers] == [escalation.intent_id]
     h.send(approve(T0 + 30, question))
     h.send(event(T0 + 40, b"2"))
     assert h.continuation.escalations == 0  # a new suspension starts at 0

@@ -14,6 +14,7 @@ from beam_agents._protos import (
     MemoryBlob,
     StateSnapshot,
 )
+from beam_agents.runtime.machine import ERRORS
 from beam_agents.state.migration import CURRENT_STATE_SCHEMA_VERSION, StateSchemaFromFutureError
 from beam_agents.testing.machine_harness import (
     KEY,
@@ -54,6 +55,21 @@ def test_state_a_newer_binary_wrote_wedges_the_key_instead_of_being_read_or_wipe
     with pytest.raises(StateSchemaFromFutureError):
         entry(h)
     assert h.states[cell].value is future
+
+
+@pytest.mark.parametrize("blob", ["snapshot", "memory", "llm_cache", "continuation"])
+def test_a_snapshot_restore_names_the_one_blob_a_newer_binary_wrote(blob):
+    snapshot = StateSnapshot(entity_key=KEY, snapshot_at_ms=T0, request_id="r-1")
+    newer = CURRENT_STATE_SCHEMA_VERSION + 1
+    if blob == "snapshot":
+        snapshot.state_schema_version = newer
+    else:
+        getattr(snapshot, blob).state_schema_version = newer
+    h = Harness(echo)
+    h.restore(snapshot)
+    (letter,) = h.values(ERRORS)
+    assert letter.reason == "snapshot_from_future"
+    assert f"'r-1': {blob} written at a schema newer than" in letter.detail
 
 
 def test_a_key_with_no_seq_exports_none_and_its_restore_keeps_the_time_based_first_seq():
