@@ -408,7 +408,8 @@ class _RecordedModel:
     def answer_from(self, records: Sequence[ActivationRecord], state: KeyState | None) -> None:
         """Offers the calls of `records` the candidate, in `state`, cannot replay itself: of
         the first attempt if its retries are to keep in step, else of all."""
-        self._attempts = list(records)
+        #: The live attempts at the candidate's place, in the order they ran.
+        self.attempts = list(records)
         self._in_step = bool(records) and (records[-1].reason == RESUME_FAILED or in_step(records))
         self._attempt = -1
         self.next_attempt(state)
@@ -419,9 +420,7 @@ class _RecordedModel:
         self._attempt += 1
         if not self._in_step and self._attempt:
             return
-        offer = (
-            self._attempts[self._attempt : self._attempt + 1] if self._in_step else self._attempts
-        )
+        offer = self.attempts[self._attempt : self._attempt + 1] if self._in_step else self.attempts
         self._answers: dict[bytes, collections.deque] = collections.defaultdict(collections.deque)
         cache = state.cache if state is not None else None
         cached = {e.cache_key for e in cache.entries if not e.digest_only} if cache else set()
@@ -514,11 +513,15 @@ def _addressed(answer: AgentEnvelope, intent: ToolIntent) -> AgentEnvelope:
 
 
 def _divergence(
-    index: int, baseline: ActivationRecord | None, candidate: ActivationRecord, missed: list
+    index: int,
+    baseline: ActivationRecord | None,
+    candidate: ActivationRecord,
+    missed: list,
+    attempts: Sequence[ActivationRecord] = (),
 ) -> Divergence | None:
     recorded = baseline or ActivationRecord()
     kind, detail = 0, ""
-    model_failed = _model_failed_both(baseline, candidate)
+    model_failed = _model_failed_both(baseline, candidate, attempts)
     if any(not withheld for _, withheld in missed) and not model_failed:
         kind = Divergence.KIND_MODEL_REQUEST
         detail = "a model request the recording has no answer to: " + ", ".join(
@@ -572,16 +575,24 @@ def _divergence(
     )
 
 
-def _model_failed_both(baseline: ActivationRecord | None, candidate: ActivationRecord) -> bool:
+def _model_failed_both(
+    baseline: ActivationRecord | None,
+    candidate: ActivationRecord,
+    attempts: Sequence[ActivationRecord] = (),
+) -> bool:
     """The model failed both live and here (here on its last retry too: `resume_failed`),
-    and the request it failed on live is in no record (one written before records held
-    failed calls, or an LlmCallError the agent raised itself), so the candidate's,
-    unanswered, may be the same one or not: not a divergence, and nothing after it can be
-    compared (`_judge` stops the run there). Where the record holds it, the candidate's same
-    request failed as it did, and another request is a divergence."""
+    and a request it failed on live at this place (`baseline`, or a failed attempt before it
+    among `attempts`) is in no record (one written before records held failed calls, or an
+    LlmCallError the agent raised itself), so the candidate's, unanswered, may be the same
+    one or not: not a divergence, and nothing after it can be compared (`_judge` stops the
+    run there). Where the records hold them, the candidate's same requests failed as they
+    did, and another request is a divergence."""
     return (
         baseline is not None
-        and not baseline.model_failures
+        and any(
+            r.reason in (LLM_FAILED, RESUME_FAILED) and not r.model_failures
+            for r in (*attempts, baseline)
+        )
         and baseline.outcome == candidate.outcome == Outcome.OUTCOME_FAILED
         and baseline.reason in (LLM_FAILED, RESUME_FAILED)
         and candidate.reason in (LLM_FAILED, RESUME_FAILED)
@@ -807,13 +818,13 @@ def _judge(report, baseline, ran, model, driver, answers, options, letters) -> b
         report.stopped = True
         return True
     recorded = baseline[index] if index < len(baseline) else None
-    found = _divergence(index, recorded, value, missed)
+    found = _divergence(index, recorded, value, missed, model.attempts)
     # The same failure, perhaps of another request: what the resume would have done is not
     # comparable. A start that failed left the key as it was on both sides: the run goes on.
     if (
         found is None
         and missed
-        and _model_failed_both(recorded, value)
+        and _model_failed_both(recorded, value, model.attempts)
         and not value.HasField("event")
     ):
         report.stopped = True

@@ -64,6 +64,7 @@ from beam_agents.testing.review_agents import (
     raised_then_down_history,
     two_calls,
     unanswered_history,
+    upgraded_mid_resume_history,
 )
 from beam_agents.testing.simulation_agents import FUNCTION
 from beam_agents.wire.fields import join_delimited
@@ -1222,3 +1223,10 @@ def test_a_start_that_failed_on_the_model_under_the_largest_retry_limit_backtest
         b"k", history, FUNCTION, BacktestOptions(config=RETRIED_FOR_EVER)
     )
     assert letters == [] and not report.HasField("divergence")
+
+
+def test_a_resume_whose_first_attempts_an_older_binary_recorded_is_no_divergence():
+    history, config = upgraded_mid_resume_history()
+    report, letters = backtest_key(b"k", history, FUNCTION, BacktestOptions(config=config))
+    assert letters == []
+    assert not report.HasField("divergence"), report.divergence.detail

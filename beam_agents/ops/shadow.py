@@ -505,8 +505,8 @@ class _Shadow(beam.DoFn):
         # stopped, as the backtest's run stops there (`backtest._judge`).
         stopped = False
         if len(ran) == 1:
-            found = _divergence(index, live, ran[0], missed)
-            stopped = bool(missed) and _model_failed_both(live, ran[0])
+            found = _divergence(index, live, ran[0], missed, due)
+            stopped = bool(missed) and _model_failed_both(live, ran[0], due)
             stopped = stopped and found is None and not live.HasField("event")
         else:
             detail = f"the candidate ran {len(ran)} activations where the live agent ran one"

@@ -80,6 +80,7 @@ from beam_agents.testing.review_agents import (
     raised_then_down_history,
     two_calls,
     unanswered_history,
+    upgraded_mid_resume_history,
 )
 from beam_agents.testing.simulation_agents import FUNCTION, StepAgent
 
@@ -987,3 +988,11 @@ def test_a_start_that_failed_on_the_model_under_the_largest_retry_limit_is_shado
     history = raised_then_down_history()
     found = _deliver(FUNCTION, [(b"k", r) for r in history], RETRIED_FOR_EVER)
     assert found[ERRORS] == [] and found["reports"] == []
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_resume_whose_first_attempts_an_older_binary_recorded_is_shadowed_as_backtested(seed):
+    history, config = upgraded_mid_resume_history()
+    found = _deliver(FUNCTION, _delivered(history, seed), config)
+    assert [(letter.reason, letter.detail) for _, letter in found[ERRORS]] == []
+    assert [r.divergence.detail for _, r in found["reports"] if r.HasField("divergence")] == []

@@ -58,6 +58,7 @@ __all__ = [
     "raised_then_down_history",
     "two_calls",
     "unanswered_history",
+    "upgraded_mid_resume_history",
 ]
 
 #: One event of key b"k".
@@ -402,3 +403,26 @@ def raised_then_down_history():
     )  # fmt: skip
     assert [r.reason for r in history] == ["llm_failed"]
     return history
+
+
+def upgraded_mid_resume_history() -> tuple[list, RuntimeConfig]:
+    """(records, config): the model busy throughout, the resume's attempt 0 fails and its
+    retry (the last) too, resume_failed; the binary was upgraded between them: attempt 0's
+    record, written before records held failed calls, does not say which request failed."""
+    config = RuntimeConfig(resume_retries=1, retryable_resume_retries=1)
+    ops = [["call", "pay"], ["llm", "p0"]]
+    event = AgentEnvelope(
+        entity_key=b"k",
+        event_time_ms=T0,
+        external_event=json.dumps({"nonce": 0, "ops": ops}).encode(),
+    )
+    history = live_history(
+        FUNCTION, b"k", [(T0, event)], config, PlanModel(["busy"]), lambda i: (1_000, OK)
+    )
+    assert [(r.reason, r.attempt) for r in history] == [
+        ("", 0),
+        ("llm_failed", 0),
+        ("resume_failed", 1),
+    ]
+    del history[1].model_failures[:]  # by the older binary
+    return history, config
