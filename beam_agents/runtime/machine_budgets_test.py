@@ -165,6 +165,9 @@ def test_a_declined_raise_records_the_calls_its_attempt_paid_for_and_keeps_none_
     (declined,) = records
     assert declined.reason == "budget_exceeded" and list(declined.model_calls) == held
     assert declined.output == b""  # it returned nothing: the agent never finished
+    # The start ended for good: no later start replays what it paid for (its usage stays).
+    cache = driver.state.cache
+    assert list(cache.entries) == [] and (cache.input_tokens, cache.output_tokens) == (10, 5)
 
 
 def test_under_ask_a_resume_past_its_budget_waits_with_its_answers_and_goes_on_when_raised():
