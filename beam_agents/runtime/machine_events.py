@@ -343,9 +343,9 @@ class Intake:
         if cache is not None and cache.entries and not self._readable_by_older(work):
             cache = calls_dropped(cache)
             cache.state_schema_version = self._version
-        seq = max(seq, state.seq or 0)
-        if cache is not state.cache or seq != state.seq:
-            work.commit(dataclasses.replace(state, seq=seq, cache=cache), activity=False)
+        # A start commits its seq, one past the key's, only when it ends well: this one's is
+        # new to the key, so the commit always moves it.
+        work.commit(dataclasses.replace(state, seq=seq, cache=cache), activity=False)
 
     def _defer(
         self, work: Work, envelope: AgentEnvelope, digests, anchor: int, failures: int, granted
