@@ -220,7 +220,7 @@ class AgentEnvelope(_message.Message):
     def __init__(self, entity_key: _Optional[bytes] = ..., event_time_ms: _Optional[int] = ..., external_event: _Optional[bytes] = ..., tool_result: _Optional[_Union[ToolResult, _Mapping]] = ..., approval: _Optional[_Union[AgentEnvelope.Approval, _Mapping]] = ..., export_request: _Optional[_Union[AgentEnvelope.StateExportRequest, _Mapping]] = ...) -> None: ...
 
 class Continuation(_message.Message):
-    __slots__ = ("state_schema_version", "seq", "step_index", "pending_intent_ids", "adapter", "snapshot", "suspended_at_ms", "deadline_ms", "escalations", "answers", "resume_failures", "retry_at_ms", "mailbox", "held_calls")
+    __slots__ = ("state_schema_version", "seq", "step_index", "pending_intent_ids", "adapter", "snapshot", "suspended_at_ms", "deadline_ms", "escalations", "answers", "resume_failures", "retry_at_ms", "mailbox", "held_calls", "held_attempts", "held_failures")
     STATE_SCHEMA_VERSION_FIELD_NUMBER: _ClassVar[int]
     SEQ_FIELD_NUMBER: _ClassVar[int]
     STEP_INDEX_FIELD_NUMBER: _ClassVar[int]
@@ -235,6 +235,8 @@ class Continuation(_message.Message):
     RETRY_AT_MS_FIELD_NUMBER: _ClassVar[int]
     MAILBOX_FIELD_NUMBER: _ClassVar[int]
     HELD_CALLS_FIELD_NUMBER: _ClassVar[int]
+    HELD_ATTEMPTS_FIELD_NUMBER: _ClassVar[int]
+    HELD_FAILURES_FIELD_NUMBER: _ClassVar[int]
     state_schema_version: int
     seq: int
     step_index: int
@@ -249,7 +251,9 @@ class Continuation(_message.Message):
     retry_at_ms: int
     mailbox: _containers.RepeatedCompositeFieldContainer[AgentEnvelope]
     held_calls: _containers.RepeatedCompositeFieldContainer[ActivationRecord.ModelCall]
-    def __init__(self, state_schema_version: _Optional[int] = ..., seq: _Optional[int] = ..., step_index: _Optional[int] = ..., pending_intent_ids: _Optional[_Iterable[str]] = ..., adapter: _Optional[str] = ..., snapshot: _Optional[bytes] = ..., suspended_at_ms: _Optional[int] = ..., deadline_ms: _Optional[int] = ..., escalations: _Optional[int] = ..., answers: _Optional[_Iterable[_Union[AgentEnvelope, _Mapping]]] = ..., resume_failures: _Optional[int] = ..., retry_at_ms: _Optional[int] = ..., mailbox: _Optional[_Iterable[_Union[AgentEnvelope, _Mapping]]] = ..., held_calls: _Optional[_Iterable[_Union[ActivationRecord.ModelCall, _Mapping]]] = ...) -> None: ...
+    held_attempts: int
+    held_failures: _containers.RepeatedCompositeFieldContainer[ActivationRecord.ModelFailure]
+    def __init__(self, state_schema_version: _Optional[int] = ..., seq: _Optional[int] = ..., step_index: _Optional[int] = ..., pending_intent_ids: _Optional[_Iterable[str]] = ..., adapter: _Optional[str] = ..., snapshot: _Optional[bytes] = ..., suspended_at_ms: _Optional[int] = ..., deadline_ms: _Optional[int] = ..., escalations: _Optional[int] = ..., answers: _Optional[_Iterable[_Union[AgentEnvelope, _Mapping]]] = ..., resume_failures: _Optional[int] = ..., retry_at_ms: _Optional[int] = ..., mailbox: _Optional[_Iterable[_Union[AgentEnvelope, _Mapping]]] = ..., held_calls: _Optional[_Iterable[_Union[ActivationRecord.ModelCall, _Mapping]]] = ..., held_attempts: _Optional[int] = ..., held_failures: _Optional[_Iterable[_Union[ActivationRecord.ModelFailure, _Mapping]]] = ...) -> None: ...
 
 class LlmCacheBlob(_message.Message):
     __slots__ = ("state_schema_version", "entries", "total_response_bytes", "input_tokens", "output_tokens", "cost_micros", "token_allowance", "cost_allowance_micros", "budget_grants", "entry_stamps", "key_hashes", "key_stamps")
@@ -365,7 +369,7 @@ class ExecutionRecord(_message.Message):
     def __init__(self, intent_id: _Optional[str] = ..., entity_key: _Optional[bytes] = ..., content_digest: _Optional[bytes] = ..., outcome: _Optional[_Union[ExecutionRecord.Outcome, str]] = ..., result: _Optional[_Union[ToolResult, _Mapping]] = ..., latest_expires_at_ms: _Optional[int] = ..., claimed_by: _Optional[str] = ..., lease_expires_at_ms: _Optional[int] = ..., lease_owner: _Optional[str] = ...) -> None: ...
 
 class ActivationRecord(_message.Message):
-    __slots__ = ("entity_key", "seq", "first_step", "now_ms", "adapter", "event", "answers", "model_calls", "intents", "outcome", "output", "reason", "model_failures", "attempt", "asked_at_ms")
+    __slots__ = ("entity_key", "seq", "first_step", "now_ms", "adapter", "event", "answers", "model_calls", "intents", "outcome", "output", "reason", "model_failures", "attempt", "asked_at_ms", "held_attempts", "held_failures")
     class Outcome(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
         __slots__ = ()
         OUTCOME_UNSPECIFIED: _ClassVar[ActivationRecord.Outcome]
@@ -398,7 +402,7 @@ class ActivationRecord(_message.Message):
         output_tokens: int
         def __init__(self, cache_key: _Optional[str] = ..., request_digest: _Optional[bytes] = ..., response: _Optional[bytes] = ..., response_digest: _Optional[bytes] = ..., digest_only: bool = ..., replayed: bool = ..., model: _Optional[str] = ..., input_tokens: _Optional[int] = ..., output_tokens: _Optional[int] = ...) -> None: ...
     class ModelFailure(_message.Message):
-        __slots__ = ("after_calls", "cache_key", "request_digest", "model", "retryable", "input_tokens", "output_tokens", "error")
+        __slots__ = ("after_calls", "cache_key", "request_digest", "model", "retryable", "input_tokens", "output_tokens", "error", "held_attempt")
         AFTER_CALLS_FIELD_NUMBER: _ClassVar[int]
         CACHE_KEY_FIELD_NUMBER: _ClassVar[int]
         REQUEST_DIGEST_FIELD_NUMBER: _ClassVar[int]
@@ -407,6 +411,7 @@ class ActivationRecord(_message.Message):
         INPUT_TOKENS_FIELD_NUMBER: _ClassVar[int]
         OUTPUT_TOKENS_FIELD_NUMBER: _ClassVar[int]
         ERROR_FIELD_NUMBER: _ClassVar[int]
+        HELD_ATTEMPT_FIELD_NUMBER: _ClassVar[int]
         after_calls: int
         cache_key: str
         request_digest: bytes
@@ -415,7 +420,8 @@ class ActivationRecord(_message.Message):
         input_tokens: int
         output_tokens: int
         error: str
-        def __init__(self, after_calls: _Optional[int] = ..., cache_key: _Optional[str] = ..., request_digest: _Optional[bytes] = ..., model: _Optional[str] = ..., retryable: bool = ..., input_tokens: _Optional[int] = ..., output_tokens: _Optional[int] = ..., error: _Optional[str] = ...) -> None: ...
+        held_attempt: int
+        def __init__(self, after_calls: _Optional[int] = ..., cache_key: _Optional[str] = ..., request_digest: _Optional[bytes] = ..., model: _Optional[str] = ..., retryable: bool = ..., input_tokens: _Optional[int] = ..., output_tokens: _Optional[int] = ..., error: _Optional[str] = ..., held_attempt: _Optional[int] = ...) -> None: ...
     ENTITY_KEY_FIELD_NUMBER: _ClassVar[int]
     SEQ_FIELD_NUMBER: _ClassVar[int]
     FIRST_STEP_FIELD_NUMBER: _ClassVar[int]
@@ -431,6 +437,8 @@ class ActivationRecord(_message.Message):
     MODEL_FAILURES_FIELD_NUMBER: _ClassVar[int]
     ATTEMPT_FIELD_NUMBER: _ClassVar[int]
     ASKED_AT_MS_FIELD_NUMBER: _ClassVar[int]
+    HELD_ATTEMPTS_FIELD_NUMBER: _ClassVar[int]
+    HELD_FAILURES_FIELD_NUMBER: _ClassVar[int]
     entity_key: bytes
     seq: int
     first_step: int
@@ -446,7 +454,9 @@ class ActivationRecord(_message.Message):
     model_failures: _containers.RepeatedCompositeFieldContainer[ActivationRecord.ModelFailure]
     attempt: int
     asked_at_ms: int
-    def __init__(self, entity_key: _Optional[bytes] = ..., seq: _Optional[int] = ..., first_step: _Optional[int] = ..., now_ms: _Optional[int] = ..., adapter: _Optional[str] = ..., event: _Optional[_Union[AgentEnvelope, _Mapping]] = ..., answers: _Optional[_Iterable[_Union[AgentEnvelope, _Mapping]]] = ..., model_calls: _Optional[_Iterable[_Union[ActivationRecord.ModelCall, _Mapping]]] = ..., intents: _Optional[_Iterable[_Union[ToolIntent, _Mapping]]] = ..., outcome: _Optional[_Union[ActivationRecord.Outcome, str]] = ..., output: _Optional[bytes] = ..., reason: _Optional[str] = ..., model_failures: _Optional[_Iterable[_Union[ActivationRecord.ModelFailure, _Mapping]]] = ..., attempt: _Optional[int] = ..., asked_at_ms: _Optional[int] = ...) -> None: ...
+    held_attempts: int
+    held_failures: _containers.RepeatedCompositeFieldContainer[ActivationRecord.ModelFailure]
+    def __init__(self, entity_key: _Optional[bytes] = ..., seq: _Optional[int] = ..., first_step: _Optional[int] = ..., now_ms: _Optional[int] = ..., adapter: _Optional[str] = ..., event: _Optional[_Union[AgentEnvelope, _Mapping]] = ..., answers: _Optional[_Iterable[_Union[AgentEnvelope, _Mapping]]] = ..., model_calls: _Optional[_Iterable[_Union[ActivationRecord.ModelCall, _Mapping]]] = ..., intents: _Optional[_Iterable[_Union[ToolIntent, _Mapping]]] = ..., outcome: _Optional[_Union[ActivationRecord.Outcome, str]] = ..., output: _Optional[bytes] = ..., reason: _Optional[str] = ..., model_failures: _Optional[_Iterable[_Union[ActivationRecord.ModelFailure, _Mapping]]] = ..., attempt: _Optional[int] = ..., asked_at_ms: _Optional[int] = ..., held_attempts: _Optional[int] = ..., held_failures: _Optional[_Iterable[_Union[ActivationRecord.ModelFailure, _Mapping]]] = ...) -> None: ...
 
 class BacktestKeyReport(_message.Message):
     __slots__ = ("entity_key", "baseline_activations", "candidate_activations", "divergence", "stopped", "tool_calls", "baseline_input_tokens", "baseline_output_tokens", "candidate_input_tokens", "candidate_output_tokens")

@@ -418,15 +418,27 @@ class _RecordedModel:
         """The candidate's runtime runs its failed attempt again: offers the live key's next
         attempt's calls if they keep in step (none past the last)."""
         self._attempt += 1
+        self._held = 1
         if not self._in_step and self._attempt:
             return
+        self._offer(state)
+
+    def next_held(self, state: KeyState | None) -> None:
+        """The candidate's attempt asked a person to raise its budget, as a live one did: its
+        next attempt fails the calls the live one's next attempt failed (`held_failures`)."""
+        self._held += 1
+        self._offer(state)
+
+    def _offer(self, state: KeyState | None) -> None:
         offer = self.attempts[self._attempt : self._attempt + 1] if self._in_step else self.attempts
         self._answers: dict[bytes, collections.deque] = collections.defaultdict(collections.deque)
         cache = state.cache if state is not None else None
         cached = {e.cache_key for e in cache.entries if not e.digest_only} if cache else set()
         offered: set[str] = set()
         for record in offer:
-            failures = record.model_failures if self._in_step or record is offer[-1] else ()
+            failures = (
+                _failed_in(record, self._held) if self._in_step or record is offer[-1] else ()
+            )
             for call in _in_call_order(record.model_calls, failures):
                 if isinstance(call, ActivationRecord.ModelFailure):
                     self._answers[call.request_digest].append(call)
@@ -479,6 +491,14 @@ def in_step(records: Sequence[ActivationRecord]) -> bool:
     return [r.attempt for r in records] == list(range(len(records))) and not any(
         r.reason == LLM_FAILED and not r.model_failures for r in records
     )
+
+
+def _failed_in(record: ActivationRecord, held: int) -> Sequence[ActivationRecord.ModelFailure]:
+    """The calls the model failed in the `held`-th attempt of `record`'s activation: one a
+    budget question held up (`held_failures`), else the recorded attempt itself."""
+    if held <= record.held_attempts:
+        return [f for f in record.held_failures if f.held_attempt == held]
+    return record.model_failures
 
 
 def _in_call_order(calls, failures) -> Iterator:
@@ -693,6 +713,7 @@ def backtest_key(
                 decision = budget_decision(value, recorded, found)
                 if decision is not None:
                     driver.schedule(decision, at=len(ran))
+                    model.next_held(driver.state)
     if not report.stopped and not report.HasField("divergence") and len(ran) < len(baseline):
         detail = f"the candidate ran {len(ran)} activations, the recording {len(baseline)}"
         report.divergence.CopyFrom(_not_run(len(ran), baseline[len(ran)], driver.state, detail))
@@ -787,13 +808,16 @@ def budget_decision(
 
 def _idle_past_ttl(driver: KeyDriver, recorded: ActivationRecord | None) -> None:
     """Fires the candidate's TTL when the live key's next start ran after it: the live key sat
-    idle that long, and its TTL timer wiped it first (its seq kept), as the shadow's does."""
+    idle that long, and its TTL timer wiped it first (its seq kept), as the shadow's does. A
+    start the live key took in earlier (queued while it was suspended, run when the
+    suspension ended) had no idle time before it: only a TTL due before its event's own time
+    fired first."""
     if (
         recorded is not None
         and recorded.HasField("event")
         and driver.ttl_at is not None
         and driver.state.continuation is None
-        and driver.ttl_at < recorded.now_ms
+        and driver.ttl_at < min(recorded.now_ms, recorded.event.event_time_ms)
     ):
         driver.fire_ttl(driver.ttl_at)
 
@@ -955,7 +979,7 @@ def _count(report: BacktestKeyReport, side: str, record: ActivationRecord) -> No
     # on a busy model, or held for a budget); a resume's, by an activation before it.
     start = record.first_step == 0 and record.HasField("event")
     billed = [c for c in record.model_calls if start or not c.replayed]
-    for call in itertools.chain(billed, record.model_failures):
+    for call in itertools.chain(billed, record.model_failures, record.held_failures):
         name = f"{side}_input_tokens"
         setattr(report, name, getattr(report, name) + call.input_tokens)
         name = f"{side}_output_tokens"

@@ -497,6 +497,7 @@ class _Shadow(beam.DoFn):
                     decision = budget_decision(value, live, answers.get(value.intent_id))
                     if decision is not None:
                         driver.schedule(decision)
+                        model.next_held(driver.state)
         index = counts.baseline_activations
         missed = model.misses
         withheld = [digest for digest, held in missed if held]

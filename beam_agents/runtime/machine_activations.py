@@ -64,8 +64,9 @@ class Run:
     cache: LlmCacheBlob | None = None
     #: The external event a start ran on, for its ActivationRecord.
     event: AgentEnvelope | None = None
-    #: The answers a start ran after (the budget raises it was granted), for its record.
-    granted: tuple[AgentEnvelope, ...] = ()
+    #: What a start ran again after (the deferral or the budget question it waited on):
+    #: the raises it was granted and the attempts they held, for its record.
+    waited: Continuation | None = None
 
 
 class Activations:
@@ -79,7 +80,7 @@ class Activations:
         call,
         resume_of=None,
         event: AgentEnvelope | None = None,
-        granted: tuple[AgentEnvelope, ...] = (),
+        waited: Continuation | None = None,
     ) -> Run:
         """Calls the agent at `now`, a start on `event`; a start of an event that ran at
         another time than its own (one drained from a mailbox, or stamped past the key's
@@ -173,13 +174,13 @@ class Activations:
                     else new_state_blob(LlmCacheBlob)
                 )
             return Run(
-                ctx, result, memory=ctx.memory.to_blob(), cache=cache, event=event, granted=granted
+                ctx, result, memory=ctx.memory.to_blob(), cache=cache, event=event, waited=waited
             )
         # The agent's failure is a dead letter, never the bundle's: SystemExit too (an agent,
         # or a library it calls, argparse or click, that ends the process would take the
         # worker and every key of its bundle down, retried for ever; a backtest's candidate).
         except (Exception, SystemExit) as e:
-            return Run(ctx, error=e, event=event, granted=granted)
+            return Run(ctx, error=e, event=event, waited=waited)
 
     def _commit_run(self, work: Work, run: Run, now: int, *, marks, anchor, mailbox) -> None:
         """Commits a successful activation and emits its outputs; a completion that ends a
@@ -321,6 +322,8 @@ class Activations:
             return
         ctx = run.ctx
         resumed = ctx.resume_of
+        # What the activation waited on: a resume's suspension, or what a start ran again after.
+        waited = resumed if resumed is not None else run.waited
         work.emit(
             RECORDS,
             self._recording.record(
@@ -330,13 +333,14 @@ class Activations:
                 now_ms=ctx.now_ms,
                 adapter=self._agent.adapter,
                 event=run.event,
-                answers=run.granted if resumed is None else resumed.answers,
+                answers=waited.answers if waited is not None else (),
                 model_log=ctx.model_log,
                 intents=ctx.intents,
                 outcome=outcome,
                 output=output,
                 reason=reason,
                 attempt=0 if resumed is None else resumed.resume_failures,
+                held=waited,
             ),
         )
 
@@ -383,6 +387,9 @@ class Activations:
             return
         retry = self._copy(suspended)
         retry.resume_failures = failures
+        # This attempt's record holds the attempts a budget held up: the retry is a new one.
+        retry.held_attempts = 0
+        del retry.held_failures[:]
         # From the later of the answer's time and the input's, so an answer stamped far behind
         # does not make its retries due at once.
         retry.retry_at_ms = retry_at(max(now, work.anchor), self._config.backoff_ms(failures))

@@ -18,7 +18,7 @@ from beam_agents._protos import ActivationRecord, Continuation, LlmCacheBlob
 from beam_agents.errors import BudgetExceededError, error_text
 from beam_agents.intents.identity import intent_id
 from beam_agents.runtime import dead_letters as dl
-from beam_agents.runtime.budget import BUDGET_TOOL, Budget, BudgetMeter, OnBudget
+from beam_agents.runtime.budget import BUDGET_TOOL, UINT32_MAX, Budget, BudgetMeter, OnBudget
 from beam_agents.runtime.context import ActivationContext
 from beam_agents.runtime.machine_activations import Run
 from beam_agents.runtime.machine_answers import RUNTIME_TOOLS, answered_intent_id
@@ -100,10 +100,12 @@ class BudgetQuestions:
                 suspended_at_ms=now,
                 deadline_ms=deadline,
                 mailbox=[event],
-                # The raises the start was granted before it asked again: its record holds
-                # every one (`Run.granted`).
-                answers=list(run.granted),
+                # The raises the start was granted before it asked again and the attempts
+                # they let run: its record holds every one (`Run.waited`).
+                answers=run.waited.answers if run.waited is not None else (),
                 resume_failures=deferred,
+                held_attempts=run.waited.held_attempts if run.waited is not None else 0,
+                held_failures=run.waited.held_failures if run.waited is not None else (),
             )
             waiting.state_schema_version = self._version
             memory = self._marked(work.state.memory, digests, anchor, owned=False)
@@ -117,8 +119,14 @@ class BudgetQuestions:
         del waiting.held_calls[:]
         if self._recording is not None:
             # What this attempt asked the model, for the record a declined raise ends it in:
-            # an attempt a raise lets run again replays them into its own record instead.
+            # an attempt a raise lets run again replays them into its own record instead. The
+            # calls the model failed are in no cache: every record of the activation holds
+            # them, numbered by attempt, so that a backtest fails them in the same attempt.
             waiting.held_calls.extend(self._recording.model_calls(run.ctx.model_log))
+            waiting.held_attempts = min(waiting.held_attempts + 1, UINT32_MAX)
+            waiting.held_failures.extend(
+                self._recording.failures(run.ctx.model_log, held_attempt=waiting.held_attempts)
+            )
         waiting.pending_intent_ids.append(question.intent_id)
         work.commit(
             dataclasses.replace(work.state, memory=memory, continuation=waiting, pending=pending)
@@ -178,6 +186,17 @@ class BudgetQuestions:
                 attempt=0 if start else suspended.resume_failures,
             )
             record.model_calls.extend(suspended.held_calls)
+            # The attempt the declined question held up is the one recorded: its failures are
+            # its own, those of the attempts a raise let run before it held.
+            last = suspended.held_attempts
+            record.held_attempts = max(last - 1, 0)
+            for failure in suspended.held_failures:
+                if failure.held_attempt == last:
+                    own = record.model_failures.add()
+                    own.CopyFrom(failure)
+                    own.held_attempt = 0
+                else:
+                    record.held_failures.append(failure)
             if start:
                 # The question was asked when its attempt ran: a backtest runs it then too.
                 record.asked_at_ms = suspended.suspended_at_ms

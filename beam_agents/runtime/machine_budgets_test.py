@@ -5,9 +5,11 @@ KeyMachine through `testing.machine_harness`.
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
-from beam_agents._protos import ToolIntent, TraceEvent
+from beam_agents._protos import ActivationRecord, Continuation, ToolIntent, TraceEvent
 from beam_agents.errors import LlmCallError
 from beam_agents.runtime import LlmResponse, RuntimeConfig, agent
 from beam_agents.runtime.machine import ERRORS
@@ -534,3 +536,54 @@ def test_a_deferred_start_that_then_failed_for_good_drops_the_answers_its_attemp
     h.fire_deadline()
     assert [letter.reason for letter in h.values(ERRORS)] == ["llm_failed"]
     assert model.calls == 1 and list(h.states[2].value.entries) == []
+
+
+def test_the_failures_of_attempts_a_budget_held_are_in_their_activations_record():
+    # The start asks before its first call; its second attempt catches a busy model, then
+    # asks again; its third catches the model busy again and completes. No cache keeps a
+    # failed call: the record holds each held attempt's, numbered by attempt.
+    from beam_agents.testing.review_agents import held_while_busy_history
+
+    (record,) = held_while_busy_history()
+    assert record.outcome == ActivationRecord.OUTCOME_COMPLETED and len(record.answers) == 2
+    assert record.held_attempts == 2
+    assert [(f.held_attempt, f.after_calls, f.retryable) for f in record.held_failures] == [
+        (2, 0, True)
+    ]
+    assert [(f.held_attempt, f.after_calls) for f in record.model_failures] == [(0, 0)]
+
+
+def test_a_declined_raise_records_its_attempts_failures_as_its_own_and_the_earlier_as_held():
+    from beam_agents.testing.review_agents import held_while_busy_history
+
+    (declined,) = held_while_busy_history(declined=2)
+    # Its answers: the raise granted, then the refusal.
+    assert declined.reason == "budget_exceeded"
+    assert [a.approval.approved for a in declined.answers] == [True, False]
+    # The second attempt, the one the declined question held, is the one recorded: its
+    # failure is its own; the first (no call made) is the one held before it.
+    assert declined.held_attempts == 1 and list(declined.held_failures) == []
+    assert [(f.held_attempt, f.after_calls) for f in declined.model_failures] == [(0, 0)]
+    assert len(declined.model_calls) == 1
+
+
+def test_held_attempts_in_a_restored_continuation_saturate_and_a_retry_starts_none():
+    # A restored key may hold any count: the next question saturates it, never overflows the
+    # uint32. A failed resume's retry is an attempt of its own: it holds no earlier failures.
+    from beam_agents.runtime.budget import UINT32_MAX
+    from beam_agents.runtime.key_driver import KeyDriver, recording_machine
+    from beam_agents.testing.live_history import PlanModel
+    from beam_agents.testing.review_agents import RAISED_BY_SIX, asks_again_while_busy
+
+    machine = recording_machine(asks_again_while_busy, PlanModel(["busy", "ok"]), RAISED_BY_SIX)
+    driver = KeyDriver(machine, b"k")
+    driver.schedule(event(T0, b"x"))
+    (question,) = [value for tag, value in driver.step() if tag == "intents"]
+    held = Continuation()
+    held.CopyFrom(driver.state.continuation)
+    held.held_attempts = UINT32_MAX
+    driver = KeyDriver(machine, b"k", dataclasses.replace(driver.state, continuation=held))
+    driver.schedule(approve(T0 + 1, question))
+    driver.step()
+    waiting = driver.state.continuation
+    assert waiting.held_attempts == UINT32_MAX and waiting.held_failures[0].after_calls == 0

@@ -285,7 +285,7 @@ class Intake:
         *,
         since: int | None = None,
         failures: int = 0,
-        granted: tuple = (),
+        waited: Continuation | None = None,
     ) -> None:
         """Starts the agent on `envelope` at its own time on the key's clock; an event taken
         in earlier (queued in a mailbox, `since` the time it is drained or retried) runs no
@@ -314,12 +314,12 @@ class Intake:
             seq,
             lambda ctx: self._agent.start(ctx, envelope.external_event),
             event=envelope,
-            granted=granted,
+            waited=waited,
         )
         if run.error is None:
             self._commit_run(work, run, now, marks=digests, anchor=anchor, mailbox=())
         elif model_busy(run.error) and failures < self._config.retryable_resume_retries:
-            self._defer(work, envelope, digests, anchor, failures + 1, granted)
+            self._defer(work, envelope, digests, anchor, failures + 1, waited)
             self._keep_paid(work, run, ended=False)
         elif self._asks(run.error):
             self._ask_budget(
@@ -348,12 +348,19 @@ class Intake:
         work.commit(dataclasses.replace(state, seq=seq, cache=cache), activity=False)
 
     def _defer(
-        self, work: Work, envelope: AgentEnvelope, digests, anchor: int, failures: int, granted
+        self,
+        work: Work,
+        envelope: AgentEnvelope,
+        digests,
+        anchor: int,
+        failures: int,
+        waited: Continuation | None,
     ):
         """A start whose model stayed busy past its client's retries: the key waits on its
         deadline timer, the event first in its mailbox (events after it queue behind), and
         the start is tried again with backoff. Nothing else changes, so the retry runs the
-        same seq and emits the same ids, and records the raises it was `granted`."""
+        same seq and emits the same ids, and records the raises it `waited` on and the
+        attempts they held."""
         work.count("deferred_activations")
         due = retry_at(anchor, self._config.backoff_ms(failures))
         deferred = new_state_blob(
@@ -364,7 +371,9 @@ class Intake:
             retry_at_ms=due,
             resume_failures=failures,
             mailbox=[envelope],
-            answers=list(granted),
+            answers=waited.answers if waited is not None else (),
+            held_attempts=waited.held_attempts if waited is not None else 0,
+            held_failures=waited.held_failures if waited is not None else (),
         )
         deferred.state_schema_version = self._version
         work.commit(
@@ -388,7 +397,7 @@ class Intake:
             (),
             since=max(work.anchor, fired_ms),
             failures=deferred.resume_failures,
-            granted=tuple(deferred.answers),
+            waited=deferred,
         )
         suspended = work.state.continuation
         if suspended is None:

@@ -72,6 +72,8 @@ def built_problem(suspended: Continuation, *, seq: int, next_step: int, emitted)
             "answers",
             "mailbox",
             "held_calls",
+            "held_attempts",
+            "held_failures",
         )
         if getattr(suspended, name)
     ]

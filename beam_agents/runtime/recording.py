@@ -8,8 +8,10 @@ each call the model's client failed (`model_failures`: where among the calls, bu
 what a refused answer was billed), the intents it emitted, its outcome and, for a resume,
 which attempt at its place it was. An activation a person's declined budget raise ended has
 one too (FAILED, `budget_exceeded`), holding the model calls of the attempt the question held
-up (kept meanwhile in the Continuation, `held_calls`; not the failures its agent caught), so a
-key's records start at its first activation and every answer a live attempt used is in one.
+up (kept meanwhile in the Continuation, `held_calls`), so a key's records start at its first
+activation and every answer a live attempt used is in one. The calls the model failed in the
+attempts a budget question held up (which no cache keeps) are in the record of their
+activation, however it ends, numbered by attempt (`held_failures`).
 Writing the records to Kafka, files or BigQuery is ordinary Beam; `beam-agents backtest`
 (beam_agents/ops/backtest.py) runs a candidate agent over them.
 
@@ -29,7 +31,7 @@ import dataclasses
 import hashlib
 from collections.abc import Sequence
 
-from beam_agents._protos import ActivationRecord, AgentEnvelope, ToolIntent
+from beam_agents._protos import ActivationRecord, AgentEnvelope, Continuation, ToolIntent
 
 __all__ = ["RECORDS", "ModelCallLog", "Outcome", "Recording", "request_digest"]
 
@@ -84,6 +86,7 @@ class Recording:
         output: bytes = b"",
         reason: str = "",
         attempt: int = 0,
+        held: Continuation | None = None,
     ) -> ActivationRecord:
         record = ActivationRecord(
             entity_key=entity_key,
@@ -93,13 +96,16 @@ class Recording:
             adapter=adapter,
             answers=answers,
             model_calls=self.model_calls(model_log),
-            model_failures=self._failures(model_log),
+            model_failures=self.failures(model_log),
             intents=intents,
             outcome=outcome,
             output=output,
             reason=reason,
             attempt=attempt,
         )
+        if held is not None:
+            record.held_attempts = held.held_attempts
+            record.held_failures.extend(held.held_failures)
         if event is not None:
             record.event.CopyFrom(event)
         return record
@@ -108,9 +114,12 @@ class Recording:
         """The answered calls of `model_log` as a record holds them, under the size policy."""
         return [self._call(call) for call in model_log if not call.failed]
 
-    def _failures(self, model_log: Sequence[ModelCallLog]) -> list[ActivationRecord.ModelFailure]:
+    def failures(
+        self, model_log: Sequence[ModelCallLog], *, held_attempt: int = 0
+    ) -> list[ActivationRecord.ModelFailure]:
         """The failed calls of `model_log`, each placed after the answered ones before it, its
-        reason cut to `max_answer_bytes`."""
+        reason cut to `max_answer_bytes`; numbered `held_attempt` when a budget question held
+        the attempt up."""
         failures, answered = [], 0
         for call in model_log:
             if not call.failed:
@@ -126,6 +135,7 @@ class Recording:
                     input_tokens=call.input_tokens,
                     output_tokens=call.output_tokens,
                     error=_cut(call.reason, self.max_answer_bytes),
+                    held_attempt=held_attempt,
                 )
             )
         return failures

@@ -44,10 +44,12 @@ __all__ = [
     "StampedPair",
     "asked_twice_history",
     "asks_a_person",
+    "asks_again_while_busy",
     "asks_twice",
     "calls_per_event",
     "counter",
     "declined_payment",
+    "held_while_busy_history",
     "pair_history",
     "pays",
     "queued_behind_a_question_history",
@@ -318,6 +320,43 @@ def raised_then_declined():
 RETRIED_ONCE = dataclasses.replace(SHORT_DEADLINES, resume_retries=1, retryable_resume_retries=2)
 #: A key's 12 tokens: a call's estimate passes them, and a person is asked for 6 more.
 RAISED_BY_SIX = RuntimeConfig(budget=Budget(key_tokens=12, on_exceed=OnBudget.ASK, raise_tokens=6))
+
+
+@agent(name="review.asks_again_while_busy/v1")
+def asks_again_while_busy(ctx, event: bytes) -> bytes:
+    """Asks again while the model is busy (up to twice), then asks it once more."""
+    messages = [{"role": "user", "content": "a"}]
+    failed = 0
+    while True:
+        try:
+            first = ctx.llm(messages, model="m").text
+            break
+        except LlmCallError:
+            failed += 1
+            if failed == 2:
+                raise
+    second = ctx.llm(messages, model="m").text
+    return f"{failed} {first} {second}".encode()
+
+
+def held_while_busy_history(*, declined: int = 0) -> list:
+    """The records of `asks_again_while_busy` on one event under RAISED_BY_SIX, its model busy
+    on every second call: its start asks a person before its first call, and again after an
+    attempt that caught the model's failure; each raise granted, but the `declined`-th (from
+    1; 0: none)."""
+    asked = iter(range(1, 100))
+
+    def answered(intent):
+        return (1_000, "error" if next(asked) == declined else OK)
+
+    return live_history(
+        asks_again_while_busy,
+        b"k",
+        [(T0, ONE_EVENT[0])],
+        RAISED_BY_SIX,
+        PlanModel(["busy", OK]),
+        answered,
+    )
 
 
 def raised_on_a_failed_payment(config: RuntimeConfig):

@@ -139,6 +139,18 @@ def continuation_budget_held():
     return blob
 
 
+def continuation_budget_held_twice():
+    """The start of continuation_budget_held asking again: the model failed a call in each of
+    the two attempts its budget questions held up (held_failures, numbered by attempt)."""
+    blob = continuation_budget_held()
+    blob.held_attempts = 2
+    for attempt, failure in enumerate(activation_record_model_failed().model_failures, 1):
+        held = blob.held_failures.add()
+        held.CopyFrom(failure)
+        held.held_attempt = attempt
+    return blob
+
+
 def llm_cache_blob():
     """A replay cache with three entries in LRU order."""
     blob = LlmCacheBlob(state_schema_version=STATE_SCHEMA_VERSION)
@@ -522,6 +534,22 @@ def activation_record_budget_declined():
     return record
 
 
+def activation_record_held_failures():
+    """A recorded start that suspended on its third attempt, after two raises: the calls the
+    model failed in the two attempts the budget questions held up (held_failures)."""
+    record = activation_record()
+    held = continuation_budget_held_twice()
+    record.first_step = 0
+    record.event.CopyFrom(agent_envelope_external_event())
+    del record.answers[:]
+    record.answers.extend(held.answers)
+    record.answers.add().CopyFrom(held.answers[0])
+    record.answers[1].approval.intent_id = "0b1c2d3e-4f5a-6b7c-8d9e-0f1a2b3c4d5e"
+    record.held_attempts = held.held_attempts
+    record.held_failures.extend(held.held_failures)
+    return record
+
+
 def backtest_key_report():
     """A key whose candidate no longer asks for a refund's approval: its first divergence,
     the tool counts and tokens of both runs."""
@@ -560,6 +588,7 @@ FIXTURES = {
         continuation_escalated,
         continuation_partly_answered,
         continuation_budget_held,
+        continuation_budget_held_twice,
         llm_cache_blob,
         llm_cache_blob_digest_only,
         llm_cache_blob_indexed,
@@ -589,6 +618,7 @@ FIXTURES = {
         activation_record_digest_only,
         activation_record_model_failed,
         activation_record_budget_declined,
+        activation_record_held_failures,
         backtest_key_report,
     )
 }
