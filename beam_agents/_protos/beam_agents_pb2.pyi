@@ -402,7 +402,7 @@ class ActivationRecord(_message.Message):
         output_tokens: int
         def __init__(self, cache_key: _Optional[str] = ..., request_digest: _Optional[bytes] = ..., response: _Optional[bytes] = ..., response_digest: _Optional[bytes] = ..., digest_only: bool = ..., replayed: bool = ..., model: _Optional[str] = ..., input_tokens: _Optional[int] = ..., output_tokens: _Optional[int] = ...) -> None: ...
     class ModelFailure(_message.Message):
-        __slots__ = ("after_calls", "cache_key", "request_digest", "model", "retryable", "input_tokens", "output_tokens", "error", "held_attempt")
+        __slots__ = ("after_calls", "cache_key", "request_digest", "model", "retryable", "input_tokens", "output_tokens", "error", "held_attempt", "text")
         AFTER_CALLS_FIELD_NUMBER: _ClassVar[int]
         CACHE_KEY_FIELD_NUMBER: _ClassVar[int]
         REQUEST_DIGEST_FIELD_NUMBER: _ClassVar[int]
@@ -412,6 +412,7 @@ class ActivationRecord(_message.Message):
         OUTPUT_TOKENS_FIELD_NUMBER: _ClassVar[int]
         ERROR_FIELD_NUMBER: _ClassVar[int]
         HELD_ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+        TEXT_FIELD_NUMBER: _ClassVar[int]
         after_calls: int
         cache_key: str
         request_digest: bytes
@@ -421,7 +422,8 @@ class ActivationRecord(_message.Message):
         output_tokens: int
         error: str
         held_attempt: int
-        def __init__(self, after_calls: _Optional[int] = ..., cache_key: _Optional[str] = ..., request_digest: _Optional[bytes] = ..., model: _Optional[str] = ..., retryable: bool = ..., input_tokens: _Optional[int] = ..., output_tokens: _Optional[int] = ..., error: _Optional[str] = ..., held_attempt: _Optional[int] = ...) -> None: ...
+        text: str
+        def __init__(self, after_calls: _Optional[int] = ..., cache_key: _Optional[str] = ..., request_digest: _Optional[bytes] = ..., model: _Optional[str] = ..., retryable: bool = ..., input_tokens: _Optional[int] = ..., output_tokens: _Optional[int] = ..., error: _Optional[str] = ..., held_attempt: _Optional[int] = ..., text: _Optional[str] = ...) -> None: ...
     ENTITY_KEY_FIELD_NUMBER: _ClassVar[int]
     SEQ_FIELD_NUMBER: _ClassVar[int]
     FIRST_STEP_FIELD_NUMBER: _ClassVar[int]

@@ -458,13 +458,17 @@ class _RecordedModel:
         if queue:
             call = queue.popleft()
             if isinstance(call, ActivationRecord.ModelFailure):
-                raise LlmCallError(
+                error = LlmCallError(
                     call.error,
                     model=call.model,
                     retryable=call.retryable,
                     input_tokens=call.input_tokens,
                     output_tokens=call.output_tokens,
                 )
+                if call.text:
+                    # Worded as the live client's was, for an agent that quotes it.
+                    error.args = (call.text,)
+                raise error
             if not call.digest_only:
                 return LlmResponse.from_bytes(call.response)
             self.misses.append((digest, True))

@@ -1004,6 +1004,13 @@ def test_a_model_client_raising_a_subclass_of_llm_call_error_is_no_divergence():
     assert not report.HasField("divergence"), report.divergence.detail
 
 
+class Worded(LlmCallError):
+    """A provider client's own kind of LlmCallError, worded its own way."""
+
+    def __str__(self) -> str:
+        return f"provider says: {self.reason}, try later"
+
+
 class _FailsFirstWith:
     """A model whose client raises `error(request)` on its first call, then answers."""
 
@@ -1032,8 +1039,16 @@ def tells_the_error(ctx, event: bytes) -> bytes:
         lambda r: LlmCallError("", model=r.model, retryable=False),
         lambda r: LlmCallError("x" * 2_000, model=r.model, retryable=False),
         lambda r: LlmCallError("down", model="m-2024-05-01", retryable=False),
+        lambda r: LlmCallError("down", model=None, retryable=False),
+        lambda r: Worded("down", model=r.model, retryable=False),
     ],
-    ids=["empty reason", "reason over 1 KiB", "client names the model it resolved"],
+    ids=[
+        "empty reason",
+        "reason over 1 KiB",
+        "client names the model it resolved",
+        "client names no model",
+        "client words its own error",
+    ],
 )
 def test_an_agent_that_reads_the_model_error_gets_the_live_one(error):
     event = AgentEnvelope(entity_key=b"k", event_time_ms=T0, external_event=b"e")

@@ -528,6 +528,7 @@ class ActivationContext:
                             failed=True,
                             retryable=said_retryable(e),
                             reason=_said(e, "reason", ""),
+                            text=error_text(e),
                         )
                     )
                 raise

@@ -45,7 +45,8 @@ Outcome = ActivationRecord.Outcome
 class ModelCallLog:
     """One model call as the activation made it (ActivationContext.model_log): answered, or
     `failed` (then `response` is empty, the tokens are what it was billed, and `retryable`,
-    `reason` and `model` are the client's LlmCallError's, in plain types)."""
+    `reason`, `model` and `text`, its str(), are the client's LlmCallError's, in plain
+    types)."""
 
     cache_key: str
     canonical: str
@@ -57,6 +58,7 @@ class ModelCallLog:
     failed: bool = False
     retryable: bool = False
     reason: str = ""
+    text: str = ""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -136,6 +138,7 @@ class Recording:
                     output_tokens=call.output_tokens,
                     error=_cut(call.reason, self.max_answer_bytes),
                     held_attempt=held_attempt,
+                    text=_cut(call.text, self.max_answer_bytes),
                 )
             )
         return failures

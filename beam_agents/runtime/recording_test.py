@@ -181,8 +181,10 @@ def test_a_model_call_that_failed_is_recorded_in_its_place_with_its_retryability
     assert (busy.after_calls, busy.request_digest, busy.retryable) == (0, _digest("first"), True)
     assert (busy.input_tokens, busy.output_tokens, busy.model) == (7, 0, "m")
     assert busy.error == "?" + "x" * 1_023
+    assert busy.text.startswith("LLM call to 'm' failed: ?xxx") and len(busy.text) == 1_024
     assert (down.after_calls, down.request_digest, down.retryable) == (1, _digest("third"), False)
     assert (down.error, down.input_tokens) == ("down", 0)
+    assert down.text == "LLM call to 'm' failed: down"
     # Each failed call has the cache key of its position, as an answered one would.
     assert len({busy.cache_key, down.cache_key, record.model_calls[0].cache_key}) == 3
 

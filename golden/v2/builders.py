@@ -141,13 +141,15 @@ def continuation_budget_held():
 
 def continuation_budget_held_twice():
     """The start of continuation_budget_held asking again: the model failed a call in each of
-    the two attempts its budget questions held up (held_failures, numbered by attempt)."""
+    the two attempts its budget questions held up (held_failures, numbered by attempt, each
+    with the error's text as the agent saw it)."""
     blob = continuation_budget_held()
     blob.held_attempts = 2
     for attempt, failure in enumerate(activation_record_model_failed().model_failures, 1):
         held = blob.held_failures.add()
         held.CopyFrom(failure)
         held.held_attempt = attempt
+        held.text = f"LLM call to {failure.model!r} failed: {failure.error}"
     return blob
 
 
