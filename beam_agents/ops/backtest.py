@@ -742,7 +742,9 @@ def retries(
     retries were all spent: `resume_failed`), and its failure is
     its own (the recording answered every request it made), its last is compared too. An agent
     that raises on an answer raises on every retry, live and here; where the live key did not
-    fail, the candidate's first failure is the divergence."""
+    fail, the candidate's first failure is the divergence. Where the live key's next attempt
+    ran on a genuine answer that took the place of an EXPIRED the runtime made (it came on
+    time, before the retry), that answer goes in next instead of the timer."""
     waiting = driver.state.continuation
     here = sum(_place(a) == _place(record) for a in attempts)
     # A live resume_failed was run again until its retries were spent (under the same config:
@@ -756,9 +758,25 @@ def retries(
         or not waiting.retry_at_ms
     ):
         return False
-    driver.schedule_deadline(at=-1)  # before anything else waiting: the retry is due first
+    replaced = False
+    for answer in _replacing(record, live[here + 1]) if here + 1 < len(live) else ():
+        wanted = answered_intent_id(answer)
+        intent = next((i for i in driver.state.pending if i.intent_id == wanted), None)
+        if intent is not None:
+            driver.schedule(_addressed(answer, intent), at=-1)
+            replaced = True
+    if not replaced:
+        driver.schedule_deadline(at=-1)  # before anything else waiting: the retry is due first
     model.next_attempt(driver.state)
     return True
+
+
+def _replacing(failed: ActivationRecord, following: ActivationRecord) -> list[AgentEnvelope]:
+    """The genuine answers `following` (the live key's next attempt at the place) ran on that
+    took the place of EXPIRED results the runtime made, which the candidate's `failed`
+    attempt ran on."""
+    stood_in = {answered_intent_id(a) for a in failed.answers if made_here(a)}
+    return [a for a in following.answers if answered_intent_id(a) in stood_in and not made_here(a)]
 
 
 def _not_run(index: int, missing: ActivationRecord, state: KeyState, detail: str) -> Divergence:

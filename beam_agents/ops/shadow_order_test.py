@@ -70,6 +70,7 @@ from beam_agents.testing.review_agents import (
     calls_per_event,
     counter,
     declined_payment,
+    expired_then_answered_history,
     pair_history,
     pays,
     queued_behind_a_question_history,
@@ -799,6 +800,22 @@ def test_a_start_queued_behind_a_start_deferred_past_the_ttl_is_no_ttl_wipe():
     assert not report.HasField("divergence"), report.divergence.detail
     for seed in range(4):
         found = _deliver(FUNCTION, _delivered(history, seed), config)
+        assert found["reports"] == [] and found[ERRORS] == []
+
+
+@pytest.mark.parametrize("agent", [FUNCTION, StepAgent()], ids=["function", "step"])
+def test_a_resume_run_again_on_the_genuine_answer_that_replaced_its_expired_is_no_divergence(
+    agent,
+):
+    # Live: the deadline resumed the agent with EXPIRED, it raised; the genuine answer, on
+    # time, came before the retry and the resume ran on it at once. The candidate's retry
+    # ran first, on EXPIRED again: "completed -> failed agent_raised".
+    history = expired_then_answered_history(agent)
+    assert [(r.reason, r.attempt) for r in history] == [("", 0), ("agent_raised", 0), ("", 1)]
+    report, letters = backtest_key(b"k", history, agent)
+    assert letters == [] and not report.HasField("divergence"), report.divergence.detail
+    for seed in range(4):
+        found = _deliver(agent, _delivered(history, seed), RuntimeConfig())
         assert found["reports"] == [] and found[ERRORS] == []
 
 

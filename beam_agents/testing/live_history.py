@@ -23,7 +23,7 @@ from beam_agents.runtime.context import Agent
 from beam_agents.runtime.key_driver import KeyDriver, recording_machine
 from beam_agents.runtime.machine_state import due_at, timer_ms
 
-__all__ = ["OK", "PlanModel", "live_history"]
+__all__ = ["OK", "PlanModel", "answer_to", "live_history"]
 
 #: More timer firings than this before one input means a timer that never stops firing.
 _MAX_FIRINGS = 1_000
@@ -49,7 +49,9 @@ class PlanModel:
         return LlmResponse(f"{request.messages[-1]['content']}#{self.calls}", request.model, 3, 2)
 
 
-def _answer(intent: ToolIntent, at: int, outcome: str) -> AgentEnvelope:
+def answer_to(intent: ToolIntent, at: int, outcome: str) -> AgentEnvelope:
+    """The answer of `outcome` ("ok", else an error; for an approval, approved or not) to
+    `intent`, stamped `at`, bound to its content."""
     digest = content_digest(intent.SerializeToString(deterministic=True))
     envelope = AgentEnvelope(entity_key=intent.entity_key, event_time_ms=at)
     if intent.kind == ToolIntent.APPROVAL:
@@ -98,7 +100,7 @@ def live_history(
                 delay, outcome = answer_plan(value)
                 if delay is not None:
                     at = value.created_at_ms + delay
-                    heapq.heappush(inputs, (at, next(order), _answer(value, at, outcome)))
+                    heapq.heappush(inputs, (at, next(order), answer_to(value, at, outcome)))
         waiting = driver.state.continuation
         timers["deadline"] = timer_ms(due_at(waiting)) if waiting is not None else None
         if driver.ttl_set:

@@ -24,7 +24,7 @@ from beam_agents.runtime.config import AtDeadline, DeadlinePolicy
 from beam_agents.runtime.context import ESCALATION_TOOL
 from beam_agents.runtime.key_driver import KeyDriver, recording_machine
 from beam_agents.runtime.machine_state import due_at
-from beam_agents.testing.live_history import OK, PlanModel, live_history
+from beam_agents.testing.live_history import OK, PlanModel, answer_to, live_history
 from beam_agents.testing.recorded_history import T0, record_history
 from beam_agents.testing.simulation_agents import FUNCTION
 
@@ -49,6 +49,7 @@ __all__ = [
     "calls_per_event",
     "counter",
     "declined_payment",
+    "expired_then_answered_history",
     "held_while_busy_history",
     "pair_history",
     "pays",
@@ -465,3 +466,20 @@ def upgraded_mid_resume_history() -> tuple[list, RuntimeConfig]:
     ]
     del history[1].model_failures[:]  # by the older binary
     return history, config
+
+
+def expired_then_answered_history(agent) -> list:
+    """`agent`'s records (a simulation agent) of a payment whose answer came late: at the
+    deadline the runtime resumed it with EXPIRED and the agent raised; before the retry, the
+    genuine result (stamped before the intent's expiry, so on time) came and took the
+    EXPIRED's place, and the resume ran again on it at once and completed."""
+    program = {"nonce": 0, "ops": [["call", "pay"], ["raise_unless_ok"]]}
+    driver = KeyDriver(recording_machine(agent, PlanModel([]), RuntimeConfig()), b"k")
+    event = json.dumps(program).encode()
+    driver.schedule(AgentEnvelope(entity_key=b"k", event_time_ms=T0, external_event=event))
+    outputs = driver.step()
+    (pay,) = [value for tag, value in outputs if tag == INTENTS]
+    outputs += driver.fire_deadline(driver.state.continuation.deadline_ms)
+    driver.schedule(answer_to(pay, pay.expires_at_ms - 1, OK))
+    outputs += driver.step()
+    return [value for tag, value in outputs if tag == RECORDS]
