@@ -131,6 +131,10 @@ class AnswerChecks:
         recorded = self._copy(suspended)
         if stand_in is not None:
             recorded.answers.remove(stand_in)
+            # On time by its own stamp, but it came after the deadline the agent was resumed
+            # at (with the stand-in): resumed again no earlier, or its new intents would be
+            # born expired.
+            now = max(now, stand_in.event_time_ms)
         recorded.answers.append(envelope)
         if intent.tool_name == BUDGET_TOOL:
             self._budget_answered(work, recorded, envelope, now)

@@ -305,3 +305,23 @@ def test_an_answer_stamped_past_the_deadline_before_its_timer_fired_is_refused_a
     (refused,) = h.values(ERRORS)
     assert refused.reason == "after_deadline" and refused.input.tool_result.payload == b"refunded"
     assert h.continuation is suspended and h.values("completions") == []
+
+
+def test_a_result_taking_an_expireds_place_resumes_no_earlier_than_the_deadline():
+    # The deadline resumed the agent with EXPIRED and it raised; the payment's result, stamped
+    # before the intent expired but delivered after, takes the EXPIRED's place and the agent
+    # runs on at once: no earlier than the deadline it already ran at, or the call it makes
+    # next would be born expired (created an hour in, expired a day before it was sent).
+    from beam_agents.testing.simulation_agents import FUNCTION
+
+    program = {"nonce": 0, "ops": [["call", "pay"], ["raise_unless_ok"], ["call", "lookup"]]}
+    h = Harness(FUNCTION, config=RuntimeConfig())
+    h.send(event(T0, json.dumps(program).encode()))
+    (paid,) = pending(h)
+    deadline = h.continuation.deadline_ms
+    h.fire_deadline()
+    assert h.continuation.retry_at_ms
+    h.send(answer(paid.expires_at_ms - 1, paid, b"paid"))
+    (lookup,) = pending(h)
+    assert lookup.tool_name == "lookup"
+    assert lookup.created_at_ms == deadline and lookup.expires_at_ms > deadline
