@@ -220,7 +220,7 @@ class AgentEnvelope(_message.Message):
     def __init__(self, entity_key: _Optional[bytes] = ..., event_time_ms: _Optional[int] = ..., external_event: _Optional[bytes] = ..., tool_result: _Optional[_Union[ToolResult, _Mapping]] = ..., approval: _Optional[_Union[AgentEnvelope.Approval, _Mapping]] = ..., export_request: _Optional[_Union[AgentEnvelope.StateExportRequest, _Mapping]] = ...) -> None: ...
 
 class Continuation(_message.Message):
-    __slots__ = ("state_schema_version", "seq", "step_index", "pending_intent_ids", "adapter", "snapshot", "suspended_at_ms", "deadline_ms", "escalations", "answers", "resume_failures", "retry_at_ms", "mailbox", "held_calls", "held_attempts", "held_failures")
+    __slots__ = ("state_schema_version", "seq", "step_index", "pending_intent_ids", "adapter", "snapshot", "suspended_at_ms", "deadline_ms", "escalations", "answers", "resume_failures", "retry_at_ms", "mailbox", "held_calls", "held_attempts", "held_failures", "attempted_at_ms")
     STATE_SCHEMA_VERSION_FIELD_NUMBER: _ClassVar[int]
     SEQ_FIELD_NUMBER: _ClassVar[int]
     STEP_INDEX_FIELD_NUMBER: _ClassVar[int]
@@ -237,6 +237,7 @@ class Continuation(_message.Message):
     HELD_CALLS_FIELD_NUMBER: _ClassVar[int]
     HELD_ATTEMPTS_FIELD_NUMBER: _ClassVar[int]
     HELD_FAILURES_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPTED_AT_MS_FIELD_NUMBER: _ClassVar[int]
     state_schema_version: int
     seq: int
     step_index: int
@@ -253,7 +254,8 @@ class Continuation(_message.Message):
     held_calls: _containers.RepeatedCompositeFieldContainer[ActivationRecord.ModelCall]
     held_attempts: int
     held_failures: _containers.RepeatedCompositeFieldContainer[ActivationRecord.ModelFailure]
-    def __init__(self, state_schema_version: _Optional[int] = ..., seq: _Optional[int] = ..., step_index: _Optional[int] = ..., pending_intent_ids: _Optional[_Iterable[str]] = ..., adapter: _Optional[str] = ..., snapshot: _Optional[bytes] = ..., suspended_at_ms: _Optional[int] = ..., deadline_ms: _Optional[int] = ..., escalations: _Optional[int] = ..., answers: _Optional[_Iterable[_Union[AgentEnvelope, _Mapping]]] = ..., resume_failures: _Optional[int] = ..., retry_at_ms: _Optional[int] = ..., mailbox: _Optional[_Iterable[_Union[AgentEnvelope, _Mapping]]] = ..., held_calls: _Optional[_Iterable[_Union[ActivationRecord.ModelCall, _Mapping]]] = ..., held_attempts: _Optional[int] = ..., held_failures: _Optional[_Iterable[_Union[ActivationRecord.ModelFailure, _Mapping]]] = ...) -> None: ...
+    attempted_at_ms: int
+    def __init__(self, state_schema_version: _Optional[int] = ..., seq: _Optional[int] = ..., step_index: _Optional[int] = ..., pending_intent_ids: _Optional[_Iterable[str]] = ..., adapter: _Optional[str] = ..., snapshot: _Optional[bytes] = ..., suspended_at_ms: _Optional[int] = ..., deadline_ms: _Optional[int] = ..., escalations: _Optional[int] = ..., answers: _Optional[_Iterable[_Union[AgentEnvelope, _Mapping]]] = ..., resume_failures: _Optional[int] = ..., retry_at_ms: _Optional[int] = ..., mailbox: _Optional[_Iterable[_Union[AgentEnvelope, _Mapping]]] = ..., held_calls: _Optional[_Iterable[_Union[ActivationRecord.ModelCall, _Mapping]]] = ..., held_attempts: _Optional[int] = ..., held_failures: _Optional[_Iterable[_Union[ActivationRecord.ModelFailure, _Mapping]]] = ..., attempted_at_ms: _Optional[int] = ...) -> None: ...
 
 class LlmCacheBlob(_message.Message):
     __slots__ = ("state_schema_version", "entries", "total_response_bytes", "input_tokens", "output_tokens", "cost_micros", "token_allowance", "cost_allowance_micros", "budget_grants", "entry_stamps", "key_hashes", "key_stamps")

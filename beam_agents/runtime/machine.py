@@ -31,7 +31,7 @@ Time. "Now" is the input's event time on the key's clock: no more than `ttl_ms` 
 key's activity mark (a key idle that long is wiped, so only a wrong clock is further ahead),
 and, for an event that waited in a mailbox, no earlier than the time it is drained; for a
 genuine answer that takes the place of an EXPIRED the runtime made at a deadline, no earlier
-than that deadline. Timers fire
+than that deadline or a retry that ran since (`Continuation.attempted_at_ms`). Timers fire
 at the Continuation's next due time (`retry_at_ms`, else `deadline_ms`) and at the TTL, which
 counts from the key's latest activity (the high-water mark of its event times and arrival times
 on that clock, `last_activity_ms`) and so only ever moves forward: an event stamped 0 cannot wipe

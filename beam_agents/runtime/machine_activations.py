@@ -387,6 +387,7 @@ class Activations:
             return
         retry = self._copy(suspended)
         retry.resume_failures = failures
+        retry.attempted_at_ms = now
         # This attempt's record holds the attempts a budget held up: the retry is a new one.
         retry.held_attempts = 0
         del retry.held_failures[:]

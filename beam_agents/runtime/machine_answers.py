@@ -28,7 +28,7 @@ from beam_agents.intents.signing import Verification, verify
 from beam_agents.runtime import dead_letters as dl
 from beam_agents.runtime.budget import BUDGET_TOOL
 from beam_agents.runtime.context import ESCALATION_TOOL, Answer
-from beam_agents.runtime.machine_state import Work, past_every_expiry
+from beam_agents.runtime.machine_state import Work, due_at, past_every_expiry
 
 __all__ = [
     "RUNTIME_TOOLS",
@@ -131,10 +131,11 @@ class AnswerChecks:
         recorded = self._copy(suspended)
         if stand_in is not None:
             recorded.answers.remove(stand_in)
-            # On time by its own stamp, but it came after the deadline the agent was resumed
-            # at (with the stand-in): resumed again no earlier, or its new intents would be
-            # born expired.
-            now = max(now, stand_in.event_time_ms)
+            # On time by its own stamp, but it came after the agent was resumed (with the
+            # stand-in, at the deadline, and maybe on retries since): resumed again no earlier,
+            # or its new intents would be born expired. A restored time is held to the retry's.
+            tried = min(suspended.attempted_at_ms, due_at(suspended))
+            now = max(now, stand_in.event_time_ms, tried)
         recorded.answers.append(envelope)
         if intent.tool_name == BUDGET_TOOL:
             self._budget_answered(work, recorded, envelope, now)

@@ -307,21 +307,22 @@ def test_an_answer_stamped_past_the_deadline_before_its_timer_fired_is_refused_a
     assert h.continuation is suspended and h.values("completions") == []
 
 
-def test_a_result_taking_an_expireds_place_resumes_no_earlier_than_the_deadline():
+def test_a_result_taking_an_expireds_place_resumes_no_earlier_than_its_last_retry():
     # The deadline resumed the agent with EXPIRED and it raised; the payment's result, stamped
     # before the intent expired but delivered after, takes the EXPIRED's place and the agent
-    # runs on at once: no earlier than the deadline it already ran at, or the call it makes
-    # next would be born expired (created an hour in, expired a day before it was sent).
+    # runs on at once: no earlier than the retry it last ran at, or the call it makes next
+    # would be born expired (created an hour in, expired a day before it was sent).
     from beam_agents.testing.simulation_agents import FUNCTION
 
     program = {"nonce": 0, "ops": [["call", "pay"], ["raise_unless_ok"], ["call", "lookup"]]}
     h = Harness(FUNCTION, config=RuntimeConfig())
     h.send(event(T0, json.dumps(program).encode()))
     (paid,) = pending(h)
-    deadline = h.continuation.deadline_ms
-    h.fire_deadline()
-    assert h.continuation.retry_at_ms
+    h.fire_deadline()  # resumed with EXPIRED at the deadline: it raised
+    retried = h.continuation.retry_at_ms
+    h.fire_deadline()  # its retry, a minute on: it raised again
+    assert h.continuation.resume_failures == 2
     h.send(answer(paid.expires_at_ms - 1, paid, b"paid"))
     (lookup,) = pending(h)
     assert lookup.tool_name == "lookup"
-    assert lookup.created_at_ms == deadline and lookup.expires_at_ms > deadline
+    assert lookup.created_at_ms == retried and lookup.expires_at_ms > retried

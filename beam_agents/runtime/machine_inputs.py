@@ -74,6 +74,7 @@ def built_problem(suspended: Continuation, *, seq: int, next_step: int, emitted)
             "held_calls",
             "held_attempts",
             "held_failures",
+            "attempted_at_ms",
         )
         if getattr(suspended, name)
     ]

@@ -95,6 +95,8 @@ class _Note:
     seen: list = dataclasses.field(default_factory=list)
     #: The cache key of every call the bundle's cache has held after an input.
     cached: set = dataclasses.field(default_factory=set)
+    #: ((key, seq, step), now) of each resume of the agent, in the order they ran.
+    resumed: list = dataclasses.field(default_factory=list)
 
 
 class Simulation(World, Checks):
@@ -163,6 +165,8 @@ class Simulation(World, Checks):
         #: (intent_id, content digest) of every answer of the effector or the human.
         self.answered: set[tuple[str, bytes]] = set()
         self.reached: set[bytes] = set()
+        #: (key, seq, step) -> the latest "now" a suspension resumed its agent at.
+        self.resumed_at: dict[tuple[bytes, int, int], int] = {}
         self.dead_lettered: set[bytes] = set()
         self.visits: collections.Counter = collections.Counter()
         self.programs: dict[int, list] = {}
@@ -278,6 +282,7 @@ class Simulation(World, Checks):
             if item[0] == "T" and self.rng.random() < 0.2:
                 self.ghosts[key].append(item[1:])  # fires again
         self.reached.update(note.seen)
+        self.resumed_in_order(note.resumed)
         for outputs, after, started in steps:
             for started_key, event in started:
                 nonce = json.loads(event)["nonce"]

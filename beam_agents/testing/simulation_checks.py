@@ -69,8 +69,10 @@ class Checks:
 
     def check_resume(self, ctx, answers) -> None:
         """What a resume is handed: each genuine answer signed and bound to its intent's
-        content, never a forged one, one per intent, in the Continuation's intent order."""
+        content, never a forged one, one per intent, in the Continuation's intent order. Its
+        time is checked when its bundle commits (`resumed_in_order`)."""
         suspended = ctx.resume_of
+        self.note.resumed.append(((ctx.entity_key, ctx.seq, suspended.step_index), ctx.now_ms))
         recorded = [_answered_id(a) for a in suspended.answers]
         if len(recorded) != len(set(recorded)):
             self.fail(f"a Continuation records two answers for one intent: {recorded}")
@@ -93,6 +95,16 @@ class Checks:
                 self.fail(f"an unsigned answer to {answer.intent.intent_id} reached the agent")
             if message.intent_digest != content_digest(_bytes(answer.intent)):
                 self.fail(f"the answer to {answer.intent.intent_id} is for other content")
+
+    def resumed_in_order(self, resumed) -> None:
+        """A committed bundle's resumes, ((key, seq, step), now) in the order they ran: each no
+        earlier than a committed resume of the same suspension before it (run again in the
+        past, the agent's new intents would be born expired)."""
+        for place, now in resumed:
+            last = self.resumed_at.get(place, now)
+            if now < last:
+                self.fail(f"seq {place[1]} step {place[2]} resumed at {now}, after one at {last}")
+            self.resumed_at[place] = max(last, now)
 
     def _check_input(self, item, before, after, outputs, counted, paid: int) -> None:
         """`paid`: the tokens the model was paid for during the input."""
@@ -168,7 +180,13 @@ class Checks:
             if kept not in new.answers and not (made_here and _answered_id(kept) in answered):
                 self.fail("a failed activation lost an answer")
         for blob in (old, new):
-            for name in ("answers", "resume_failures", "retry_at_ms", "state_schema_version"):
+            for name in (
+                "answers",
+                "resume_failures",
+                "retry_at_ms",
+                "attempted_at_ms",
+                "state_schema_version",
+            ):
                 blob.ClearField(name)
         if old != new or before[4] != after[4]:
             self.fail("a failed activation changed its suspension beyond its answers")

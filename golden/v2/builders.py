@@ -124,6 +124,20 @@ def continuation_partly_answered():
     return blob
 
 
+def continuation_retrying_after_expired():
+    """A suspension resumed at its deadline with the EXPIRED the runtime made for its second
+    intent, failed there and on a retry since (attempted_at_ms), awaiting its next retry."""
+    blob = continuation_partly_answered()
+    expired = blob.answers.add(entity_key=b"customer-42", event_time_ms=blob.deadline_ms)
+    expired.tool_result.intent_id = blob.pending_intent_ids[1]
+    expired.tool_result.entity_key = b"customer-42"
+    expired.tool_result.status = ToolResult.EXPIRED
+    blob.resume_failures = 2
+    blob.attempted_at_ms = blob.deadline_ms + 60_000
+    blob.retry_at_ms = blob.attempted_at_ms + 120_000
+    return blob
+
+
 def continuation_budget_held():
     """A start held up by its key's budget (OnBudget.ASK) on a recording runtime: its event
     first in the mailbox, the raise it was granted among its answers, the model call its
@@ -589,6 +603,7 @@ FIXTURES = {
         continuation,
         continuation_escalated,
         continuation_partly_answered,
+        continuation_retrying_after_expired,
         continuation_budget_held,
         continuation_budget_held_twice,
         llm_cache_blob,
