@@ -587,3 +587,58 @@ def test_held_attempts_in_a_restored_continuation_saturate_and_a_retry_starts_no
     driver.step()
     waiting = driver.state.continuation
     assert waiting.held_attempts == UINT32_MAX and waiting.held_failures[0].after_calls == 0
+
+
+def test_a_start_declined_after_a_restore_moved_the_key_on_never_moves_its_seq_back():
+    # A start waits on a budget question; the key is exported, goes on (the start raised and
+    # three more paid), is handed off and the export restored: its seq stays the higher one
+    # (review rev45). A person declines the restored question: the key's seq must not go back
+    # to the held start's, or the next start re-issues an intent id issued before.
+    import json
+
+    from beam_agents._protos import AgentEnvelope
+    from beam_agents.runtime.budget import Budget, OnBudget
+    from beam_agents.runtime.key_driver import KeyDriver, recording_machine
+    from beam_agents.runtime.machine import SNAPSHOTS
+    from beam_agents.testing.live_history import OK, PlanModel, answer_to
+    from beam_agents.testing.simulation_agents import FUNCTION
+
+    config = RuntimeConfig(budget=Budget(key_tokens=0, on_exceed=OnBudget.ASK, raise_tokens=1000))
+    machine = recording_machine(FUNCTION, PlanModel([]), config)
+    driver = KeyDriver(machine, b"k")
+    issued = set()
+
+    def run(envelope):
+        driver.schedule(envelope)
+        outputs = driver.step()
+        intents = [value for tag, value in outputs if tag == "intents"]
+        issued.update(i.intent_id for i in intents)
+        return outputs, intents
+
+    def event(at, nonce, ops):
+        program = json.dumps({"nonce": nonce, "ops": ops}).encode()
+        return AgentEnvelope(entity_key=b"k", event_time_ms=at, external_event=program)
+
+    def export(at, release=False):
+        envelope = AgentEnvelope(entity_key=b"k", event_time_ms=at)
+        envelope.export_request.request_id = f"x{at}"
+        envelope.export_request.release = release
+        return envelope
+
+    _, (question,) = run(event(T0, 0, [["llm", "p0"]]))
+    outputs, _ = run(export(T0 + 1))
+    (snapshot,) = [value for tag, value in outputs if tag == SNAPSHOTS]
+    run(answer_to(question, T0 + 2, OK))
+    for n in range(1, 4):
+        _, (pay,) = run(event(T0 + 10 * n, n, [["call", "pay"]]))
+        run(answer_to(pay, T0 + 10 * n + 1, OK))
+    went_on = driver.state.seq
+    run(export(T0 + 100, release=True))
+    restored = machine.on_snapshot(b"k", driver.state, snapshot).state
+    driver = KeyDriver(machine, b"k", restored)
+    assert driver.state.seq == went_on > driver.state.continuation.seq
+    before = set(issued)
+    run(answer_to(question, T0 + 200, "declined"))
+    assert driver.state.seq == went_on
+    _, (pay,) = run(event(T0 + 300, 9, [["call", "pay"]]))
+    assert pay.seq == went_on + 1 and pay.intent_id not in before

@@ -343,8 +343,9 @@ class Intake:
         if cache is not None and cache.entries and not self._readable_by_older(work):
             cache = calls_dropped(cache)
             cache.state_schema_version = self._version
-        # A start commits its seq, one past the key's, only when it ends well: this one's is
-        # new to the key, so the commit always moves it.
+        # A snapshot restored while the start waited on a budget question may have moved the
+        # key past it: the seq never goes back, or a later start would issue its ids again.
+        seq = max(seq, state.seq or 0)
         work.commit(dataclasses.replace(state, seq=seq, cache=cache), activity=False)
 
     def _defer(
