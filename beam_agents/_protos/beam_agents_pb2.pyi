@@ -371,7 +371,7 @@ class ExecutionRecord(_message.Message):
     def __init__(self, intent_id: _Optional[str] = ..., entity_key: _Optional[bytes] = ..., content_digest: _Optional[bytes] = ..., outcome: _Optional[_Union[ExecutionRecord.Outcome, str]] = ..., result: _Optional[_Union[ToolResult, _Mapping]] = ..., latest_expires_at_ms: _Optional[int] = ..., claimed_by: _Optional[str] = ..., lease_expires_at_ms: _Optional[int] = ..., lease_owner: _Optional[str] = ...) -> None: ...
 
 class ActivationRecord(_message.Message):
-    __slots__ = ("entity_key", "seq", "first_step", "now_ms", "adapter", "event", "answers", "model_calls", "intents", "outcome", "output", "reason", "model_failures", "attempt", "asked_at_ms", "held_attempts", "held_failures")
+    __slots__ = ("entity_key", "seq", "first_step", "now_ms", "adapter", "event", "answers", "model_calls", "intents", "outcome", "output", "reason", "model_failures", "attempt", "asked_at_ms", "held_attempts", "held_failures", "held_calls")
     class Outcome(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
         __slots__ = ()
         OUTCOME_UNSPECIFIED: _ClassVar[ActivationRecord.Outcome]
@@ -383,7 +383,7 @@ class ActivationRecord(_message.Message):
     OUTCOME_SUSPENDED: ActivationRecord.Outcome
     OUTCOME_FAILED: ActivationRecord.Outcome
     class ModelCall(_message.Message):
-        __slots__ = ("cache_key", "request_digest", "response", "response_digest", "digest_only", "replayed", "model", "input_tokens", "output_tokens")
+        __slots__ = ("cache_key", "request_digest", "response", "response_digest", "digest_only", "replayed", "model", "input_tokens", "output_tokens", "held_attempt")
         CACHE_KEY_FIELD_NUMBER: _ClassVar[int]
         REQUEST_DIGEST_FIELD_NUMBER: _ClassVar[int]
         RESPONSE_FIELD_NUMBER: _ClassVar[int]
@@ -393,6 +393,7 @@ class ActivationRecord(_message.Message):
         MODEL_FIELD_NUMBER: _ClassVar[int]
         INPUT_TOKENS_FIELD_NUMBER: _ClassVar[int]
         OUTPUT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+        HELD_ATTEMPT_FIELD_NUMBER: _ClassVar[int]
         cache_key: str
         request_digest: bytes
         response: bytes
@@ -402,7 +403,8 @@ class ActivationRecord(_message.Message):
         model: str
         input_tokens: int
         output_tokens: int
-        def __init__(self, cache_key: _Optional[str] = ..., request_digest: _Optional[bytes] = ..., response: _Optional[bytes] = ..., response_digest: _Optional[bytes] = ..., digest_only: bool = ..., replayed: bool = ..., model: _Optional[str] = ..., input_tokens: _Optional[int] = ..., output_tokens: _Optional[int] = ...) -> None: ...
+        held_attempt: int
+        def __init__(self, cache_key: _Optional[str] = ..., request_digest: _Optional[bytes] = ..., response: _Optional[bytes] = ..., response_digest: _Optional[bytes] = ..., digest_only: bool = ..., replayed: bool = ..., model: _Optional[str] = ..., input_tokens: _Optional[int] = ..., output_tokens: _Optional[int] = ..., held_attempt: _Optional[int] = ...) -> None: ...
     class ModelFailure(_message.Message):
         __slots__ = ("after_calls", "cache_key", "request_digest", "model", "retryable", "input_tokens", "output_tokens", "error", "held_attempt", "text")
         AFTER_CALLS_FIELD_NUMBER: _ClassVar[int]
@@ -443,6 +445,7 @@ class ActivationRecord(_message.Message):
     ASKED_AT_MS_FIELD_NUMBER: _ClassVar[int]
     HELD_ATTEMPTS_FIELD_NUMBER: _ClassVar[int]
     HELD_FAILURES_FIELD_NUMBER: _ClassVar[int]
+    HELD_CALLS_FIELD_NUMBER: _ClassVar[int]
     entity_key: bytes
     seq: int
     first_step: int
@@ -460,7 +463,8 @@ class ActivationRecord(_message.Message):
     asked_at_ms: int
     held_attempts: int
     held_failures: _containers.RepeatedCompositeFieldContainer[ActivationRecord.ModelFailure]
-    def __init__(self, entity_key: _Optional[bytes] = ..., seq: _Optional[int] = ..., first_step: _Optional[int] = ..., now_ms: _Optional[int] = ..., adapter: _Optional[str] = ..., event: _Optional[_Union[AgentEnvelope, _Mapping]] = ..., answers: _Optional[_Iterable[_Union[AgentEnvelope, _Mapping]]] = ..., model_calls: _Optional[_Iterable[_Union[ActivationRecord.ModelCall, _Mapping]]] = ..., intents: _Optional[_Iterable[_Union[ToolIntent, _Mapping]]] = ..., outcome: _Optional[_Union[ActivationRecord.Outcome, str]] = ..., output: _Optional[bytes] = ..., reason: _Optional[str] = ..., model_failures: _Optional[_Iterable[_Union[ActivationRecord.ModelFailure, _Mapping]]] = ..., attempt: _Optional[int] = ..., asked_at_ms: _Optional[int] = ..., held_attempts: _Optional[int] = ..., held_failures: _Optional[_Iterable[_Union[ActivationRecord.ModelFailure, _Mapping]]] = ...) -> None: ...
+    held_calls: _containers.RepeatedCompositeFieldContainer[ActivationRecord.ModelCall]
+    def __init__(self, entity_key: _Optional[bytes] = ..., seq: _Optional[int] = ..., first_step: _Optional[int] = ..., now_ms: _Optional[int] = ..., adapter: _Optional[str] = ..., event: _Optional[_Union[AgentEnvelope, _Mapping]] = ..., answers: _Optional[_Iterable[_Union[AgentEnvelope, _Mapping]]] = ..., model_calls: _Optional[_Iterable[_Union[ActivationRecord.ModelCall, _Mapping]]] = ..., intents: _Optional[_Iterable[_Union[ToolIntent, _Mapping]]] = ..., outcome: _Optional[_Union[ActivationRecord.Outcome, str]] = ..., output: _Optional[bytes] = ..., reason: _Optional[str] = ..., model_failures: _Optional[_Iterable[_Union[ActivationRecord.ModelFailure, _Mapping]]] = ..., attempt: _Optional[int] = ..., asked_at_ms: _Optional[int] = ..., held_attempts: _Optional[int] = ..., held_failures: _Optional[_Iterable[_Union[ActivationRecord.ModelFailure, _Mapping]]] = ..., held_calls: _Optional[_Iterable[_Union[ActivationRecord.ModelCall, _Mapping]]] = ...) -> None: ...
 
 class BacktestKeyReport(_message.Message):
     __slots__ = ("entity_key", "baseline_activations", "candidate_activations", "divergence", "stopped", "tool_calls", "baseline_input_tokens", "baseline_output_tokens", "candidate_input_tokens", "candidate_output_tokens")

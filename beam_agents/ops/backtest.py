@@ -425,36 +425,34 @@ class _RecordedModel:
 
     def next_held(self, state: KeyState | None) -> None:
         """The candidate's attempt asked a person to raise its budget, as a live one did: its
-        next attempt fails the calls the live one's next attempt failed (`held_failures`)."""
+        next attempt is offered what the live one's next attempt asked (`held_calls`,
+        `held_failures`)."""
         self._held += 1
         self._offer(state)
 
     def _offer(self, state: KeyState | None) -> None:
+        """Offers the calls of the live attempt at the candidate's turn, in the order they were
+        made; and, for a request it did not make, those of the attempts after it at the place
+        (`_later`: the candidate may ask a person fewer times than the live key did, having
+        not paid for what an attempt no record holds paid)."""
         offer = self.attempts[self._attempt : self._attempt + 1] if self._in_step else self.attempts
-        self._answers: dict[bytes, collections.deque] = collections.defaultdict(collections.deque)
         cache = state.cache if state is not None else None
         cached = {e.cache_key for e in cache.entries if not e.digest_only} if cache else set()
         offered: set[str] = set()
-        for record in offer:
-            failures = (
-                _failed_in(record, self._held) if self._in_step or record is offer[-1] else ()
-            )
-            for call in _in_call_order(record.model_calls, failures):
-                if isinstance(call, ActivationRecord.ModelFailure):
-                    self._answers[call.request_digest].append(call)
-                    continue
-                # A call replayed from the live cache was paid for before (by an attempt the
-                # model or the budget stopped, kept for its retry): offered once. One the model
-                # answered again is offered again: an attempt the agent failed kept nothing, so
-                # its retry asked afresh, and may have been answered otherwise.
-                if call.cache_key in cached or (call.replayed and call.cache_key in offered):
-                    continue
-                offered.add(call.cache_key)
-                self._answers[call.request_digest].append(call)
+        attempts = (
+            _made_in(record, self._held)
+            if self._in_step or record is offer[-1]
+            else (record.model_calls, ())
+            for record in offer
+        )
+        self._answers = _queued(attempts, cached, offered)
+        last = offer[-1] if offer else ActivationRecord()
+        later = range(self._held + 1, last.held_attempts + 2)
+        self._later = _queued((_made_in(last, held) for held in later), cached, offered)
 
     def complete(self, request: LlmRequest) -> LlmResponse:
         digest = request_digest(request.canonical())
-        queue = self._answers.get(digest)
+        queue = self._answers.get(digest) or self._later.get(digest)
         if queue:
             call = queue.popleft()
             if isinstance(call, ActivationRecord.ModelFailure):
@@ -497,12 +495,35 @@ def in_step(records: Sequence[ActivationRecord]) -> bool:
     )
 
 
-def _failed_in(record: ActivationRecord, held: int) -> Sequence[ActivationRecord.ModelFailure]:
-    """The calls the model failed in the `held`-th attempt of `record`'s activation: one a
-    budget question held up (`held_failures`), else the recorded attempt itself."""
+def _queued(attempts, cached: set[str], offered: set[str]) -> dict[bytes, collections.deque]:
+    """The (calls, failures) of `attempts` queued by request, in call order, but for the calls
+    the candidate's cache holds (`cached`) or that were `offered` already."""
+    answers: dict[bytes, collections.deque] = collections.defaultdict(collections.deque)
+    for calls, failures in attempts:
+        for call in _in_call_order(calls, failures):
+            if isinstance(call, ActivationRecord.ModelFailure):
+                answers[call.request_digest].append(call)
+                continue
+            # A call replayed from the live cache was paid for before (by an attempt the model
+            # or the budget stopped, kept for its retry): offered once. One the model answered
+            # again is offered again: an attempt the agent failed kept nothing, so its retry
+            # asked afresh, and may have been answered otherwise.
+            if call.cache_key in cached or (call.replayed and call.cache_key in offered):
+                continue
+            offered.add(call.cache_key)
+            answers[call.request_digest].append(call)
+    return answers
+
+
+def _made_in(record: ActivationRecord, held: int) -> tuple[Sequence, Sequence]:
+    """The calls, answered and failed, of the `held`-th attempt of `record`'s activation: one
+    a budget question held up (`held_calls`, `held_failures`), else the recorded attempt."""
     if held <= record.held_attempts:
-        return [f for f in record.held_failures if f.held_attempt == held]
-    return record.model_failures
+        return (
+            [c for c in record.held_calls if c.held_attempt == held],
+            [f for f in record.held_failures if f.held_attempt == held],
+        )
+    return record.model_calls, record.model_failures
 
 
 def _in_call_order(calls, failures) -> Iterator:
@@ -997,11 +1018,16 @@ def _count(report: BacktestKeyReport, side: str, record: ActivationRecord) -> No
             if calls is None:
                 calls = report.tool_calls.add(tool_name=intent.tool_name)
             setattr(calls, side, getattr(calls, side) + 1)
-    # A start's replayed answers were paid for by an attempt of it no record holds (deferred
-    # on a busy model, or held for a budget); a resume's, by an activation before it.
+    # A start's replayed answers were paid for by an attempt of it (deferred on a busy model,
+    # or held for a budget: `held_calls` holds the latter's); a resume's, by an activation
+    # before it or an attempt a budget held.
     start = record.first_step == 0 and record.HasField("event")
-    billed = [c for c in record.model_calls if start or not c.replayed]
-    for call in itertools.chain(billed, record.model_failures, record.held_failures):
+    held = [c for c in record.held_calls if not c.replayed]
+    paid = {c.cache_key for c in held}
+    billed = [
+        c for c in record.model_calls if not c.replayed or (start and c.cache_key not in paid)
+    ]
+    for call in itertools.chain(billed, held, record.model_failures, record.held_failures):
         name = f"{side}_input_tokens"
         setattr(report, name, getattr(report, name) + call.input_tokens)
         name = f"{side}_output_tokens"

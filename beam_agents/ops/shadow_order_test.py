@@ -32,17 +32,19 @@ from beam_agents.ops.backtest import (
 from beam_agents.ops.shadow import DEFAULT_WAIT_MS, TRACES, _Shadow
 from beam_agents.runtime import (
     ERRORS,
+    INTENTS,
     RECORDS,
     LlmResponse,
     RuntimeConfig,
     ScriptedLlmClient,
     agent,
 )
-from beam_agents.runtime.budget import Budget, OnBudget
+from beam_agents.runtime.budget import BUDGET_TOOL, Budget, OnBudget
 from beam_agents.runtime.config import AtDeadline, DeadlinePolicy
 from beam_agents.runtime.function_agent import FunctionAgent
 from beam_agents.runtime.key_driver import KeyDriver, recording_machine
-from beam_agents.testing.live_history import OK, PlanModel, live_history
+from beam_agents.runtime.machine_state import due_at, timer_ms
+from beam_agents.testing.live_history import OK, PlanModel, answer_to, live_history
 from beam_agents.testing.recorded_history import (
     T0,
     FailsOnce,
@@ -817,6 +819,136 @@ def test_a_resume_run_again_on_the_genuine_answer_that_replaced_its_expired_is_n
     for seed in range(4):
         found = _deliver(agent, _delivered(history, seed), RuntimeConfig())
         assert found["reports"] == [] and found[ERRORS] == []
+
+
+# -- attempts a budget question held up (review rev45) -------------------------------------------
+
+
+class _Scripted:
+    """A model that gives each call of a prompt what `plan` says in turn ("busy", "down",
+    "busy-billed": busy with 30 tokens billed; "ok" once run out)."""
+
+    def __init__(self, plan) -> None:
+        self.plan = {prompt: list(outcomes) for prompt, outcomes in plan.items()}
+        self.calls = 0
+
+    def complete(self, request):
+        prompt = request.messages[-1]["content"]
+        what = self.plan[prompt].pop(0) if self.plan.get(prompt) else OK
+        self.calls += 1
+        if what != OK:
+            billed = 30 if what == "busy-billed" else 0
+            retryable = what.startswith("busy")
+            raise LlmCallError(what, model=request.model, retryable=retryable, input_tokens=billed)
+        return LlmResponse(f"{prompt}#{self.calls}", request.model, 3, 2)
+
+
+def _ask(ctx, prompt: str) -> str:
+    return ctx.llm([{"role": "user", "content": prompt}], model="m").text
+
+
+@agent(name="review.catches_z/v1")
+def _catches_z(ctx, event: bytes) -> bytes:
+    x, y = _ask(ctx, "x"), _ask(ctx, "y")
+    try:
+        z = _ask(ctx, "z")
+    except LlmCallError:
+        z = "failed"
+    return f"{x} {y} {z}".encode()
+
+
+@agent(name="review.held_then_failed/v1")
+def _held_then_failed(ctx, event: bytes) -> bytes:
+    ctx.call_tool("lookup", {})
+    try:
+        x = _ask(ctx, "x")
+    except LlmCallError as e:
+        if not e.retryable:
+            raise
+        x = "busy"
+    return f"{x} {_ask(ctx, 'a')} {_ask(ctx, 'b')}".encode()
+
+
+class _Live:
+    """A key's live run, driven input by input: its records and intents."""
+
+    def __init__(self, agent_, model, config) -> None:
+        self.driver = KeyDriver(recording_machine(agent_, model, config), b"k")
+        self.records, self.intents = [], []
+
+    def take(self, outputs) -> None:
+        for tag, value in outputs:
+            if tag == RECORDS:
+                self.records.append(value)
+            elif tag == INTENTS:
+                self.intents.append(value)
+
+    def send(self, envelope) -> None:
+        self.driver.schedule(envelope)
+        self.take(self.driver.step())
+
+    def fire(self) -> None:
+        self.take(self.driver.fire_deadline(timer_ms(due_at(self.driver.state.continuation))))
+
+
+def _replays(agent_, records, config) -> None:
+    report, letters = backtest_key(b"k", records, agent_, BacktestOptions(config=config))
+    assert letters == [] and not report.HasField("divergence"), report.divergence.detail
+    for seed in range(4):
+        found = _deliver(agent_, _delivered(records, seed), config)
+        assert found["reports"] == [] and found[ERRORS] == []
+
+
+def test_a_resume_run_again_on_a_genuine_answer_while_held_keeps_no_held_attempt_of_before():
+    # The deadline's EXPIRED resumed the agent, which passed its budget and asked; the genuine
+    # answer came late and took EXPIRED's place: the resume ran again (and asked again). The
+    # attempt held on EXPIRED is not one of its: the record counted it, and the candidate (on
+    # the genuine answer only) was offered the wrong attempt's calls.
+    config = RuntimeConfig(budget=Budget(key_tokens=0, on_exceed=OnBudget.ASK, raise_tokens=25))
+    live = _Live(FUNCTION, PlanModel(["busy"]), config)
+    program = json.dumps({"nonce": 0, "ops": [["approve", "q0"], ["try_llm", "p0"]]}).encode()
+    live.send(AgentEnvelope(entity_key=b"k", event_time_ms=T0, external_event=program))
+    (approval,) = live.intents
+    live.fire()
+    live.send(answer_to(approval, T0 + 1_000, OK))
+    question = next(i for i in live.intents if i.tool_name == BUDGET_TOOL)
+    live.send(answer_to(question, live.driver.state.continuation.suspended_at_ms + 2_000, OK))
+    assert [r.held_attempts for r in live.records] == [0, 1]
+    _replays(FUNCTION, live.records, config)
+
+
+def test_a_candidate_that_asks_a_person_fewer_times_than_live_gets_the_later_attempts_calls():
+    # The live start was deferred on a busy model that billed 30 tokens, so its retry asked
+    # for a raise; the candidate, run once, never paid those, asks nothing, and its one
+    # attempt is the live key's last: it is answered and failed as that one was.
+    config = RuntimeConfig(budget=Budget(key_tokens=40, on_exceed=OnBudget.ASK, raise_tokens=100))
+    live = _Live(_catches_z, _Scripted({"y": ["busy-billed"], "z": ["busy"]}), config)
+    live.send(AgentEnvelope(entity_key=b"k", event_time_ms=T0, external_event=b"e"))
+    live.fire()
+    (question,) = [i for i in live.intents if i.tool_name == BUDGET_TOOL]
+    live.send(answer_to(question, question.created_at_ms + 1_000, OK))
+    (record,) = live.records
+    assert record.held_attempts == 1 and [f.error for f in record.model_failures] == ["busy"]
+    _replays(_catches_z, live.records, config)
+
+
+def test_an_answer_a_held_attempt_paid_for_is_in_the_record_of_the_attempt_that_failed_after():
+    # A resume held for a raise after catching a busy model and getting answer a; the raise's
+    # retry failed on the model before reaching a (llm_failed), the next completed, replaying
+    # a. The failed attempt's record holds what its held attempt asked (held_calls), so the
+    # candidate's same attempt is answered a.
+    config = RuntimeConfig(budget=Budget(key_tokens=20, on_exceed=OnBudget.ASK, raise_tokens=20))
+    live = _Live(_held_then_failed, _Scripted({"x": ["busy", "down"]}), config)
+    live.send(AgentEnvelope(entity_key=b"k", event_time_ms=T0, external_event=b"e"))
+    live.send(answer_to(live.intents[-1], T0 + 1_000, OK))
+    question = live.intents[-1]
+    assert question.tool_name == BUDGET_TOOL
+    live.send(answer_to(question, T0 + 2_000, OK))
+    live.fire()
+    failed = live.records[1]
+    assert (failed.reason, failed.held_attempts) == ("llm_failed", 1)
+    assert [c.held_attempt for c in failed.held_calls] == [1]
+    _replays(_held_then_failed, live.records, config)
 
 
 # -- generated live histories (rev42) -----------------------------------------------------------

@@ -390,6 +390,7 @@ class Activations:
         retry.attempted_at_ms = now
         # This attempt's record holds the attempts a budget held up: the retry is a new one.
         retry.held_attempts = 0
+        del retry.held_calls[:]
         del retry.held_failures[:]
         # From the later of the answer's time and the input's, so an answer stamped far behind
         # does not make its retries due at once.

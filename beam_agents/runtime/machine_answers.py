@@ -137,6 +137,12 @@ class AnswerChecks:
             tried = min(suspended.attempted_at_ms, due_at(suspended))
             now = max(now, stand_in.event_time_ms, tried)
         recorded.answers.append(envelope)
+        if intent.tool_name != BUDGET_TOOL:
+            # What runs on it is a new attempt, on other answers: the attempts a budget
+            # question held up before it are not its (review rev45, point 1).
+            recorded.held_attempts = 0
+            del recorded.held_calls[:]
+            del recorded.held_failures[:]
         if intent.tool_name == BUDGET_TOOL:
             self._budget_answered(work, recorded, envelope, now)
             return

@@ -105,6 +105,7 @@ class BudgetQuestions:
                 answers=run.waited.answers if run.waited is not None else (),
                 resume_failures=deferred,
                 held_attempts=run.waited.held_attempts if run.waited is not None else 0,
+                held_calls=run.waited.held_calls if run.waited is not None else (),
                 held_failures=run.waited.held_failures if run.waited is not None else (),
             )
             waiting.state_schema_version = self._version
@@ -116,17 +117,14 @@ class BudgetQuestions:
             waiting.retry_at_ms = 0
             memory = work.state.memory
             pending = (*work.state.pending, question)
-        del waiting.held_calls[:]
         if self._recording is not None:
-            # What this attempt asked the model, for the record a declined raise ends it in:
-            # an attempt a raise lets run again replays them into its own record instead. The
-            # calls the model failed are in no cache: every record of the activation holds
-            # them, numbered by attempt, so that a backtest fails them in the same attempt.
-            waiting.held_calls.extend(self._recording.model_calls(run.ctx.model_log))
+            # What this attempt asked the model, answered or failed, numbered by attempt: the
+            # record of the activation, however it ends, holds them, so that a backtest's
+            # candidate is answered and failed in each attempt as the live one was.
             waiting.held_attempts = min(waiting.held_attempts + 1, UINT32_MAX)
-            waiting.held_failures.extend(
-                self._recording.failures(run.ctx.model_log, held_attempt=waiting.held_attempts)
-            )
+            log, held = run.ctx.model_log, waiting.held_attempts
+            waiting.held_calls.extend(self._recording.model_calls(log, held_attempt=held))
+            waiting.held_failures.extend(self._recording.failures(log, held_attempt=held))
         waiting.pending_intent_ids.append(question.intent_id)
         work.commit(
             dataclasses.replace(work.state, memory=memory, continuation=waiting, pending=pending)
@@ -185,18 +183,14 @@ class BudgetQuestions:
                 reason=dl.BUDGET_EXCEEDED,
                 attempt=0 if start else suspended.resume_failures,
             )
-            record.model_calls.extend(suspended.held_calls)
-            # The attempt the declined question held up is the one recorded: its failures are
+            # The attempt the declined question held up is the one recorded: its calls are
             # its own, those of the attempts a raise let run before it held.
             last = suspended.held_attempts
             record.held_attempts = max(last - 1, 0)
-            for failure in suspended.held_failures:
-                if failure.held_attempt == last:
-                    own = record.model_failures.add()
-                    own.CopyFrom(failure)
-                    own.held_attempt = 0
-                else:
-                    record.held_failures.append(failure)
+            _split(suspended.held_calls, last, own=record.model_calls, held=record.held_calls)
+            _split(
+                suspended.held_failures, last, own=record.model_failures, held=record.held_failures
+            )
             if start:
                 # The question was asked when its attempt ran: a backtest runs it then too.
                 record.asked_at_ms = suspended.suspended_at_ms
@@ -208,6 +202,18 @@ class BudgetQuestions:
             self._end_suspension(work, rest)
         else:
             self._end_suspension(work, suspended)
+
+
+def _split(calls, last: int, *, own, held) -> None:
+    """Puts the `calls` of held attempts in the declined attempt's (`last`, numbered 0 there)
+    or in the earlier attempts' (`held`)."""
+    for call in calls:
+        if call.held_attempt != last:
+            held.append(call)
+            continue
+        kept = own.add()
+        kept.CopyFrom(call)
+        kept.held_attempt = 0
 
 
 def budget_asked(suspended: Continuation, pending) -> bool:

@@ -164,8 +164,14 @@ def test_a_declined_raise_records_the_calls_its_attempt_paid_for_and_keeps_none_
         assert held == [] and records == []
         return
     assert [(c.replayed, c.input_tokens, c.output_tokens) for c in held] == [(False, 10, 5)]
+    # Numbered by the attempt the question held up; the declined one's are the record's own.
+    assert [c.held_attempt for c in held] == [1]
+    own = [ActivationRecord.ModelCall() for _ in held]
+    for copy, call in zip(own, held, strict=True):
+        copy.CopyFrom(call)
+        copy.held_attempt = 0
     (declined,) = records
-    assert declined.reason == "budget_exceeded" and list(declined.model_calls) == held
+    assert declined.reason == "budget_exceeded" and list(declined.model_calls) == own
     assert declined.output == b""  # it returned nothing: the agent never finished
     # The start ended for good: no later start replays what it paid for (its usage stays).
     cache = driver.state.cache

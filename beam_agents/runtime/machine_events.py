@@ -374,6 +374,7 @@ class Intake:
             mailbox=[envelope],
             answers=waited.answers if waited is not None else (),
             held_attempts=waited.held_attempts if waited is not None else 0,
+            held_calls=waited.held_calls if waited is not None else (),
             held_failures=waited.held_failures if waited is not None else (),
         )
         deferred.state_schema_version = self._version

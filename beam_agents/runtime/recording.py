@@ -8,10 +8,10 @@ each call the model's client failed (`model_failures`: where among the calls, bu
 what a refused answer was billed), the intents it emitted, its outcome and, for a resume,
 which attempt at its place it was. An activation a person's declined budget raise ended has
 one too (FAILED, `budget_exceeded`), holding the model calls of the attempt the question held
-up (kept meanwhile in the Continuation, `held_calls`), so a key's records start at its first
-activation and every answer a live attempt used is in one. The calls the model failed in the
-attempts a budget question held up (which no cache keeps) are in the record of their
-activation, however it ends, numbered by attempt (`held_failures`).
+up, so a key's records start at its first activation and every answer a live attempt used is
+in one. The calls the attempts a budget question held up made, answered or failed, are in the
+record of their activation, however it ends, numbered by attempt (`held_calls`,
+`held_failures`; kept meanwhile in the Continuation).
 Writing the records to Kafka, files or BigQuery is ordinary Beam; `beam-agents backtest`
 (beam_agents/ops/backtest.py) runs a candidate agent over them.
 
@@ -107,14 +107,18 @@ class Recording:
         )
         if held is not None:
             record.held_attempts = held.held_attempts
+            record.held_calls.extend(held.held_calls)
             record.held_failures.extend(held.held_failures)
         if event is not None:
             record.event.CopyFrom(event)
         return record
 
-    def model_calls(self, model_log: Sequence[ModelCallLog]) -> list[ActivationRecord.ModelCall]:
-        """The answered calls of `model_log` as a record holds them, under the size policy."""
-        return [self._call(call) for call in model_log if not call.failed]
+    def model_calls(
+        self, model_log: Sequence[ModelCallLog], *, held_attempt: int = 0
+    ) -> list[ActivationRecord.ModelCall]:
+        """The answered calls of `model_log` as a record holds them, under the size policy;
+        numbered `held_attempt` when a budget question held the attempt up."""
+        return [self._call(call, held_attempt) for call in model_log if not call.failed]
 
     def failures(
         self, model_log: Sequence[ModelCallLog], *, held_attempt: int = 0
@@ -143,7 +147,7 @@ class Recording:
             )
         return failures
 
-    def _call(self, call: ModelCallLog) -> ActivationRecord.ModelCall:
+    def _call(self, call: ModelCallLog, held_attempt: int) -> ActivationRecord.ModelCall:
         kept = len(call.response) <= self.max_answer_bytes
         return ActivationRecord.ModelCall(
             cache_key=call.cache_key,
@@ -155,6 +159,7 @@ class Recording:
             model=call.model,
             input_tokens=call.input_tokens,
             output_tokens=call.output_tokens,
+            held_attempt=held_attempt,
         )
 
 

@@ -156,9 +156,11 @@ def continuation_budget_held():
 def continuation_budget_held_twice():
     """The start of continuation_budget_held asking again: the model failed a call in each of
     the two attempts its budget questions held up (held_failures, numbered by attempt, each
-    with the error's text as the agent saw it)."""
+    with the error's text as the agent saw it), and answered one in the second (held_calls)."""
     blob = continuation_budget_held()
     blob.held_attempts = 2
+    for call in blob.held_calls:
+        call.held_attempt = 2
     for attempt, failure in enumerate(activation_record_model_failed().model_failures, 1):
         held = blob.held_failures.add()
         held.CopyFrom(failure)
@@ -552,7 +554,7 @@ def activation_record_budget_declined():
 
 def activation_record_held_failures():
     """A recorded start that suspended on its third attempt, after two raises: the calls the
-    model failed in the two attempts the budget questions held up (held_failures)."""
+    two attempts the budget questions held up made (held_calls, held_failures)."""
     record = activation_record()
     held = continuation_budget_held_twice()
     record.first_step = 0
@@ -562,6 +564,7 @@ def activation_record_held_failures():
     record.answers.add().CopyFrom(held.answers[0])
     record.answers[1].approval.intent_id = "0b1c2d3e-4f5a-6b7c-8d9e-0f1a2b3c4d5e"
     record.held_attempts = held.held_attempts
+    record.held_calls.extend(held.held_calls)
     record.held_failures.extend(held.held_failures)
     return record
 
