@@ -648,3 +648,28 @@ def test_a_start_declined_after_a_restore_moved_the_key_on_never_moves_its_seq_b
     assert driver.state.seq == went_on
     _, (pay,) = run(event(T0 + 300, 9, [["call", "pay"]]))
     assert pay.seq == went_on + 1 and pay.intent_id not in before
+
+
+def test_a_start_raised_again_and_again_holds_each_paid_answer_once_not_each_replay():
+    # The first attempt asks before any call (its estimate passes the 15 tokens); then each
+    # raise lets the start pay for one more call, each attempt replaying those before it. The
+    # Continuation holds what each attempt had the model answer: one answer an attempt, not
+    # the 1 + 2 + 3 + 4 their replays would make.
+    from beam_agents.runtime.budget import OnBudget
+    from beam_agents.runtime.key_driver import KeyDriver, recording_machine
+    from beam_agents.testing.review_agents import calls_per_event
+
+    config = _budgeted(key_tokens=15, on_exceed=OnBudget.ASK, raise_tokens=15)
+    driver = KeyDriver(
+        recording_machine(calls_per_event, _Counting(10, 5), config, Recording()), b"k"
+    )
+    driver.schedule(event(T0, b"6"))
+    outputs = driver.step()
+    for n in range(1, 5):
+        (question,) = [value for tag, value in outputs if tag == "intents"]
+        driver.schedule(approve(T0 + n, question))
+        outputs = driver.step()
+        held = driver.state.continuation
+        assert held.held_attempts == n + 1
+        assert [c.held_attempt for c in held.held_calls] == list(range(2, n + 2))
+        assert not any(c.replayed for c in held.held_calls)

@@ -116,20 +116,25 @@ class Recording:
     def model_calls(
         self, model_log: Sequence[ModelCallLog], *, held_attempt: int = 0
     ) -> list[ActivationRecord.ModelCall]:
-        """The answered calls of `model_log` as a record holds them, under the size policy;
-        numbered `held_attempt` when a budget question held the attempt up."""
-        return [self._call(call, held_attempt) for call in model_log if not call.failed]
+        """The answered calls of `model_log` as a record holds them, under the size policy.
+        For an attempt a budget question held up (`held_attempt`, from 1) only those the
+        model answered: what it replayed, an attempt before it paid for and holds."""
+        return [
+            self._call(call, held_attempt)
+            for call in model_log
+            if not call.failed and not (held_attempt and call.replayed)
+        ]
 
     def failures(
         self, model_log: Sequence[ModelCallLog], *, held_attempt: int = 0
     ) -> list[ActivationRecord.ModelFailure]:
-        """The failed calls of `model_log`, each placed after the answered ones before it, its
-        reason cut to `max_answer_bytes`; numbered `held_attempt` when a budget question held
-        the attempt up."""
+        """The failed calls of `model_log`, each placed after the answered ones before it (as
+        `model_calls` holds them), its reason cut to `max_answer_bytes`; numbered
+        `held_attempt` when a budget question held the attempt up."""
         failures, answered = [], 0
         for call in model_log:
             if not call.failed:
-                answered += 1
+                answered += not (held_attempt and call.replayed)
                 continue
             failures.append(
                 ActivationRecord.ModelFailure(
