@@ -102,7 +102,7 @@ from beam_agents.runtime.machine import ERRORS, INTENTS, KeyState
 from beam_agents.runtime.machine_answers import RUNTIME_TOOLS, answered_intent_id, made_here
 from beam_agents.runtime.machine_budgets import budget_asked, budget_question_ids
 from beam_agents.runtime.machine_events import first_seq
-from beam_agents.runtime.machine_state import INT64_MAX
+from beam_agents.runtime.machine_state import INT64_MAX, due_at, timer_ms
 from beam_agents.runtime.recording import RECORDS, request_digest
 from beam_agents.wire.beam_support import typed
 
@@ -939,7 +939,15 @@ def _answer(driver: KeyDriver, ran: ActivationRecord, recorded, answers) -> bool
                 came.append((position, answer.event_time_ms, _addressed(answer, intent)))
     # At each place in the order they came, not the calls' order: the last to come resumes
     # the candidate, at its time, as it resumed the live key.
-    for position, _, answer in sorted(came, key=lambda c: c[:2]):
+    waiting = driver.state.continuation
+    due = timer_ms(due_at(waiting)) if waiting is not None else None
+    for position, at, answer in sorted(came, key=lambda c: c[:2]):
+        if due is not None and at > due:
+            # Taken live after the deadline: the live key's timer had fired (its EXPIRED
+            # resumed the agent, which asked a person to raise its budget and so waited on),
+            # and the answer took the EXPIRED's place; no record holds that attempt.
+            driver.schedule_deadline(at=position, until=at - 1)
+            due = None
         driver.schedule(answer, at=position)
     if expired is not None:
         # No one answered by the deadline: the live key's timer fired (when it made the

@@ -122,6 +122,7 @@ from beam_agents.runtime.machine import ERRORS, INTENTS, TRACES, KeyState
 from beam_agents.runtime.machine_answers import answered_intent_id, made_here
 from beam_agents.runtime.machine_budgets import budget_asked
 from beam_agents.runtime.machine_events import first_seq
+from beam_agents.runtime.machine_state import due_at, timer_ms
 from beam_agents.runtime.recording import RECORDS
 from beam_agents.runtime.trace_ids import span_id, trace_id
 from beam_agents.wire.beam_support import keep_each_key_in_one_bundle, timer_timestamp, typed
@@ -471,7 +472,8 @@ class _Shadow(beam.DoFn):
                 live.event, taken_in_ms=taken_in(live), deferred=deferrals(live, self._config)
             )
         else:
-            expired = None
+            expired, late = None, None
+            due_ms = timer_ms(due_at(state.continuation)) if state.continuation else None
             for intent, match in _matched(state.pending, previous.intents):
                 if match is not None and match.intent_id in answers:
                     answer = answers[match.intent_id]
@@ -480,6 +482,12 @@ class _Shadow(beam.DoFn):
                         expired = answer.event_time_ms
                     else:
                         driver.schedule(_addressed(answer, intent))
+                        if due_ms is not None and answer.event_time_ms > due_ms:
+                            late = min(late or answer.event_time_ms, answer.event_time_ms)
+            if late is not None:
+                # Taken live after the deadline, whose timer had fired first (as the
+                # backtest's `_answer`).
+                driver.schedule_deadline(at=late - 1, until=late - 1)
             for intent in state.pending:
                 # The runtime's escalation at the candidate's deadline has the live one's id.
                 if intent.tool_name == ESCALATION_TOOL and intent.intent_id in answers:

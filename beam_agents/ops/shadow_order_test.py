@@ -951,6 +951,37 @@ def test_an_answer_a_held_attempt_paid_for_is_in_the_record_of_the_attempt_that_
     _replays(_held_then_failed, live.records, config)
 
 
+def test_an_answer_taken_after_the_deadline_while_a_budget_question_waited_is_no_divergence():
+    # Live: the deadline escalated, a person let the key wait, the extended deadline resumed
+    # the agent with EXPIRED, and it asked to raise its budget, so the key waited on; the
+    # genuine approval then came and took the EXPIRED's place. No record holds the EXPIRED
+    # attempt: the candidate, given the approval after its deadline, refused it (the
+    # candidate ran 1 activation of 2). Its timer now fires first, as the live key's did.
+    config = dataclasses.replace(
+        _SHORT,
+        deadline_policy=DeadlinePolicy(action=AtDeadline.ESCALATE, extension_ms=1_200_000),
+        budget=Budget(key_tokens=0, on_exceed=OnBudget.ASK, raise_tokens=1_000),
+    )
+    live = _Live(FUNCTION, PlanModel([]), config)
+    program = json.dumps({"nonce": 0, "ops": [["approve", "q0"], ["llm", "p0"]]}).encode()
+    live.send(AgentEnvelope(entity_key=b"k", event_time_ms=T0, external_event=program))
+    (approval,) = live.intents
+    live.fire()
+    (_, escalation) = live.intents
+    live.send(answer_to(escalation, escalation.created_at_ms + 1_000, OK))
+    deadline = live.driver.state.continuation.deadline_ms
+    live.fire()
+    live.send(answer_to(approval, deadline + 600_000, OK))
+    question = live.intents[-1]
+    assert question.tool_name == BUDGET_TOOL
+    live.send(answer_to(question, deadline + 700_000, OK))
+    assert [r.outcome for r in live.records] == [
+        ActivationRecord.OUTCOME_SUSPENDED,
+        ActivationRecord.OUTCOME_COMPLETED,
+    ]
+    _replays(FUNCTION, live.records, config)
+
+
 # -- generated live histories (rev42) -----------------------------------------------------------
 # Programs of model calls, tool calls (one or several at once), approvals, memory writes and
 # failures, run by a function agent and a step agent through the runtime's machine as a
