@@ -466,8 +466,12 @@ class _Shadow(beam.DoFn):
                 # watermark fired the timer between the two records (they came reversed). A
                 # start the live key took in earlier (queued while it was suspended, drained
                 # when a failure ended the suspension) ran with no idle time before it: only
-                # a TTL due before its event's own time fired first.
-                driver.fire_ttl(min(live.now_ms, live.event.event_time_ms) - 1)
+                # a TTL due before its event's own time fired first, and only one a TTL after
+                # the live key's previous activation (its retries ran on after the memory's
+                # mark, which they do not move).
+                at = min(live.now_ms, live.event.event_time_ms) - 1
+                if previous is None or previous.now_ms + self._config.ttl_ms <= at:
+                    driver.fire_ttl(at)
             driver.schedule(
                 live.event, taken_in_ms=taken_in(live), deferred=deferrals(live, self._config)
             )

@@ -821,6 +821,27 @@ def test_a_resume_run_again_on_the_genuine_answer_that_replaced_its_expired_is_n
         assert found["reports"] == [] and found[ERRORS] == []
 
 
+def test_a_start_queued_hours_before_a_long_suspension_failed_is_no_ttl_wipe_in_the_shadow():
+    # Found by the generated test: as above, but the queued event is stamped five hours in,
+    # past the two-hour TTL counted from the memory's mark (the resume's retries a day on do
+    # not move it). The shadow fired the candidate's TTL at the event's time, before the
+    # retries the live key ran after it: "completed -> completed" in every order.
+    config = RuntimeConfig(ttl_ms=2 * 3_600_000)
+    programs = [(T0, [["count"]]), (T0, [["call", "pay"], ["call", "pay"], ["raise_unless_ok"]])]
+    programs.append((T0 + 5 * 3_600_000, [["count"]]))
+    events = [
+        (at, AgentEnvelope(entity_key=b"k", event_time_ms=at,
+                           external_event=json.dumps({"nonce": n, "ops": ops}).encode()))
+        for n, (at, ops) in enumerate(programs)
+    ]  # fmt: skip
+    planned = iter([(1_000, OK), (None, OK)] * 100)
+    history = live_history(
+        FUNCTION, b"k", events, config, PlanModel([]), lambda intent: next(planned)
+    )
+    assert history[-2].reason == "resume_failed" and history[-1].HasField("event")
+    _replays(FUNCTION, history, config)
+
+
 # -- attempts a budget question held up (review rev45) -------------------------------------------
 
 
