@@ -410,6 +410,9 @@ class _RecordedModel:
         the first attempt if its retries are to keep in step, else of all."""
         #: The live attempts at the candidate's place, in the order they ran.
         self.attempts = list(records)
+        #: Each record's held attempts' calls, by attempt (grouped once: a record may hold
+        #: many, and a count it claims is not a number of steps to take).
+        self._held_in = {id(record): _held_attempts(record) for record in records}
         self._in_step = bool(records) and (records[-1].reason == RESUME_FAILED or in_step(records))
         self._attempt = -1
         self.next_attempt(state)
@@ -440,15 +443,27 @@ class _RecordedModel:
         cached = {e.cache_key for e in cache.entries if not e.digest_only} if cache else set()
         offered: set[str] = set()
         attempts = (
-            _made_in(record, self._held)
+            self._made_in(record, self._held)
             if self._in_step or record is offer[-1]
             else (record.model_calls, ())
             for record in offer
         )
         self._answers = _queued(attempts, cached, offered)
-        last = offer[-1] if offer else ActivationRecord()
-        later = range(self._held + 1, last.held_attempts + 2)
-        self._later = _queued((_made_in(last, held) for held in later), cached, offered)
+        later = []
+        if offer:
+            last, held = offer[-1], self._held
+            later = [made for n, made in self._held_in[id(last)].items() if n > held]
+            if held <= last.held_attempts:
+                later.append((last.model_calls, last.model_failures))
+        self._later = _queued(later, cached, offered)
+
+    def _made_in(self, record: ActivationRecord, held: int) -> tuple[Sequence, Sequence]:
+        """The calls, answered and failed, of the `held`-th attempt of `record`'s activation:
+        one a budget question held up (`held_calls`, `held_failures`), else the recorded
+        attempt."""
+        if held <= record.held_attempts:
+            return self._held_in[id(record)].get(held, ((), ()))
+        return record.model_calls, record.model_failures
 
     def complete(self, request: LlmRequest) -> LlmResponse:
         digest = request_digest(request.canonical())
@@ -515,15 +530,15 @@ def _queued(attempts, cached: set[str], offered: set[str]) -> dict[bytes, collec
     return answers
 
 
-def _made_in(record: ActivationRecord, held: int) -> tuple[Sequence, Sequence]:
-    """The calls, answered and failed, of the `held`-th attempt of `record`'s activation: one
-    a budget question held up (`held_calls`, `held_failures`), else the recorded attempt."""
-    if held <= record.held_attempts:
-        return (
-            [c for c in record.held_calls if c.held_attempt == held],
-            [f for f in record.held_failures if f.held_attempt == held],
-        )
-    return record.model_calls, record.model_failures
+def _held_attempts(record: ActivationRecord) -> dict[int, tuple[list, list]]:
+    """(calls, failures) of each attempt of `record`'s activation a budget question held up,
+    by its number, in order; calls numbered outside 1..held_attempts belong to none."""
+    held: dict[int, tuple[list, list]] = {}
+    for calls, index in ((record.held_calls, 0), (record.held_failures, 1)):
+        for call in calls:
+            if 0 < call.held_attempt <= record.held_attempts:
+                held.setdefault(call.held_attempt, ([], []))[index].append(call)
+    return dict(sorted(held.items()))
 
 
 def _in_call_order(calls, failures) -> Iterator:

@@ -1221,3 +1221,18 @@ def test_a_resume_whose_first_attempts_an_older_binary_recorded_is_no_divergence
     report, letters = backtest_key(b"k", history, FUNCTION, BacktestOptions(config=config))
     assert letters == []
     assert not report.HasField("divergence"), report.divergence.detail
+
+
+def test_a_record_claiming_every_held_attempt_there_is_backtests_at_once():
+    # A record's count of held attempts is not a number of steps to take: one at the largest
+    # uint32 (the runtime saturates there) kept the backtest iterating for ever (review
+    # rev46). Its calls are offered by the attempts they name.
+    from beam_agents.runtime.budget import UINT32_MAX
+
+    history = held_while_busy_history()
+    (record,) = history
+    record.held_attempts = UINT32_MAX
+    report, letters = backtest_key(
+        b"k", history, asks_again_while_busy, BacktestOptions(config=RAISED_BY_SIX)
+    )
+    assert letters == [] and report is not None

@@ -34,6 +34,7 @@ __all__ = [
     "RUNTIME_TOOLS",
     "AnswerChecks",
     "answered_intent_id",
+    "budget_asked",
     "made_here",
     "ordered_answers",
     "unanswered_intents",
@@ -137,12 +138,6 @@ class AnswerChecks:
             tried = min(suspended.attempted_at_ms, due_at(suspended))
             now = max(now, stand_in.event_time_ms, tried)
         recorded.answers.append(envelope)
-        if intent.tool_name != BUDGET_TOOL:
-            # What runs on it is a new attempt, on other answers: the attempts a budget
-            # question held up before it are not its (review rev45, point 1).
-            recorded.held_attempts = 0
-            del recorded.held_calls[:]
-            del recorded.held_failures[:]
         if intent.tool_name == BUDGET_TOOL:
             self._budget_answered(work, recorded, envelope, now)
             return
@@ -153,10 +148,21 @@ class AnswerChecks:
             else:
                 work.commit(dataclasses.replace(work.state, continuation=recorded))
             return
-        if unanswered_intents(recorded, work.state.pending):
+        if unanswered_intents(recorded, work.state.pending) or budget_asked(
+            recorded, work.state.pending
+        ):
+            # A genuine answer that took an EXPIRED's place while the resume the EXPIRED ran
+            # waits on a budget question: the resume runs again on it when a person decides,
+            # not now (it would ask the same question again, under the same id).
             work.commit(dataclasses.replace(work.state, continuation=recorded))
             return
         self._resume(work, recorded, now)
+
+
+def budget_asked(suspended: Continuation, pending) -> bool:
+    """A budget question is pending with no answer."""
+    answered = {answered_intent_id(a) for a in suspended.answers}
+    return any(i.tool_name == BUDGET_TOOL and i.intent_id not in answered for i in pending)
 
 
 def answered_intent_id(envelope: AgentEnvelope) -> str:

@@ -21,7 +21,7 @@ from beam_agents.runtime import dead_letters as dl
 from beam_agents.runtime.budget import BUDGET_TOOL, UINT32_MAX, Budget, BudgetMeter, OnBudget
 from beam_agents.runtime.context import ActivationContext
 from beam_agents.runtime.machine_activations import Run
-from beam_agents.runtime.machine_answers import RUNTIME_TOOLS, answered_intent_id
+from beam_agents.runtime.machine_answers import RUNTIME_TOOLS, budget_asked
 from beam_agents.runtime.machine_state import INTENTS, TRACES, Work, saturating_add
 from beam_agents.runtime.recording import RECORDS
 from beam_agents.state.memory import Memory, ReplayCache
@@ -214,12 +214,6 @@ def _split(calls, last: int, *, own, held) -> None:
         kept = own.add()
         kept.CopyFrom(call)
         kept.held_attempt = 0
-
-
-def budget_asked(suspended: Continuation, pending) -> bool:
-    """A budget question is pending with no answer."""
-    answered = {answered_intent_id(a) for a in suspended.answers}
-    return any(i.tool_name == BUDGET_TOOL and i.intent_id not in answered for i in pending)
 
 
 def holds_a_start(suspended: Continuation, pending) -> bool:

@@ -673,3 +673,39 @@ def test_a_start_raised_again_and_again_holds_each_paid_answer_once_not_each_rep
         assert held.held_attempts == n + 1
         assert [c.held_attempt for c in held.held_calls] == list(range(2, n + 2))
         assert not any(c.replayed for c in held.held_calls)
+
+
+def test_a_genuine_answer_replacing_an_expired_while_its_budget_question_waits_asks_nothing_again():
+    # At the deadline the EXPIRED payment resumed the agent, whose next call passed the
+    # budget: a person is asked. The genuine result then takes the EXPIRED's place: the resume
+    # waits for the person's decision (run now, it asked the same question again under the
+    # same id, and the second decline was a dead letter; review rev46).
+    import json
+
+    from beam_agents._protos import AgentEnvelope
+    from beam_agents.runtime.budget import BUDGET_TOOL, Budget, OnBudget
+    from beam_agents.runtime.key_driver import KeyDriver, recording_machine
+    from beam_agents.testing.live_history import OK, PlanModel, answer_to
+    from beam_agents.testing.simulation_agents import FUNCTION
+
+    config = RuntimeConfig(budget=Budget(key_tokens=0, on_exceed=OnBudget.ASK, raise_tokens=1000))
+    driver = KeyDriver(recording_machine(FUNCTION, PlanModel([]), config), b"k")
+    ops = [["call", "pay"], ["llm", "p0"], ["call", "lookup"]]
+    program = json.dumps({"nonce": 0, "ops": ops}).encode()
+    driver.schedule(AgentEnvelope(entity_key=b"k", event_time_ms=T0, external_event=program))
+    (pay,) = [value for tag, value in driver.step() if tag == "intents"]
+    (question,) = [
+        value
+        for tag, value in driver.fire_deadline(driver.state.continuation.deadline_ms)
+        if tag == "intents"
+    ]
+    assert question.tool_name == BUDGET_TOOL
+    driver.schedule(answer_to(pay, pay.expires_at_ms - 1, OK))
+    assert [tag for tag, _ in driver.step() if tag in ("intents", ERRORS)] == []
+    ids = list(driver.state.continuation.pending_intent_ids)
+    assert ids == [pay.intent_id, question.intent_id]
+    driver.schedule(approve(question.expires_at_ms - 1, question))
+    outputs = driver.step()
+    assert [v for tag, v in outputs if tag == ERRORS] == []
+    (lookup,) = [value for tag, value in outputs if tag == "intents"]
+    assert lookup.tool_name == "lookup"
