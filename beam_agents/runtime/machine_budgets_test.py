@@ -609,7 +609,8 @@ def test_a_start_declined_after_a_restore_moved_the_key_on_never_moves_its_seq_b
     from beam_agents.testing.live_history import OK, PlanModel, answer_to
     from beam_agents.testing.simulation_agents import FUNCTION
 
-    config = RuntimeConfig(budget=Budget(key_tokens=0, on_exceed=OnBudget.ASK, raise_tokens=1000))
+    # The held start paid for one call (its 20 tokens cover one), kept for its retry.
+    config = RuntimeConfig(budget=Budget(key_tokens=20, on_exceed=OnBudget.ASK, raise_tokens=1000))
     machine = recording_machine(FUNCTION, PlanModel([]), config)
     driver = KeyDriver(machine, b"k")
     issued = set()
@@ -631,7 +632,7 @@ def test_a_start_declined_after_a_restore_moved_the_key_on_never_moves_its_seq_b
         envelope.export_request.release = release
         return envelope
 
-    _, (question,) = run(event(T0, 0, [["llm", "p0"]]))
+    _, (question,) = run(event(T0, 0, [["llm", "p0"], ["llm", "p1"]]))
     outputs, _ = run(export(T0 + 1))
     (snapshot,) = [value for tag, value in outputs if tag == SNAPSHOTS]
     run(answer_to(question, T0 + 2, OK))
@@ -644,8 +645,11 @@ def test_a_start_declined_after_a_restore_moved_the_key_on_never_moves_its_seq_b
     driver = KeyDriver(machine, b"k", restored)
     assert driver.state.seq == went_on > driver.state.continuation.seq
     before = set(issued)
+    assert len(driver.state.cache.entries) == 1
     run(answer_to(question, T0 + 200, "declined"))
-    assert driver.state.seq == went_on
+    # Ended for good: the key keeps its seq, and the call the start paid for, which no later
+    # start can replay, is dropped.
+    assert driver.state.seq == went_on and list(driver.state.cache.entries) == []
     _, (pay,) = run(event(T0 + 300, 9, [["call", "pay"]]))
     assert pay.seq == went_on + 1 and pay.intent_id not in before
 
