@@ -142,8 +142,9 @@ class AnswerChecks:
             self._budget_answered(work, recorded, envelope, now)
             return
         if intent.tool_name == ESCALATION_TOOL:
-            if not envelope.approval.approved:
-                # The human declined to keep waiting: resume now, the rest expired.
+            if not envelope.approval.approved and not budget_asked(recorded, work.state.pending):
+                # The human declined to keep waiting: resume now, the rest expired (unless
+                # the resume their EXPIRED ran waits on a budget question already).
                 self._expire_and_resume(work, recorded, now)
             else:
                 work.commit(dataclasses.replace(work.state, continuation=recorded))

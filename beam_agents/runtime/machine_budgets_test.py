@@ -713,3 +713,45 @@ def test_a_genuine_answer_replacing_an_expired_while_its_budget_question_waits_a
     assert [v for tag, v in outputs if tag == ERRORS] == []
     (lookup,) = [value for tag, value in outputs if tag == "intents"]
     assert lookup.tool_name == "lookup"
+
+
+def test_a_declined_escalation_while_a_budget_question_waits_asks_nothing_again():
+    # No one answered the escalation; at the extended deadline the EXPIRED payment resumed
+    # the agent, which asked to raise its budget. The person then declines the escalation:
+    # the key keeps waiting on the budget question (the resume ran at once and asked it again
+    # under the same id; review rev47), and resumes on the raise.
+    import json
+
+    from beam_agents._protos import AgentEnvelope
+    from beam_agents.runtime.budget import BUDGET_TOOL, Budget, OnBudget
+    from beam_agents.runtime.config import AtDeadline, DeadlinePolicy
+    from beam_agents.runtime.context import ESCALATION_TOOL
+    from beam_agents.runtime.key_driver import KeyDriver, recording_machine
+    from beam_agents.testing.live_history import PlanModel
+    from beam_agents.testing.simulation_agents import FUNCTION
+
+    config = RuntimeConfig(
+        budget=Budget(key_tokens=0, on_exceed=OnBudget.ASK, raise_tokens=1000),
+        deadline_policy=DeadlinePolicy(action=AtDeadline.ESCALATE, max_escalations=1),
+    )
+    driver = KeyDriver(recording_machine(FUNCTION, PlanModel([]), config), b"k")
+    ops = [["call", "pay"], ["llm", "p0"], ["call", "lookup"]]
+    program = json.dumps({"nonce": 0, "ops": ops}).encode()
+    driver.schedule(AgentEnvelope(entity_key=b"k", event_time_ms=T0, external_event=program))
+    driver.step()
+
+    def fire():
+        outputs = driver.fire_deadline(driver.state.continuation.deadline_ms)
+        return [value for tag, value in outputs if tag == "intents"]
+
+    (escalation,) = fire()
+    (question,) = fire()
+    assert (escalation.tool_name, question.tool_name) == (ESCALATION_TOOL, BUDGET_TOOL)
+    at = min(driver.state.continuation.deadline_ms, question.expires_at_ms) - 1
+    driver.schedule(approve(at, escalation, approved=False))
+    assert [tag for tag, _ in driver.step() if tag in ("intents", ERRORS)] == []
+    ids = list(driver.state.continuation.pending_intent_ids)
+    assert len(ids) == len(set(ids)) and driver.state.continuation.held_attempts == 1
+    driver.schedule(approve(at + 1, question))
+    outputs = driver.step()
+    assert [value.tool_name for tag, value in outputs if tag == "intents"] == ["lookup"]

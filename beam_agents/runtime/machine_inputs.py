@@ -54,11 +54,10 @@ def continuation_problem(suspended: Continuation) -> str:
         return f"step_index {suspended.step_index} is past an agent's steps (0 to {MAX_STEP})"
     if suspended.retry_at_ms and not suspended.pending_intent_ids and not suspended.mailbox:
         return "it retries a deferred start (retry_at_ms, no intent pending) with no event"
-    # Held calls are numbered 1 to held_attempts; a blob of a binary before the numbering
-    # holds its last held attempt's unnumbered, and no count.
+    # Held calls are numbered 1 to held_attempts (0: a binary before the numbering wrote it).
     held = suspended.held_attempts
     for call in (*suspended.held_calls, *suspended.held_failures):
-        if call.held_attempt > held or (held and not call.held_attempt):
+        if call.held_attempt > held:
             return f"a held call numbers attempt {call.held_attempt} of {held} held attempts"
     return ""
 
