@@ -33,8 +33,12 @@ setup_python() {
   fi
   rm -rf "$venv"
   "$python" -m venv "$venv"
+  # --no-deps: the lock is uv's whole closure, so pip has nothing to resolve. Resolving anyway
+  # lets pip 23's extras handling pick a newer release than the lock's pin (google-genai asks
+  # for google-auth[requests]) and refuse it as unhashed; `pip check` proves the closure instead.
   "$venv/bin/python" -m pip install --quiet --disable-pip-version-check \
-    --require-hashes -r requirements_lock.txt
+    --no-deps --require-hashes -r requirements_lock.txt
+  "$venv/bin/python" -m pip check --disable-pip-version-check >&2
   # The lock already holds setuptools and wheel, so the build backend is hash-checked too.
   "$venv/bin/python" -m pip install --quiet --disable-pip-version-check \
     --no-deps --no-build-isolation -e .
