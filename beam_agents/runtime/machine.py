@@ -63,12 +63,7 @@ from beam_agents.runtime.machine_activations import Activations
 from beam_agents.runtime.machine_answers import AnswerChecks
 from beam_agents.runtime.machine_budgets import BudgetQuestions
 from beam_agents.runtime.machine_deadlines import DueTimes
-from beam_agents.runtime.machine_events import (
-    MAX_FIRST_SEQ,
-    Intake,
-    event_digests,
-    marks_problem,
-)
+from beam_agents.runtime.machine_events import Intake, event_digests, marks_problem
 from beam_agents.runtime.machine_inputs import Checks, snapshot_problem
 from beam_agents.runtime.machine_state import (
     COMPLETIONS,
@@ -200,13 +195,14 @@ class KeyMachine(Commits, Checks, Intake, AnswerChecks, Activations, DueTimes, B
                 now,
             )
             return work.effects
-        if not 0 <= snapshot.seq <= MAX_FIRST_SEQ:
-            # Its next seq would overflow int64 (or come soon after): every later input of
-            # the key would fail its bundle, the key wedged for good.
+        if snapshot.seq < 0:
+            # Any seq up to int64's last is one a key can reach (a first seq, then one more
+            # an activation) and export: refused, the key would start over at a first seq and
+            # issue its ids again. At the last one, its next start is `seq_exhausted`.
             work.dead(
                 dl.INVALID_SNAPSHOT,
-                f"request {snapshot.request_id!r}: seq {snapshot.seq} is no seq this runtime "
-                f"issues (0 to {MAX_FIRST_SEQ})",
+                f"request {snapshot.request_id!r}: seq {snapshot.seq} is negative: no seq this "
+                "runtime issues",
                 now,
             )
             return work.effects

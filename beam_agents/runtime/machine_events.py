@@ -66,7 +66,7 @@ from beam_agents.runtime.machine_state import (
 from beam_agents.state.memory import calls_dropped
 from beam_agents.state.migration import new_state_blob
 
-__all__ = ["MAX_FIRST_SEQ", "Intake", "event_digests", "first_seq", "marks_problem"]
+__all__ = ["Intake", "event_digests", "first_seq", "marks_problem"]
 
 _SEQ_PER_MS = 1000
 #: The largest first seq of a key (its first event's time, clamped), so the largest seq a key

@@ -14,10 +14,11 @@ from beam_agents._protos import (
     AgentEnvelope,
     Continuation,
     LlmCacheBlob,
+    MemoryBlob,
     StateSnapshot,
     ToolIntent,
 )
-from beam_agents.runtime import AtDeadline, DeadlinePolicy, RuntimeConfig
+from beam_agents.runtime import AtDeadline, DeadlinePolicy, RuntimeConfig, agent
 from beam_agents.runtime.budget import BUDGET_TOOL, Budget, OnBudget
 from beam_agents.runtime.context import Suspension
 from beam_agents.runtime.dead_letters import REASONS
@@ -30,6 +31,7 @@ from beam_agents.testing.machine_harness import (
     SEQ,
     T0,
     Harness,
+    answer,
     echo,
     event,
     pending,
@@ -177,6 +179,51 @@ def test_a_key_at_the_last_seq_refuses_its_next_start_with_the_event_in_the_reco
     assert h.values("completions") == [b"echo last"] and h.states[0].value == INT64_MAX
     (refused,) = h.values(ERRORS)
     assert (refused.reason, refused.input.external_event) == ("seq_exhausted", b"one too many")
+
+
+@agent(name="tests.pays/v1")
+def _pays(ctx, event: bytes) -> bytes:
+    paid = ctx.call_tool("pay", {"event": event.decode()})
+    return b"paid " + event if paid.ok else b"not paid"
+
+
+def test_a_key_past_the_last_first_seq_restores_its_export_and_issues_no_id_again():
+    """A key whose first event was stamped at the end of int64 starts at the largest first
+    seq, and its next activation goes past it. Its own export was refused on restore, so the
+    new job's key began again at that first seq and issued the first intent's id for another
+    call (review rev48)."""
+    old = Harness(_pays)
+    old.send(event(INT64_MAX, b"first"))
+    (first,) = old.values("intents")
+    old.send(answer(INT64_MAX, first))
+    old.send(event(INT64_MAX - 1, b"second"))
+    old.send(answer(INT64_MAX, old.values("intents")[-1]))
+    export = AgentEnvelope(entity_key=KEY, event_time_ms=INT64_MAX)
+    export.export_request.request_id = "move"
+    export.export_request.release = True
+    old.send(export)
+    (snapshot,) = old.values("snapshots")
+    assert snapshot.seq == first.seq + 1
+    new = Harness(_pays)
+    new.restore(snapshot)
+    assert new.values(ERRORS) == []
+    new.send(event(INT64_MAX, b"third"))
+    third = new.values("intents")[-1]
+    assert third.seq == snapshot.seq + 1
+    assert third.intent_id not in {i.intent_id for i in old.values("intents")}
+
+
+def test_a_snapshot_whose_entries_were_deleted_but_not_their_totals_runs_its_next_event():
+    """Someone emptied a snapshot's memory and cache by hand and left their totals, over the
+    restoring job's limits: every input of the key raised KeyError out of the machine, the
+    bundle failed for ever (review rev48)."""
+    h = Harness(echo, config=RuntimeConfig(memory_budget_bytes=1_000))
+    memory = MemoryBlob(state_schema_version=CURRENT_STATE_SCHEMA_VERSION, total_value_bytes=10**6)
+    cache = LlmCacheBlob(state_schema_version=CURRENT_STATE_SCHEMA_VERSION)
+    cache.total_response_bytes = 10**12
+    h.restore(StateSnapshot(entity_key=KEY, snapshot_at_ms=T0, memory=memory, llm_cache=cache))
+    h.send(event(T0 + 1, b"after"))
+    assert h.values(ERRORS) == [] and h.values("completions") == [b"echo after"]
 
 
 class _Builds:

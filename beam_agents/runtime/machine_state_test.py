@@ -198,15 +198,25 @@ def test_a_restored_memory_over_the_budget_is_evicted_down_before_the_agent_read
     assert [e.key for e in h.memory.entries] == ["b", "c"] and h.memory.total_value_bytes == 16
 
 
-@pytest.mark.parametrize("seq", [2**63 - 1, 2**63 - 1000, -5])
-def test_a_snapshot_with_a_seq_the_runtime_never_issues_is_refused_before_it_wedges_the_key(
-    seq,
-):
-    """Restored, a seq at the top of int64 made every later input of the key raise
-    ValueError (its next seq out of range) inside the DoFn: a bundle failing for good."""
+def test_a_snapshot_with_a_negative_seq_is_refused_before_it_wedges_the_key():
     h = Harness(echo)
-    h.restore(StateSnapshot(entity_key=KEY, seq=seq, snapshot_at_ms=T0))
+    h.restore(StateSnapshot(entity_key=KEY, seq=-5, snapshot_at_ms=T0))
     assert [record.reason for record in h.values("errors")] == ["invalid_snapshot"]
     assert [state.writes for state in h.states] == [0] * 5
     h.send(event(T0 + 1, b"a"))
     assert h.values("completions") == [b"echo a"] and h.states[0].value == SEQ + 1000
+
+
+@pytest.mark.parametrize(("seq", "ran"), [(2**63 - 1, False), (2**63 - 1000, True)])
+def test_a_snapshot_at_the_top_of_int64_is_restored_and_its_key_ends_with_a_dead_letter(seq, ran):
+    """Restored, a seq at the top of int64 made every later input of the key raise
+    ValueError (its next seq out of range) inside the DoFn: a bundle failing for good. A key
+    can reach such a seq and export it (a first seq at the end of time, then more), so the
+    snapshot is restored, and the start past int64's last seq is a `seq_exhausted` letter."""
+    h = Harness(echo)
+    h.restore(StateSnapshot(entity_key=KEY, seq=seq, snapshot_at_ms=T0))
+    assert h.values("errors") == [] and h.states[0].value == seq
+    h.send(event(T0 + 1, b"a"))
+    assert h.values("completions") == ([b"echo a"] if ran else [])
+    assert [record.reason for record in h.values("errors")] == ([] if ran else ["seq_exhausted"])
+    assert h.states[0].value == (seq + 1 if ran else seq)

@@ -151,7 +151,10 @@ class _LruOverlay:
             _unpacked(hashes),
             _unpacked(owners),
             frozenset(),
-            getattr(base, self._TOTAL),
+            # An empty blob holds nothing, whatever total it carries (a snapshot whose entries
+            # were deleted by hand, their total left): trusted, that total would have eviction
+            # run on nothing left to evict.
+            getattr(base, self._TOTAL) if count else 0,
             count,
             kept=True,
         )

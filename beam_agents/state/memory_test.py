@@ -716,3 +716,23 @@ def test_a_cache_without_its_index_is_evicted_at_read_whatever_total_it_carries(
     blob.entries.add(cache_key="new", response=b"y" * 100, last_access_ms=2)
     cache = ReplayCache.from_blob(blob, max_bytes=150)
     assert "old" not in cache and cache.get("new") == b"y" * 100
+
+
+def test_an_empty_blob_with_a_total_left_over_is_empty_under_any_budget():
+    # A snapshot whose entries someone deleted by hand, leaving their total: trusted, that
+    # total had the read evict from an empty blob (KeyError out of the key's every activation;
+    # review rev48).
+    memory_blob = MemoryBlob(
+        state_schema_version=CURRENT_STATE_SCHEMA_VERSION, total_value_bytes=600_000
+    )
+    memory = Memory.from_blob(with_checked_index(memory_blob), budget_bytes=1_000)
+    assert memory.total_value_bytes == 0 and not list(memory.keys())
+    memory.put("k", b"v")
+    fresh = Memory()
+    fresh.put("k", b"v")
+    assert memory.to_blob().total_value_bytes == fresh.to_blob().total_value_bytes > 0
+    cache_blob = LlmCacheBlob(
+        state_schema_version=CURRENT_STATE_SCHEMA_VERSION, total_response_bytes=600_000
+    )
+    cache = ReplayCache.from_blob(with_checked_index(cache_blob), max_bytes=1_000)
+    assert cache.total_response_bytes == 0 and cache.get("k") is None
