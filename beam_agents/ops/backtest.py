@@ -82,6 +82,7 @@ from beam_agents.runtime.budget import BUDGET_TOOL, Price
 from beam_agents.runtime.config import RuntimeConfig
 from beam_agents.runtime.context import (
     ESCALATION_TOOL,
+    RUNTIME_TOOLS,
     Agent,
     LlmClient,
     LlmRequest,
@@ -99,7 +100,7 @@ from beam_agents.runtime.dead_letters import (
 )
 from beam_agents.runtime.key_driver import KeyDriver, recording_machine
 from beam_agents.runtime.machine import ERRORS, INTENTS, KeyState
-from beam_agents.runtime.machine_answers import RUNTIME_TOOLS, answered_intent_id, made_here
+from beam_agents.runtime.machine_answers import answered_intent_id, made_here
 from beam_agents.runtime.machine_budgets import budget_asked, budget_question_ids
 from beam_agents.runtime.machine_events import first_seq
 from beam_agents.runtime.machine_state import INT64_MAX, due_at, timer_ms

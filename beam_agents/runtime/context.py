@@ -47,7 +47,7 @@ from beam_agents.errors import (
 from beam_agents.intents.approval_edits import approval_args, approved_args
 from beam_agents.intents.identity import canonical_args_json, intent_id
 from beam_agents.intents.signing import Keyring, sign
-from beam_agents.runtime.budget import BudgetMeter, reported_tokens
+from beam_agents.runtime.budget import BUDGET_TOOL, BudgetMeter, reported_tokens
 from beam_agents.runtime.recording import ModelCallLog
 from beam_agents.runtime.tool_calling import ToolCall, ToolDefinition
 from beam_agents.runtime.trace_ids import span_id, trace_id
@@ -57,6 +57,7 @@ from beam_agents.state.migration import new_state_blob
 __all__ = [
     "APPROVAL_TOOL",
     "ESCALATION_TOOL",
+    "RUNTIME_TOOLS",
     "ActivationContext",
     "Agent",
     "Answer",
@@ -78,6 +79,9 @@ APPROVAL_TOOL = "human.approval"
 #: The tool_name of the runtime's own APPROVAL intents, asking a human whether a suspension
 #: past its deadline should keep waiting; their answers go to the runtime, not the agent.
 ESCALATION_TOOL = "beam_agents.escalation"
+#: The runtime's own questions to people: their answers go to the runtime, never the agent, so
+#: an agent may not call a tool of these names.
+RUNTIME_TOOLS = frozenset({ESCALATION_TOOL, BUDGET_TOOL})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -413,6 +417,14 @@ class ActivationContext:
 
     def call_tools(self, calls: Sequence[tuple[str, Mapping[str, object]]]) -> list[ToolIntent]:
         """Emits several TOOL intents as one step (parallel calls, call_index 0, 1, ...)."""
+        for name, _ in calls:
+            if name in RUNTIME_TOOLS:
+                # Its answer would go to the runtime's budget or deadline path, not the agent.
+                raise AgentContractError(
+                    f"called {name!r}, the name of the runtime's own questions to people "
+                    "(request_approval asks a person)",
+                    agent=self.adapter,
+                )
         return self._emit(calls, ToolIntent.TOOL)
 
     def request_approval(

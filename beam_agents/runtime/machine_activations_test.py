@@ -6,7 +6,10 @@ test drives KeyMachine through `testing.machine_harness`.
 
 from __future__ import annotations
 
+import pytest
+
 from beam_agents.runtime import LlmResponse, RuntimeConfig, Suspension, agent
+from beam_agents.runtime.context import RUNTIME_TOOLS
 from beam_agents.runtime.machine import ERRORS
 from beam_agents.testing.machine_harness import (
     SEQ,
@@ -218,6 +221,22 @@ class _BadSuspension:
 
     def resume(self, ctx, answers):
         raise AssertionError("never resumed")
+
+
+@pytest.mark.parametrize("name", sorted(RUNTIME_TOOLS))
+def test_an_agent_calling_a_tool_named_as_the_runtimes_own_questions_is_a_contract_letter(name):
+    """Its answer would have gone to the runtime's budget or deadline path, not the agent, and
+    the key ended in a dead letter of that path's, at the resume (review rev48)."""
+
+    @agent(name="tests.poses/v1")
+    def poses(ctx, event: bytes) -> bytes:
+        return ctx.call_tool(name, {"question": "raise?"}).payload
+
+    h = Harness(poses)
+    effects = h.send(event(T0, b"x"))
+    (refused,) = h.values(ERRORS)
+    assert refused.reason == "agent_contract" and repr(name) in refused.detail
+    assert h.values("intents") == [] and effects.state.seq == SEQ
 
 
 def test_a_suspension_without_a_continuation_is_a_contract_dead_letter_not_a_crash():

@@ -27,11 +27,10 @@ from beam_agents.intents.identity import content_digest
 from beam_agents.intents.signing import Verification, verify
 from beam_agents.runtime import dead_letters as dl
 from beam_agents.runtime.budget import BUDGET_TOOL
-from beam_agents.runtime.context import ESCALATION_TOOL, Answer
+from beam_agents.runtime.context import ESCALATION_TOOL, RUNTIME_TOOLS, Answer
 from beam_agents.runtime.machine_state import Work, due_at, past_every_expiry
 
 __all__ = [
-    "RUNTIME_TOOLS",
     "AnswerChecks",
     "answered_intent_id",
     "budget_asked",
@@ -39,9 +38,6 @@ __all__ = [
     "ordered_answers",
     "unanswered_intents",
 ]
-
-#: The runtime's own questions to people: their answers go to the runtime, never the agent.
-RUNTIME_TOOLS = frozenset({ESCALATION_TOOL, BUDGET_TOOL})
 
 
 class AnswerChecks:

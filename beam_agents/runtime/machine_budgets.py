@@ -19,9 +19,9 @@ from beam_agents.errors import BudgetExceededError, error_text
 from beam_agents.intents.identity import intent_id
 from beam_agents.runtime import dead_letters as dl
 from beam_agents.runtime.budget import BUDGET_TOOL, UINT32_MAX, Budget, BudgetMeter, OnBudget
-from beam_agents.runtime.context import ActivationContext
+from beam_agents.runtime.context import RUNTIME_TOOLS, ActivationContext
 from beam_agents.runtime.machine_activations import Run
-from beam_agents.runtime.machine_answers import RUNTIME_TOOLS, budget_asked
+from beam_agents.runtime.machine_answers import budget_asked
 from beam_agents.runtime.machine_state import INTENTS, TRACES, Work, saturating_add
 from beam_agents.runtime.recording import RECORDS
 from beam_agents.state.memory import Memory, ReplayCache
