@@ -133,11 +133,6 @@ class AnswerChecks:
             # or its new intents would be born expired. A restored time is held to the retry's.
             tried = min(suspended.attempted_at_ms, due_at(suspended))
             now = max(now, stand_in.event_time_ms, tried)
-        # Whatever order the answers came in, and however far behind an answerer's clock (a
-        # stamp of 0): the agent resumes no earlier than it suspended and than any answer it
-        # was given, or its next intents could be born expired, and the key's time would
-        # depend on the order of delivery.
-        now = max(now, suspended.suspended_at_ms, *(a.event_time_ms for a in suspended.answers))
         recorded.answers.append(envelope)
         if intent.tool_name == BUDGET_TOOL:
             self._budget_answered(work, recorded, envelope, now)

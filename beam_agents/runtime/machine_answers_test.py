@@ -326,34 +326,3 @@ def test_a_result_taking_an_expireds_place_resumes_no_earlier_than_its_last_retr
     (lookup,) = pending(h)
     assert lookup.tool_name == "lookup"
     assert lookup.created_at_ms == retried and lookup.expires_at_ms > retried
-
-
-@agent(name="tests.two_steps/v1")
-def _two_steps(ctx, event: bytes) -> bytes:
-    first = ctx.call_tools([("a.tool", {}), ("b.tool", {})])
-    second = ctx.call_tool("c.tool", {"after": [a.payload.decode() for a in first]})
-    return second.payload
-
-
-def _second_intent(stamps: list[int], order: list[int]) -> ToolIntent:
-    h = Harness(_two_steps)
-    h.send(event(T0, b"go"))
-    first = h.values("intents")
-    for i in order:
-        h.send(answer(stamps[i], first[i]))
-    assert h.values(ERRORS) == []
-    (second,) = h.values("intents")[2:]
-    return second
-
-
-@pytest.mark.parametrize("stamps", [[0, 0], [T0 - 10**9, T0 + 5], [T0 + 7, T0 + 3]])
-def test_a_resume_runs_no_earlier_than_its_suspension_or_any_answer_whatever_their_order(stamps):
-    """An answer stamped before the suspension it answers (an answerer's clock behind, a stamp
-    of 0) resumed the agent at that stamp: its next intents were born expired. And the resume
-    ran at the last answer's stamp, so the key's time depended on the order of delivery
-    (review rev48)."""
-    in_order = _second_intent(stamps, [0, 1])
-    reversed_ = _second_intent(stamps, [1, 0])
-    assert in_order.created_at_ms == reversed_.created_at_ms == max(T0, *stamps)
-    assert in_order.intent_id == reversed_.intent_id
-    assert in_order.expires_at_ms > in_order.created_at_ms >= T0
