@@ -417,14 +417,6 @@ class ActivationContext:
 
     def call_tools(self, calls: Sequence[tuple[str, Mapping[str, object]]]) -> list[ToolIntent]:
         """Emits several TOOL intents as one step (parallel calls, call_index 0, 1, ...)."""
-        for name, _ in calls:
-            if name in RUNTIME_TOOLS:
-                # Its answer would go to the runtime's budget or deadline path, not the agent.
-                raise AgentContractError(
-                    f"called {name!r}, the name of the runtime's own questions to people "
-                    "(request_approval asks a person)",
-                    agent=self.adapter,
-                )
         return self._emit(calls, ToolIntent.TOOL)
 
     def request_approval(

@@ -34,7 +34,7 @@ from beam_agents.errors import (
 )
 from beam_agents.runtime import dead_letters as dl
 from beam_agents.runtime.budget import Budget, BudgetMeter
-from beam_agents.runtime.context import ActivationContext, Completion, Suspension
+from beam_agents.runtime.context import RUNTIME_TOOLS, ActivationContext, Completion, Suspension
 from beam_agents.runtime.machine_answers import ordered_answers
 from beam_agents.runtime.machine_inputs import built_problem
 from beam_agents.runtime.machine_state import (
@@ -150,6 +150,15 @@ class Activations:
                 raise AgentContractError(
                     f"suspended with {with_article(type(result.continuation).__name__)}, "
                     "not a Continuation",
+                    agent=self._agent.adapter,
+                )
+            posed = next((i.tool_name for i in ctx.intents if i.tool_name in RUNTIME_TOOLS), "")
+            if posed:
+                # However emitted (call_tool, escalate): its answer would go to the runtime's
+                # budget or deadline path, never to the agent.
+                raise AgentContractError(
+                    f"emitted {posed!r}, the name of the runtime's own questions to people "
+                    "(request_approval asks a person)",
                     agent=self._agent.adapter,
                 )
             if isinstance(result, Suspension):

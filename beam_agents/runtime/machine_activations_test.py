@@ -232,11 +232,23 @@ def test_an_agent_calling_a_tool_named_as_the_runtimes_own_questions_is_a_contra
     def poses(ctx, event: bytes) -> bytes:
         return ctx.call_tool(name, {"question": "raise?"}).payload
 
-    h = Harness(poses)
-    effects = h.send(event(T0, b"x"))
-    (refused,) = h.values(ERRORS)
-    assert refused.reason == "agent_contract" and repr(name) in refused.detail
-    assert h.values("intents") == [] and effects.state.seq == SEQ
+    class Escalates:
+        """A class agent gets the context itself, and its `escalate` (review rev49)."""
+
+        adapter = "tests.escalates/v1"
+
+        def start(self, ctx, event):
+            return ctx.suspend() if ctx.escalate("may I?", tool=name) else None
+
+        def resume(self, ctx, answers):
+            raise AssertionError("never resumed")
+
+    for posing in (poses, Escalates()):
+        h = Harness(posing)
+        effects = h.send(event(T0, b"x"))
+        (refused,) = h.values(ERRORS)
+        assert refused.reason == "agent_contract" and repr(name) in refused.detail
+        assert h.values("intents") == [] and effects.state.seq == SEQ
 
 
 def test_a_suspension_without_a_continuation_is_a_contract_dead_letter_not_a_crash():
